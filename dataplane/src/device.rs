@@ -1,0 +1,450 @@
+//! A running device: worker threads that move packets between the TUN queues, the UDP sockets
+//! and the [`Engine`], plus a timer thread.
+//!
+//! Each worker owns one TUN queue and one socket per address family (the sockets share the
+//! listen port through `SO_REUSEPORT`, so the kernel keeps each peer's datagrams on one worker,
+//! and the multi-queue TUN keeps each flow on one queue: nothing is reordered). A worker reads a
+//! batch, hands it to the engine, and writes the engine's output; no lock is held across a
+//! syscall. Configuration changes swap the engine's snapshot; a listen-port change binds the new
+//! sockets first, so a port in use fails the change and leaves everything as it was.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::config::{ApplyReport, DeviceConfig};
+use crate::engine::{Engine, TIMER_TICK};
+use crate::io::udp::UdpSocketIo;
+use crate::io::{RecvBatch, TunIo, UdpIo};
+use crate::outbox::Outbox;
+use crate::uapi::{self, UapiError};
+
+/// Packets read per batch from each source.
+pub const BATCH: usize = 64;
+/// Largest packet a TUN read or UDP receive may return.
+const MAX_PACKET: usize = 65536;
+
+/// Sockets bound to the listen port: `v4[i]` and `v6[i]` serve worker `i` (modulo their count).
+#[derive(Debug)]
+pub struct Bound<S> {
+    /// The port all sockets share.
+    pub port: u16,
+    /// IPv4 sockets (empty if IPv4 is unavailable).
+    pub v4: Vec<S>,
+    /// IPv6 sockets (empty if IPv6 is unavailable).
+    pub v6: Vec<S>,
+}
+
+/// Binds the UDP sockets of the listen port.
+pub trait UdpBinder: Send + Sync + 'static {
+    /// The socket type.
+    type Socket: UdpIo;
+
+    /// Binds `count` sockets per family on `port` (0 picks a free one).
+    ///
+    /// # Errors
+    /// `AddrInUse` when another socket holds the port.
+    fn bind(&self, port: u16, fwmark: u32, count: usize) -> io::Result<Bound<Self::Socket>>;
+
+    /// Applies a new fwmark to bound sockets.
+    ///
+    /// # Errors
+    /// The setsockopt error.
+    fn set_fwmark(&self, bound: &Bound<Self::Socket>, fwmark: u32) -> io::Result<()>;
+}
+
+/// Binds real UDP sockets on all addresses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinuxUdpBinder;
+
+impl UdpBinder for LinuxUdpBinder {
+    type Socket = UdpSocketIo;
+
+    fn bind(&self, port: u16, fwmark: u32, count: usize) -> io::Result<Bound<UdpSocketIo>> {
+        // Probe with an exclusive socket so a port held by anyone (even another SO_REUSEPORT
+        // group) is reported as in use rather than silently shared.
+        let probe = UdpSocketIo::bind(false, port, false, 0)?;
+        let port = probe.local_port()?;
+        let probe6 = UdpSocketIo::bind(true, port, false, 0);
+        if let Err(e) = &probe6 {
+            if e.kind() == io::ErrorKind::AddrInUse {
+                return Err(io::ErrorKind::AddrInUse.into());
+            }
+        }
+        let has_v6 = probe6.is_ok();
+        drop((probe, probe6));
+        let reuse = count > 1;
+        let mut bound = Bound {
+            port,
+            v4: Vec::new(),
+            v6: Vec::new(),
+        };
+        for _ in 0..count.max(1) {
+            bound.v4.push(UdpSocketIo::bind(false, port, reuse, fwmark)?);
+            if has_v6 {
+                bound.v6.push(UdpSocketIo::bind(true, port, reuse, fwmark)?);
+            }
+        }
+        Ok(bound)
+    }
+
+    fn set_fwmark(&self, bound: &Bound<UdpSocketIo>, fwmark: u32) -> io::Result<()> {
+        for socket in bound.v4.iter().chain(&bound.v6) {
+            socket.set_fwmark(fwmark)?;
+        }
+        Ok(())
+    }
+}
+
+/// State shared by the device's threads.
+struct Shared<S> {
+    engine: Engine,
+    sockets: ArcSwap<Bound<S>>,
+    generation: AtomicU64,
+    stop: AtomicBool,
+    wakers: Vec<EventFd>,
+    tun_write_errors: AtomicU64,
+}
+
+/// A running userspace WireGuard device.
+pub struct Device<B: UdpBinder> {
+    shared: Arc<Shared<B::Socket>>,
+    binder: B,
+    threads: Vec<JoinHandle<()>>,
+    config_lock: Mutex<()>,
+}
+
+impl<B: UdpBinder> std::fmt::Debug for Device<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("engine", &self.shared.engine)
+            .field("port", &self.shared.sockets.load().port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: UdpBinder> Device<B> {
+    /// Starts one worker per TUN queue plus a timer thread, listening on a random port until
+    /// configured otherwise.
+    ///
+    /// # Errors
+    /// Failure to bind the sockets or create the wake-up eventfds.
+    pub fn start<T: TunIo>(queues: Vec<T>, binder: B) -> io::Result<Self> {
+        let workers = queues.len().max(1);
+        let sockets = binder.bind(0, 0, workers)?;
+        let wakers = (0..=workers)
+            .map(|_| EventFd::new())
+            .collect::<io::Result<Vec<_>>>()?;
+        let anchor = (Instant::now(), SystemTime::now());
+        let first_index = u32::from_le_bytes(random_bytes());
+        let shared = Arc::new(Shared {
+            engine: Engine::new(anchor, first_index),
+            sockets: ArcSwap::from_pointee(sockets),
+            generation: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            wakers,
+            tun_write_errors: AtomicU64::new(0),
+        });
+        let mut threads = Vec::with_capacity(workers + 1);
+        for (i, tun) in queues.into_iter().enumerate() {
+            let shared = Arc::clone(&shared);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("kilotun-worker-{i}"))
+                    .spawn(move || worker(&shared, i, &tun))?,
+            );
+        }
+        let timer_shared = Arc::clone(&shared);
+        threads.push(
+            std::thread::Builder::new()
+                .name("kilotun-timers".into())
+                .spawn(move || timers(&timer_shared, workers))?,
+        );
+        Ok(Self {
+            shared,
+            binder,
+            threads,
+            config_lock: Mutex::new(()),
+        })
+    }
+
+    /// The engine, for statistics and configuration reads.
+    pub fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// The UDP port the device listens on now.
+    pub fn listen_port(&self) -> u16 {
+        self.shared.sockets.load().port
+    }
+
+    /// Decrypted packets the TUN device refused (for example while the link was down).
+    pub fn tun_write_errors(&self) -> u64 {
+        self.shared.tun_write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Applies `desired` as a diff (see [`Engine::apply`]), rebinding first if the listen port
+    /// changed.
+    ///
+    /// # Errors
+    /// `AddrInUse` (or another bind error) when the new port cannot be bound; nothing changed.
+    pub fn set_config(&self, desired: &DeviceConfig) -> io::Result<ApplyReport> {
+        let _serial = self.config_lock.lock();
+        let current = self.shared.engine.config();
+        let workers = self.shared.wakers.len() - 1;
+        let new_port = desired.interface.listen_port;
+        let rebind = new_port != current.interface.listen_port && new_port != self.listen_port();
+        let fwmark = desired.interface.fwmark;
+        let new_sockets = if rebind {
+            Some(self.binder.bind(new_port, fwmark, workers)?)
+        } else {
+            if fwmark != current.interface.fwmark {
+                self.binder
+                    .set_fwmark(&self.shared.sockets.load(), fwmark)?;
+            }
+            None
+        };
+        let report = self.shared.engine.apply(desired);
+        if let Some(sockets) = new_sockets {
+            self.shared.sockets.store(Arc::new(sockets));
+            self.shared.generation.fetch_add(1, Ordering::Release);
+            for waker in &self.shared.wakers {
+                waker.wake();
+            }
+        }
+        Ok(report)
+    }
+
+    /// Answers a UAPI `get=1`.
+    pub fn uapi_get(&self) -> String {
+        let engine = &self.shared.engine;
+        uapi::format_get(&engine.config(), self.listen_port(), &engine.peer_stats())
+    }
+
+    /// Answers a UAPI `set=1` with its body.
+    ///
+    /// # Errors
+    /// [`UapiError`]: `EINVAL` for invalid input, `EADDRINUSE` for a taken port.
+    pub fn uapi_set(&self, body: &str) -> Result<(), UapiError> {
+        let next = uapi::apply_set(&self.shared.engine.config(), body)?;
+        self.set_config(&next).map(|_| ()).map_err(|e| UapiError {
+            errno: if e.kind() == io::ErrorKind::AddrInUse {
+                uapi::EADDRINUSE
+            } else {
+                uapi::EIO
+            },
+            message: format!("binding listen port {}: {e}", next.interface.listen_port),
+        })
+    }
+
+    /// Stops every thread and closes the TUN queues and sockets.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for waker in &self.shared.wakers {
+            waker.wake();
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<B: UdpBinder> Drop for Device<B> {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+impl<B: UdpBinder> crate::uapi_server::UapiHandler for Device<B> {
+    fn get(&self) -> String {
+        self.uapi_get()
+    }
+
+    fn set(&self, body: &str) -> Result<(), UapiError> {
+        self.uapi_set(body)
+    }
+}
+
+/// The worker loop: poll, read a batch, run it through the engine, write the output.
+fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
+    let mut out = Outbox::with_capacity(BATCH * 2, 2048);
+    let mut tun_batch = RecvBatch::new(BATCH, MAX_PACKET);
+    let mut udp_batch = RecvBatch::new(BATCH, MAX_PACKET);
+    let waker = &shared.wakers[index];
+    let mut generation = u64::MAX;
+    let mut sockets = shared.sockets.load_full();
+    while !shared.stop.load(Ordering::Acquire) {
+        let current = shared.generation.load(Ordering::Acquire);
+        if current != generation {
+            sockets = shared.sockets.load_full();
+            generation = current;
+        }
+        let v4 = pick(&sockets.v4, index);
+        let v6 = pick(&sockets.v6, index);
+        let mut fds = [
+            pollfd(tun.readiness_fd()),
+            pollfd(v4.map_or(-1, UdpIo::readiness_fd)),
+            pollfd(v6.map_or(-1, UdpIo::readiness_fd)),
+            pollfd(waker.fd()),
+        ];
+        // SAFETY: `fds` is a live array of pollfd; negative fds are ignored by poll.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        if ready <= 0 {
+            continue;
+        }
+        if fds[3].revents != 0 {
+            waker.drain();
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            read_tun(tun, &mut tun_batch);
+            let packets = tun_batch.iter().map(|(_, p)| p);
+            shared
+                .engine
+                .handle_tunnel_packets(Instant::now(), packets, &mut out);
+            flush(shared, tun, v4, v6, &mut out);
+        }
+        for (slot, socket) in [(1, v4), (2, v6)] {
+            let Some(socket) = socket else { continue };
+            if fds[slot].revents & libc::POLLIN == 0 {
+                continue;
+            }
+            if socket.recv_batch(&mut udp_batch).is_ok() {
+                shared
+                    .engine
+                    .handle_datagrams(Instant::now(), udp_batch.iter(), &mut out);
+                flush(shared, tun, v4, v6, &mut out);
+            }
+        }
+    }
+}
+
+fn pick<S>(sockets: &[S], index: usize) -> Option<&S> {
+    if sockets.is_empty() {
+        None
+    } else {
+        sockets.get(index % sockets.len())
+    }
+}
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Reads up to a batch of packets from the TUN queue into `batch`.
+fn read_tun<T: TunIo>(tun: &T, batch: &mut RecvBatch) {
+    let mut n = 0;
+    while n < batch.capacity() {
+        match tun.recv(batch.slot_mut(n)) {
+            Ok(len) => {
+                batch.lens[n] = len;
+                n += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    batch.count = n;
+}
+
+/// Writes the outbox: decrypted packets to the TUN queue, datagrams to the sockets.
+fn flush<S: UdpIo, T: TunIo>(
+    shared: &Shared<S>,
+    tun: &T,
+    v4: Option<&S>,
+    v6: Option<&S>,
+    out: &mut Outbox,
+) {
+    for (_, packet) in out.to_tunnel.iter() {
+        if tun.send(packet).is_err() {
+            shared.tun_write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if !out.to_network.is_empty() {
+        for socket in [v4, v6].into_iter().flatten() {
+            let _ = socket.send_batch(&out.to_network);
+        }
+    }
+    out.clear();
+}
+
+/// The timer loop: every [`TIMER_TICK`], run the engine's timers and send what they produce.
+fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
+    let mut out = Outbox::with_capacity(64, 256);
+    let waker = &shared.wakers[waker_index];
+    let mut next = Instant::now();
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now >= next {
+            shared.engine.handle_timers(now, &mut out);
+            if !out.to_network.is_empty() {
+                let sockets = shared.sockets.load();
+                for socket in [pick(&sockets.v4, 0), pick(&sockets.v6, 0)]
+                    .into_iter()
+                    .flatten()
+                {
+                    let _ = socket.send_batch(&out.to_network);
+                }
+            }
+            out.clear();
+            next = now + TIMER_TICK;
+        }
+        let wait = next.saturating_duration_since(Instant::now());
+        let mut fds = [pollfd(waker.fd())];
+        // SAFETY: `fds` is a live array of one pollfd.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, wait.as_millis() as libc::c_int) };
+        if fds[0].revents != 0 {
+            waker.drain();
+        }
+    }
+}
+
+/// A Linux eventfd used to wake a thread out of `poll`.
+#[derive(Debug)]
+struct EventFd(OwnedFd);
+
+impl EventFd {
+    fn new() -> io::Result<Self> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn drain(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.fd(), (&mut value as *mut u64).cast(), 8) };
+    }
+}
+
+fn random_bytes() -> [u8; 4] {
+    let mut bytes = [0u8; 4];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut bytes);
+    bytes
+}

@@ -1,0 +1,630 @@
+//! The WireGuard engine: cryptokey routing around boringtun's noise state machines.
+//!
+//! Contract: the engine owns no file descriptor, spawns no thread and never reads the clock
+//! itself; every call takes `now`. Input is packets (from the TUN device, from the network);
+//! output goes into the caller's [`Outbox`]. All methods take `&self`: the peer table is an
+//! immutable snapshot swapped atomically by [`Engine::apply`], and each peer has its own lock,
+//! held only for the noise call, so any number of worker threads can share one engine.
+//!
+//! boringtun's `Tunn` keeps its own coarse clock, advanced by `update_timers`; the runtime must
+//! call [`Engine::handle_timers`] every [`TIMER_TICK`].
+
+mod peer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{errors::WireGuardError, Packet, TunnResult};
+use parking_lot::Mutex;
+
+use crate::allowed_ips::AllowedIps;
+use crate::config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};
+use crate::key::{PublicKey, SecretKey};
+use crate::outbox::{offset_within, Outbox};
+use crate::packet;
+use crate::stats::{DropCounters, DropReason, PeerStats};
+use peer::{new_tunn, PeerEntry, PeerShared};
+
+/// How often [`Engine::handle_timers`] should run.
+pub const TIMER_TICK: Duration = Duration::from_millis(250);
+
+/// Handshake messages per second the whole device verifies before answering with cookies.
+const DEVICE_HANDSHAKE_RATE_LIMIT: u64 = 100;
+
+/// Smallest buffer boringtun accepts for any output.
+const MIN_OUTPUT: usize = 148;
+/// WireGuard data-message overhead: header plus tag.
+const DATA_OVERHEAD: usize = 32;
+
+/// This device's keys and the handshake rate limiter they key.
+struct Identity {
+    private_key: SecretKey,
+    public_key: PublicKey,
+    rate_limiter: Arc<RateLimiter>,
+}
+
+/// One immutable snapshot of the device.
+struct State {
+    identity: Option<Identity>,
+    interface: InterfaceConfig,
+    /// Configured peers by public key.
+    peers: BTreeMap<PublicKey, Arc<PeerEntry>>,
+    /// Peers in configuration order (for `get`).
+    order: Vec<PublicKey>,
+    by_index: HashMap<u32, Arc<PeerEntry>>,
+    routes: AllowedIps<Arc<PeerEntry>>,
+}
+
+impl State {
+    fn empty() -> Self {
+        Self {
+            identity: None,
+            interface: InterfaceConfig::default(),
+            peers: BTreeMap::new(),
+            order: Vec::new(),
+            by_index: HashMap::new(),
+            routes: AllowedIps::new(),
+        }
+    }
+}
+
+/// A userspace WireGuard device's packet logic. See the module documentation.
+pub struct Engine {
+    state: ArcSwap<State>,
+    /// Serialises [`Engine::apply`] calls.
+    apply_lock: Mutex<()>,
+    next_index: AtomicU32,
+    drops: DropCounters,
+    last_rate_reset: Mutex<Option<Instant>>,
+    /// Pairs a monotonic instant with wall-clock time to report handshakes as wall-clock times.
+    clock_anchor: (Instant, SystemTime),
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.load();
+        f.debug_struct("Engine")
+            .field("public_key", &state.identity.as_ref().map(|i| i.public_key))
+            .field("peers", &state.peers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine with no key and no peers. `anchor` pairs one monotonic instant with the
+    /// wall-clock time at that instant; handshake times are reported relative to it.
+    pub fn new(anchor: (Instant, SystemTime), first_index: u32) -> Self {
+        Self {
+            state: ArcSwap::from_pointee(State::empty()),
+            apply_lock: Mutex::new(()),
+            next_index: AtomicU32::new(first_index & 0x00ff_ffff),
+            drops: DropCounters::default(),
+            last_rate_reset: Mutex::new(None),
+            clock_anchor: anchor,
+        }
+    }
+
+    /// Makes `desired` the running configuration, changing only what differs.
+    ///
+    /// A peer whose public and preshared keys are unchanged keeps its session and counters.
+    /// Its endpoint changes only when the configured endpoint changed, so re-applying the same
+    /// configuration never undoes roaming. A peer whose key equals this device's own public key
+    /// is ignored, as wireguard-go does. When two peers list the same prefix, the later wins.
+    pub fn apply(&self, desired: &DeviceConfig) -> ApplyReport {
+        let _serial = self.apply_lock.lock();
+        let old = self.state.load_full();
+        let mut report = ApplyReport::default();
+
+        let identity = match (&old.identity, &desired.interface.private_key) {
+            (Some(id), Some(key)) if id.private_key == *key => Some(Identity {
+                private_key: key.clone(),
+                public_key: id.public_key,
+                rate_limiter: Arc::clone(&id.rate_limiter),
+            }),
+            (_, Some(key)) => {
+                report.private_key_changed = true;
+                let public_key = key.public_key();
+                Some(Identity {
+                    private_key: key.clone(),
+                    public_key,
+                    rate_limiter: Arc::new(RateLimiter::new(
+                        &public_key.to_dalek(),
+                        DEVICE_HANDSHAKE_RATE_LIMIT,
+                    )),
+                })
+            }
+            (None, None) => None,
+            (Some(_), None) => {
+                report.private_key_changed = true;
+                None
+            }
+        };
+        let own_public = identity.as_ref().map(|i| i.public_key);
+        let private_key = identity.as_ref().map(|i| &i.private_key);
+
+        let mut peers = BTreeMap::new();
+        let mut order = Vec::new();
+        for config in &desired.peers {
+            if Some(config.public_key) == own_public || peers.contains_key(&config.public_key) {
+                continue;
+            }
+            let shared = match old.peers.get(&config.public_key) {
+                Some(existing) => {
+                    self.update_peer(existing, config, private_key, &mut report);
+                    Arc::clone(&existing.shared)
+                }
+                None => {
+                    report.added.push(config.public_key);
+                    PeerShared::new(self.allocate_index(), config, private_key)
+                }
+            };
+            let entry = Arc::new(PeerEntry {
+                config: canonical(config),
+                shared,
+            });
+            order.push(config.public_key);
+            peers.insert(config.public_key, entry);
+        }
+        report.removed = old
+            .order
+            .iter()
+            .filter(|k| !peers.contains_key(*k))
+            .copied()
+            .collect();
+
+        let mut routes = AllowedIps::new();
+        let mut by_index = HashMap::with_capacity(peers.len());
+        for key in &order {
+            let entry = &peers[key];
+            for prefix in &entry.config.allowed_ips {
+                routes.insert(*prefix, Arc::clone(entry));
+            }
+            by_index.insert(entry.shared.index, Arc::clone(entry));
+        }
+
+        self.state.store(Arc::new(State {
+            identity,
+            interface: desired.interface.clone(),
+            peers,
+            order,
+            by_index,
+            routes,
+        }));
+        report
+    }
+
+    fn update_peer(
+        &self,
+        existing: &PeerEntry,
+        config: &PeerConfig,
+        private_key: Option<&SecretKey>,
+        report: &mut ApplyReport,
+    ) {
+        let shared = &existing.shared;
+        let mut core = shared.core.lock();
+        let psk_changed = existing.config.preshared_key != config.preshared_key;
+        match (private_key, core.tunn.as_mut()) {
+            (None, _) => core.tunn = None,
+            (Some(key), Some(_)) if report.private_key_changed || psk_changed => {
+                core.tunn = Some(new_tunn(key, config, shared.index));
+                report.sessions_reset.push(config.public_key);
+            }
+            (Some(key), None) => core.tunn = Some(new_tunn(key, config, shared.index)),
+            (Some(_), Some(_)) => report.kept.push(config.public_key),
+        }
+        if existing.config.endpoint != config.endpoint && config.endpoint.is_some() {
+            core.endpoint = config.endpoint;
+        }
+        if existing.config.persistent_keepalive == 0 && config.persistent_keepalive > 0 {
+            core.keepalive_due = true;
+        }
+    }
+
+    fn allocate_index(&self) -> u32 {
+        self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+    }
+
+    /// The running configuration, with endpoints as configured (not as roamed).
+    pub fn config(&self) -> DeviceConfig {
+        let state = self.state.load();
+        DeviceConfig {
+            interface: state.interface.clone(),
+            peers: state
+                .order
+                .iter()
+                .map(|k| state.peers[k].config.clone())
+                .collect(),
+        }
+    }
+
+    /// This device's public key, once it has a private key.
+    pub fn public_key(&self) -> Option<PublicKey> {
+        self.state.load().identity.as_ref().map(|i| i.public_key)
+    }
+
+    /// Live statistics of every peer, in configuration order.
+    pub fn peer_stats(&self) -> Vec<PeerStats> {
+        let state = self.state.load();
+        state
+            .order
+            .iter()
+            .map(|k| {
+                let shared = &state.peers[k].shared;
+                let core = shared.core.lock();
+                PeerStats {
+                    public_key: *k,
+                    endpoint: core.endpoint,
+                    last_handshake: core.last_handshake.map(|at| self.wall_time(at)),
+                    rx_bytes: shared.rx_bytes.load(Ordering::Relaxed),
+                    tx_bytes: shared.tx_bytes.load(Ordering::Relaxed),
+                    handshakes: shared.handshakes.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Packets dropped, by reason.
+    pub fn drops(&self) -> &DropCounters {
+        &self.drops
+    }
+
+    fn wall_time(&self, at: Instant) -> SystemTime {
+        let (mono, wall) = self.clock_anchor;
+        match at.checked_duration_since(mono) {
+            Some(after) => wall + after,
+            None => wall - mono.duration_since(at),
+        }
+    }
+
+    /// Encrypts IP packets read from the TUN device into datagrams in `out.to_network`.
+    pub fn handle_tunnel_packets<'p>(
+        &self,
+        now: Instant,
+        packets: impl IntoIterator<Item = &'p [u8]>,
+        out: &mut Outbox,
+    ) {
+        let state = self.state.load();
+        for packet in packets {
+            if let Err(reason) = self.encapsulate_one(&state, now, packet, out) {
+                self.drops.count(reason);
+            }
+        }
+    }
+
+    fn encapsulate_one(
+        &self,
+        state: &State,
+        now: Instant,
+        packet: &[u8],
+        out: &mut Outbox,
+    ) -> Result<(), DropReason> {
+        let destination = packet::destination(packet).ok_or(DropReason::NotIp)?;
+        let entry = state
+            .routes
+            .lookup(destination)
+            .ok_or(DropReason::NoRoute)?;
+        let shared = &entry.shared;
+        let mut core = shared.core.lock();
+        let endpoint = core.endpoint.ok_or(DropReason::NoEndpoint)?;
+        let tunn = core.tunn.as_mut().ok_or(DropReason::NoPrivateKey)?;
+        let slot = out
+            .to_network
+            .reserve((packet.len() + DATA_OVERHEAD).max(MIN_OUTPUT));
+        let base = slot.as_ptr();
+        match tunn.encapsulate(packet, slot) {
+            TunnResult::WriteToNetwork(sent) => {
+                let (offset, len) = (offset_within(base, sent), sent.len());
+                out.to_network.commit(Some(endpoint), offset, len);
+                shared.add_tx(len);
+                core.last_sent = Some(now);
+                Ok(())
+            }
+            TunnResult::Err(e) => {
+                out.to_network.abort();
+                Err(reason_for(e))
+            }
+            // Queued inside the tunnel until the handshake in progress completes.
+            _ => {
+                out.to_network.abort();
+                Ok(())
+            }
+        }
+    }
+
+    /// Handles one datagram received from `from`: handshakes answered into `out.to_network`,
+    /// decrypted packets into `out.to_tunnel`.
+    pub fn handle_datagram(&self, now: Instant, from: SocketAddr, datagram: &[u8], out: &mut Outbox) {
+        let state = self.state.load();
+        if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, out) {
+            self.drops.count(reason);
+        }
+    }
+
+    /// Handles a batch of received datagrams; see [`Engine::handle_datagram`].
+    pub fn handle_datagrams<'p>(
+        &self,
+        now: Instant,
+        datagrams: impl IntoIterator<Item = (SocketAddr, &'p [u8])>,
+        out: &mut Outbox,
+    ) {
+        let state = self.state.load();
+        for (from, datagram) in datagrams {
+            if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, out) {
+                self.drops.count(reason);
+            }
+        }
+    }
+
+    fn find_sender(
+        &self,
+        state: &State,
+        from: SocketAddr,
+        datagram: &[u8],
+        out: &mut Outbox,
+    ) -> Result<Arc<PeerEntry>, DropReason> {
+        let identity = state.identity.as_ref().ok_or(DropReason::NoPrivateKey)?;
+        let mut cookie = [0u8; 64];
+        let parsed = match identity
+            .rate_limiter
+            .verify_packet(Some(from.ip()), datagram, &mut cookie)
+        {
+            Ok(parsed) => parsed,
+            Err(TunnResult::WriteToNetwork(reply)) => {
+                out.to_network.push_copy(Some(from), reply);
+                return Err(DropReason::CookieReplySent);
+            }
+            Err(TunnResult::Err(WireGuardError::InvalidMac)) => return Err(DropReason::InvalidMac),
+            Err(_) => return Err(DropReason::Malformed),
+        };
+        let index = match parsed {
+            Packet::HandshakeInit(ref init) => {
+                let half = parse_handshake_anon(
+                    &identity.private_key.to_dalek(),
+                    &identity.public_key.to_dalek(),
+                    init,
+                )
+                .map_err(|_| DropReason::HandshakeFailed)?;
+                let key = PublicKey::from_bytes(half.peer_static_public);
+                return state
+                    .peers
+                    .get(&key)
+                    .cloned()
+                    .ok_or(DropReason::UnknownPeer);
+            }
+            Packet::HandshakeResponse(ref r) => r.receiver_idx,
+            Packet::PacketCookieReply(ref c) => c.receiver_idx,
+            Packet::PacketData(ref d) => d.receiver_idx,
+        };
+        state
+            .by_index
+            .get(&(index >> 8))
+            .cloned()
+            .ok_or(DropReason::UnknownIndex)
+    }
+
+    fn decapsulate_one(
+        &self,
+        state: &State,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+        out: &mut Outbox,
+    ) -> Result<(), DropReason> {
+        let entry = self.find_sender(state, from, datagram, out)?;
+        let shared = &entry.shared;
+        let message_type = datagram[0];
+        let mut core = shared.core.lock();
+        let Some(tunn) = core.tunn.as_mut() else {
+            return Err(DropReason::NoPrivateKey);
+        };
+        let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
+        let base = slot.as_ptr();
+        let result = tunn.decapsulate(Some(from.ip()), datagram, slot);
+        let mut flush_queue = false;
+        let outcome = match result {
+            TunnResult::WriteToTunnelV4(inner, source) => {
+                let (offset, len) = (offset_within(base, inner), inner.len());
+                let allowed = state
+                    .routes
+                    .lookup(source.into())
+                    .is_some_and(|owner| Arc::ptr_eq(&owner.shared, shared));
+                if allowed {
+                    out.to_tunnel.commit(None, offset, len);
+                    Ok(())
+                } else {
+                    out.to_tunnel.abort();
+                    Err(DropReason::SourceNotAllowed)
+                }
+            }
+            TunnResult::WriteToTunnelV6(inner, source) => {
+                let (offset, len) = (offset_within(base, inner), inner.len());
+                let allowed = state
+                    .routes
+                    .lookup(source.into())
+                    .is_some_and(|owner| Arc::ptr_eq(&owner.shared, shared));
+                if allowed {
+                    out.to_tunnel.commit(None, offset, len);
+                    Ok(())
+                } else {
+                    out.to_tunnel.abort();
+                    Err(DropReason::SourceNotAllowed)
+                }
+            }
+            TunnResult::WriteToNetwork(reply) => {
+                // A handshake response, or the keepalive confirming our initiation. Both go
+                // back where the message came from.
+                shared.add_tx(reply.len());
+                out.to_network.push_copy(Some(from), reply);
+                out.to_tunnel.abort();
+                flush_queue = true;
+                Ok(())
+            }
+            TunnResult::Done => {
+                out.to_tunnel.abort();
+                Ok(())
+            }
+            TunnResult::Err(e) => {
+                out.to_tunnel.abort();
+                return Err(reason_for(e));
+            }
+        };
+        // The message authenticated (even if its inner packet was then refused): roam to its
+        // source, count it, and note handshakes.
+        shared.add_rx(datagram.len());
+        core.last_received = Some(now);
+        if message_type != 3 {
+            core.endpoint = Some(from);
+        }
+        if flush_queue {
+            core.last_sent = Some(now);
+        }
+        if message_type == 1 || message_type == 2 {
+            core.last_handshake = Some(now);
+            shared.handshakes.fetch_add(1, Ordering::Relaxed);
+        }
+        if flush_queue {
+            Self::flush_queued(&mut core, shared, out);
+        }
+        outcome
+    }
+
+    /// Sends the packets the tunnel queued while it had no session.
+    fn flush_queued(core: &mut peer::PeerCore, shared: &PeerShared, out: &mut Outbox) {
+        let endpoint = core.endpoint;
+        let Some(tunn) = core.tunn.as_mut() else {
+            return;
+        };
+        loop {
+            let slot = out.to_network.reserve(u16::MAX as usize + DATA_OVERHEAD);
+            let base = slot.as_ptr();
+            match tunn.decapsulate(None, &[], slot) {
+                TunnResult::WriteToNetwork(sent) => {
+                    let (offset, len) = (offset_within(base, sent), sent.len());
+                    out.to_network.commit(endpoint, offset, len);
+                    shared.add_tx(len);
+                }
+                _ => {
+                    out.to_network.abort();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs every peer's timers: handshake retries, rekeys, passive and persistent keepalives.
+    /// Call every [`TIMER_TICK`].
+    pub fn handle_timers(&self, now: Instant, out: &mut Outbox) {
+        let state = self.state.load();
+        if let Some(identity) = &state.identity {
+            let mut last = self.last_rate_reset.lock();
+            if last.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+                identity.rate_limiter.reset_count();
+                *last = Some(now);
+            }
+        }
+        for key in &state.order {
+            let entry = &state.peers[key];
+            let shared = &entry.shared;
+            let mut core = shared.core.lock();
+            let endpoint = core.endpoint;
+            let Some(tunn) = core.tunn.as_mut() else {
+                continue;
+            };
+            let slot = out.to_network.reserve(MIN_OUTPUT);
+            let base = slot.as_ptr();
+            let sent = match tunn.update_timers(slot) {
+                TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
+                    let (offset, len) = (offset_within(base, packet), packet.len());
+                    out.to_network.commit(endpoint, offset, len);
+                    shared.add_tx(len);
+                    true
+                }
+                _ => {
+                    out.to_network.abort();
+                    false
+                }
+            };
+            if sent {
+                core.last_sent = Some(now);
+            }
+            self.persistent_keepalive(&entry.config, &mut core, shared, now, out);
+        }
+    }
+
+    fn persistent_keepalive(
+        &self,
+        config: &PeerConfig,
+        core: &mut peer::PeerCore,
+        shared: &PeerShared,
+        now: Instant,
+        out: &mut Outbox,
+    ) {
+        let interval = Duration::from_secs(u64::from(config.persistent_keepalive));
+        let Some(endpoint) = core.endpoint else {
+            return;
+        };
+        if interval.is_zero() {
+            return;
+        }
+        let last_traffic = core.last_sent.max(core.last_received);
+        let due = core.keepalive_due
+            || last_traffic.is_none_or(|at| now.saturating_duration_since(at) >= interval);
+        if !due {
+            return;
+        }
+        let Some(tunn) = core.tunn.as_mut() else {
+            return;
+        };
+        let slot = out.to_network.reserve(MIN_OUTPUT);
+        let base = slot.as_ptr();
+        match tunn.encapsulate(&[], slot) {
+            TunnResult::WriteToNetwork(packet) => {
+                let (offset, len) = (offset_within(base, packet), packet.len());
+                out.to_network.commit(Some(endpoint), offset, len);
+                shared.add_tx(len);
+            }
+            _ => out.to_network.abort(),
+        }
+        core.keepalive_due = false;
+        core.last_sent = Some(now);
+    }
+}
+
+/// `config` with canonical allowed IPs and no duplicates.
+fn canonical(config: &PeerConfig) -> PeerConfig {
+    let mut out = PeerConfig {
+        allowed_ips: Vec::with_capacity(config.allowed_ips.len()),
+        ..config.clone()
+    };
+    for prefix in &config.allowed_ips {
+        out.add_allowed_ip(*prefix);
+    }
+    out
+}
+
+fn reason_for(error: WireGuardError) -> DropReason {
+    match error {
+        WireGuardError::InvalidMac => DropReason::InvalidMac,
+        WireGuardError::InvalidAeadTag
+        | WireGuardError::NoCurrentSession
+        | WireGuardError::ConnectionExpired => DropReason::DecryptFailed,
+        WireGuardError::InvalidCounter | WireGuardError::DuplicateCounter => DropReason::Replay,
+        WireGuardError::WrongKey
+        | WireGuardError::WrongIndex
+        | WireGuardError::WrongTai64nTimestamp
+        | WireGuardError::InvalidTai64nTimestamp
+        | WireGuardError::UnexpectedPacket
+        | WireGuardError::UnderLoad => DropReason::HandshakeFailed,
+        WireGuardError::InvalidPacket | WireGuardError::IncorrectPacketLength => {
+            DropReason::InvalidInnerPacket
+        }
+        WireGuardError::WrongPacketType => DropReason::Malformed,
+        WireGuardError::DestinationBufferTooSmall | WireGuardError::LockFailed => DropReason::Other,
+    }
+}

@@ -1,0 +1,86 @@
+//! A peer's live state: its noise tunnel, current endpoint, timers and counters.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use boringtun::noise::Tunn;
+use parking_lot::Mutex;
+
+use crate::config::PeerConfig;
+use crate::key::SecretKey;
+
+/// State that survives configuration changes as long as the peer's keys do.
+pub(crate) struct PeerShared {
+    /// The 24-bit index boringtun puts (shifted left by 8) into every session index.
+    pub(crate) index: u32,
+    pub(crate) core: Mutex<PeerCore>,
+    pub(crate) rx_bytes: AtomicU64,
+    pub(crate) tx_bytes: AtomicU64,
+    pub(crate) handshakes: AtomicU64,
+}
+
+/// Everything touched under the peer's lock. The lock is never held across a syscall.
+pub(crate) struct PeerCore {
+    /// `None` until the device has a private key.
+    pub(crate) tunn: Option<Tunn>,
+    pub(crate) endpoint: Option<SocketAddr>,
+    pub(crate) last_sent: Option<Instant>,
+    pub(crate) last_received: Option<Instant>,
+    pub(crate) last_handshake: Option<Instant>,
+    /// Set when persistent keepalive was just enabled: send one at the next timer tick.
+    pub(crate) keepalive_due: bool,
+}
+
+impl PeerShared {
+    pub(crate) fn new(
+        index: u32,
+        config: &PeerConfig,
+        private_key: Option<&SecretKey>,
+    ) -> Arc<Self> {
+        let tunn = private_key.map(|key| new_tunn(key, config, index));
+        Arc::new(Self {
+            index,
+            core: Mutex::new(PeerCore {
+                tunn,
+                endpoint: config.endpoint,
+                last_sent: None,
+                last_received: None,
+                last_handshake: None,
+                keepalive_due: config.persistent_keepalive > 0,
+            }),
+            rx_bytes: AtomicU64::new(0),
+            tx_bytes: AtomicU64::new(0),
+            handshakes: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn add_rx(&self, bytes: usize) {
+        self.rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_tx(&self, bytes: usize) {
+        self.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// A fresh noise tunnel for `config` under `private_key`. Keepalives are ours, not boringtun's,
+/// so the interval can change without losing the session.
+pub(crate) fn new_tunn(private_key: &SecretKey, config: &PeerConfig, index: u32) -> Tunn {
+    Tunn::new(
+        private_key.to_dalek(),
+        config.public_key.to_dalek(),
+        config.preshared_key.as_ref().map(|k| *k.as_bytes()),
+        None,
+        index,
+        None,
+    )
+}
+
+/// A configured peer in one snapshot of the device: its declared settings plus the live state
+/// shared with the snapshots before and after it.
+pub(crate) struct PeerEntry {
+    pub(crate) config: PeerConfig,
+    pub(crate) shared: Arc<PeerShared>,
+}

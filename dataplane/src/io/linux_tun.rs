@@ -1,0 +1,209 @@
+//! The Linux TUN device, through tun-rs: created by name or attached to an existing TUN link,
+//! one queue per worker (`IFF_MULTI_QUEUE`) when the device allows it.
+//!
+//! The device never changes its own MTU, addresses or link state after creation, so an agent
+//! (or an operator with `ip`) may change them at any time; while the link is down, writes fail
+//! with `EIO` and are dropped.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+
+use tun_rs::{DeviceBuilder, SyncDevice};
+
+use super::TunIo;
+
+/// MTU a new TUN device gets, as wireguard-go does.
+pub const DEFAULT_MTU: u16 = 1420;
+
+/// Why the TUN device could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TunError {
+    /// `/dev/net/tun` does not exist.
+    #[error("/dev/net/tun is missing: load the tun module or give the container the device")]
+    NoTunDevice,
+    /// The caller lacks CAP_NET_ADMIN.
+    #[error("creating TUN device {name:?} needs CAP_NET_ADMIN (run as root)")]
+    NotPermitted {
+        /// The interface name.
+        name: String,
+    },
+    /// A link of another kind already has the name.
+    #[error("interface {name:?} exists and is not a TUN device")]
+    NameTaken {
+        /// The interface name.
+        name: String,
+    },
+    /// The name is empty or longer than 15 bytes.
+    #[error("invalid interface name {name:?}: 1 to 15 bytes, no '/' or whitespace")]
+    BadName {
+        /// The interface name.
+        name: String,
+    },
+    /// Another error from the kernel.
+    #[error("opening TUN device {name:?}: {source}")]
+    Io {
+        /// The interface name.
+        name: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One queue of a TUN device.
+pub struct LinuxTun {
+    device: SyncDevice,
+}
+
+impl std::fmt::Debug for LinuxTun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinuxTun")
+            .field("fd", &self.device.as_raw_fd())
+            .finish()
+    }
+}
+
+/// Checks an interface name the way the kernel will.
+pub fn validate_name(name: &str) -> Result<(), TunError> {
+    let bad = name.is_empty()
+        || name.len() > 15
+        || name == "."
+        || name == ".."
+        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if bad {
+        return Err(TunError::BadName { name: name.into() });
+    }
+    Ok(())
+}
+
+/// Whether a link named `name` exists, and if so whether it is a TUN device.
+pub fn existing_link(name: &str) -> Option<bool> {
+    let dir = Path::new("/sys/class/net").join(name);
+    dir.exists().then(|| dir.join("tun_flags").exists())
+}
+
+impl LinuxTun {
+    /// Opens `queues` queues of the TUN device `name`, creating it (MTU [`DEFAULT_MTU`]) if no
+    /// link has that name, attaching to it if a TUN link does. Falls back to a single queue
+    /// when an existing device was created without multi-queue support.
+    ///
+    /// # Errors
+    /// [`TunError`] naming what is wrong.
+    pub fn open(name: &str, queues: usize) -> Result<(Vec<Self>, bool), TunError> {
+        validate_name(name)?;
+        if !Path::new("/dev/net/tun").exists() {
+            return Err(TunError::NoTunDevice);
+        }
+        let existed = match existing_link(name) {
+            Some(false) => return Err(TunError::NameTaken { name: name.into() }),
+            Some(true) => true,
+            None => false,
+        };
+        let queues = queues.max(1);
+        let first = match Self::build(name, queues > 1, existed) {
+            Ok(device) => device,
+            Err(e) if existed && queues > 1 && e.raw_os_error() == Some(libc::EINVAL) => {
+                Self::build(name, false, existed).map_err(|e| map_error(name, e))?
+            }
+            Err(e) => return Err(map_error(name, e)),
+        };
+        let multi = queues > 1 && first.is_multi_queue();
+        let mut all = vec![first];
+        if multi {
+            for _ in 1..queues {
+                let clone = all[0]
+                    .device
+                    .try_clone()
+                    .map_err(|e| map_error(name, e))?;
+                clone.set_nonblocking(true).map_err(|e| map_error(name, e))?;
+                all.push(Self { device: clone });
+            }
+        }
+        Ok((all, existed))
+    }
+
+    fn build(name: &str, multi_queue: bool, existed: bool) -> io::Result<Self> {
+        let mut builder = DeviceBuilder::new().name(name).multi_queue(multi_queue);
+        if !existed {
+            builder = builder.mtu(DEFAULT_MTU);
+        }
+        let device = builder.build_sync()?;
+        device.set_nonblocking(true)?;
+        Ok(Self { device })
+    }
+
+    fn is_multi_queue(&self) -> bool {
+        // The kernel reports IFF_MULTI_QUEUE (0x0100) in tun_flags of a multi-queue device.
+        let name = match self.device.name() {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        std::fs::read_to_string(Path::new("/sys/class/net").join(name).join("tun_flags"))
+            .ok()
+            .and_then(|s| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+            .is_some_and(|flags| flags & 0x0100 != 0)
+    }
+
+    /// The interface's index.
+    ///
+    /// # Errors
+    /// The ioctl error.
+    pub fn if_index(&self) -> io::Result<u32> {
+        self.device.if_index()
+    }
+
+    /// The interface's MTU now.
+    ///
+    /// # Errors
+    /// The ioctl error.
+    pub fn mtu(&self) -> io::Result<u16> {
+        self.device.mtu()
+    }
+}
+
+fn map_error(name: &str, e: io::Error) -> TunError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => TunError::NotPermitted { name: name.into() },
+        Some(libc::ENOENT) | Some(libc::ENODEV) => TunError::NoTunDevice,
+        _ => TunError::Io {
+            name: name.into(),
+            source: e,
+        },
+    }
+}
+
+impl TunIo for LinuxTun {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.device.recv(buf)
+    }
+
+    fn send(&self, packet: &[u8]) -> io::Result<()> {
+        self.device.send(packet).map(|_| ())
+    }
+
+    fn readiness_fd(&self) -> RawFd {
+        self.device.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_like_the_kernel_does() {
+        assert!(validate_name("kilo0").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("sixteen-chars-xx").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name("a b").is_err());
+    }
+
+    #[test]
+    fn loopback_is_reported_as_a_non_tun_link() {
+        assert_eq!(existing_link("lo"), Some(false));
+        assert_eq!(existing_link("surely-absent0"), None);
+    }
+}

@@ -1,0 +1,277 @@
+//! Two engines over an in-memory wire: no sockets, no TUN, no threads.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use dataplane::testing::{ip_packet, EnginePair};
+use dataplane::{DropReason, Outbox, PeerConfig, SecretKey};
+
+fn payload_of(packet: &[u8]) -> &[u8] {
+    &packet[20..]
+}
+
+#[test]
+fn first_packet_triggers_handshake_and_is_delivered_after_it() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"hello");
+    assert_eq!(pair.b.delivered.len(), 1, "queued packet delivered once the session exists");
+    assert_eq!(payload_of(&pair.b.delivered[0]), b"hello");
+    let a_stats = &pair.a.engine.peer_stats()[0];
+    assert_eq!(a_stats.handshakes, 1);
+    assert!(a_stats.last_handshake.is_some());
+    assert!(a_stats.tx_bytes > 0 && a_stats.rx_bytes > 0);
+}
+
+#[test]
+fn data_flows_both_ways_over_one_session() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"ping");
+    pair.send_b_to_a(now, b"pong");
+    for i in 0..100u32 {
+        pair.send_a_to_b(now, &i.to_be_bytes());
+        pair.send_b_to_a(now, &i.to_le_bytes());
+    }
+    assert_eq!(pair.b.delivered.len(), 101);
+    assert_eq!(pair.a.delivered.len(), 101);
+    assert_eq!(payload_of(&pair.a.delivered[0]), b"pong");
+    assert_eq!(payload_of(&pair.b.delivered[100]), &99u32.to_be_bytes());
+    let handshakes: u64 = pair.a.engine.peer_stats()[0].handshakes
+        + pair.b.engine.peer_stats()[0].handshakes;
+    assert_eq!(handshakes, 2, "one handshake, counted once on each side");
+}
+
+#[test]
+fn ipv6_inside_the_tunnel_is_routed_by_allowed_ips() {
+    let mut pair = EnginePair::new();
+    let a6: IpAddr = "fd00::1".parse().unwrap();
+    let b6: IpAddr = "fd00::2".parse().unwrap();
+    let mut a_config = pair.a.config_with_peer(&pair.b);
+    a_config.peers[0].add_allowed_ip("fd00::2/128".parse().unwrap());
+    pair.a.engine.apply(&a_config);
+    let mut b_config = pair.b.config_with_peer(&pair.a);
+    b_config.peers[0].add_allowed_ip("fd00::1/128".parse().unwrap());
+    pair.b.engine.apply(&b_config);
+    let now = Instant::now();
+    let mut out = Outbox::default();
+    let packet = ip_packet(a6, b6, b"six");
+    pair.a.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    pair.run(now, out, true);
+    assert_eq!(pair.b.delivered, vec![packet]);
+}
+
+#[test]
+fn decrypted_packet_with_a_source_outside_allowed_ips_is_dropped() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"establish");
+    // B routes by destination (A's tunnel address), so it encrypts both; A accepts from B only
+    // sources in B's allowed IPs (10.0.0.2/32).
+    let spoofed = ip_packet("10.9.9.9".parse().unwrap(), pair.a.tunnel_ip, b"spoof");
+    let genuine = ip_packet(pair.b.tunnel_ip, pair.a.tunnel_ip, b"ok");
+    let mut out = Outbox::default();
+    pair.b
+        .engine
+        .handle_tunnel_packets(now, [spoofed.as_slice(), genuine.as_slice()], &mut out);
+    assert_eq!(out.to_network.len(), 2);
+    pair.run(now, out, false);
+    assert_eq!(pair.a.delivered, vec![genuine]);
+    assert_eq!(pair.a.engine.drops().get(DropReason::SourceNotAllowed), 1);
+}
+
+#[test]
+fn reapplying_the_same_config_keeps_the_session() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"one");
+    let before = pair.a.engine.peer_stats()[0].clone();
+    let report = pair.a.engine.apply(&pair.a.config_with_peer(&pair.b));
+    assert_eq!(report.kept, vec![pair.b.key.public_key()]);
+    assert!(report.added.is_empty() && report.removed.is_empty());
+    let moved = {
+        let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"two");
+        let mut out = Outbox::default();
+        pair.a.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+        pair.run(now, out, true)
+    };
+    assert_eq!(moved, 1, "one data message, no handshake");
+    let after = &pair.a.engine.peer_stats()[0];
+    assert_eq!(after.handshakes, before.handshakes);
+    assert_eq!(after.last_handshake, before.last_handshake);
+    assert!(after.tx_bytes > before.tx_bytes, "counters survive the apply");
+}
+
+#[test]
+fn changing_the_preshared_key_restarts_the_session() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"one");
+    let psk = SecretKey::generate();
+    for (side, other) in [(&pair.a, &pair.b), (&pair.b, &pair.a)] {
+        let mut config = side.config_with_peer(other);
+        config.peers[0].preshared_key = Some(psk.clone());
+        let report = side.engine.apply(&config);
+        assert_eq!(report.sessions_reset, vec![other.key.public_key()]);
+    }
+    pair.send_a_to_b(now, b"two");
+    assert_eq!(pair.b.delivered.len(), 2);
+    assert_eq!(pair.a.engine.peer_stats()[0].handshakes, 2);
+}
+
+#[test]
+fn removed_peer_is_neither_routed_nor_accepted() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"one");
+    let mut config = pair.a.config_with_peer(&pair.b);
+    config.peers.clear();
+    let report = pair.a.engine.apply(&config);
+    assert_eq!(report.removed, vec![pair.b.key.public_key()]);
+    pair.send_a_to_b(now, b"two");
+    assert_eq!(pair.a.engine.drops().get(DropReason::NoRoute), 1);
+    pair.send_b_to_a(now, b"three");
+    assert_eq!(pair.a.engine.drops().get(DropReason::UnknownIndex), 1);
+    assert!(pair.a.delivered.is_empty());
+}
+
+#[test]
+fn endpoint_follows_authenticated_packets_only() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"one");
+    // B's next packet arrives from a new address (NAT rebinding).
+    let packet = ip_packet(pair.b.tunnel_ip, pair.a.tunnel_ip, b"roamed");
+    let mut out = Outbox::default();
+    pair.b.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    let roamed: SocketAddr = "198.51.100.9:40000".parse().unwrap();
+    let (_, datagram) = out.to_network.get(0).unwrap();
+    let datagram = datagram.to_vec();
+    let mut reply = Outbox::default();
+    pair.a.engine.handle_datagram(now, roamed, &datagram, &mut reply);
+    assert_eq!(reply.to_tunnel.len(), 1);
+    assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
+    // A forged datagram from elsewhere does not move the endpoint.
+    let mut forged = datagram.clone();
+    forged[20] ^= 0xff;
+    let elsewhere: SocketAddr = "203.0.113.1:1".parse().unwrap();
+    pair.a.engine.handle_datagram(now, elsewhere, &forged, &mut Outbox::default());
+    assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
+    // Re-applying the configured endpoint does not undo the roam.
+    pair.a.engine.apply(&pair.a.config_with_peer(&pair.b));
+    assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
+    // The replayed datagram is refused, as was the forged copy (its counter was already seen).
+    pair.a.engine.handle_datagram(now, roamed, &datagram, &mut Outbox::default());
+    assert_eq!(
+        pair.a.engine.drops().get(DropReason::Replay),
+        2,
+        "{:?}",
+        pair.a.engine.drops().snapshot()
+    );
+}
+
+#[test]
+fn handshake_from_an_unknown_key_is_refused() {
+    let mut pair = EnginePair::new();
+    let stranger = SecretKey::generate();
+    let mut config = pair.b.config_with_peer(&pair.a);
+    config.interface.private_key = Some(stranger);
+    pair.b.engine.apply(&config);
+    pair.send_b_to_a(Instant::now(), b"let me in");
+    assert_eq!(pair.a.engine.drops().get(DropReason::UnknownPeer), 1);
+    assert!(pair.a.delivered.is_empty());
+}
+
+#[test]
+fn random_datagrams_are_counted_and_never_panic() {
+    let pair = EnginePair::new();
+    let now = Instant::now();
+    let from: SocketAddr = "203.0.113.7:9".parse().unwrap();
+    let mut out = Outbox::default();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for len in 0..600usize {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        pair.a.engine.handle_datagram(now, from, &bytes, &mut out);
+        // Messages with valid types and sizes but random contents.
+        for kind in [1u8, 2, 3, 4] {
+            let mut typed = bytes.clone();
+            if typed.len() >= 4 {
+                typed[..4].copy_from_slice(&[kind, 0, 0, 0]);
+                pair.a.engine.handle_datagram(now, from, &typed, &mut out);
+            }
+        }
+        for size in [148usize, 92, 64, 32] {
+            let mut sized = vec![0u8; size];
+            sized[0] = match size {
+                148 => 1,
+                92 => 2,
+                64 => 3,
+                _ => 4,
+            };
+            pair.a.engine.handle_datagram(now, from, &sized, &mut out);
+        }
+    }
+    assert!(out.to_tunnel.is_empty());
+    assert!(pair.a.engine.drops().get(DropReason::Malformed) > 0);
+    assert!(pair.a.engine.drops().get(DropReason::InvalidMac) > 0);
+    assert!(pair.a.engine.drops().get(DropReason::UnknownIndex) > 0);
+}
+
+#[test]
+fn persistent_keepalive_is_sent_on_an_idle_tunnel_at_its_interval() {
+    let mut pair = EnginePair::new();
+    let mut config = pair.a.config_with_peer(&pair.b);
+    config.peers[0].persistent_keepalive = 5;
+    pair.a.engine.apply(&config);
+    let start = Instant::now();
+    // Enabling it sends one at once (here: a handshake first, then the keepalive).
+    pair.tick(start);
+    assert_eq!(pair.b.engine.peer_stats()[0].handshakes, 1);
+    let rx_after_handshake = pair.b.engine.peer_stats()[0].rx_bytes;
+    let mut sent_at = Vec::new();
+    let mut last_rx = rx_after_handshake;
+    for step in 1..=80u64 {
+        let now = start + Duration::from_millis(250 * step);
+        pair.tick(now);
+        let rx = pair.b.engine.peer_stats()[0].rx_bytes;
+        if rx > last_rx {
+            sent_at.push(now.duration_since(start));
+            last_rx = rx;
+        }
+    }
+    // 20 s idle with a 5 s interval: keepalives at 5, 10, 15, 20 s.
+    assert_eq!(
+        sent_at,
+        (1..=4).map(|i| Duration::from_secs(5 * i)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn packets_without_endpoint_or_route_are_dropped_by_reason() {
+    let pair = EnginePair::new();
+    let mut config = pair.a.config_with_peer(&pair.b);
+    config.peers[0].endpoint = None;
+    config.peers.push({
+        let mut p = PeerConfig::new(SecretKey::generate().public_key());
+        p.add_allowed_ip("10.7.0.0/16".parse().unwrap());
+        p
+    });
+    let fresh = dataplane::Engine::new((Instant::now(), std::time::SystemTime::now()), 1);
+    fresh.apply(&config);
+    let now = Instant::now();
+    let mut out = Outbox::default();
+    let to_peer = ip_packet(pair.a.tunnel_ip, "10.7.1.1".parse().unwrap(), b"x");
+    let nowhere = ip_packet(pair.a.tunnel_ip, "172.16.0.1".parse().unwrap(), b"x");
+    fresh.handle_tunnel_packets(now, [to_peer.as_slice(), nowhere.as_slice(), &[0x45, 0]], &mut out);
+    assert!(out.to_network.is_empty());
+    assert_eq!(fresh.drops().get(DropReason::NoEndpoint), 1);
+    assert_eq!(fresh.drops().get(DropReason::NoRoute), 1);
+    assert_eq!(fresh.drops().get(DropReason::NotIp), 1);
+}
