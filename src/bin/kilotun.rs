@@ -1,1 +1,189 @@
-fn main() {}
+//! `kilotun IFACE`: a userspace WireGuard device driven by `wg` over
+//! `/var/run/wireguard/IFACE.sock`, a drop-in for `wireguard-go IFACE`.
+//!
+//! Without `--foreground` it starts itself again detached (as wireguard-go does) and exits once
+//! the device is up, or with the device's error if it could not come up.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use dataplane::device::{Device, LinuxUdpBinder};
+use dataplane::io::linux_tun::LinuxTun;
+use dataplane::uapi_server::{self, UapiServer};
+
+/// Environment variable naming the pipe a detached child reports readiness on.
+const READY_FD_ENV: &str = "KILOTUN_READY_FD";
+
+/// Userspace WireGuard device, driven by `wg` like wireguard-go.
+#[derive(Debug, Parser)]
+#[command(name = "kilotun", version, about)]
+struct Args {
+    /// Stay in the foreground instead of detaching.
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Worker threads (default: number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info", env = "LOG_LEVEL")]
+    log_level: String,
+    /// Directory of the UAPI socket.
+    #[arg(long, default_value = uapi_server::SOCKET_DIR, hide = true)]
+    socket_dir: String,
+    /// Interface name.
+    interface: String,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.threads == Some(0) {
+        eprintln!("kilotun: --threads must be at least 1");
+        return ExitCode::from(2);
+    }
+    let result = if args.foreground || std::env::var_os(READY_FD_ENV).is_some() {
+        run_foreground(&args)
+    } else {
+        detach()
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kilotun: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts this program again in its own session, with `--foreground`, and waits for it to say
+/// it is up (or why not).
+fn detach() -> Result<()> {
+    let (read_end, write_end) = pipe()?;
+    let exe = std::env::current_exe().context("finding our own executable")?;
+    let child_write = write_end;
+    let read_fd = read_end;
+    // SAFETY: setsid is async-signal-safe and touches no state of the parent.
+    let child = unsafe {
+        Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .arg("--foreground")
+            .env(READY_FD_ENV, child_write.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .pre_exec(move || {
+                libc::close(read_fd);
+                libc::setsid();
+                Ok(())
+            })
+            .spawn()
+    }
+    .context("starting the detached device")?;
+    // SAFETY: both ends are fresh descriptors of our own pipe.
+    drop(unsafe { OwnedFd::from_raw_fd(child_write) });
+    // SAFETY: as above; the read end is ours alone now.
+    let mut reader = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(read_end) });
+    let mut message = String::new();
+    let _ = reader.read_to_string(&mut message);
+    drop(child);
+    match message.strip_prefix("ok") {
+        Some(_) => Ok(()),
+        None if message.is_empty() => anyhow::bail!("the device exited before coming up"),
+        None => anyhow::bail!("{}", message.trim_end()),
+    }
+}
+
+fn pipe() -> Result<(RawFd, RawFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating a pipe");
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// Reports readiness (or an error) to a waiting parent, if there is one.
+fn report_to_parent(message: &str) {
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<RawFd>().ok())
+    else {
+        return;
+    };
+    // SAFETY: the parent gave us this descriptor for exactly this one write.
+    let mut pipe = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let _ = pipe.write_all(message.as_bytes());
+}
+
+fn run_foreground(args: &Args) -> Result<()> {
+    init_logging(&args.log_level);
+    let up = bring_up(args);
+    let (device, server, created) = match up {
+        Ok(up) => up,
+        Err(e) => {
+            report_to_parent(&format!("{e:#}"));
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        interface = %args.interface,
+        port = device.listen_port(),
+        created,
+        "device up"
+    );
+    report_to_parent("ok");
+
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
+    if let Some(signal) = signals.forever().next() {
+        tracing::info!(signal, "shutting down");
+    }
+    drop(server);
+    match Arc::try_unwrap(device) {
+        Ok(device) => device.shutdown(),
+        Err(shared) => drop(shared),
+    }
+    Ok(())
+}
+
+type Up = (Arc<Device<LinuxUdpBinder>>, UapiServer, bool);
+
+fn bring_up(args: &Args) -> Result<Up> {
+    let name = &args.interface;
+    let path = uapi_server::socket_path(Path::new(&args.socket_dir), name);
+    // The socket first: if another device serves this name, touch nothing.
+    let listener = uapi_server::bind(&path)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (queues, existed) = match LinuxTun::open(name, threads) {
+        Ok(opened) => opened,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e.into());
+        }
+    };
+    let device = Device::start(queues, LinuxUdpBinder)
+        .with_context(|| format!("starting device {name}"))?;
+    let device = Arc::new(device);
+    let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
+        .context("serving the UAPI socket")?;
+    Ok((device, server, !existed))
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,360 @@
+//! Test hosts in network namespaces: namespaces, veth links, devices (kilotun or wireguard-go)
+//! and sockets opened from inside a namespace. Everything is named uniquely per test and
+//! removed on drop. Tests that need root skip themselves with a message when not root.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// True when the test may create namespaces; otherwise prints why it is skipped.
+pub fn can_run(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = ["ip", "wg"].iter().all(|t| which(t));
+    if !root {
+        eprintln!("skipped {test}: needs root for network namespaces and TUN devices");
+    } else if !tools {
+        eprintln!("skipped {test}: needs iproute2 and wireguard-tools (see .ci/run)");
+    }
+    root && tools
+}
+
+pub fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A short name unique to this process and call: `{prefix}{pid%10000}x{n}`, under 15 bytes.
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id() % 10000)
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn output(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"))
+}
+
+/// A network namespace, deleted (with everything in it) on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new() -> Self {
+        let name = unique("kt");
+        run(&["ip", "netns", "add", &name]);
+        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        Self { name }
+    }
+
+    /// Runs `args` inside the namespace, panicking on failure.
+    pub fn run(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Runs `args` inside the namespace and returns its output whatever the exit status.
+    pub fn output(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        output(&full)
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {args:?}: {e}"))
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (sockets it opens live here).
+    pub fn in_ns<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let ns = File::open(&path).expect("open netns");
+            // SAFETY: setns on this thread only, with a descriptor of a namespace file.
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = output(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// Two namespaces joined by a veth pair with underlay addresses `left` and `right`.
+pub struct Link {
+    pub left: Netns,
+    pub right: Netns,
+    pub left_ip: IpAddr,
+    pub right_ip: IpAddr,
+    pub left_dev: String,
+    pub right_dev: String,
+}
+
+pub enum Underlay {
+    V4,
+    V6,
+}
+
+impl Link {
+    pub fn new(underlay: Underlay) -> Self {
+        let (left, right) = (Netns::new(), Netns::new());
+        let (ld, rd) = (unique("va"), unique("vb"));
+        run(&["ip", "link", "add", &ld, "type", "veth", "peer", "name", &rd]);
+        run(&["ip", "link", "set", &ld, "netns", &left.name]);
+        run(&["ip", "link", "set", &rd, "netns", &right.name]);
+        let (lip, rip, len) = match underlay {
+            Underlay::V4 => ("192.168.200.1", "192.168.200.2", "24"),
+            Underlay::V6 => ("fd99::1", "fd99::2", "64"),
+        };
+        for (ns, dev, ip) in [(&left, &ld, lip), (&right, &rd, rip)] {
+            let cidr = format!("{ip}/{len}");
+            let mut args = vec!["ip", "-n", &ns.name, "addr", "add", &cidr, "dev", dev];
+            if len == "64" {
+                args.push("nodad");
+            }
+            run(&args);
+            run(&["ip", "-n", &ns.name, "link", "set", dev, "up"]);
+        }
+        Self {
+            left,
+            right,
+            left_ip: lip.parse().unwrap(),
+            right_ip: rip.parse().unwrap(),
+            left_dev: ld,
+            right_dev: rd,
+        }
+    }
+}
+
+/// Which implementation runs a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Impl {
+    Kilotun,
+    WireguardGo,
+}
+
+/// A userspace WireGuard device in a namespace, stopped on drop.
+pub struct WgDevice {
+    pub ns: String,
+    pub name: String,
+    pub key_file: String,
+    pub public_key: String,
+    child: Child,
+}
+
+pub fn kilotun_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kilotun")
+}
+
+impl WgDevice {
+    /// Starts `which` as interface `name` in `ns` (in the foreground) and waits for its socket.
+    pub fn start(ns: &Netns, which: Impl) -> Self {
+        let name = unique("wg");
+        let child = match which {
+            Impl::Kilotun => ns.spawn(&[kilotun_bin(), "-f", "--threads", "2", &name]),
+            Impl::WireguardGo => ns.spawn(&["wireguard-go", "-f", &name]),
+        };
+        let socket = format!("/var/run/wireguard/{name}.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::path::Path::new(&socket).exists() {
+            assert!(Instant::now() < deadline, "{which:?} did not create {socket}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let key_file = format!("/tmp/{name}.key");
+        let key = run(&["wg", "genkey"]);
+        std::fs::write(&key_file, &key).unwrap();
+        let public_key = pipe_to(&["wg", "pubkey"], key.as_bytes()).trim().to_string();
+        Self {
+            ns: ns.name.clone(),
+            name,
+            key_file,
+            public_key,
+            child,
+        }
+    }
+
+    /// `wg ARGS…` against this device, inside its namespace.
+    pub fn wg(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "netns", "exec", &self.ns, "wg"];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// `ip ARGS…` inside this device's namespace.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "-n", &self.ns];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Sets the private key and port, then brings the link up with `addresses`.
+    pub fn configure(&self, port: u16, addresses: &[&str]) {
+        self.wg(&["set", &self.name, "private-key", &self.key_file, "listen-port", &port.to_string()]);
+        for a in addresses {
+            self.ip(&["addr", "add", a, "dev", &self.name]);
+        }
+        self.ip(&["link", "set", &self.name, "up"]);
+    }
+
+    pub fn add_peer(&self, peer: &WgDevice, endpoint: &str, allowed: &str) {
+        self.wg(&["set", &self.name, "peer", &peer.public_key, "endpoint", endpoint, "allowed-ips", allowed]);
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    pub fn stderr(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for WgDevice {
+    fn drop(&mut self) {
+        // SIGTERM first so the device removes its socket and interface.
+        // SAFETY: kill with a pid we spawned.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.key_file);
+        let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.name));
+    }
+}
+
+pub fn pipe_to(args: &[&str], input: &[u8]) -> String {
+    let mut child = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Pings `target` from `ns` until one answer arrives (up to `timeout`).
+pub fn ping_ok(ns: &str, target: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let out = output(&["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1", target]);
+        if out.status.success() {
+            return true;
+        }
+    }
+    false
+}
+
+/// The deterministic byte stream the transfer tests send: byte `i` of the stream.
+fn stream_byte(seed: u64, i: u64) -> u8 {
+    let mut x = seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (x >> 32) as u8
+}
+
+/// Sends `bytes` of a deterministic stream over TCP from `from` to `to:port` (inside `to_ns`)
+/// and checks every byte arrived intact. Returns the elapsed time.
+pub fn tcp_transfer(from: &Netns, to: &Netns, to_ip: IpAddr, bytes: u64) -> Duration {
+    let port = 5201 + (COUNTER.fetch_add(1, Ordering::Relaxed) % 1000) as u16;
+    let addr = SocketAddr::new(to_ip, port);
+    let seed = u64::from(port) * 7919;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = to.in_ns(move || {
+        let listener = TcpListener::bind(addr).expect("bind transfer listener");
+        ready_tx.send(()).unwrap();
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let (mut received, mut mismatches) = (0u64, 0u64);
+        loop {
+            let n = stream.read(&mut buf).expect("read transfer");
+            if n == 0 {
+                break;
+            }
+            for (k, b) in buf[..n].iter().enumerate() {
+                if *b != stream_byte(seed, received + k as u64) {
+                    mismatches += 1;
+                }
+            }
+            received += n as u64;
+        }
+        (received, mismatches)
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let start = Instant::now();
+    let client = from.in_ns(move || {
+        let mut stream =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect transfer");
+        let mut buf = vec![0u8; 1 << 16];
+        let mut sent = 0u64;
+        while sent < bytes {
+            let n = (bytes - sent).min(buf.len() as u64) as usize;
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = stream_byte(seed, sent + k as u64);
+            }
+            stream.write_all(&buf[..n]).expect("write transfer");
+            sent += n as u64;
+        }
+    });
+    client.join().unwrap();
+    let (received, mismatches) = server.join().unwrap();
+    assert_eq!(received, bytes, "every byte arrives");
+    assert_eq!(mismatches, 0, "no byte differs");
+    start.elapsed()
+}
