@@ -1,0 +1,144 @@
+//! Bad input never takes the daemon down: malformed UAPI requests, random datagrams at the
+//! listen port, and clear one-line errors for impossible starts. Root only.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::UdpSocket;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use common::{can_run, kilotun_bin, ping_ok, Impl, Link, Netns, Underlay, WgDevice};
+
+fn uapi(name: &str, request: &[u8]) -> String {
+    let mut s = UnixStream::connect(format!("/var/run/wireguard/{name}.sock")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+}
+
+#[test]
+fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
+    if !can_run("malformed_uapi_and_random_datagrams_leave_the_daemon_working") {
+        return;
+    }
+    let link = Link::new(Underlay::V4);
+    let mut a = WgDevice::start(&link.left, Impl::Kilotun);
+    let b = WgDevice::start(&link.right, Impl::Kilotun);
+    a.configure(51820, &["10.72.0.1/24"]);
+    b.configure(51821, &["10.72.0.2/24"]);
+    a.add_peer(&b, "192.168.200.2:51821", "10.72.0.2/32");
+    b.add_peer(&a, "192.168.200.1:51820", "10.72.0.1/32");
+    let before = a.wg(&["showconf", &a.name]);
+
+    let requests: Vec<Vec<u8>> = vec![
+        b"set=1\nlisten_port=99999\n\n".to_vec(),
+        b"set=1\nprivate_key=nothex\n\n".to_vec(),
+        b"set=1\npublic_key=00\n\n".to_vec(),
+        b"set=1\nreplace_peers=true\nallowed_ip=10.0.0.0/8\n\n".to_vec(),
+        b"set=1\nfwmark\n\n".to_vec(),
+        [b"set=1\n".as_slice(), &vec![b'x'; 100_000], b"\n\n"].concat(),
+        vec![0xff, 0xfe, 0x00, b'\n', b'\n'],
+        b"get=1\ngarbage\n".to_vec(),
+    ];
+    for request in &requests {
+        let reply = uapi(&a.name, request);
+        assert!(
+            reply.starts_with("errno=-") || reply.contains("\nerrno=-"),
+            "request {:?} got {reply:?}",
+            String::from_utf8_lossy(&request[..request.len().min(40)])
+        );
+    }
+    assert_eq!(a.wg(&["showconf", &a.name]), before, "refused requests changed nothing");
+
+    // Thousands of random datagrams at the listen port, every WireGuard type and size.
+    let sender = link.right.in_ns(|| {
+        let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..20_000usize {
+            let len = [0, 1, 4, 32, 64, 92, 148, 200, 1400][i % 9] + (i % 3);
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            if len >= 4 {
+                bytes[..4].copy_from_slice(&[(i % 5) as u8, 0, 0, 0]);
+            }
+            let _ = socket.send_to(&bytes, "192.168.200.1:51820");
+        }
+    });
+    sender.join().unwrap();
+    assert!(a.is_running(), "daemon survived");
+    assert!(ping_ok(&a.ns, "10.72.0.2", Duration::from_secs(10)), "tunnel still works");
+    assert_eq!(a.wg(&["showconf", &a.name]).lines().count(), before.lines().count());
+}
+
+#[test]
+fn impossible_starts_fail_with_one_clear_line() {
+    if !can_run("impossible_starts_fail_with_one_clear_line") {
+        return;
+    }
+    let ns = Netns::new();
+    // A bridge (not a TUN device) already holds the name.
+    let taken = common::unique("br");
+    ns.run(&["ip", "link", "add", &taken, "type", "bridge"]);
+    let out = ns.output(&[kilotun_bin(), &taken]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exists and is not a TUN device"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        !std::path::Path::new(&format!("/var/run/wireguard/{taken}.sock")).exists(),
+        "no socket left behind"
+    );
+
+    // A live device already serves the name (its socket is in use).
+    let other = Netns::new();
+    let live = WgDevice::start(&ns, Impl::Kilotun);
+    let out = other.output(&[kilotun_bin(), &live.name]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another running process"), "{err}");
+
+    let out = ns.output(&[kilotun_bin(), "--threads", "0", "kz0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
+
+    let out = ns.output(&[kilotun_bin(), "this-name-is-far-too-long"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid interface name"));
+}
+
+#[test]
+fn detached_start_returns_once_up_and_sigterm_removes_everything() {
+    if !can_run("detached_start_returns_once_up_and_sigterm_removes_everything") {
+        return;
+    }
+    let ns = Netns::new();
+    let name = common::unique("wg");
+    let out = ns.output(&[kilotun_bin(), &name]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let socket = format!("/var/run/wireguard/{name}.sock");
+    assert!(std::path::Path::new(&socket).exists(), "socket exists when the parent returns");
+    let mode = std::fs::metadata(&socket).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+    assert!(ns.run(&["ip", "link", "show", &name]).contains(&name));
+    let pid = common::run(&["pgrep", "-f", &format!("kilotun {name} --foreground")]);
+    let pid: i32 = pid.lines().next().unwrap().trim().parse().unwrap();
+    // SAFETY: signalling the daemon we started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&socket).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!std::path::Path::new(&socket).exists(), "socket removed");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!ns.output(&["ip", "link", "show", &name]).status.success(), "interface removed");
+}
