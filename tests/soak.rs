@@ -1,0 +1,62 @@
+//! Two minutes of bidirectional traffic between kilotun and wireguard-go with a 25 s persistent
+//! keepalive: the scenario of boringtun issue #495 (sessions going one-way deaf 15-30 s after a
+//! handshake in 0.7.1). Every ping in both directions must be answered. Root only.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{can_run, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
+
+fn lost(summary: &str) -> u32 {
+    // "1200 packets transmitted, 1200 received, 0% packet loss, ..."
+    let mut words = summary.split_whitespace();
+    let sent: u32 = words.next().unwrap().parse().unwrap();
+    let received: u32 = words.nth(2).unwrap().parse().unwrap();
+    sent - received
+}
+
+#[test]
+fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
+    if !can_run("two_minutes_bidirectional_against_wireguard_go_loses_nothing")
+        || !common::which("wireguard-go")
+    {
+        return;
+    }
+    let link = Link::new(Underlay::V4);
+    let a = WgDevice::start(&link.left, Impl::Kilotun);
+    let b = WgDevice::start(&link.right, Impl::WireguardGo);
+    a.configure(51820, &["10.73.0.1/24"]);
+    b.configure(51821, &["10.73.0.2/24"]);
+    a.add_peer(&b, "192.168.200.2:51821", "10.73.0.2/32");
+    b.add_peer(&a, "192.168.200.1:51820", "10.73.0.1/32");
+    a.wg(&["set", &a.name, "peer", &b.public_key, "persistent-keepalive", "25"]);
+    assert!(ping_ok(&a.ns, "10.73.0.2", Duration::from_secs(10)));
+
+    let ping = |ns: String, target: &'static str| {
+        std::thread::spawn(move || {
+            let out = common::output(&[
+                "ip", "netns", "exec", &ns, "ping", "-q", "-i", "0.1", "-c", "1200", "-W", "1",
+                target,
+            ]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let line = text
+                .lines()
+                .find(|l| l.contains("packets transmitted"))
+                .unwrap_or_default()
+                .to_string();
+            line
+        })
+    };
+    let forward = ping(a.ns.clone(), "10.73.0.2");
+    let backward = ping(b.ns.clone(), "10.73.0.1");
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_secs(20));
+        tcp_transfer(&link.left, &link.right, "10.73.0.2".parse().unwrap(), 20 << 20);
+        tcp_transfer(&link.right, &link.left, "10.73.0.1".parse().unwrap(), 20 << 20);
+    }
+    let (forward, backward) = (forward.join().unwrap(), backward.join().unwrap());
+    eprintln!("kilotun -> wireguard-go: {forward}\nwireguard-go -> kilotun: {backward}");
+    assert!(lost(&forward) <= 1, "{forward}");
+    assert!(lost(&backward) <= 1, "{backward}");
+}
