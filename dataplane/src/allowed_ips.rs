@@ -6,6 +6,7 @@
 //! Prefixes are canonical (host bits cleared) on insert, so `10.1.2.3/24` is `10.1.2.0/24`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -17,10 +18,44 @@ pub struct AllowedIps<T> {
     v6: Family<u128, T>,
 }
 
+/// A multiply-shift hash for address keys. The keys come from configuration, not from the
+/// network, so a keyed (DoS-resistant) hash buys nothing here and costs most of a lookup.
+#[derive(Debug, Default, Clone, Copy)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.write_u64(value as u64);
+        self.write_u64((value >> 64) as u64);
+    }
+}
+
+type AddressMap<K, T> = HashMap<K, T, BuildHasherDefault<AddressHasher>>;
+
 #[derive(Debug, Clone)]
 struct Family<K, T> {
     /// `(prefix length, masked address → value)`, sorted by length, longest first.
-    by_len: Vec<(u8, HashMap<K, T>)>,
+    by_len: Vec<(u8, AddressMap<K, T>)>,
 }
 
 impl<K: Copy + Eq + std::hash::Hash, T> Family<K, T> {
@@ -32,7 +67,7 @@ impl<K: Copy + Eq + std::hash::Hash, T> Family<K, T> {
         let slot = match self.by_len.binary_search_by(|(l, _)| len.cmp(l)) {
             Ok(i) => i,
             Err(i) => {
-                self.by_len.insert(i, (len, HashMap::new()));
+                self.by_len.insert(i, (len, AddressMap::default()));
                 i
             }
         };
