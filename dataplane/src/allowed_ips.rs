@@ -25,7 +25,13 @@ struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // Masked addresses have zero low bits and the table indexes by the low bits: fold the
+        // high bits down (murmur3's finaliser).
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
     }
 
     fn write(&mut self, bytes: &[u8]) {
