@@ -52,7 +52,11 @@ fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
             String::from_utf8_lossy(&request[..request.len().min(40)])
         );
     }
-    assert_eq!(a.wg(&["showconf", &a.name]), before, "refused requests changed nothing");
+    assert_eq!(
+        a.wg(&["showconf", &a.name]),
+        before,
+        "refused requests changed nothing"
+    );
 
     // Thousands of random datagrams at the listen port, every WireGuard type and size.
     let sender = link.right.in_ns(|| {
@@ -76,8 +80,14 @@ fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
     });
     sender.join().unwrap();
     assert!(a.is_running(), "daemon survived");
-    assert!(ping_ok(&a.ns, "10.72.0.2", Duration::from_secs(10)), "tunnel still works");
-    assert_eq!(a.wg(&["showconf", &a.name]).lines().count(), before.lines().count());
+    assert!(
+        ping_ok(&a.ns, "10.72.0.2", Duration::from_secs(10)),
+        "tunnel still works"
+    );
+    assert_eq!(
+        a.wg(&["showconf", &a.name]).lines().count(),
+        before.lines().count()
+    );
 }
 
 #[test]
@@ -124,11 +134,21 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
     let ns = Netns::new();
     let name = common::unique("wg");
     let out = ns.output(&[kilotun_bin(), &name]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let socket = format!("/var/run/wireguard/{name}.sock");
-    assert!(std::path::Path::new(&socket).exists(), "socket exists when the parent returns");
+    assert!(
+        std::path::Path::new(&socket).exists(),
+        "socket exists when the parent returns"
+    );
     let mode = std::fs::metadata(&socket).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600
+    );
     assert!(ns.run(&["ip", "link", "show", &name]).contains(&name));
     let pid = common::run(&["pgrep", "-f", &format!("kilotun {name} --foreground")]);
     let pid: i32 = pid.lines().next().unwrap().trim().parse().unwrap();
@@ -140,5 +160,8 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
     }
     assert!(!std::path::Path::new(&socket).exists(), "socket removed");
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!ns.output(&["ip", "link", "show", &name]).status.success(), "interface removed");
+    assert!(
+        !ns.output(&["ip", "link", "show", &name]).status.success(),
+        "interface removed"
+    );
 }

@@ -19,37 +19,88 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
     let b = WgDevice::start(&link.right, right);
     a.configure(51820, &["10.70.0.1/24", "fd70::1/64"]);
     b.configure(51821, &["10.70.0.2/24", "fd70::2/64"]);
-    let endpoint = |ip: std::net::IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
-    a.add_peer(&b, &endpoint(link.right_ip, 51821), "10.70.0.2/32,fd70::2/128");
-    b.add_peer(&a, &endpoint(link.left_ip, 51820), "10.70.0.1/32,fd70::1/128");
+    let endpoint =
+        |ip: std::net::IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
+    a.add_peer(
+        &b,
+        &endpoint(link.right_ip, 51821),
+        "10.70.0.2/32,fd70::2/128",
+    );
+    b.add_peer(
+        &a,
+        &endpoint(link.left_ip, 51820),
+        "10.70.0.1/32,fd70::1/128",
+    );
 
-    assert!(ping_ok(&a.ns, "10.70.0.2", Duration::from_secs(10)), "IPv4 ping a -> b");
-    assert!(ping_ok(&b.ns, "10.70.0.1", Duration::from_secs(5)), "IPv4 ping b -> a");
-    assert!(ping_ok(&a.ns, "fd70::2", Duration::from_secs(5)), "IPv6 ping a -> b");
-    assert!(ping_ok(&b.ns, "fd70::1", Duration::from_secs(5)), "IPv6 ping b -> a");
+    assert!(
+        ping_ok(&a.ns, "10.70.0.2", Duration::from_secs(10)),
+        "IPv4 ping a -> b"
+    );
+    assert!(
+        ping_ok(&b.ns, "10.70.0.1", Duration::from_secs(5)),
+        "IPv4 ping b -> a"
+    );
+    assert!(
+        ping_ok(&a.ns, "fd70::2", Duration::from_secs(5)),
+        "IPv6 ping a -> b"
+    );
+    assert!(
+        ping_ok(&b.ns, "fd70::1", Duration::from_secs(5)),
+        "IPv6 ping b -> a"
+    );
 
-    let took = tcp_transfer(&link.left, &link.right, "10.70.0.2".parse().unwrap(), TRANSFER);
+    let took = tcp_transfer(
+        &link.left,
+        &link.right,
+        "10.70.0.2".parse().unwrap(),
+        TRANSFER,
+    );
     eprintln!("{test}: 100 MB a -> b over IPv4 in {took:?}");
-    let took = tcp_transfer(&link.right, &link.left, "fd70::1".parse().unwrap(), TRANSFER);
+    let took = tcp_transfer(
+        &link.right,
+        &link.left,
+        "fd70::1".parse().unwrap(),
+        TRANSFER,
+    );
     eprintln!("{test}: 100 MB b -> a over IPv6 in {took:?}");
 }
 
 #[test]
 fn kilotun_with_kilotun_over_ipv4() {
-    interop(Impl::Kilotun, Impl::Kilotun, Underlay::V4, "kilotun_with_kilotun_over_ipv4");
+    interop(
+        Impl::Kilotun,
+        Impl::Kilotun,
+        Underlay::V4,
+        "kilotun_with_kilotun_over_ipv4",
+    );
 }
 
 #[test]
 fn kilotun_with_kilotun_over_ipv6() {
-    interop(Impl::Kilotun, Impl::Kilotun, Underlay::V6, "kilotun_with_kilotun_over_ipv6");
+    interop(
+        Impl::Kilotun,
+        Impl::Kilotun,
+        Underlay::V6,
+        "kilotun_with_kilotun_over_ipv6",
+    );
 }
 
 #[test]
 fn kilotun_with_wireguard_go_over_ipv4() {
-    interop(Impl::Kilotun, Impl::WireguardGo, Underlay::V4, "kilotun_with_wireguard_go_over_ipv4");
+    interop(
+        Impl::Kilotun,
+        Impl::WireguardGo,
+        Underlay::V4,
+        "kilotun_with_wireguard_go_over_ipv4",
+    );
 }
 
 #[test]
 fn kilotun_with_wireguard_go_over_ipv6() {
-    interop(Impl::Kilotun, Impl::WireguardGo, Underlay::V6, "kilotun_with_wireguard_go_over_ipv6");
+    interop(
+        Impl::Kilotun,
+        Impl::WireguardGo,
+        Underlay::V6,
+        "kilotun_with_wireguard_go_over_ipv6",
+    );
 }

@@ -30,7 +30,14 @@ fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
     b.configure(51821, &["10.73.0.2/24"]);
     a.add_peer(&b, "192.168.200.2:51821", "10.73.0.2/32");
     b.add_peer(&a, "192.168.200.1:51820", "10.73.0.1/32");
-    a.wg(&["set", &a.name, "peer", &b.public_key, "persistent-keepalive", "25"]);
+    a.wg(&[
+        "set",
+        &a.name,
+        "peer",
+        &b.public_key,
+        "persistent-keepalive",
+        "25",
+    ]);
     assert!(ping_ok(&a.ns, "10.73.0.2", Duration::from_secs(10)));
 
     let ping = |ns: String, target: &'static str| {
@@ -52,8 +59,18 @@ fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
     let backward = ping(b.ns.clone(), "10.73.0.1");
     for _ in 0..4 {
         std::thread::sleep(Duration::from_secs(20));
-        tcp_transfer(&link.left, &link.right, "10.73.0.2".parse().unwrap(), 20 << 20);
-        tcp_transfer(&link.right, &link.left, "10.73.0.1".parse().unwrap(), 20 << 20);
+        tcp_transfer(
+            &link.left,
+            &link.right,
+            "10.73.0.2".parse().unwrap(),
+            20 << 20,
+        );
+        tcp_transfer(
+            &link.right,
+            &link.left,
+            "10.73.0.1".parse().unwrap(),
+            20 << 20,
+        );
     }
     let (forward, backward) = (forward.join().unwrap(), backward.join().unwrap());
     eprintln!("kilotun -> wireguard-go: {forward}\nwireguard-go -> kilotun: {backward}");

@@ -19,7 +19,10 @@ fn pair(right: Impl) -> (Link, WgDevice, WgDevice) {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// `wg show IF latest-handshakes` for the only peer.
@@ -32,7 +35,10 @@ fn latest_handshake(dev: &WgDevice) -> u64 {
 fn transfer(dev: &WgDevice) -> (u64, u64) {
     let out = dev.wg(&["show", &dev.name, "transfer"]);
     let mut f = out.split_whitespace().skip(1);
-    (f.next().unwrap().parse().unwrap(), f.next().unwrap().parse().unwrap())
+    (
+        f.next().unwrap().parse().unwrap(),
+        f.next().unwrap().parse().unwrap(),
+    )
 }
 
 #[test]
@@ -48,9 +54,24 @@ fn wg_showconf_reports_exactly_what_was_set() {
     let psk_file = format!("/tmp/{}.psk", a.name);
     std::fs::write(&psk_file, &psk).unwrap();
     a.wg(&[
-        "set", &a.name, "private-key", &a.key_file, "listen-port", "51999", "fwmark", "0x42",
-        "peer", peer_key, "preshared-key", &psk_file, "endpoint", "192.168.200.2:4000",
-        "persistent-keepalive", "25", "allowed-ips", "10.1.2.3/24,fd00:1::/64,10.9.9.9/32",
+        "set",
+        &a.name,
+        "private-key",
+        &a.key_file,
+        "listen-port",
+        "51999",
+        "fwmark",
+        "0x42",
+        "peer",
+        peer_key,
+        "preshared-key",
+        &psk_file,
+        "endpoint",
+        "192.168.200.2:4000",
+        "persistent-keepalive",
+        "25",
+        "allowed-ips",
+        "10.1.2.3/24,fd00:1::/64,10.9.9.9/32",
     ]);
     std::fs::remove_file(&psk_file).unwrap();
     let private = std::fs::read_to_string(&a.key_file).unwrap();
@@ -64,12 +85,24 @@ fn wg_showconf_reports_exactly_what_was_set() {
     );
     assert_eq!(a.wg(&["showconf", &a.name]), expected);
     let show = a.wg(&["show", &a.name]);
-    assert!(show.contains(&format!("public key: {}", a.public_key)), "{show}");
+    assert!(
+        show.contains(&format!("public key: {}", a.public_key)),
+        "{show}"
+    );
     assert!(show.contains("listening port: 51999"), "{show}");
     assert!(show.contains("fwmark: 0x42"), "{show}");
     // Removing an allowed IP and the peer work too.
-    a.wg(&["set", &a.name, "peer", peer_key, "allowed-ips", "10.9.9.9/32"]);
-    assert!(a.wg(&["show", &a.name, "allowed-ips"]).contains("10.9.9.9/32"));
+    a.wg(&[
+        "set",
+        &a.name,
+        "peer",
+        peer_key,
+        "allowed-ips",
+        "10.9.9.9/32",
+    ]);
+    assert!(a
+        .wg(&["show", &a.name, "allowed-ips"])
+        .contains("10.9.9.9/32"));
     a.wg(&["set", &a.name, "peer", peer_key, "remove"]);
     assert_eq!(a.wg(&["show", &a.name, "peers"]), "");
 }
@@ -107,7 +140,12 @@ fn setconf_of_the_same_config_during_a_transfer_keeps_the_session() {
     let conf_file = format!("/tmp/{}.conf", a.name);
     std::fs::write(&conf_file, &conf).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (ns, name, file, flag) = (a.ns.clone(), a.name.clone(), conf_file.clone(), stop.clone());
+    let (ns, name, file, flag) = (
+        a.ns.clone(),
+        a.name.clone(),
+        conf_file.clone(),
+        stop.clone(),
+    );
     let reloader = std::thread::spawn(move || {
         let mut n = 0;
         while !flag.load(std::sync::atomic::Ordering::Relaxed) {
@@ -117,14 +155,26 @@ fn setconf_of_the_same_config_during_a_transfer_keeps_the_session() {
         }
         n
     });
-    tcp_transfer(&link.left, &link.right, "10.71.0.2".parse().unwrap(), 200 * 1024 * 1024);
+    tcp_transfer(
+        &link.left,
+        &link.right,
+        "10.71.0.2".parse().unwrap(),
+        200 * 1024 * 1024,
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let reloads = reloader.join().unwrap();
     std::fs::remove_file(&conf_file).unwrap();
-    assert!(reloads >= 3, "only {reloads} reloads happened during the transfer");
+    assert!(
+        reloads >= 3,
+        "only {reloads} reloads happened during the transfer"
+    );
     assert_eq!(latest_handshake(&a), handshake_a, "no new handshake on a");
     assert_eq!(latest_handshake(&b), handshake_b, "no new handshake on b");
-    assert_eq!(a.wg(&["showconf", &a.name]), conf, "configuration unchanged");
+    assert_eq!(
+        a.wg(&["showconf", &a.name]),
+        conf,
+        "configuration unchanged"
+    );
 }
 
 #[test]
@@ -134,7 +184,9 @@ fn endpoint_follows_the_peer_when_its_port_changes() {
     }
     let (_link, a, b) = pair(Impl::WireguardGo);
     assert!(ping_ok(&b.ns, "10.71.0.1", Duration::from_secs(10)));
-    assert!(a.wg(&["show", &a.name, "endpoints"]).contains("192.168.200.2:51821"));
+    assert!(a
+        .wg(&["show", &a.name, "endpoints"])
+        .contains("192.168.200.2:51821"));
     b.wg(&["set", &b.name, "listen-port", "52444"]);
     assert!(ping_ok(&b.ns, "10.71.0.1", Duration::from_secs(10)));
     let endpoints = a.wg(&["show", &a.name, "endpoints"]);
@@ -145,20 +197,37 @@ fn endpoint_follows_the_peer_when_its_port_changes() {
 
 #[test]
 fn persistent_keepalive_is_sent_at_the_configured_interval() {
-    if !can_run("persistent_keepalive_is_sent_at_the_configured_interval") || !common::which("tcpdump") {
+    if !can_run("persistent_keepalive_is_sent_at_the_configured_interval")
+        || !common::which("tcpdump")
+    {
         return;
     }
     let (link, a, b) = pair(Impl::WireguardGo);
     assert!(ping_ok(&a.ns, "10.71.0.2", Duration::from_secs(10)));
     let capture = std::process::Command::new("ip")
-        .args(["netns", "exec", &link.right.name, "timeout", "6.5", "tcpdump", "-i"])
+        .args([
+            "netns",
+            "exec",
+            &link.right.name,
+            "timeout",
+            "6.5",
+            "tcpdump",
+            "-i",
+        ])
         .args([&link.right_dev, "-n", "-tt", "-l", "udp and src port 51820"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    a.wg(&["set", &a.name, "peer", &b.public_key, "persistent-keepalive", "1"]);
+    a.wg(&[
+        "set",
+        &a.name,
+        "peer",
+        &b.public_key,
+        "persistent-keepalive",
+        "1",
+    ]);
     let out = capture.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let times: Vec<f64> = text

@@ -1,5 +1,8 @@
 //! Longest-prefix-match lookup in the allowed-IPs table at 10, 1,000 and 10,000 prefixes.
 
+// criterion's macros generate undocumented public functions.
+#![allow(missing_docs)]
+
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};

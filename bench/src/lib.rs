@@ -21,7 +21,11 @@ pub fn prefixes(count: usize) -> Vec<ipnet::IpNet> {
             state ^= state << 17;
             let len = 8 + (state % 25) as u8;
             let addr = std::net::Ipv4Addr::from((state >> 16) as u32);
-            ipnet::IpNet::V4(ipnet::Ipv4Net::new(addr, len).expect("length <= 32").trunc())
+            ipnet::IpNet::V4(
+                ipnet::Ipv4Net::new(addr, len)
+                    .expect("length <= 32")
+                    .trunc(),
+            )
         })
         .collect()
 }

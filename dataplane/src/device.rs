@@ -86,7 +86,9 @@ impl UdpBinder for LinuxUdpBinder {
             v6: Vec::new(),
         };
         for _ in 0..count.max(1) {
-            bound.v4.push(UdpSocketIo::bind(false, port, reuse, fwmark)?);
+            bound
+                .v4
+                .push(UdpSocketIo::bind(false, port, reuse, fwmark)?);
             if has_v6 {
                 bound.v6.push(UdpSocketIo::bind(true, port, reuse, fwmark)?);
             }

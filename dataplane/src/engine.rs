@@ -339,7 +339,13 @@ impl Engine {
 
     /// Handles one datagram received from `from`: handshakes answered into `out.to_network`,
     /// decrypted packets into `out.to_tunnel`.
-    pub fn handle_datagram(&self, now: Instant, from: SocketAddr, datagram: &[u8], out: &mut Outbox) {
+    pub fn handle_datagram(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+        out: &mut Outbox,
+    ) {
         let state = self.state.load();
         if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, out) {
             self.drops.count(reason);
@@ -370,18 +376,21 @@ impl Engine {
     ) -> Result<Arc<PeerEntry>, DropReason> {
         let identity = state.identity.as_ref().ok_or(DropReason::NoPrivateKey)?;
         let mut cookie = [0u8; 64];
-        let parsed = match identity
-            .rate_limiter
-            .verify_packet(Some(from.ip()), datagram, &mut cookie)
-        {
-            Ok(parsed) => parsed,
-            Err(TunnResult::WriteToNetwork(reply)) => {
-                out.to_network.push_copy(Some(from), reply);
-                return Err(DropReason::CookieReplySent);
-            }
-            Err(TunnResult::Err(WireGuardError::InvalidMac)) => return Err(DropReason::InvalidMac),
-            Err(_) => return Err(DropReason::Malformed),
-        };
+        let parsed =
+            match identity
+                .rate_limiter
+                .verify_packet(Some(from.ip()), datagram, &mut cookie)
+            {
+                Ok(parsed) => parsed,
+                Err(TunnResult::WriteToNetwork(reply)) => {
+                    out.to_network.push_copy(Some(from), reply);
+                    return Err(DropReason::CookieReplySent);
+                }
+                Err(TunnResult::Err(WireGuardError::InvalidMac)) => {
+                    return Err(DropReason::InvalidMac)
+                }
+                Err(_) => return Err(DropReason::Malformed),
+            };
         let index = match parsed {
             Packet::HandshakeInit(ref init) => {
                 let half = parse_handshake_anon(

@@ -37,7 +37,8 @@ pub fn parse_header(packet: &[u8]) -> Option<IpHeader> {
             Some(IpHeader {
                 source: source.into(),
                 destination: destination.into(),
-                total_len: usize::from(u16::from_be_bytes([packet[4], packet[5]])) + IPV6_HEADER_LEN,
+                total_len: usize::from(u16::from_be_bytes([packet[4], packet[5]]))
+                    + IPV6_HEADER_LEN,
             })
         }
         _ => None,

@@ -55,7 +55,11 @@ impl UapiError {
 /// [`UapiError`] with `EINVAL` naming the line for any malformed line, unknown key or bad value.
 pub fn apply_set(current: &DeviceConfig, body: &str) -> Result<DeviceConfig, UapiError> {
     let mut next = current.clone();
-    let mut own_public = next.interface.private_key.as_ref().map(SecretKey::public_key);
+    let mut own_public = next
+        .interface
+        .private_key
+        .as_ref()
+        .map(SecretKey::public_key);
     let mut peer: Option<PeerCursor> = None;
 
     for (number, line) in body.lines().enumerate() {
@@ -68,13 +72,15 @@ pub fn apply_set(current: &DeviceConfig, body: &str) -> Result<DeviceConfig, Uap
             .ok_or_else(|| UapiError::invalid(format!("line {number}: expected key=value")))?;
         let at = |what: &str| UapiError::invalid(format!("line {number}: {what}"));
         if key == "public_key" {
-            let public_key = PublicKey::from_hex(value)
-                .map_err(|e| at(&format!("public_key: {e}")))?;
+            let public_key =
+                PublicKey::from_hex(value).map_err(|e| at(&format!("public_key: {e}")))?;
             peer = Some(PeerCursor::open(&mut next, public_key, own_public));
             continue;
         }
         match peer.as_mut() {
-            None => set_interface_key(&mut next, &mut own_public, key, value).map_err(|e| at(&e))?,
+            None => {
+                set_interface_key(&mut next, &mut own_public, key, value).map_err(|e| at(&e))?
+            }
             Some(cursor) => cursor.set(&mut next, key, value).map_err(|e| at(&e))?,
         }
     }
@@ -239,7 +245,9 @@ impl PeerChange {
             },
             "protocol_version" => {
                 if value != "1" {
-                    return Err(format!("protocol_version: only 1 is supported, got {value:?}"));
+                    return Err(format!(
+                        "protocol_version: only 1 is supported, got {value:?}"
+                    ));
                 }
                 Self::ProtocolVersion
             }
@@ -283,7 +291,11 @@ pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) 
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .unwrap_or_default();
         let _ = writeln!(out, "last_handshake_time_sec={}", since_epoch.as_secs());
-        let _ = writeln!(out, "last_handshake_time_nsec={}", since_epoch.subsec_nanos());
+        let _ = writeln!(
+            out,
+            "last_handshake_time_nsec={}",
+            since_epoch.subsec_nanos()
+        );
         let _ = writeln!(out, "tx_bytes={}", live.map_or(0, |s| s.tx_bytes));
         let _ = writeln!(out, "rx_bytes={}", live.map_or(0, |s| s.rx_bytes));
         let _ = writeln!(
@@ -306,9 +318,9 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
         if line.is_empty() {
             break;
         }
-        let (key, value) = line
-            .split_once('=')
-            .ok_or_else(|| UapiError::invalid(format!("line {}: expected key=value", number + 1)))?;
+        let (key, value) = line.split_once('=').ok_or_else(|| {
+            UapiError::invalid(format!("line {}: expected key=value", number + 1))
+        })?;
         let bad = || UapiError::invalid(format!("line {}: bad value for {key}", number + 1));
         match (key, config.peers.last_mut(), stats.last_mut()) {
             ("errno", _, _) => {
@@ -323,7 +335,9 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
             ("private_key", _, _) => {
                 config.interface.private_key = Some(SecretKey::from_hex(value).map_err(|_| bad())?);
             }
-            ("listen_port", _, _) => config.interface.listen_port = value.parse().map_err(|_| bad())?,
+            ("listen_port", _, _) => {
+                config.interface.listen_port = value.parse().map_err(|_| bad())?
+            }
             ("fwmark", _, _) => config.interface.fwmark = value.parse().map_err(|_| bad())?,
             ("public_key", _, _) => {
                 let key = PublicKey::from_hex(value).map_err(|_| bad())?;
@@ -350,8 +364,8 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
                 }
                 "last_handshake_time_sec" => {
                     let secs: u64 = value.parse().map_err(|_| bad())?;
-                    live.last_handshake = (secs > 0)
-                        .then(|| UNIX_EPOCH + std::time::Duration::from_secs(secs));
+                    live.last_handshake =
+                        (secs > 0).then(|| UNIX_EPOCH + std::time::Duration::from_secs(secs));
                 }
                 "last_handshake_time_nsec" => {
                     let nanos: u64 = value.parse().map_err(|_| bad())?;

@@ -174,7 +174,10 @@ pub fn serve_connection(stream: UnixStream, handler: &dyn UapiHandler) -> io::Re
                 line.clear();
                 read_bounded_line(&mut reader, &mut line, 4096)?;
                 if line != "\n" {
-                    answer(&mut writer, Err(&UapiError::invalid("trailing data after get=1")))?;
+                    answer(
+                        &mut writer,
+                        Err(&UapiError::invalid("trailing data after get=1")),
+                    )?;
                     return close_after_error(&writer, reader);
                 }
                 let body = handler.get();
@@ -294,7 +297,10 @@ mod tests {
     fn get_and_set_on_one_connection() {
         let (reply, sets) = exchange(b"get=1\n\nset=1\nlisten_port=2\n\nset=1\nbad=1\n\n");
         assert_eq!(reply, "listen_port=1\nerrno=0\n\nerrno=0\n\nerrno=-22\n\n");
-        assert_eq!(sets, vec!["listen_port=2\n".to_string(), "bad=1\n".to_string()]);
+        assert_eq!(
+            sets,
+            vec!["listen_port=2\n".to_string(), "bad=1\n".to_string()]
+        );
     }
 
     #[test]

@@ -31,7 +31,11 @@ fn sessions_rekey_after_two_minutes_without_losing_packets() {
     }
     let handshakes = pair.a.engine.peer_stats()[0].handshakes;
     assert!(handshakes >= 2, "a rekeyed ({handshakes} handshakes)");
-    assert_eq!(pair.b.delivered.len(), 151, "every packet arrived across the rekey");
+    assert_eq!(
+        pair.b.delivered.len(),
+        151,
+        "every packet arrived across the rekey"
+    );
 }
 
 #[test]
@@ -43,15 +47,26 @@ fn a_lost_initiation_is_retried_after_rekey_timeout() {
     pair.a
         .engine
         .handle_tunnel_packets(now, [packet.as_slice()], &mut lost);
-    assert_eq!(lost.to_network.len(), 1, "an initiation, which the wire loses");
+    assert_eq!(
+        lost.to_network.len(),
+        1,
+        "an initiation, which the wire loses"
+    );
     for _ in 0..16 {
         advance(&mut now, Duration::from_millis(250));
         pair.tick(now);
     }
-    assert!(pair.b.delivered.is_empty(), "nothing before REKEY_TIMEOUT (5 s)");
+    assert!(
+        pair.b.delivered.is_empty(),
+        "nothing before REKEY_TIMEOUT (5 s)"
+    );
     for _ in 0..8 {
         advance(&mut now, Duration::from_millis(250));
         pair.tick(now);
     }
-    assert_eq!(pair.b.delivered, vec![packet], "retried initiation, then the queued packet");
+    assert_eq!(
+        pair.b.delivered,
+        vec![packet],
+        "retried initiation, then the queued packet"
+    );
 }

@@ -15,7 +15,11 @@ fn first_packet_triggers_handshake_and_is_delivered_after_it() {
     let mut pair = EnginePair::new();
     let now = Instant::now();
     pair.send_a_to_b(now, b"hello");
-    assert_eq!(pair.b.delivered.len(), 1, "queued packet delivered once the session exists");
+    assert_eq!(
+        pair.b.delivered.len(),
+        1,
+        "queued packet delivered once the session exists"
+    );
     assert_eq!(payload_of(&pair.b.delivered[0]), b"hello");
     let a_stats = &pair.a.engine.peer_stats()[0];
     assert_eq!(a_stats.handshakes, 1);
@@ -37,8 +41,8 @@ fn data_flows_both_ways_over_one_session() {
     assert_eq!(pair.a.delivered.len(), 101);
     assert_eq!(payload_of(&pair.a.delivered[0]), b"pong");
     assert_eq!(payload_of(&pair.b.delivered[100]), &99u32.to_be_bytes());
-    let handshakes: u64 = pair.a.engine.peer_stats()[0].handshakes
-        + pair.b.engine.peer_stats()[0].handshakes;
+    let handshakes: u64 =
+        pair.a.engine.peer_stats()[0].handshakes + pair.b.engine.peer_stats()[0].handshakes;
     assert_eq!(handshakes, 2, "one handshake, counted once on each side");
 }
 
@@ -56,7 +60,9 @@ fn ipv6_inside_the_tunnel_is_routed_by_allowed_ips() {
     let now = Instant::now();
     let mut out = Outbox::default();
     let packet = ip_packet(a6, b6, b"six");
-    pair.a.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    pair.a
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
     pair.run(now, out, true);
     assert_eq!(pair.b.delivered, vec![packet]);
 }
@@ -92,14 +98,19 @@ fn reapplying_the_same_config_keeps_the_session() {
     let moved = {
         let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"two");
         let mut out = Outbox::default();
-        pair.a.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+        pair.a
+            .engine
+            .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
         pair.run(now, out, true)
     };
     assert_eq!(moved, 1, "one data message, no handshake");
     let after = &pair.a.engine.peer_stats()[0];
     assert_eq!(after.handshakes, before.handshakes);
     assert_eq!(after.last_handshake, before.last_handshake);
-    assert!(after.tx_bytes > before.tx_bytes, "counters survive the apply");
+    assert!(
+        after.tx_bytes > before.tx_bytes,
+        "counters survive the apply"
+    );
 }
 
 #[test]
@@ -143,25 +154,33 @@ fn endpoint_follows_authenticated_packets_only() {
     // B's next packet arrives from a new address (NAT rebinding).
     let packet = ip_packet(pair.b.tunnel_ip, pair.a.tunnel_ip, b"roamed");
     let mut out = Outbox::default();
-    pair.b.engine.handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    pair.b
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
     let roamed: SocketAddr = "198.51.100.9:40000".parse().unwrap();
     let (_, datagram) = out.to_network.get(0).unwrap();
     let datagram = datagram.to_vec();
     let mut reply = Outbox::default();
-    pair.a.engine.handle_datagram(now, roamed, &datagram, &mut reply);
+    pair.a
+        .engine
+        .handle_datagram(now, roamed, &datagram, &mut reply);
     assert_eq!(reply.to_tunnel.len(), 1);
     assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
     // A forged datagram from elsewhere does not move the endpoint.
     let mut forged = datagram.clone();
     forged[20] ^= 0xff;
     let elsewhere: SocketAddr = "203.0.113.1:1".parse().unwrap();
-    pair.a.engine.handle_datagram(now, elsewhere, &forged, &mut Outbox::default());
+    pair.a
+        .engine
+        .handle_datagram(now, elsewhere, &forged, &mut Outbox::default());
     assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
     // Re-applying the configured endpoint does not undo the roam.
     pair.a.engine.apply(&pair.a.config_with_peer(&pair.b));
     assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
     // The replayed datagram is refused, as was the forged copy (its counter was already seen).
-    pair.a.engine.handle_datagram(now, roamed, &datagram, &mut Outbox::default());
+    pair.a
+        .engine
+        .handle_datagram(now, roamed, &datagram, &mut Outbox::default());
     assert_eq!(
         pair.a.engine.drops().get(DropReason::Replay),
         2,
@@ -249,7 +268,9 @@ fn persistent_keepalive_is_sent_on_an_idle_tunnel_at_its_interval() {
     // 20 s idle with a 5 s interval: keepalives at 5, 10, 15, 20 s.
     assert_eq!(
         sent_at,
-        (1..=4).map(|i| Duration::from_secs(5 * i)).collect::<Vec<_>>()
+        (1..=4)
+            .map(|i| Duration::from_secs(5 * i))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -269,7 +290,11 @@ fn packets_without_endpoint_or_route_are_dropped_by_reason() {
     let mut out = Outbox::default();
     let to_peer = ip_packet(pair.a.tunnel_ip, "10.7.1.1".parse().unwrap(), b"x");
     let nowhere = ip_packet(pair.a.tunnel_ip, "172.16.0.1".parse().unwrap(), b"x");
-    fresh.handle_tunnel_packets(now, [to_peer.as_slice(), nowhere.as_slice(), &[0x45, 0]], &mut out);
+    fresh.handle_tunnel_packets(
+        now,
+        [to_peer.as_slice(), nowhere.as_slice(), &[0x45, 0]],
+        &mut out,
+    );
     assert!(out.to_network.is_empty());
     assert_eq!(fresh.drops().get(DropReason::NoEndpoint), 1);
     assert_eq!(fresh.drops().get(DropReason::NoRoute), 1);

@@ -171,8 +171,8 @@ fn bring_up(args: &Args) -> Result<Up> {
             return Err(e.into());
         }
     };
-    let device = Device::start(queues, LinuxUdpBinder)
-        .with_context(|| format!("starting device {name}"))?;
+    let device =
+        Device::start(queues, LinuxUdpBinder).with_context(|| format!("starting device {name}"))?;
     let device = Arc::new(device);
     let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
         .context("serving the UAPI socket")?;

@@ -142,7 +142,9 @@ impl Link {
     pub fn new(underlay: Underlay) -> Self {
         let (left, right) = (Netns::new(), Netns::new());
         let (ld, rd) = (unique("va"), unique("vb"));
-        run(&["ip", "link", "add", &ld, "type", "veth", "peer", "name", &rd]);
+        run(&[
+            "ip", "link", "add", &ld, "type", "veth", "peer", "name", &rd,
+        ]);
         run(&["ip", "link", "set", &ld, "netns", &left.name]);
         run(&["ip", "link", "set", &rd, "netns", &right.name]);
         let (lip, rip, len) = match underlay {
@@ -200,13 +202,18 @@ impl WgDevice {
         let socket = format!("/var/run/wireguard/{name}.sock");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !std::path::Path::new(&socket).exists() {
-            assert!(Instant::now() < deadline, "{which:?} did not create {socket}");
+            assert!(
+                Instant::now() < deadline,
+                "{which:?} did not create {socket}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let key_file = format!("/tmp/{name}.key");
         let key = run(&["wg", "genkey"]);
         std::fs::write(&key_file, &key).unwrap();
-        let public_key = pipe_to(&["wg", "pubkey"], key.as_bytes()).trim().to_string();
+        let public_key = pipe_to(&["wg", "pubkey"], key.as_bytes())
+            .trim()
+            .to_string();
         Self {
             ns: ns.name.clone(),
             name,
@@ -232,7 +239,14 @@ impl WgDevice {
 
     /// Sets the private key and port, then brings the link up with `addresses`.
     pub fn configure(&self, port: u16, addresses: &[&str]) {
-        self.wg(&["set", &self.name, "private-key", &self.key_file, "listen-port", &port.to_string()]);
+        self.wg(&[
+            "set",
+            &self.name,
+            "private-key",
+            &self.key_file,
+            "listen-port",
+            &port.to_string(),
+        ]);
         for a in addresses {
             self.ip(&["addr", "add", a, "dev", &self.name]);
         }
@@ -240,7 +254,16 @@ impl WgDevice {
     }
 
     pub fn add_peer(&self, peer: &WgDevice, endpoint: &str, allowed: &str) {
-        self.wg(&["set", &self.name, "peer", &peer.public_key, "endpoint", endpoint, "allowed-ips", allowed]);
+        self.wg(&[
+            "set",
+            &self.name,
+            "peer",
+            &peer.public_key,
+            "endpoint",
+            endpoint,
+            "allowed-ips",
+            allowed,
+        ]);
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -290,7 +313,9 @@ pub fn pipe_to(args: &[&str], input: &[u8]) -> String {
 pub fn ping_ok(ns: &str, target: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        let out = output(&["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1", target]);
+        let out = output(&[
+            "ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1", target,
+        ]);
         if out.status.success() {
             return true;
         }

@@ -71,7 +71,9 @@ pub fn validate_name(name: &str) -> Result<(), TunError> {
         || name.len() > 15
         || name == "."
         || name == ".."
-        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
     if bad {
         return Err(TunError::BadName { name: name.into() });
     }
@@ -113,11 +115,10 @@ impl LinuxTun {
         let mut all = vec![first];
         if multi {
             for _ in 1..queues {
-                let clone = all[0]
-                    .device
-                    .try_clone()
+                let clone = all[0].device.try_clone().map_err(|e| map_error(name, e))?;
+                clone
+                    .set_nonblocking(true)
                     .map_err(|e| map_error(name, e))?;
-                clone.set_nonblocking(true).map_err(|e| map_error(name, e))?;
                 all.push(Self { device: clone });
             }
         }

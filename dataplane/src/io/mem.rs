@@ -120,6 +120,9 @@ impl TunIo for MemTun {
     }
 }
 
+/// A datagram in flight: its source and bytes.
+type Datagram = (SocketAddr, Vec<u8>);
+
 type Filter = Box<dyn Fn(SocketAddr, SocketAddr, &[u8]) -> bool + Send + Sync>;
 
 /// An in-memory UDP network: a switch between [`MemUdp`] endpoints.
@@ -130,7 +133,7 @@ pub struct MemNet {
 
 #[derive(Default)]
 struct NetInner {
-    endpoints: Mutex<HashMap<SocketAddr, Arc<Queue<(SocketAddr, Vec<u8>)>>>>,
+    endpoints: Mutex<HashMap<SocketAddr, Arc<Queue<Datagram>>>>,
     filter: Mutex<Option<Filter>>,
 }
 
@@ -149,10 +152,7 @@ impl MemNet {
     /// Attaches an endpoint at `addr`.
     pub fn bind(&self, addr: SocketAddr) -> MemUdp {
         let queue = Arc::new(Queue::new());
-        self.inner
-            .endpoints
-            .lock()
-            .insert(addr, Arc::clone(&queue));
+        self.inner.endpoints.lock().insert(addr, Arc::clone(&queue));
         MemUdp {
             net: self.clone(),
             addr,
@@ -195,7 +195,7 @@ impl MemNet {
 pub struct MemUdp {
     net: MemNet,
     addr: SocketAddr,
-    queue: Arc<Queue<(SocketAddr, Vec<u8>)>>,
+    queue: Arc<Queue<Datagram>>,
 }
 
 impl std::fmt::Debug for MemUdp {

@@ -30,9 +30,15 @@ impl UdpSocketIo {
     /// The bind error (`AddrInUse` when the port is taken, `AddrNotAvailable` without IPv6).
     pub fn bind(ipv6: bool, port: u16, reuse_port: bool, fwmark: u32) -> io::Result<Self> {
         let (domain, addr) = if ipv6 {
-            (Domain::IPV6, SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
+            (
+                Domain::IPV6,
+                SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)),
+            )
         } else {
-            (Domain::IPV4, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+            (
+                Domain::IPV4,
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+            )
         };
         let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
         if ipv6 {
@@ -247,13 +253,16 @@ fn socket_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in, which it is large
             // and aligned enough for.
-            let v4 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let v4 =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
             Some(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: as above, for sockaddr_in6.
-            let v6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let v6 = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             let ip = Ipv6Addr::from(v6.sin6_addr.s6_addr);
             Some(SocketAddr::V6(std::net::SocketAddrV6::new(
                 ip,
@@ -295,7 +304,13 @@ mod tests {
         out.to_network
             .push_copy(Some("[::1]:9".parse().unwrap()), b"skipped");
         let outcome = a.send_batch(&out.to_network).unwrap();
-        assert_eq!(outcome, SendOutcome { sent: 10, failed: 0 });
+        assert_eq!(
+            outcome,
+            SendOutcome {
+                sent: 10,
+                failed: 0
+            }
+        );
         let mut batch = RecvBatch::new(32, 2048);
         let mut got = Vec::new();
         for _ in 0..100 {

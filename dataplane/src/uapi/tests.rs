@@ -41,7 +41,10 @@ fn wg_setconf_request_builds_the_whole_config() {
     assert_eq!(a.persistent_keepalive, 25);
     assert_eq!(
         a.allowed_ips,
-        vec!["10.4.0.1/32".parse().unwrap(), "10.2.3.0/24".parse().unwrap()]
+        vec![
+            "10.4.0.1/32".parse().unwrap(),
+            "10.2.3.0/24".parse().unwrap()
+        ]
     );
     let b = &next.peers[1];
     assert_eq!(b.preshared_key.as_ref().unwrap().to_hex(), "ab".repeat(32));
@@ -52,7 +55,10 @@ fn wg_setconf_request_builds_the_whole_config() {
 fn invalid_request_changes_nothing_and_names_the_line() {
     let base = set(
         &DeviceConfig::default(),
-        &[format!("public_key={}", key(1).to_hex()), "allowed_ip=10.0.0.1/32".into()],
+        &[
+            format!("public_key={}", key(1).to_hex()),
+            "allowed_ip=10.0.0.1/32".into(),
+        ],
     )
     .unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
@@ -60,13 +66,46 @@ fn invalid_request_changes_nothing_and_names_the_line() {
         (vec!["bogus".into()], "line 2: expected key=value"),
         (vec!["private_key=zz".into()], "line 2: private_key"),
         (vec!["what=1".into()], "unknown interface key"),
-        (vec![format!("public_key={}", key(3).to_hex()), "allowed_ip=10.0.0.300/32".into()], "line 3: allowed_ip"),
-        (vec![format!("public_key={}", key(3).to_hex()), "endpoint=nohost".into()], "line 3: endpoint"),
-        (vec![format!("public_key={}", key(3).to_hex()), "protocol_version=2".into()], "protocol_version"),
-        (vec![format!("public_key={}", key(3).to_hex()), "persistent_keepalive_interval=-1".into()], "persistent_keepalive"),
-        (vec![format!("public_key={}", key(3).to_hex()), "listen_port=1".into()], "unknown peer key"),
+        (
+            vec![
+                format!("public_key={}", key(3).to_hex()),
+                "allowed_ip=10.0.0.300/32".into(),
+            ],
+            "line 3: allowed_ip",
+        ),
+        (
+            vec![
+                format!("public_key={}", key(3).to_hex()),
+                "endpoint=nohost".into(),
+            ],
+            "line 3: endpoint",
+        ),
+        (
+            vec![
+                format!("public_key={}", key(3).to_hex()),
+                "protocol_version=2".into(),
+            ],
+            "protocol_version",
+        ),
+        (
+            vec![
+                format!("public_key={}", key(3).to_hex()),
+                "persistent_keepalive_interval=-1".into(),
+            ],
+            "persistent_keepalive",
+        ),
+        (
+            vec![
+                format!("public_key={}", key(3).to_hex()),
+                "listen_port=1".into(),
+            ],
+            "unknown peer key",
+        ),
         (vec!["replace_peers=false".into()], "only \"true\""),
-        (vec![format!("public_key={}", "00".repeat(31))], "public_key"),
+        (
+            vec![format!("public_key={}", "00".repeat(31))],
+            "public_key",
+        ),
     ];
     for (lines, expected) in cases {
         let err = set(&base, &lines).unwrap_err();
@@ -101,7 +140,10 @@ fn peer_operations_remove_update_only_and_allowed_ip_removal() {
     )
     .unwrap();
     assert_eq!(next.peers.len(), 1);
-    assert_eq!(next.peers[0].allowed_ips, vec!["10.0.0.1/32".parse().unwrap()]);
+    assert_eq!(
+        next.peers[0].allowed_ips,
+        vec!["10.0.0.1/32".parse().unwrap()]
+    );
 }
 
 #[test]
@@ -183,7 +225,10 @@ fn replace_peers_then_same_peer_gives_a_fresh_peer_config() {
     .unwrap();
     let next = set(
         &base,
-        &["replace_peers=true".into(), format!("public_key={}", key(1).to_hex())],
+        &[
+            "replace_peers=true".into(),
+            format!("public_key={}", key(1).to_hex()),
+        ],
     )
     .unwrap();
     assert_eq!(next.peers, vec![PeerConfig::new(key(1))]);
