@@ -1,0 +1,135 @@
+//! The TUN device's lifecycle: attaching to an existing TUN link (and leaving it on exit), and
+//! tolerating others changing its MTU, addresses and up/down state, as Kilo does through
+//! netlink. Root only.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{can_run, kilotun_bin, ping_ok, Impl, Link, Underlay, WgDevice};
+
+#[test]
+fn attaches_to_an_existing_tun_device_and_leaves_it_on_exit() {
+    if !can_run("attaches_to_an_existing_tun_device_and_leaves_it_on_exit") {
+        return;
+    }
+    let link = Link::new(Underlay::V4);
+    let name = common::unique("wg");
+    link.left.run(&[
+        "ip",
+        "tuntap",
+        "add",
+        "dev",
+        &name,
+        "mode",
+        "tun",
+        "multi_queue",
+    ]);
+    link.left.run(&["ip", "link", "set", &name, "mtu", "1380"]);
+    let mut child = link
+        .left
+        .spawn(&[kilotun_bin(), "-f", "--threads", "2", &name]);
+    let socket = format!("/var/run/wireguard/{name}.sock");
+    for _ in 0..200 {
+        if std::path::Path::new(&socket).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        std::path::Path::new(&socket).exists(),
+        "device came up on the existing link"
+    );
+    let shown = link.left.run(&["ip", "link", "show", &name]);
+    assert!(shown.contains("mtu 1380"), "existing MTU kept: {shown}");
+
+    let b = WgDevice::start(&link.right, Impl::WireguardGo);
+    let key = format!("/tmp/{name}.key");
+    std::fs::write(&key, common::run(&["wg", "genkey"])).unwrap();
+    let a_pub = common::pipe_to(&["wg", "pubkey"], std::fs::read(&key).unwrap().as_slice());
+    link.left.run(&[
+        "wg",
+        "set",
+        &name,
+        "private-key",
+        &key,
+        "listen-port",
+        "51820",
+        "peer",
+        &b.public_key,
+        "endpoint",
+        "192.168.200.2:51821",
+        "allowed-ips",
+        "10.74.0.2/32",
+    ]);
+    b.configure(51821, &["10.74.0.2/24"]);
+    b.wg(&[
+        "set",
+        &b.name,
+        "peer",
+        a_pub.trim(),
+        "endpoint",
+        "192.168.200.1:51820",
+        "allowed-ips",
+        "10.74.0.1/32",
+    ]);
+    link.left
+        .run(&["ip", "addr", "add", "10.74.0.1/24", "dev", &name]);
+    link.left.run(&["ip", "link", "set", &name, "up"]);
+    assert!(ping_ok(
+        &link.left.name,
+        "10.74.0.2",
+        Duration::from_secs(10)
+    ));
+
+    // SAFETY: signalling the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    std::fs::remove_file(&key).unwrap();
+    assert!(!std::path::Path::new(&socket).exists(), "socket removed");
+    assert!(
+        link.left
+            .output(&["ip", "link", "show", &name])
+            .status
+            .success(),
+        "a TUN link we did not create stays"
+    );
+}
+
+#[test]
+fn survives_mtu_address_and_link_state_changes() {
+    if !can_run("survives_mtu_address_and_link_state_changes") {
+        return;
+    }
+    let link = Link::new(Underlay::V4);
+    let mut a = WgDevice::start(&link.left, Impl::Kilotun);
+    let b = WgDevice::start(&link.right, Impl::Kilotun);
+    a.configure(51820, &["10.75.0.1/24"]);
+    b.configure(51821, &["10.75.0.2/24"]);
+    a.add_peer(&b, "192.168.200.2:51821", "10.75.0.2/32,10.76.0.0/24");
+    b.add_peer(&a, "192.168.200.1:51820", "10.75.0.1/32,10.76.0.1/32");
+    assert!(ping_ok(&a.ns, "10.75.0.2", Duration::from_secs(10)));
+
+    a.ip(&["link", "set", &a.name, "mtu", "1280"]);
+    assert!(
+        ping_ok(&a.ns, "10.75.0.2", Duration::from_secs(5)),
+        "after MTU change"
+    );
+    a.ip(&["link", "set", &a.name, "down"]);
+    // Packets for a down link are dropped, not fatal.
+    assert!(!ping_ok(&b.ns, "10.75.0.1", Duration::from_secs(2)));
+    a.ip(&["link", "set", &a.name, "up"]);
+    assert!(
+        ping_ok(&a.ns, "10.75.0.2", Duration::from_secs(5)),
+        "after down/up"
+    );
+    a.ip(&["addr", "del", "10.75.0.1/24", "dev", &a.name]);
+    a.ip(&["addr", "add", "10.76.0.1/24", "dev", &a.name]);
+    a.ip(&["route", "add", "10.75.0.0/24", "dev", &a.name]);
+    b.ip(&["route", "add", "10.76.0.0/24", "dev", &b.name]);
+    assert!(
+        ping_ok(&b.ns, "10.76.0.1", Duration::from_secs(5)),
+        "after address change"
+    );
+    assert!(a.is_running());
+}
