@@ -121,6 +121,20 @@ fn impossible_starts_fail_with_one_clear_line() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
 
+    if common::which("setpriv") {
+        let out = ns.output(&[
+            "setpriv",
+            "--inh-caps=-net_admin",
+            "--bounding-set=-net_admin",
+            kilotun_bin(),
+            "kz1",
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("needs CAP_NET_ADMIN"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+
     let out = ns.output(&[kilotun_bin(), "this-name-is-far-too-long"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid interface name"));

@@ -307,6 +307,14 @@ fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
         if fds[3].revents != 0 {
             waker.drain();
         }
+        if shared.generation.load(Ordering::Acquire) != generation {
+            // The sockets were replaced while we slept: reload before sending anything.
+            continue;
+        }
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            // The TUN device is gone or broken (deleted under us): do not spin on it.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         if fds[0].revents & libc::POLLIN != 0 {
             read_tun(tun, &mut tun_batch);
             let packets = tun_batch.iter().map(|(_, p)| p);

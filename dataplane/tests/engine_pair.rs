@@ -300,3 +300,45 @@ fn packets_without_endpoint_or_route_are_dropped_by_reason() {
     assert_eq!(fresh.drops().get(DropReason::NoRoute), 1);
     assert_eq!(fresh.drops().get(DropReason::NotIp), 1);
 }
+
+#[test]
+fn a_handshake_flood_engages_cookie_replies_and_a_real_peer_still_connects() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    // A stranger who knows A's public key can make initiations with a valid MAC1.
+    let mut stranger = boringtun::noise::Tunn::new(
+        SecretKey::generate().to_dalek(),
+        pair.a.key.public_key().to_dalek(),
+        None,
+        None,
+        1,
+        None,
+    );
+    let mut out = Outbox::default();
+    let mut buf = [0u8; 256];
+    for i in 0..300u32 {
+        let boringtun::noise::TunnResult::WriteToNetwork(init) =
+            stranger.format_handshake_initiation(&mut buf, true)
+        else {
+            panic!("no initiation");
+        };
+        let spoofed = SocketAddr::from(([198, 18, (i >> 8) as u8, i as u8], 1000));
+        pair.a.engine.handle_datagram(now, spoofed, init, &mut out);
+    }
+    let cookies = pair.a.engine.drops().get(DropReason::CookieReplySent);
+    assert!(
+        cookies >= 150,
+        "cookie replies engaged after the limit: {cookies}"
+    );
+    assert!(out
+        .to_network
+        .iter()
+        .all(|(_, p)| p.len() == 64 && p[0] == 3));
+    // The limiter resets each second (boringtun's limiter reads its own clock, so real time
+    // must pass): a real peer completes its handshake afterwards.
+    std::thread::sleep(Duration::from_millis(1100));
+    let later = now + Duration::from_secs(2);
+    pair.a.engine.handle_timers(later, &mut Outbox::default());
+    pair.send_b_to_a(later, b"still here");
+    assert_eq!(pair.a.delivered.len(), 1);
+}

@@ -156,8 +156,23 @@ fn run_foreground(args: &Args) -> Result<()> {
 
 type Up = (Arc<Device<LinuxUdpBinder>>, UapiServer, bool);
 
+/// True when this process holds CAP_NET_ADMIN (bit 12 of `CapEff` in /proc/self/status).
+fn has_net_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 12) != 0)
+}
+
 fn bring_up(args: &Args) -> Result<Up> {
     let name = &args.interface;
+    dataplane::io::linux_tun::validate_name(name)?;
+    if !has_net_admin() {
+        anyhow::bail!("creating TUN device {name:?} needs CAP_NET_ADMIN (run as root)");
+    }
     let path = uapi_server::socket_path(Path::new(&args.socket_dir), name);
     // The socket first: if another device serves this name, touch nothing.
     let listener = uapi_server::bind(&path)?;

@@ -266,3 +266,57 @@ impl UdpIo for MemUdp {
         self.addr.is_ipv6()
     }
 }
+
+/// Binds [`MemUdp`] endpoints on one IP of a [`MemNet`]; port 0 picks the next free port from
+/// 40000. Several "sockets" of one family share a port by sharing the endpoint.
+#[derive(Debug, Clone)]
+pub struct MemBinder {
+    net: MemNet,
+    ip: std::net::IpAddr,
+    next_port: Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl MemBinder {
+    /// A binder for the host at `ip` on `net`.
+    pub fn new(net: &MemNet, ip: std::net::IpAddr) -> Self {
+        Self {
+            net: net.clone(),
+            ip,
+            next_port: Arc::new(std::sync::atomic::AtomicU16::new(40000)),
+        }
+    }
+}
+
+impl crate::device::UdpBinder for MemBinder {
+    type Socket = MemUdp;
+
+    fn bind(
+        &self,
+        port: u16,
+        _fwmark: u32,
+        count: usize,
+    ) -> io::Result<crate::device::Bound<MemUdp>> {
+        let port = if port == 0 {
+            self.next_port
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        } else {
+            port
+        };
+        let addr = SocketAddr::new(self.ip, port);
+        if self.net.inner.endpoints.lock().contains_key(&addr) {
+            return Err(io::ErrorKind::AddrInUse.into());
+        }
+        let endpoint = self.net.bind(addr);
+        let sockets = vec![endpoint; count.max(1)];
+        let (v4, v6) = if self.ip.is_ipv4() {
+            (sockets, Vec::new())
+        } else {
+            (Vec::new(), sockets)
+        };
+        Ok(crate::device::Bound { port, v4, v6 })
+    }
+
+    fn set_fwmark(&self, _bound: &crate::device::Bound<MemUdp>, _fwmark: u32) -> io::Result<()> {
+        Ok(())
+    }
+}
