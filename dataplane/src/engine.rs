@@ -439,31 +439,11 @@ impl Engine {
         let outcome = match result {
             TunnResult::WriteToTunnelV4(inner, source) => {
                 let (offset, len) = (offset_within(base, inner), inner.len());
-                let allowed = state
-                    .routes
-                    .lookup(source.into())
-                    .is_some_and(|owner| Arc::ptr_eq(&owner.shared, shared));
-                if allowed {
-                    out.to_tunnel.commit(None, offset, len);
-                    Ok(())
-                } else {
-                    out.to_tunnel.abort();
-                    Err(DropReason::SourceNotAllowed)
-                }
+                Self::deliver_inner(state, shared, source.into(), offset, len, out)
             }
             TunnResult::WriteToTunnelV6(inner, source) => {
                 let (offset, len) = (offset_within(base, inner), inner.len());
-                let allowed = state
-                    .routes
-                    .lookup(source.into())
-                    .is_some_and(|owner| Arc::ptr_eq(&owner.shared, shared));
-                if allowed {
-                    out.to_tunnel.commit(None, offset, len);
-                    Ok(())
-                } else {
-                    out.to_tunnel.abort();
-                    Err(DropReason::SourceNotAllowed)
-                }
+                Self::deliver_inner(state, shared, source.into(), offset, len, out)
             }
             TunnResult::WriteToNetwork(reply) => {
                 // A handshake response, or the keepalive confirming our initiation. Both go
@@ -501,6 +481,29 @@ impl Engine {
             Self::flush_queued(&mut core, shared, out);
         }
         outcome
+    }
+
+    /// Keeps the decrypted packet reserved in `out.to_tunnel` if its source is one of the
+    /// sending peer's allowed IPs (cryptokey routing's reverse-path check), else drops it.
+    fn deliver_inner(
+        state: &State,
+        sender: &Arc<PeerShared>,
+        source: std::net::IpAddr,
+        offset: usize,
+        len: usize,
+        out: &mut Outbox,
+    ) -> Result<(), DropReason> {
+        let allowed = state
+            .routes
+            .lookup(source)
+            .is_some_and(|owner| Arc::ptr_eq(&owner.shared, sender));
+        if allowed {
+            out.to_tunnel.commit(None, offset, len);
+            Ok(())
+        } else {
+            out.to_tunnel.abort();
+            Err(DropReason::SourceNotAllowed)
+        }
     }
 
     /// Sends the packets the tunnel queued while it had no session.
