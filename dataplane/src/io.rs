@@ -104,9 +104,6 @@ pub trait UdpIo: Send + Sync + 'static {
 
     /// A descriptor that polls readable when [`UdpIo::recv_batch`] may return datagrams.
     fn readiness_fd(&self) -> RawFd;
-
-    /// True for an IPv6 socket.
-    fn is_ipv6(&self) -> bool;
 }
 
 /// What [`UdpIo::send_batch`] did.

@@ -209,16 +209,6 @@ impl MemUdp {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
-
-    /// Sends one datagram (for tests that play a raw peer).
-    pub fn send_to(&self, to: SocketAddr, bytes: &[u8]) {
-        self.net.deliver(self.addr, to, bytes);
-    }
-
-    /// Waits up to `timeout` for a datagram.
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<(SocketAddr, Vec<u8>)> {
-        self.queue.wait_pop(timeout)
-    }
 }
 
 impl UdpIo for MemUdp {
@@ -260,10 +250,6 @@ impl UdpIo for MemUdp {
 
     fn readiness_fd(&self) -> RawFd {
         self.queue.ready.as_raw_fd()
-    }
-
-    fn is_ipv6(&self) -> bool {
-        self.addr.is_ipv6()
     }
 }
 

@@ -136,41 +136,49 @@ impl UdpIo for UdpSocketIo {
     }
 
     fn send_batch(&self, batch: &Batch) -> io::Result<SendOutcome> {
+        // Everything on the stack: no allocation per batch or per packet.
+        // SAFETY: an all-zero sockaddr_in6 is a valid value; it is overwritten before use.
+        let mut names: [libc::sockaddr_in6; MAX_MMSG] = [unsafe { std::mem::zeroed() }; MAX_MMSG];
+        let mut name_lens = [0 as libc::socklen_t; MAX_MMSG];
+        let mut iovecs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_MMSG];
         let mut outcome = SendOutcome::default();
-        let mut addrs: Vec<SockAddr> = Vec::new();
-        let mut pending: Vec<&[u8]> = Vec::new();
-        let mut flush = |addrs: &mut Vec<SockAddr>, pending: &mut Vec<&[u8]>| {
-            let (sent, failed) = self.sendmmsg(addrs, pending);
-            outcome.sent += sent;
-            outcome.failed += failed;
-            addrs.clear();
-            pending.clear();
-        };
+        let mut n = 0;
         for (destination, packet) in batch.iter() {
-            let Some(destination) = destination else {
+            let Some(destination) = destination.and_then(|d| self.convert(d)) else {
                 continue;
             };
-            let Some(destination) = self.convert(destination) else {
-                continue;
+            let name = SockAddr::from(destination);
+            // SAFETY: a socket address of either family is at most sizeof(sockaddr_in6) bytes,
+            // copied from socket2's storage into our slot.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    name.as_ptr().cast::<u8>(),
+                    (&mut names[n] as *mut libc::sockaddr_in6).cast::<u8>(),
+                    name.len() as usize,
+                );
+            }
+            name_lens[n] = name.len();
+            iovecs[n] = libc::iovec {
+                iov_base: packet.as_ptr() as *mut libc::c_void,
+                iov_len: packet.len(),
             };
-            addrs.push(SockAddr::from(destination));
-            pending.push(packet);
-            if pending.len() == MAX_MMSG {
-                flush(&mut addrs, &mut pending);
+            n += 1;
+            if n == MAX_MMSG {
+                self.sendmmsg(&mut names, &name_lens, &mut iovecs, n, &mut outcome);
+                n = 0;
             }
         }
-        if !pending.is_empty() {
-            flush(&mut addrs, &mut pending);
+        if n > 0 {
+            self.sendmmsg(&mut names, &name_lens, &mut iovecs, n, &mut outcome);
         }
         Ok(outcome)
     }
 
     fn readiness_fd(&self) -> RawFd {
         self.socket.as_raw_fd()
-    }
-
-    fn is_ipv6(&self) -> bool {
-        self.ipv6
     }
 }
 
@@ -183,52 +191,49 @@ impl UdpSocketIo {
         }
     }
 
-    /// Sends with `sendmmsg`, retrying after partial sends and skipping refused datagrams.
-    fn sendmmsg(&self, addrs: &[SockAddr], packets: &[&[u8]]) -> (usize, usize) {
-        let mut iovecs: Vec<libc::iovec> = packets
-            .iter()
-            .map(|p| libc::iovec {
-                iov_base: p.as_ptr() as *mut libc::c_void,
-                iov_len: p.len(),
-            })
-            .collect();
-        let mut headers: Vec<libc::mmsghdr> = (0..packets.len())
-            .map(|i| {
-                // SAFETY: a zeroed mmsghdr is valid; the pointers set below outlive the call.
-                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                h.msg_hdr.msg_name = addrs[i].as_ptr() as *mut libc::c_void;
-                h.msg_hdr.msg_namelen = addrs[i].len();
-                h.msg_hdr.msg_iov = &mut iovecs[i];
-                h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
-        let (mut start, mut sent, mut failed) = (0usize, 0usize, 0usize);
-        while start < headers.len() {
-            // SAFETY: headers[start..] are initialised and reference live buffers.
-            let n = unsafe {
+    /// Sends the first `n` prepared messages with `sendmmsg`, retrying after partial sends and
+    /// skipping datagrams the kernel refuses.
+    fn sendmmsg(
+        &self,
+        names: &mut [libc::sockaddr_in6; MAX_MMSG],
+        name_lens: &[libc::socklen_t; MAX_MMSG],
+        iovecs: &mut [libc::iovec; MAX_MMSG],
+        n: usize,
+        outcome: &mut SendOutcome,
+    ) {
+        // SAFETY: an all-zero mmsghdr is a valid value; the pointers set below outlive the call.
+        let mut headers: [libc::mmsghdr; MAX_MMSG] = [unsafe { std::mem::zeroed() }; MAX_MMSG];
+        for i in 0..n {
+            let header = &mut headers[i].msg_hdr;
+            header.msg_name = (&mut names[i] as *mut libc::sockaddr_in6).cast();
+            header.msg_namelen = name_lens[i];
+            header.msg_iov = &mut iovecs[i];
+            header.msg_iovlen = 1;
+        }
+        let mut start = 0usize;
+        while start < n {
+            // SAFETY: headers[start..n] are initialised and reference live names and buffers.
+            let sent = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
-                    headers[start..].as_mut_ptr(),
-                    (headers.len() - start) as u32,
+                    headers[start..n].as_mut_ptr(),
+                    (n - start) as u32,
                     0,
                 )
             };
-            if n > 0 {
-                sent += n as usize;
-                start += n as usize;
+            if sent > 0 {
+                outcome.sent += sent as usize;
+                start += sent as usize;
             } else {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::Interrupted {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 // The first datagram was refused (no route, unreachable, buffer full): drop it
                 // and go on with the rest.
-                failed += 1;
+                outcome.failed += 1;
                 start += 1;
             }
         }
-        (sent, failed)
     }
 }
 
