@@ -41,6 +41,10 @@ const DEVICE_HANDSHAKE_RATE_LIMIT: u64 = 100;
 const MIN_OUTPUT: usize = 148;
 /// WireGuard data-message overhead: header plus tag.
 const DATA_OVERHEAD: usize = 32;
+/// First byte of each WireGuard message type.
+const HANDSHAKE_INITIATION: u8 = 1;
+const HANDSHAKE_RESPONSE: u8 = 2;
+const COOKIE_REPLY: u8 = 3;
 
 /// This device's keys and the handshake rate limiter they key.
 struct Identity {
@@ -435,7 +439,7 @@ impl Engine {
         let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
         let base = slot.as_ptr();
         let result = tunn.decapsulate(Some(from.ip()), datagram, slot);
-        let mut flush_queue = false;
+        let mut replied = false;
         let outcome = match result {
             TunnResult::WriteToTunnelV4(inner, source) => {
                 let (offset, len) = (offset_within(base, inner), inner.len());
@@ -451,7 +455,7 @@ impl Engine {
                 shared.add_tx(reply.len());
                 out.to_network.push_copy(Some(from), reply);
                 out.to_tunnel.abort();
-                flush_queue = true;
+                replied = true;
                 Ok(())
             }
             TunnResult::Done => {
@@ -467,17 +471,16 @@ impl Engine {
         // source, count it, and note handshakes.
         shared.add_rx(datagram.len());
         core.last_received = Some(now);
-        if message_type != 3 {
+        if message_type != COOKIE_REPLY {
             core.endpoint = Some(from);
         }
-        if flush_queue {
-            core.last_sent = Some(now);
-        }
-        if message_type == 1 || message_type == 2 {
+        if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.last_handshake = Some(now);
             shared.handshakes.fetch_add(1, Ordering::Relaxed);
         }
-        if flush_queue {
+        if replied {
+            // A session just came up: send what the tunnel queued while it had none.
+            core.last_sent = Some(now);
             Self::flush_queued(&mut core, shared, out);
         }
         outcome

@@ -110,11 +110,6 @@ impl DropCounters {
     pub fn snapshot(&self) -> Vec<(DropReason, u64)> {
         DropReason::ALL.iter().map(|r| (*r, self.get(*r))).collect()
     }
-
-    /// The sum over all reasons.
-    pub fn total(&self) -> u64 {
-        DropReason::ALL.iter().map(|r| self.get(*r)).sum()
-    }
 }
 
 /// A peer's live state, as `wg show` reports it.

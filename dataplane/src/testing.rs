@@ -82,8 +82,6 @@ pub struct EnginePair {
     pub a: Side,
     /// Side B (10.0.0.2, 192.0.2.2:51820).
     pub b: Side,
-    /// Datagrams that crossed the wire, both directions.
-    pub datagrams: usize,
 }
 
 impl EnginePair {
@@ -100,7 +98,7 @@ impl EnginePair {
         let (a, b) = (side(1), side(2));
         a.engine.apply(&a.config_with_peer(&b));
         b.engine.apply(&b.config_with_peer(&a));
-        Self { a, b, datagrams: 0 }
+        Self { a, b }
     }
 
     /// Sends `payload` from A's tunnel address to B's through A's engine, then runs the wire
@@ -160,7 +158,6 @@ impl EnginePair {
             out = reply;
             from_a = !from_a;
         }
-        self.datagrams += moved;
         moved
     }
 }

@@ -310,7 +310,11 @@ pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) 
     out
 }
 
-/// Reads a `get=1` answer back into `(interface lines, peers)`; used by clients of the socket.
+/// Reads a `get=1` answer back into the configuration and per-peer state it describes, as a
+/// client of another device's socket would (wireguard-go or kilotun).
+///
+/// # Errors
+/// [`UapiError`] for a malformed answer or a non-zero `errno`.
 pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiError> {
     let mut config = DeviceConfig::default();
     let mut stats: Vec<PeerStats> = Vec::new();

@@ -65,19 +65,17 @@ fn main() -> ExitCode {
 fn detach() -> Result<()> {
     let (read_end, write_end) = pipe()?;
     let exe = std::env::current_exe().context("finding our own executable")?;
-    let child_write = write_end;
-    let read_fd = read_end;
     // SAFETY: setsid is async-signal-safe and touches no state of the parent.
     let child = unsafe {
         Command::new(exe)
             .args(std::env::args_os().skip(1))
             .arg("--foreground")
-            .env(READY_FD_ENV, child_write.to_string())
+            .env(READY_FD_ENV, write_end.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .pre_exec(move || {
-                libc::close(read_fd);
+                libc::close(read_end);
                 libc::setsid();
                 Ok(())
             })
@@ -85,7 +83,7 @@ fn detach() -> Result<()> {
     }
     .context("starting the detached device")?;
     // SAFETY: both ends are fresh descriptors of our own pipe.
-    drop(unsafe { OwnedFd::from_raw_fd(child_write) });
+    drop(unsafe { OwnedFd::from_raw_fd(write_end) });
     // SAFETY: as above; the read end is ours alone now.
     let mut reader = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(read_end) });
     let mut message = String::new();

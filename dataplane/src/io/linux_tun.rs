@@ -146,22 +146,6 @@ impl LinuxTun {
             .and_then(|s| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
             .is_some_and(|flags| flags & 0x0100 != 0)
     }
-
-    /// The interface's index.
-    ///
-    /// # Errors
-    /// The ioctl error.
-    pub fn if_index(&self) -> io::Result<u32> {
-        self.device.if_index()
-    }
-
-    /// The interface's MTU now.
-    ///
-    /// # Errors
-    /// The ioctl error.
-    pub fn mtu(&self) -> io::Result<u16> {
-        self.device.mtu()
-    }
 }
 
 fn map_error(name: &str, e: io::Error) -> TunError {
