@@ -8,7 +8,8 @@ use std::net::UdpSocket;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use common::{can_run, kilotun_bin, ping_ok, Impl, Link, Netns, Underlay, WgDevice};
+use common::{can_run, kilotun_bin, ping_ok, Impl, Netns, WgDevice};
+use dataplane::testing::pseudo_random_bytes;
 
 fn uapi(name: &str, request: &[u8]) -> String {
     let mut s = UnixStream::connect(format!("/var/run/wireguard/{name}.sock")).unwrap();
@@ -25,13 +26,7 @@ fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
     if !can_run("malformed_uapi_and_random_datagrams_leave_the_daemon_working") {
         return;
     }
-    let link = Link::new(Underlay::V4);
-    let mut a = WgDevice::start(&link.left, Impl::Kilotun);
-    let b = WgDevice::start(&link.right, Impl::Kilotun);
-    a.configure(51820, &["10.72.0.1/24"]);
-    b.configure(51821, &["10.72.0.2/24"]);
-    a.add_peer(&b, "192.168.200.2:51821", "10.72.0.2/32");
-    b.add_peer(&a, "192.168.200.1:51820", "10.72.0.1/32");
+    let (link, mut a, _b) = common::peered(Impl::Kilotun, Impl::Kilotun, 72);
     let before = a.wg(&["showconf", &a.name]);
 
     let requests: Vec<Vec<u8>> = vec![
@@ -64,14 +59,7 @@ fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         for i in 0..20_000usize {
             let len = [0, 1, 4, 32, 64, 92, 148, 200, 1400][i % 9] + (i % 3);
-            let mut bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
+            let mut bytes = pseudo_random_bytes(&mut state, len);
             if len >= 4 {
                 bytes[..4].copy_from_slice(&[(i % 5) as u8, 0, 0, 0]);
             }

@@ -101,11 +101,7 @@ fn survives_mtu_address_and_link_state_changes() {
     if !can_run("survives_mtu_address_and_link_state_changes") {
         return;
     }
-    let link = Link::new(Underlay::V4);
-    let mut a = WgDevice::start(&link.left, Impl::Kilotun);
-    let b = WgDevice::start(&link.right, Impl::Kilotun);
-    a.configure(51820, &["10.75.0.1/24"]);
-    b.configure(51821, &["10.75.0.2/24"]);
+    let (_link, mut a, b) = common::peered(Impl::Kilotun, Impl::Kilotun, 75);
     a.add_peer(&b, "192.168.200.2:51821", "10.75.0.2/32,10.76.0.0/24");
     b.add_peer(&a, "192.168.200.1:51820", "10.75.0.1/32,10.76.0.1/32");
     assert!(ping_ok(&a.ns, "10.75.0.2", Duration::from_secs(10)));

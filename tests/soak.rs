@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{can_run, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
+use common::{can_run, ping_ok, tcp_transfer, Impl};
 
 fn lost(summary: &str) -> u32 {
     // "1200 packets transmitted, 1200 received, 0% packet loss, ..."
@@ -23,13 +23,7 @@ fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
     {
         return;
     }
-    let link = Link::new(Underlay::V4);
-    let a = WgDevice::start(&link.left, Impl::Kilotun);
-    let b = WgDevice::start(&link.right, Impl::WireguardGo);
-    a.configure(51820, &["10.73.0.1/24"]);
-    b.configure(51821, &["10.73.0.2/24"]);
-    a.add_peer(&b, "192.168.200.2:51821", "10.73.0.2/32");
-    b.add_peer(&a, "192.168.200.1:51820", "10.73.0.1/32");
+    let (link, a, b) = common::peered(Impl::Kilotun, Impl::WireguardGo, 73);
     a.wg(&[
         "set",
         &a.name,

@@ -8,14 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::{can_run, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
 
 fn pair(right: Impl) -> (Link, WgDevice, WgDevice) {
-    let link = Link::new(Underlay::V4);
-    let a = WgDevice::start(&link.left, Impl::Kilotun);
-    let b = WgDevice::start(&link.right, right);
-    a.configure(51820, &["10.71.0.1/24"]);
-    b.configure(51821, &["10.71.0.2/24"]);
-    a.add_peer(&b, "192.168.200.2:51821", "10.71.0.2/32");
-    b.add_peer(&a, "192.168.200.1:51820", "10.71.0.1/32");
-    (link, a, b)
+    common::peered(Impl::Kilotun, right, 71)
 }
 
 fn now_unix() -> u64 {

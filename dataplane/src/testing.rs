@@ -167,3 +167,16 @@ impl Default for EnginePair {
         Self::new()
     }
 }
+
+/// `len` deterministic pseudo-random bytes (xorshift64), advancing `state`: the garbage that
+/// fuzz-style tests throw at a parser.
+pub fn pseudo_random_bytes(state: &mut u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state as u8
+        })
+        .collect()
+}

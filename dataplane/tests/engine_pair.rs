@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use dataplane::testing::{ip_packet, EnginePair};
+use dataplane::testing::{ip_packet, pseudo_random_bytes, EnginePair};
 use dataplane::{DropReason, Outbox, PeerConfig, SecretKey};
 
 fn payload_of(packet: &[u8]) -> &[u8] {
@@ -209,14 +209,7 @@ fn random_datagrams_are_counted_and_never_panic() {
     let mut out = Outbox::default();
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for len in 0..600usize {
-        let bytes: Vec<u8> = (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
+        let bytes = pseudo_random_bytes(&mut state, len);
         pair.a.engine.handle_datagram(now, from, &bytes, &mut out);
         // Messages with valid types and sizes but random contents.
         for kind in [1u8, 2, 3, 4] {

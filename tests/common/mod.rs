@@ -297,6 +297,20 @@ impl Drop for WgDevice {
     }
 }
 
+/// Two devices in a fresh pair of namespaces over an IPv4 underlay, each the other's peer:
+/// `left` at 10.SUBNET.0.1 on port 51820, `right` at 10.SUBNET.0.2 on port 51821, each
+/// allowing the other's /32. Both links are up; no packet has crossed yet.
+pub fn peered(left: Impl, right: Impl, subnet: u8) -> (Link, WgDevice, WgDevice) {
+    let link = Link::new(Underlay::V4);
+    let a = WgDevice::start(&link.left, left);
+    let b = WgDevice::start(&link.right, right);
+    a.configure(51820, &[&format!("10.{subnet}.0.1/24")]);
+    b.configure(51821, &[&format!("10.{subnet}.0.2/24")]);
+    a.add_peer(&b, "192.168.200.2:51821", &format!("10.{subnet}.0.2/32"));
+    b.add_peer(&a, "192.168.200.1:51820", &format!("10.{subnet}.0.1/32"));
+    (link, a, b)
+}
+
 pub fn pipe_to(args: &[&str], input: &[u8]) -> String {
     let mut child = Command::new(args[0])
         .args(&args[1..])
