@@ -1,11 +1,33 @@
-//! kilotun's control plane.
+//! kilotun's control plane: Kilo's behaviour as a pure core.
 //!
-//! This crate will hold Kilo's topology computation as a pure core (no I/O, `now` passed in) plus
-//! the Kubernetes and file backends. For now it holds only the shared names the agent and `kgctl`
-//! agree on.
+//! Nothing in this crate does I/O or reads the clock: Kubernetes objects, DNS answers, device
+//! state and `now` come in as arguments; topology, WireGuard configurations, route plans and
+//! annotation values go out as data. The agent (`kg`) supplies the I/O.
+//!
+//! Section numbers (§) refer to the written description of Kilo's behaviour the project follows.
+
+pub mod dns;
+pub mod fixtures;
+pub mod ip;
+pub mod key;
+pub mod nat;
+pub mod node;
+pub mod peer;
+pub mod routes;
+pub mod topology;
+pub mod wgconf;
+
+pub use ip::{Endpoint, Host};
+pub use key::Key;
+pub use node::{translate_node, Granularity, Node};
+pub use peer::{translate_peer, Peer, PeerObject};
+pub use topology::{Topology, TopologyParams};
 
 /// Kilo's default WireGuard interface name.
 pub const DEFAULT_INTERFACE: &str = "kilo0";
 
 /// Kilo's default WireGuard listen port.
 pub const DEFAULT_PORT: u16 = 51820;
+
+/// Kilo's default `--subnet`.
+pub const DEFAULT_SUBNET: &str = "10.4.0.0/16";

@@ -1,0 +1,120 @@
+//! Cluster fixtures shared by tests and benchmarks: Kilo's fixture F1 (§9.2) and a generator of
+//! large synthetic clusters.
+
+use ipnet::IpNet;
+
+use crate::ip::Endpoint;
+use crate::key::Key;
+use crate::node::Node;
+use crate::peer::Peer;
+
+fn net(text: &str) -> IpNet {
+    text.parse().expect("fixture CIDR")
+}
+
+/// The Unix time fixtures check in at.
+pub const NOW: i64 = 1_700_000_000;
+
+/// A ready node.
+pub fn node(
+    name: &str,
+    endpoint: &str,
+    internal_ip: Option<&str>,
+    location: &str,
+    pod_cidr: &str,
+    key: &str,
+) -> Node {
+    Node {
+        name: name.to_string(),
+        endpoint: Some(Endpoint::parse(endpoint).expect("fixture endpoint")),
+        internal_ip: internal_ip.map(net),
+        key: Some(Key::padded(key)),
+        last_seen: NOW,
+        location: location.to_string(),
+        subnet: Some(net(pod_cidr)),
+        ..Default::default()
+    }
+}
+
+/// Kilo's fixture F1 nodes a, b, c, d.
+pub fn f1_nodes() -> Vec<Node> {
+    let mut a = node(
+        "a",
+        "10.1.0.1:51820",
+        Some("192.168.0.1/32"),
+        "1",
+        "10.2.1.0/24",
+        "key1",
+    );
+    a.persistent_keepalive = 25;
+    let mut b = node(
+        "b",
+        "10.1.0.2:51820",
+        Some("192.168.0.1/32"),
+        "2",
+        "10.2.2.0/24",
+        "key2",
+    );
+    b.allowed_location_ips = vec![net("192.168.178.3/32")];
+    let c = node(
+        "c",
+        "10.1.0.3:51820",
+        Some("192.168.0.2/32"),
+        "2",
+        "10.2.3.0/24",
+        "key3",
+    );
+    let d = node("d", "10.1.0.4:51820", None, "1", "10.2.4.0/24", "key4");
+    vec![a, b, c, d]
+}
+
+/// Kilo's fixture F1 peers a and b.
+pub fn f1_peers() -> Vec<Peer> {
+    vec![
+        Peer {
+            name: "a".into(),
+            allowed_ips: vec![net("10.5.0.1/24"), net("10.5.0.2/24")],
+            public_key: Some(Key::padded("key4")),
+            endpoint: None,
+            persistent_keepalive: 0,
+            preshared_key: None,
+        },
+        Peer {
+            name: "b".into(),
+            allowed_ips: vec![net("10.5.0.3/24")],
+            public_key: Some(Key::padded("key5")),
+            endpoint: Some(Endpoint::parse("192.168.0.1:51820").expect("fixture endpoint")),
+            persistent_keepalive: 0,
+            preshared_key: None,
+        },
+    ]
+}
+
+/// `count` ready nodes spread over `locations` locations, each with a distinct /24 pod CIDR,
+/// private IP and key; the first node of every location has a public endpoint.
+pub fn synthetic_cluster(count: usize, locations: usize) -> Vec<Node> {
+    (0..count)
+        .map(|i| {
+            let loc = i % locations.max(1);
+            let hi = (i >> 8) as u8;
+            let lo = (i & 0xff) as u8;
+            let endpoint = if i < locations {
+                format!("203.0.{hi}.{lo}:51820")
+            } else {
+                format!("10.1.{hi}.{lo}:51820")
+            };
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+            Node {
+                name: format!("node-{i:05}"),
+                endpoint: Some(Endpoint::parse(&endpoint).expect("synthetic endpoint")),
+                internal_ip: Some(net(&format!("172.16.{hi}.{lo}/16"))),
+                key: Some(Key(key)),
+                last_seen: NOW,
+                location: format!("loc-{loc:03}"),
+                subnet: Some(net(&format!("10.{}.{}.0/24", 64 + (i >> 8), lo))),
+                ..Default::default()
+            }
+        })
+        .collect()
+}

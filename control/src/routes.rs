@@ -1,0 +1,430 @@
+//! The routes and policy rules a node needs (§4.10), as data, and a pure diff against what the
+//! kernel has.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::ip::host_net;
+use crate::topology::{Member, Topology};
+
+/// Kilo's policy-routing table.
+pub const KILO_TABLE: u32 = 1107;
+/// The kernel's main table.
+pub const MAIN_TABLE: u32 = 254;
+
+/// `--encapsulate`: when traffic inside a location is IP-in-IP encapsulated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encapsulate {
+    /// Never.
+    Never,
+    /// Only to nodes outside the local private subnet.
+    CrossSubnet,
+    /// Always (Kilo's default).
+    #[default]
+    Always,
+}
+
+impl Encapsulate {
+    /// Parses `never`, `crosssubnet` or `always`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "never" => Some(Self::Never),
+            "crosssubnet" => Some(Self::CrossSubnet),
+            "always" => Some(Self::Always),
+            _ => None,
+        }
+    }
+}
+
+/// `--compatibility`: which tunnel carries traffic inside a location, which decides the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compatibility {
+    /// Plain IPIP through `tunl0`: the gateway is the node's private IP.
+    #[default]
+    Ipip,
+    /// flannel: the gateway is the pod CIDR's network address over `flannel.1`.
+    Flannel,
+    /// Cilium: the node's `cilium_host` IP, else its pod CIDR's network address.
+    Cilium,
+}
+
+impl Compatibility {
+    /// Kilo's `enc.Gw` for one node.
+    fn gateway(self, member: &Member) -> Option<IpAddr> {
+        match self {
+            Self::Ipip => member.private_ip.map(|n| n.addr()),
+            Self::Flannel => Some(member.pod_cidr.network()),
+            Self::Cilium => Some(
+                member
+                    .cni_compatibility_ip
+                    .unwrap_or(member.pod_cidr.network()),
+            ),
+        }
+    }
+}
+
+/// A route Kilo installs (protocol `static`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Route {
+    /// Routing table.
+    pub table: u32,
+    /// Destination prefix (canonical).
+    pub dst: IpNet,
+    /// Gateway, if any.
+    pub gateway: Option<IpAddr>,
+    /// Output interface index.
+    pub link: u32,
+    /// Preferred source address.
+    pub src: Option<IpAddr>,
+    /// The `onlink` flag (set on every route with a gateway).
+    pub onlink: bool,
+}
+
+/// A policy rule Kilo installs; only these four fields are set (§4.10.3).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rule {
+    /// `from`.
+    pub src: Option<IpNet>,
+    /// `to`.
+    pub dst: Option<IpNet>,
+    /// `iif`.
+    pub iif: Option<String>,
+    /// `lookup`.
+    pub table: u32,
+}
+
+/// Interface indices the plan refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Links {
+    /// The WireGuard (TUN) link.
+    pub kilo: u32,
+    /// The link holding the private IP (0 if none).
+    pub private: u32,
+    /// The encapsulation link (`tunl0`, `flannel.1`…; 0 if none).
+    pub tunnel: u32,
+}
+
+/// What decides the plan besides the topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteOptions {
+    /// Name of the WireGuard link (for `iif` rules).
+    pub kilo_name: String,
+    /// Interface indices.
+    pub links: Links,
+    /// `--local`: manage routes inside the location.
+    pub local: bool,
+    /// `--encapsulate`.
+    pub encapsulate: Encapsulate,
+    /// `--compatibility`.
+    pub compatibility: Compatibility,
+}
+
+/// Routes and rules, each de-duplicated and sorted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RoutePlan {
+    /// Routes.
+    pub routes: BTreeSet<Route>,
+    /// Rules.
+    pub rules: BTreeSet<Rule>,
+}
+
+impl RoutePlan {
+    /// Adds `route` unless a route to the same destination in the same table is planned already
+    /// (the kernel holds one; the first planned wins, deterministically).
+    fn insert_route(&mut self, route: Route) {
+        let floor = Route {
+            table: route.table,
+            dst: route.dst,
+            gateway: None,
+            link: 0,
+            src: None,
+            onlink: false,
+        };
+        let taken = self
+            .routes
+            .range(floor..)
+            .next()
+            .is_some_and(|r| r.table == route.table && r.dst == route.dst);
+        if !taken {
+            self.routes.insert(route);
+        }
+    }
+}
+
+struct Planner<'a> {
+    t: &'a Topology,
+    o: &'a RouteOptions,
+    plan: RoutePlan,
+}
+
+impl Planner<'_> {
+    /// True when traffic to `gateway` goes through the tunnel device.
+    fn encapsulates_to(&self, gateway: Option<IpAddr>) -> bool {
+        match self.o.encapsulate {
+            Encapsulate::Always => true,
+            Encapsulate::CrossSubnet => match (self.t.private_ip, gateway) {
+                (Some(own), Some(gw)) => !own.contains(&gw),
+                _ => true,
+            },
+            Encapsulate::Never => false,
+        }
+    }
+
+    /// Kilo's `encapsulateRoute`: a route via `gateway` on the private link, moved to the
+    /// tunnel link when encapsulating, with the local private IP as source.
+    fn private_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
+        let link = if self.encapsulates_to(gateway) {
+            self.o.links.tunnel
+        } else {
+            self.o.links.private
+        };
+        self.plan.insert_route(Route {
+            table: MAIN_TABLE,
+            dst: dst.trunc(),
+            gateway,
+            link,
+            src: self.t.private_ip.map(|n| n.addr()),
+            onlink: gateway.is_some(),
+        });
+    }
+
+    fn kilo_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
+        self.plan.insert_route(Route {
+            table: MAIN_TABLE,
+            dst: dst.trunc(),
+            gateway,
+            link: self.o.links.kilo,
+            src: self.t.private_ip.map(|n| n.addr()),
+            onlink: gateway.is_some(),
+        });
+    }
+
+    /// Routes (and table-1107 detours) to the other members of the local segment.
+    fn local_members(&mut self, members: &[Member], leader: bool) {
+        let own = self.t.private_ip.map(|n| n.addr());
+        for m in members {
+            let Some(ip) = m.private_ip.map(|n| n.addr()) else {
+                continue;
+            };
+            if Some(ip) == own {
+                continue;
+            }
+            let gw = self.o.compatibility.gateway(m);
+            self.private_route(m.pod_cidr, gw);
+            let crosses = match self.o.encapsulate {
+                Encapsulate::Always => true,
+                Encapsulate::CrossSubnet => self.t.private_ip.is_some_and(|n| !n.contains(&ip)),
+                Encapsulate::Never => false,
+            };
+            if crosses {
+                self.plan.insert_route(Route {
+                    table: KILO_TABLE,
+                    dst: host_net(ip),
+                    gateway: gw,
+                    link: self.o.links.tunnel,
+                    src: own,
+                    onlink: gw.is_some(),
+                });
+                self.plan.rules.insert(Rule {
+                    src: Some(self.t.subnet),
+                    dst: Some(host_net(ip)),
+                    iif: None,
+                    table: KILO_TABLE,
+                });
+                if leader {
+                    self.plan.rules.insert(Rule {
+                        src: None,
+                        dst: Some(host_net(ip)),
+                        iif: Some(self.o.kilo_name.clone()),
+                        table: KILO_TABLE,
+                    });
+                }
+            }
+        }
+    }
+
+    fn non_leader(&mut self) {
+        let t = self.t;
+        let Some(own) = t.local_segment() else { return };
+        let gw = self.o.compatibility.gateway(own.leader_member());
+        for s in &t.segments {
+            self.private_route(host_net(s.wireguard_ip), gw);
+            if s.key == t.location {
+                if self.o.local {
+                    self.local_members(&s.members, false);
+                }
+                continue;
+            }
+            for m in &s.members {
+                self.private_route(m.pod_cidr, gw);
+            }
+            for ip in s.private_ips() {
+                self.private_route(host_net(ip), gw);
+            }
+            for net in &s.allowed_location_ips {
+                self.private_route(*net, gw);
+            }
+        }
+        for p in &t.peers {
+            for net in &p.allowed_ips {
+                self.private_route(*net, gw);
+            }
+        }
+    }
+
+    fn leader(&mut self) {
+        let t = self.t;
+        for s in &t.segments {
+            if s.key == t.location {
+                if self.o.local && t.private_ip.is_some() {
+                    self.local_members(&s.members, true);
+                } else if t.private_ip.is_some() && self.o.encapsulate != Encapsulate::Never {
+                    self.cilium_detours(&s.members);
+                }
+                continue;
+            }
+            let endpoint_ip = t
+                .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)
+                .and_then(|e| e.ip());
+            for m in &s.members {
+                self.kilo_route(m.pod_cidr, Some(s.wireguard_ip));
+                if let Some(ip) = m.private_ip.map(|n| n.addr()) {
+                    if Some(ip) != endpoint_ip {
+                        self.kilo_route(host_net(ip), Some(s.wireguard_ip));
+                    }
+                }
+            }
+            for net in &s.allowed_location_ips {
+                self.kilo_route(*net, Some(s.wireguard_ip));
+            }
+        }
+        for p in &t.peers {
+            for net in &p.allowed_ips {
+                self.kilo_route(*net, None);
+            }
+        }
+    }
+
+    /// `--local=false` on a leader: members whose gateway is not their private IP (Cilium) still
+    /// get a table-1107 route so WireGuard traffic returns through the tunnel.
+    fn cilium_detours(&mut self, members: &[Member]) {
+        let own = self.t.private_ip.map(|n| n.addr());
+        for m in members {
+            let Some(ip) = m.private_ip.map(|n| n.addr()) else {
+                continue;
+            };
+            let gw = self.o.compatibility.gateway(m);
+            if Some(ip) == own || gw.is_none() || gw == Some(ip) {
+                continue;
+            }
+            self.plan.insert_route(Route {
+                table: KILO_TABLE,
+                dst: host_net(ip),
+                gateway: gw,
+                link: self.o.links.tunnel,
+                src: None,
+                onlink: true,
+            });
+            self.plan.rules.insert(Rule {
+                src: None,
+                dst: Some(host_net(ip)),
+                iif: Some(self.o.kilo_name.clone()),
+                table: KILO_TABLE,
+            });
+        }
+    }
+}
+
+impl Topology {
+    /// The routes and rules this node needs (§4.10).
+    pub fn route_plan(&self, options: &RouteOptions) -> RoutePlan {
+        let mut p = Planner {
+            t: self,
+            o: options,
+            plan: RoutePlan::default(),
+        };
+        if self.leader {
+            p.leader();
+        } else {
+            p.non_leader();
+        }
+        p.plan
+    }
+}
+
+/// One change to the kernel's routing state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOp {
+    /// Add or replace a route.
+    ReplaceRoute(Route),
+    /// Delete a route.
+    DeleteRoute(Route),
+    /// Add a rule.
+    AddRule(Rule),
+    /// Delete a rule.
+    DeleteRule(Rule),
+}
+
+/// The changes that take the kernel from `observed` to `desired`.
+///
+/// `observed` holds the kernel's protocol-static routes in the main and Kilo tables and its
+/// Kilo-table rules; `owned` is what was applied before. A route or rule is removed when it is
+/// not desired and is ours: previously applied, in the Kilo table, or on the WireGuard link.
+/// A route whose destination is still desired is replaced, never deleted first, so traffic is not
+/// interrupted. Applying the result and diffing again yields nothing.
+pub fn diff(
+    desired: &RoutePlan,
+    observed: &RoutePlan,
+    owned: &RoutePlan,
+    kilo_link: u32,
+) -> Vec<RouteOp> {
+    let mut ops = Vec::new();
+    let desired_dsts: BTreeSet<(u32, IpNet)> =
+        desired.routes.iter().map(|r| (r.table, r.dst)).collect();
+    for r in observed.routes.difference(&desired.routes) {
+        let ours = owned.routes.contains(r) || r.table == KILO_TABLE || r.link == kilo_link;
+        if ours && !desired_dsts.contains(&(r.table, r.dst)) {
+            ops.push(RouteOp::DeleteRoute(r.clone()));
+        }
+    }
+    for r in observed.rules.difference(&desired.rules) {
+        if owned.rules.contains(r) || r.table == KILO_TABLE {
+            ops.push(RouteOp::DeleteRule(r.clone()));
+        }
+    }
+    for r in desired.routes.difference(&observed.routes) {
+        ops.push(RouteOp::ReplaceRoute(r.clone()));
+    }
+    for r in desired.rules.difference(&observed.rules) {
+        ops.push(RouteOp::AddRule(r.clone()));
+    }
+    ops
+}
+
+/// `observed` after `ops` were applied, as the kernel would hold it: what [`diff`] converges to.
+pub fn apply_ops(observed: &RoutePlan, ops: &[RouteOp]) -> RoutePlan {
+    let mut out = observed.clone();
+    for op in ops {
+        match op {
+            RouteOp::ReplaceRoute(r) => {
+                out.routes.retain(|o| (o.table, o.dst) != (r.table, r.dst));
+                out.routes.insert(r.clone());
+            }
+            RouteOp::DeleteRoute(r) => {
+                out.routes.remove(r);
+            }
+            RouteOp::AddRule(r) => {
+                out.rules.insert(r.clone());
+            }
+            RouteOp::DeleteRule(r) => {
+                out.rules.remove(r);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

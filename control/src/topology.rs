@@ -1,0 +1,382 @@
+//! Kilo's topology (§4): nodes grouped into segments, a leader per segment, WireGuard IPs
+//! allocated in segment order, and the allowed IPs each segment and Peer is reached by.
+//!
+//! Everything here is a pure function of its inputs, so every node computes the same answer
+//! without coordination.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+
+use crate::ip::{host_net, is_public, Allocator, Endpoint};
+use crate::key::Key;
+use crate::node::{Granularity, Node};
+use crate::peer::Peer;
+
+/// One node's place in its segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Node name.
+    pub name: String,
+    /// Its pod CIDR.
+    pub pod_cidr: IpNet,
+    /// Its private IP with mask, if it has one.
+    pub private_ip: Option<IpNet>,
+    /// Its CNI compatibility IP (Cilium), if published.
+    pub cni_compatibility_ip: Option<IpAddr>,
+}
+
+/// A group of nodes reached through one WireGuard peer: its leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// `location:<name>` or `node:<name>`.
+    pub key: String,
+    /// Members sorted by name.
+    pub members: Vec<Member>,
+    /// Index of the leader in `members`.
+    pub leader: usize,
+    /// The leader's public key.
+    pub public_key: Key,
+    /// The leader's endpoint.
+    pub endpoint: Option<Endpoint>,
+    /// The leader's persistent keepalive (non-zero marks it as NATed).
+    pub persistent_keepalive: u16,
+    /// The leader's WireGuard IP.
+    pub wireguard_ip: IpAddr,
+    /// Pod CIDRs and private /32s of every member, then the WireGuard IP /32 (§4.5).
+    pub allowed_ips: Vec<IpNet>,
+    /// allowed-location-ips of every member, de-duplicated, sorted, filtered (§4.6).
+    pub allowed_location_ips: Vec<IpNet>,
+}
+
+impl Segment {
+    /// The leader member.
+    pub fn leader_member(&self) -> &Member {
+        &self.members[self.leader]
+    }
+
+    /// Private IPs of the members that have one, in member order.
+    pub fn private_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.members
+            .iter()
+            .filter_map(|m| m.private_ip.map(|n| n.addr()))
+    }
+}
+
+/// What the topology is computed from, besides the nodes and peers.
+#[derive(Debug, Clone)]
+pub struct TopologyParams {
+    /// `--mesh-granularity`.
+    pub granularity: Granularity,
+    /// The local node's name.
+    pub hostname: String,
+    /// The local WireGuard listen port (the local endpoint's port).
+    pub port: u16,
+    /// `--subnet`: where leaders' WireGuard IPs come from.
+    pub subnet: IpNet,
+    /// The local node's persistent keepalive, applied to all its peers.
+    pub persistent_keepalive: u16,
+}
+
+/// Why a topology could not be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// The local node is not among the ready nodes.
+    #[error("the local node {0:?} is not among the ready nodes")]
+    NoLocalNode(String),
+    /// More segments than addresses in `--subnet`.
+    #[error("--subnet {subnet} has no address left for segment {segment:?}")]
+    SubnetExhausted {
+        /// The Kilo subnet.
+        subnet: IpNet,
+        /// The first segment left without an address.
+        segment: String,
+    },
+}
+
+/// A dropped allowed IP and why: kept as data so the caller logs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The segment or Peer that lost it.
+    pub owner: String,
+    /// The CIDR.
+    pub cidr: IpNet,
+    /// Why.
+    pub reason: String,
+}
+
+/// The mesh as seen from one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// Segments sorted by key.
+    pub segments: Vec<Segment>,
+    /// Ready Peers sorted by name, allowed IPs de-duplicated across peers.
+    pub peers: Vec<Peer>,
+    /// The local node's name.
+    pub hostname: String,
+    /// The local segment's key.
+    pub location: String,
+    /// True when the local node leads its segment.
+    pub leader: bool,
+    /// The local listen port.
+    pub port: u16,
+    /// The local keepalive, used for every peer.
+    pub persistent_keepalive: u16,
+    /// The local private IP.
+    pub private_ip: Option<IpNet>,
+    /// The local pod CIDR.
+    pub subnet: IpNet,
+    /// The Kilo subnet.
+    pub kilo_subnet: IpNet,
+    /// Leaders: their WireGuard IP with the Kilo mask; others: the Kilo subnet.
+    pub wireguard_cidr: IpNet,
+    /// NAT endpoints known: the local node's, then other nodes' in segment order.
+    pub discovered_endpoints: BTreeMap<Key, SocketAddr>,
+    /// Allowed IPs dropped while building (conflicts), for logging.
+    pub dropped: Vec<Dropped>,
+}
+
+/// The segment key of `node` (§4.2).
+pub fn segment_key(node: &Node, granularity: Granularity) -> String {
+    match granularity {
+        Granularity::Location if node.internal_ip.is_some() => {
+            format!("location:{}", node.location)
+        }
+        _ => format!("node:{}", node.name),
+    }
+}
+
+/// Kilo's leader rule (§4.3) over nodes in the given order: the first annotated node with a
+/// public endpoint, else the first annotated node, else the first public one, else index 0.
+pub fn find_leader(nodes: &[&Node]) -> usize {
+    let public = |n: &Node| {
+        n.endpoint
+            .as_ref()
+            .and_then(Endpoint::ip)
+            .is_some_and(is_public)
+    };
+    if let Some(i) = nodes.iter().position(|n| n.leader && public(n)) {
+        return i;
+    }
+    if let Some(i) = nodes.iter().position(|n| n.leader) {
+        return i;
+    }
+    nodes.iter().position(|n| public(n)).unwrap_or(0)
+}
+
+/// Kilo's `deduplicatePeerIPs` (§4.7): in the given order, a CIDR (compared as written) already
+/// claimed by an earlier peer, or earlier in the same peer, is dropped.
+pub fn deduplicate_peer_ips(peers: &[Peer]) -> (Vec<Peer>, Vec<Dropped>) {
+    let mut seen = BTreeSet::new();
+    let mut dropped = Vec::new();
+    let out = peers
+        .iter()
+        .map(|p| {
+            let mut q = p.clone();
+            q.allowed_ips.clear();
+            for ip in &p.allowed_ips {
+                if seen.insert(ip.to_string()) {
+                    q.allowed_ips.push(*ip);
+                } else {
+                    dropped.push(Dropped {
+                        owner: format!("peer {}", p.name),
+                        cidr: *ip,
+                        reason: "claimed by an earlier peer".into(),
+                    });
+                }
+            }
+            q
+        })
+        .collect();
+    (out, dropped)
+}
+
+/// True when either network contains the other's address (Go's "intersect").
+fn intersect(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.addr()) || b.contains(&a.addr())
+}
+
+impl Topology {
+    /// Computes the topology from the ready `nodes` and `peers` (§4). Nodes' DNS endpoints should
+    /// already carry their resolution.
+    pub fn new(
+        nodes: &[Node],
+        peers: &[Peer],
+        params: &TopologyParams,
+    ) -> Result<Self, TopologyError> {
+        let local = nodes
+            .iter()
+            .find(|n| n.name == params.hostname)
+            .ok_or_else(|| TopologyError::NoLocalNode(params.hostname.clone()))?;
+        let location = segment_key(local, params.granularity);
+
+        let mut groups: BTreeMap<String, Vec<&Node>> = BTreeMap::new();
+        for node in nodes.iter().filter(|n| n.subnet.is_some()) {
+            groups
+                .entry(segment_key(node, params.granularity))
+                .or_default()
+                .push(node);
+        }
+        let mut t = Topology {
+            segments: Vec::with_capacity(groups.len()),
+            peers: Vec::new(),
+            hostname: params.hostname.clone(),
+            location: location.clone(),
+            leader: false,
+            port: params.port,
+            persistent_keepalive: params.persistent_keepalive,
+            private_ip: local.internal_ip,
+            subnet: local.subnet.unwrap_or(params.subnet),
+            kilo_subnet: params.subnet,
+            wireguard_cidr: params.subnet,
+            discovered_endpoints: local.discovered_endpoints.clone(),
+            dropped: Vec::new(),
+        };
+
+        let mut allocator = Allocator::new(params.subnet);
+        for (key, mut group) in groups {
+            group.sort_by(|a, b| a.name.cmp(&b.name));
+            let leader = find_leader(&group);
+            let wireguard_ip = allocator
+                .next_ip()
+                .ok_or_else(|| TopologyError::SubnetExhausted {
+                    subnet: params.subnet,
+                    segment: key.clone(),
+                })?
+                .addr();
+            let mut allowed_ips = Vec::with_capacity(group.len() * 2 + 1);
+            let mut location_ips = BTreeSet::new();
+            let mut members = Vec::with_capacity(group.len());
+            for node in &group {
+                let pod_cidr = node.subnet.expect("filtered above");
+                allowed_ips.push(pod_cidr);
+                if let Some(ip) = node.internal_ip {
+                    allowed_ips.push(host_net(ip.addr()));
+                }
+                location_ips.extend(node.allowed_location_ips.iter().copied());
+                members.push(Member {
+                    name: node.name.clone(),
+                    pod_cidr,
+                    private_ip: node.internal_ip,
+                    cni_compatibility_ip: node.cni_compatibility_ip.map(|n| n.addr()),
+                });
+                for (k, addr) in &node.discovered_endpoints {
+                    t.discovered_endpoints.entry(*k).or_insert(*addr);
+                }
+            }
+            let mut allowed_location_ips: Vec<IpNet> = location_ips.into_iter().collect();
+            allowed_location_ips.sort_by_key(|n| n.to_string());
+            let head = group[leader];
+            if key == location && head.name == params.hostname {
+                t.leader = true;
+                t.wireguard_cidr = IpNet::new(wireguard_ip, params.subnet.prefix_len())
+                    .expect("same family as the subnet");
+            }
+            t.segments.push(Segment {
+                key,
+                members,
+                leader,
+                public_key: head.key.unwrap_or(Key([0; 32])),
+                endpoint: head.endpoint.clone(),
+                persistent_keepalive: head.persistent_keepalive,
+                wireguard_ip,
+                allowed_ips,
+                allowed_location_ips,
+            });
+        }
+
+        let mut sorted_peers: Vec<Peer> = peers.to_vec();
+        sorted_peers.sort_by(|a, b| a.name.cmp(&b.name));
+        let (deduped, dropped) = deduplicate_peer_ips(&sorted_peers);
+        t.peers = deduped;
+        t.dropped.extend(dropped);
+
+        // Allowed IPs get each segment's WireGuard IP as the segments are walked, and the
+        // allowed-location-ips are filtered in that same walk (so later segments are checked
+        // without their WireGuard IP, as in Kilo).
+        for i in 0..t.segments.len() {
+            let wg_ip = host_net(t.segments[i].wireguard_ip);
+            t.segments[i].allowed_ips.push(wg_ip);
+            let candidates = std::mem::take(&mut t.segments[i].allowed_location_ips);
+            let kept = t.filter_allowed_location_ips(&candidates, i);
+            t.segments[i].allowed_location_ips = kept;
+        }
+        Ok(t)
+    }
+
+    /// Kilo's `filterAllowedLocationIPs` (§4.6) for segment `index`.
+    fn filter_allowed_location_ips(&mut self, candidates: &[IpNet], index: usize) -> Vec<IpNet> {
+        let mut kept = Vec::with_capacity(candidates.len());
+        let owner = self.segments[index].key.clone();
+        'candidates: for ip in candidates {
+            for (j, s) in self.segments.iter().enumerate() {
+                if j != index {
+                    if let Some(other) = s.allowed_location_ips.iter().find(|o| intersect(ip, o)) {
+                        let reason = format!("overlaps allowed-location-ip {other} of {}", s.key);
+                        self.dropped.push(Dropped {
+                            owner: owner.clone(),
+                            cidr: *ip,
+                            reason,
+                        });
+                        continue 'candidates;
+                    }
+                }
+                if let Some(a) = s.allowed_ips.iter().find(|a| a.contains(&ip.addr())) {
+                    let reason = format!("overlaps allowed IP {a} of {}", s.key);
+                    self.dropped.push(Dropped {
+                        owner: owner.clone(),
+                        cidr: *ip,
+                        reason,
+                    });
+                    continue 'candidates;
+                }
+            }
+            for p in &self.peers {
+                if let Some(a) = p.allowed_ips.iter().find(|a| intersect(ip, a)) {
+                    let reason = format!("overlaps allowed IP {a} of peer {}", p.name);
+                    self.dropped.push(Dropped {
+                        owner: owner.clone(),
+                        cidr: *ip,
+                        reason,
+                    });
+                    continue 'candidates;
+                }
+            }
+            kept.push(*ip);
+        }
+        kept
+    }
+
+    /// The local segment.
+    pub fn local_segment(&self) -> Option<&Segment> {
+        self.segments.iter().find(|s| s.key == self.location)
+    }
+
+    /// The endpoint to use for a target (§4.8): its discovered endpoint when the target's
+    /// keepalive is non-zero and one is known, else its configured endpoint.
+    pub fn effective_endpoint(
+        &self,
+        endpoint: Option<&Endpoint>,
+        key: &Key,
+        keepalive: u16,
+    ) -> Option<Endpoint> {
+        if keepalive > 0 {
+            if let Some(addr) = self.discovered_endpoints.get(key) {
+                return Some(Endpoint::from_addr(*addr));
+            }
+        }
+        endpoint.cloned()
+    }
+
+    /// The WireGuard IP of the segment led by the node called `name`, if it leads one.
+    pub fn wireguard_ip_of_leader(&self, name: &str) -> Option<IpAddr> {
+        self.segments
+            .iter()
+            .find(|s| s.leader_member().name == name)
+            .map(|s| s.wireguard_ip)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,339 @@
+//! WireGuard configurations derived from a [`Topology`] (§4.9): what a leader applies, what a
+//! Peer is given, what a node looks like as a Peer, and Kilo's INI rendering.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+
+use crate::ip::Endpoint;
+use crate::key::Key;
+use crate::topology::Topology;
+
+/// One WireGuard peer of a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    /// The peer's public key.
+    pub public_key: Key,
+    /// Canonical allowed IPs, in Kilo's order.
+    pub allowed_ips: Vec<IpNet>,
+    /// Where to send (DNS name kept for display; its resolution is what is pushed).
+    pub endpoint: Option<Endpoint>,
+    /// Keepalive seconds; 0 is off.
+    pub persistent_keepalive: u16,
+    /// Optional preshared key.
+    pub preshared_key: Option<Key>,
+}
+
+/// A WireGuard configuration: an optional listen port and the peers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Conf {
+    /// `ListenPort` of the `[Interface]` section, when there is one.
+    pub listen_port: Option<u16>,
+    /// Peers in Kilo's order.
+    pub peers: Vec<WgPeer>,
+}
+
+/// Canonicalises `ips` and drops any prefix in `claimed`, claiming the rest. This is the fix for
+/// Kilo's host-bit CIDRs (§4.9.4), and it guarantees no prefix is routed to two peers.
+fn claim(ips: impl IntoIterator<Item = IpNet>, claimed: &mut BTreeSet<IpNet>) -> Vec<IpNet> {
+    ips.into_iter()
+        .map(|n| n.trunc())
+        .filter(|n| claimed.insert(*n))
+        .collect()
+}
+
+impl Topology {
+    /// What the local leader applies (§4.9.1): one peer per other segment, then one per Peer,
+    /// all with the local keepalive. Entries whose key is `local_key` or already listed are
+    /// skipped, so the device never gets itself or a duplicate as a peer.
+    pub fn conf(&self, local_key: Option<&Key>) -> Conf {
+        let mut keys: BTreeSet<Key> = local_key.copied().into_iter().collect();
+        let mut claimed = BTreeSet::new();
+        let mut peers = Vec::with_capacity(self.segments.len() + self.peers.len());
+        for s in self.segments.iter().filter(|s| s.key != self.location) {
+            if !keys.insert(s.public_key) {
+                continue;
+            }
+            let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
+            peers.push(WgPeer {
+                public_key: s.public_key,
+                allowed_ips: claim(ips, &mut claimed),
+                endpoint: self.effective_endpoint(
+                    s.endpoint.as_ref(),
+                    &s.public_key,
+                    s.persistent_keepalive,
+                ),
+                persistent_keepalive: self.persistent_keepalive,
+                preshared_key: None,
+            });
+        }
+        for p in &self.peers {
+            let Some(key) = p.public_key else { continue };
+            if !keys.insert(key) {
+                continue;
+            }
+            peers.push(WgPeer {
+                public_key: key,
+                allowed_ips: claim(p.allowed_ips.iter().copied(), &mut claimed),
+                endpoint: self.effective_endpoint(
+                    p.endpoint.as_ref(),
+                    &key,
+                    p.persistent_keepalive,
+                ),
+                persistent_keepalive: self.persistent_keepalive,
+                preshared_key: p.preshared_key,
+            });
+        }
+        Conf {
+            listen_port: Some(self.port),
+            peers,
+        }
+    }
+
+    /// What the Peer called `name` is given (§4.9.2): every segment (with the Peer's own
+    /// keepalive and preshared key), then every other Peer.
+    pub fn peer_conf(&self, name: &str) -> Conf {
+        let me = self.peers.iter().find(|p| p.name == name);
+        let keepalive = me.map_or(0, |p| p.persistent_keepalive);
+        let psk = me.and_then(|p| p.preshared_key);
+        let mut claimed = BTreeSet::new();
+        let mut peers = Vec::new();
+        for s in &self.segments {
+            let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
+            peers.push(WgPeer {
+                public_key: s.public_key,
+                allowed_ips: claim(ips, &mut claimed),
+                endpoint: self.effective_endpoint(
+                    s.endpoint.as_ref(),
+                    &s.public_key,
+                    s.persistent_keepalive,
+                ),
+                persistent_keepalive: keepalive,
+                preshared_key: psk,
+            });
+        }
+        for p in self.peers.iter().filter(|p| p.name != name) {
+            let Some(key) = p.public_key else { continue };
+            peers.push(WgPeer {
+                public_key: key,
+                allowed_ips: claim(p.allowed_ips.iter().copied(), &mut claimed),
+                endpoint: self.effective_endpoint(
+                    p.endpoint.as_ref(),
+                    &key,
+                    p.persistent_keepalive,
+                ),
+                persistent_keepalive: keepalive,
+                preshared_key: None,
+            });
+        }
+        Conf {
+            listen_port: None,
+            peers,
+        }
+    }
+
+    /// The local segment as one WireGuard peer (§4.9.3): its allowed IPs without the
+    /// allowed-location-ips, the leader's key and endpoint.
+    pub fn as_peer(&self) -> Option<WgPeer> {
+        let s = self.local_segment()?;
+        Some(WgPeer {
+            public_key: s.public_key,
+            allowed_ips: s.allowed_ips.iter().map(|n| n.trunc()).collect(),
+            endpoint: s.endpoint.clone(),
+            persistent_keepalive: 0,
+            preshared_key: None,
+        })
+    }
+}
+
+impl Conf {
+    /// Kilo's INI rendering (§4.9.5). `private_key` (base64) goes in `[Interface]` when given.
+    pub fn to_ini(&self, private_key: Option<&str>) -> String {
+        let mut out = String::new();
+        if self.listen_port.is_some() || private_key.is_some() {
+            out.push_str("[Interface]\n");
+            if let Some(k) = private_key {
+                let _ = writeln!(out, "PrivateKey = {k}");
+            }
+            if let Some(port) = self.listen_port {
+                let _ = writeln!(out, "ListenPort = {port}");
+            }
+        }
+        for peer in &self.peers {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(&peer.to_ini());
+        }
+        out
+    }
+}
+
+impl WgPeer {
+    /// One `[Peer]` section in Kilo's field order.
+    pub fn to_ini(&self) -> String {
+        let mut out = String::from("[Peer]\n");
+        let ips: Vec<String> = self.allowed_ips.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "AllowedIPs = {}", ips.join(", "));
+        if let Some(e) = &self.endpoint {
+            let _ = writeln!(out, "Endpoint = {e}");
+        }
+        let _ = writeln!(out, "PersistentKeepalive = {}", self.persistent_keepalive);
+        if let Some(psk) = &self.preshared_key {
+            let _ = writeln!(out, "PresharedKey = {psk}");
+        }
+        let _ = writeln!(out, "PublicKey = {}", self.public_key);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{f1_nodes, f1_peers};
+    use crate::node::Granularity;
+    use crate::topology::TopologyParams;
+
+    fn topology(host: &str, granularity: Granularity, keepalive: u16) -> Topology {
+        let params = TopologyParams {
+            granularity,
+            hostname: host.into(),
+            port: 51820,
+            subnet: "10.4.0.0/16".parse().unwrap(),
+            persistent_keepalive: keepalive,
+        };
+        Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap()
+    }
+
+    #[test]
+    fn leader_conf_lists_other_segments_then_peers_with_canonical_ips() {
+        let t = topology("b", Granularity::Location, 0);
+        let conf = t.conf(Some(&Key::padded("key2")));
+        let expected = "\
+[Interface]
+ListenPort = 51820
+
+[Peer]
+AllowedIPs = 10.2.1.0/24, 192.168.0.1/32, 10.4.0.1/32
+Endpoint = 10.1.0.1:51820
+PersistentKeepalive = 0
+PublicKey = a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+
+[Peer]
+AllowedIPs = 10.2.4.0/24, 10.4.0.3/32
+Endpoint = 10.1.0.4:51820
+PersistentKeepalive = 0
+PublicKey = a2V5NAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+
+[Peer]
+AllowedIPs = 10.5.0.0/24
+Endpoint = 192.168.0.1:51820
+PersistentKeepalive = 0
+PublicKey = a2V5NQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+";
+        // Peer a shares node d's key (a fixture quirk): it is listed once, as the segment.
+        // 192.168.0.1/32 is claimed by segment location:1 first (a and b share it in F1).
+        assert_eq!(conf.to_ini(None), expected);
+        assert_eq!(conf.peers.len(), 3);
+        assert_eq!(conf.peers[1].public_key, Key::padded("key4"));
+        assert_eq!(
+            conf.peers[2].allowed_ips,
+            vec!["10.5.0.0/24".parse::<IpNet>().unwrap()],
+            "host bits cleared"
+        );
+    }
+
+    #[test]
+    fn the_local_keepalive_applies_to_every_peer() {
+        let t = topology("a", Granularity::Full, 25);
+        let conf = t.conf(Some(&Key::padded("key1")));
+        assert_eq!(
+            conf.peers.len(),
+            4,
+            "three nodes and peer b (peer a shares d's key)"
+        );
+        assert!(conf.peers.iter().all(|p| p.persistent_keepalive == 25));
+        assert!(
+            conf.peers
+                .iter()
+                .all(|p| p.public_key != Key::padded("key1")),
+            "never itself"
+        );
+    }
+
+    #[test]
+    fn no_prefix_is_routed_to_two_peers() {
+        let t = topology("c", Granularity::Full, 0);
+        let conf = t.conf(Some(&Key::padded("key3")));
+        let mut seen = BTreeSet::new();
+        for p in &conf.peers {
+            for ip in &p.allowed_ips {
+                assert!(seen.insert(*ip), "{ip} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn nat_targets_use_discovered_endpoints() {
+        let mut nodes = f1_nodes();
+        nodes[1]
+            .discovered_endpoints
+            .insert(Key::padded("key1"), "1.2.3.4:9999".parse().unwrap());
+        let params = TopologyParams {
+            granularity: Granularity::Location,
+            hostname: "b".into(),
+            port: 51820,
+            subnet: "10.4.0.0/16".parse().unwrap(),
+            persistent_keepalive: 0,
+        };
+        let t = Topology::new(&nodes, &[], &params).unwrap();
+        let conf = t.conf(None);
+        assert_eq!(
+            conf.peers[0].endpoint.as_ref().unwrap().to_string(),
+            "1.2.3.4:9999",
+            "a has keepalive 25"
+        );
+        nodes[0].persistent_keepalive = 0;
+        let t = Topology::new(&nodes, &[], &params).unwrap();
+        assert_eq!(
+            t.conf(None).peers[0].endpoint.as_ref().unwrap().to_string(),
+            "10.1.0.1:51820"
+        );
+    }
+
+    #[test]
+    fn peer_conf_lists_every_segment_and_the_other_peers() {
+        let mut peers = f1_peers();
+        peers[1].persistent_keepalive = 10;
+        peers[1].preshared_key = Some(Key::padded("psk"));
+        let params = TopologyParams {
+            granularity: Granularity::Location,
+            hostname: "a".into(),
+            port: 51820,
+            subnet: "10.4.0.0/16".parse().unwrap(),
+            persistent_keepalive: 0,
+        };
+        let t = Topology::new(&f1_nodes(), &peers, &params).unwrap();
+        let conf = t.peer_conf("b");
+        assert_eq!(conf.listen_port, None);
+        assert_eq!(conf.peers.len(), 4);
+        assert!(conf.peers[..3]
+            .iter()
+            .all(|p| p.persistent_keepalive == 10 && p.preshared_key == Some(Key::padded("psk"))));
+        assert_eq!(conf.peers[3].public_key, Key::padded("key4"));
+        assert_eq!(conf.peers[3].preshared_key, None);
+        let ini = conf.to_ini(None);
+        assert!(ini.starts_with("[Peer]\nAllowedIPs = 10.2.1.0/24, 192.168.0.1/32, 10.4.0.1/32\nEndpoint = 10.1.0.1:51820\nPersistentKeepalive = 10\nPresharedKey = "), "{ini}");
+        assert!(ini.contains("\n\n[Peer]\n"));
+    }
+
+    #[test]
+    fn as_peer_is_the_local_segment_without_location_ips() {
+        let t = topology("c", Granularity::Location, 0);
+        let p = t.as_peer().unwrap();
+        assert_eq!(p.public_key, Key::padded("key2"));
+        assert_eq!(p.allowed_ips.len(), 5);
+        assert_eq!(p.endpoint.unwrap().to_string(), "10.1.0.2:51820");
+    }
+}
