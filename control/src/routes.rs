@@ -160,6 +160,12 @@ struct Planner<'a> {
 }
 
 impl Planner<'_> {
+    /// The local private IP as route source, when it is of the destination's family.
+    fn source_for(&self, dst: &IpNet) -> Option<IpAddr> {
+        let own = self.t.private_ip?.addr();
+        (own.is_ipv4() == dst.addr().is_ipv4()).then_some(own)
+    }
+
     /// True when traffic to `gateway` goes through the tunnel device.
     fn encapsulates_to(&self, gateway: Option<IpAddr>) -> bool {
         match self.o.encapsulate {
@@ -185,7 +191,7 @@ impl Planner<'_> {
             dst: dst.trunc(),
             gateway,
             link,
-            src: self.t.private_ip.map(|n| n.addr()),
+            src: self.source_for(&dst),
             onlink: gateway.is_some(),
         });
     }
@@ -196,7 +202,7 @@ impl Planner<'_> {
             dst: dst.trunc(),
             gateway,
             link: self.o.links.kilo,
-            src: self.t.private_ip.map(|n| n.addr()),
+            src: self.source_for(&dst),
             onlink: gateway.is_some(),
         });
     }

@@ -18,6 +18,7 @@ pub mod packet;
 pub mod stats;
 pub mod testing;
 pub mod uapi;
+pub mod uapi_diff;
 pub mod uapi_server;
 
 pub use config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};

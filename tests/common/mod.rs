@@ -12,6 +12,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// True when the test may create namespaces; otherwise prints why it is skipped.

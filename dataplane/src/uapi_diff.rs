@@ -1,0 +1,162 @@
+//! The smallest `set=1` request that takes a device from one configuration to another, for
+//! driving a device we do not own (wireguard-go or another kilotun) over its UAPI socket.
+//!
+//! Unlike a full `replace_peers=true` push, untouched peers are not mentioned, so wireguard-go
+//! keeps their sessions too.
+
+use std::fmt::Write as _;
+
+use crate::config::{DeviceConfig, PeerConfig};
+
+/// The body of a `set=1` request (without the `set=1` line and final blank line) that turns
+/// `current` into `desired`, or `None` when they already agree.
+pub fn set_request(current: &DeviceConfig, desired: &DeviceConfig) -> Option<String> {
+    let mut out = String::new();
+    if current.interface.private_key != desired.interface.private_key {
+        match &desired.interface.private_key {
+            Some(key) => {
+                let _ = writeln!(out, "private_key={}", key.to_hex());
+            }
+            None => out.push_str("private_key=\n"),
+        }
+    }
+    if desired.interface.listen_port != 0
+        && current.interface.listen_port != desired.interface.listen_port
+    {
+        let _ = writeln!(out, "listen_port={}", desired.interface.listen_port);
+    }
+    if current.interface.fwmark != desired.interface.fwmark {
+        let _ = writeln!(out, "fwmark={}", desired.interface.fwmark);
+    }
+    for peer in &current.peers {
+        if desired.peer(&peer.public_key).is_none() {
+            let _ = writeln!(out, "public_key={}\nremove=true", peer.public_key.to_hex());
+        }
+    }
+    for peer in &desired.peers {
+        match current.peer(&peer.public_key) {
+            Some(now) if same_peer(now, peer) => {}
+            now => write_peer(&mut out, now, peer),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn same_peer(a: &PeerConfig, b: &PeerConfig) -> bool {
+    let mut a_ips = a.allowed_ips.clone();
+    let mut b_ips = b.allowed_ips.clone();
+    a_ips.sort();
+    b_ips.sort();
+    a.preshared_key == b.preshared_key
+        && a.persistent_keepalive == b.persistent_keepalive
+        && a_ips == b_ips
+        && (b.endpoint.is_none() || a.endpoint == b.endpoint)
+}
+
+fn write_peer(out: &mut String, current: Option<&PeerConfig>, peer: &PeerConfig) {
+    let _ = writeln!(out, "public_key={}", peer.public_key.to_hex());
+    if current.is_some() {
+        out.push_str("update_only=true\n");
+    }
+    if current.map(|c| &c.preshared_key) != Some(&peer.preshared_key) {
+        match &peer.preshared_key {
+            Some(psk) => {
+                let _ = writeln!(out, "preshared_key={}", psk.to_hex());
+            }
+            None => {
+                let _ = writeln!(out, "preshared_key={}", "0".repeat(64));
+            }
+        }
+    }
+    if let Some(endpoint) = peer.endpoint {
+        if current.and_then(|c| c.endpoint) != Some(endpoint) {
+            let _ = writeln!(out, "endpoint={endpoint}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "persistent_keepalive_interval={}",
+        peer.persistent_keepalive
+    );
+    out.push_str("replace_allowed_ips=true\n");
+    for ip in &peer.allowed_ips {
+        let _ = writeln!(out, "allowed_ip={ip}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::SecretKey;
+    use crate::uapi::apply_set;
+
+    fn peer(seed: u8, ips: &[&str], endpoint: Option<&str>) -> PeerConfig {
+        let mut p = PeerConfig::new(
+            SecretKey::from_hex(&format!("{seed:02x}").repeat(32))
+                .unwrap()
+                .public_key(),
+        );
+        for ip in ips {
+            p.add_allowed_ip(ip.parse().unwrap());
+        }
+        p.endpoint = endpoint.map(|e| e.parse().unwrap());
+        p
+    }
+
+    #[test]
+    fn the_request_takes_current_to_desired_and_then_nothing_is_left() {
+        let mut current = DeviceConfig::default();
+        current.interface.listen_port = 51820;
+        current.peers = vec![
+            peer(1, &["10.0.1.0/24"], Some("1.1.1.1:1")),
+            peer(2, &["10.0.2.0/24"], None),
+        ];
+        let mut desired = current.clone();
+        desired.interface.private_key = Some(SecretKey::from_hex(&"09".repeat(32)).unwrap());
+        desired.peers.remove(1);
+        desired.peers[0]
+            .allowed_ips
+            .push("10.9.0.0/16".parse().unwrap());
+        desired
+            .peers
+            .push(peer(3, &["10.0.3.0/24"], Some("3.3.3.3:3")));
+        desired.peers[1].persistent_keepalive = 25;
+        let body = set_request(&current, &desired).unwrap();
+        assert!(body.contains("remove=true"));
+        let applied = apply_set(&current, &body).unwrap();
+        assert_eq!(applied, desired);
+        assert_eq!(set_request(&applied, &desired), None);
+    }
+
+    #[test]
+    fn an_unchanged_peer_is_not_mentioned() {
+        let current = DeviceConfig {
+            peers: vec![
+                peer(1, &["10.0.1.0/24"], Some("1.1.1.1:1")),
+                peer(2, &["10.0.2.0/24"], None),
+            ],
+            ..Default::default()
+        };
+        let mut desired = current.clone();
+        desired.peers[1]
+            .allowed_ips
+            .push("10.8.0.0/16".parse().unwrap());
+        let body = set_request(&current, &desired).unwrap();
+        assert!(
+            !body.contains(&current.peers[0].public_key.to_hex()),
+            "{body}"
+        );
+        assert!(body.contains("update_only=true"));
+    }
+
+    #[test]
+    fn a_roamed_endpoint_is_not_a_difference_when_none_is_configured() {
+        let current = DeviceConfig {
+            peers: vec![peer(1, &["10.0.1.0/24"], Some("5.5.5.5:5"))],
+            ..Default::default()
+        };
+        let mut desired = current.clone();
+        desired.peers[0].endpoint = None;
+        assert_eq!(set_request(&current, &desired), None);
+    }
+}

@@ -1,0 +1,339 @@
+//! `kg`'s command line: every flag of Kilo's `kg` with the same name and default, plus
+//! `--backend=file`, `--cluster-dir` and `--key-file`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{ArgAction, Parser};
+use control::node::{Granularity, DEFAULT_TOPOLOGY_LABEL};
+use control::routes::{Compatibility, Encapsulate};
+use ipnet::IpNet;
+
+/// Where the cluster's Nodes and Peers come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The Kubernetes API (Kilo's only backend).
+    Kubernetes,
+    /// A directory of Node and Peer objects in YAML or JSON, for running without Kubernetes.
+    File,
+}
+
+/// kg: the Kilo agent with an embedded userspace WireGuard engine.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kg", version, about)]
+pub struct KgArgs {
+    /// The backend for the mesh.
+    #[arg(long, value_enum, default_value = "kubernetes")]
+    pub backend: BackendKind,
+    /// With --backend=file: the directory holding Node and Peer objects.
+    #[arg(long, default_value = "")]
+    pub cluster_dir: String,
+    /// Should Kilo clean up routes and annotations when it shuts down?
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub clean_up: bool,
+    /// Should Kilo delete its interface when it shuts down?
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub clean_up_interface: bool,
+    /// Should Kilo manage the node's CNI configuration?
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub cni: bool,
+    /// Path to CNI config.
+    #[arg(long, default_value = "/etc/cni/net.d/10-kilo.conflist")]
+    pub cni_path: PathBuf,
+    /// Should Kilo run in compatibility mode? Possible values: flannel, cilium.
+    #[arg(long, default_value = "")]
+    pub compatibility: String,
+    /// Should kg create the interface (with the embedded engine)? With false, kg drives an existing
+    /// userspace device (kilotun or wireguard-go) over its UAPI socket.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub create_interface: bool,
+    /// When should Kilo encapsulate packets within a location? Possible values: never, crosssubnet, always.
+    #[arg(long, default_value = "always")]
+    pub encapsulate: String,
+    /// Hostname of the node on which this process is running.
+    #[arg(long, default_value = "")]
+    pub hostname: String,
+    /// Name of the Kilo interface to use; if it does not exist, it will be created.
+    #[arg(long, default_value = control::DEFAULT_INTERFACE)]
+    pub interface: String,
+    /// Restrict private-IP auto-detection to these CIDRs (repeatable).
+    #[arg(long = "internal-cidr")]
+    pub internal_cidrs: Vec<String>,
+    /// Add FORWARD ACCEPT rules for pod CIDRs.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub iptables_forward_rules: bool,
+    /// Path to kubeconfig.
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+    /// The address at which to listen for health and metrics.
+    #[arg(long, default_value = ":1107")]
+    pub listen: String,
+    /// Should Kilo manage routes within a location?
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub local: bool,
+    /// Log level to use. Possible values: all, debug, info, warn, error, none.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long, default_value = "")]
+    pub master: String,
+    /// The granularity of the network mesh to create. Possible values: location, full.
+    #[arg(long, default_value = "location")]
+    pub mesh_granularity: String,
+    /// The MTU of the WireGuard interface: a number, or auto (default-route MTU − 80).
+    #[arg(long, default_value = "auto")]
+    pub mtu: String,
+    /// The port over which WireGuard peers should communicate.
+    #[arg(long, default_value_t = control::DEFAULT_PORT)]
+    pub port: u16,
+    /// Use the private IP as the endpoint instead of the public one.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub prioritise_private_addresses: bool,
+    /// How often should the Kilo controllers reconcile?
+    #[arg(long, default_value = "30s")]
+    pub resync_period: String,
+    /// Service CIDRs that peers' traffic must not be masqueraded to (repeatable).
+    #[arg(long = "service-cidr")]
+    pub service_cidrs: Vec<String>,
+    /// CIDR from which to allocate addresses for WireGuard interfaces.
+    #[arg(long, default_value = control::DEFAULT_SUBNET)]
+    pub subnet: String,
+    /// Kubernetes node label used to group nodes into logical locations.
+    #[arg(long, default_value = DEFAULT_TOPOLOGY_LABEL)]
+    pub topology_label: String,
+    /// Where the WireGuard private key is kept (created, mode 0600, if missing).
+    #[arg(long, default_value = "/var/lib/kilo/key")]
+    pub key_file: PathBuf,
+    /// Packet-engine worker threads (default: one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Directory of UAPI sockets (for tests).
+    #[arg(long, default_value = "/var/run/wireguard", hide = true)]
+    pub socket_dir: PathBuf,
+}
+
+/// `--mtu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mtu {
+    /// The default-route interface's MTU minus 80, re-detected every reconcile.
+    Auto,
+    /// A fixed MTU.
+    Fixed(u32),
+}
+
+/// The flags, parsed and checked: nothing on the host is touched before this succeeds.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The raw flags.
+    pub args: KgArgs,
+    /// `--hostname` or the OS hostname.
+    pub hostname: String,
+    /// `--mesh-granularity`.
+    pub granularity: Granularity,
+    /// `--encapsulate`.
+    pub encapsulate: Encapsulate,
+    /// `--compatibility`.
+    pub compatibility: Compatibility,
+    /// `--subnet`.
+    pub subnet: IpNet,
+    /// `--internal-cidr`s.
+    pub internal_cidrs: Vec<IpNet>,
+    /// `--service-cidr`s.
+    pub service_cidrs: Vec<IpNet>,
+    /// `--resync-period`.
+    pub resync: Duration,
+    /// `--mtu`.
+    pub mtu: Mtu,
+}
+
+/// Parses a Go duration (`30s`, `1m30s`, `500ms`, `2h`).
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        bail!("empty duration");
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number
+            .parse()
+            .with_context(|| format!("{text:?} is not a duration like 30s"))?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => bail!("{text:?} is not a duration like 30s (unit {unit:?})"),
+        };
+        total += Duration::from_secs_f64(value * seconds);
+        rest = tail;
+    }
+    Ok(total)
+}
+
+fn parse_cidrs(flag: &str, values: &[String]) -> Result<Vec<IpNet>> {
+    values
+        .iter()
+        .map(|v| {
+            v.parse::<IpNet>()
+                .with_context(|| format!("--{flag}: {v:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+impl KgArgs {
+    /// Checks every flag and resolves defaults.
+    pub fn settings(self) -> Result<Settings> {
+        let granularity = Granularity::parse(&self.mesh_granularity).with_context(|| {
+            format!(
+                "--mesh-granularity: {:?} is not one of location, full",
+                self.mesh_granularity
+            )
+        })?;
+        let encapsulate = Encapsulate::parse(&self.encapsulate).with_context(|| {
+            format!(
+                "--encapsulate: {:?} is not one of never, crosssubnet, always",
+                self.encapsulate
+            )
+        })?;
+        let compatibility = match self.compatibility.as_str() {
+            "" => Compatibility::Ipip,
+            "flannel" => Compatibility::Flannel,
+            "cilium" => Compatibility::Cilium,
+            other => bail!("--compatibility: {other:?} is not one of flannel, cilium"),
+        };
+        let subnet: IpNet = self
+            .subnet
+            .parse()
+            .with_context(|| format!("--subnet: {:?} is not a CIDR", self.subnet))?;
+        if self.port == 0 {
+            bail!("--port: 0 is not in 1-65535");
+        }
+        let resync = parse_duration(&self.resync_period).context("--resync-period")?;
+        if resync < Duration::from_millis(100) {
+            bail!("--resync-period: {resync:?} is too short (minimum 100ms)");
+        }
+        let mtu = match self.mtu.as_str() {
+            "auto" => Mtu::Auto,
+            n => match n.parse::<u32>() {
+                Ok(m) if (576..=65535).contains(&m) => Mtu::Fixed(m),
+                _ => bail!("--mtu: {n:?} is not auto or a number in 576-65535"),
+            },
+        };
+        if self.backend == BackendKind::File && self.cluster_dir.is_empty() {
+            bail!("--backend=file needs --cluster-dir");
+        }
+        if !self.log_level.is_empty() && crate::agent::log_filter(&self.log_level).is_none() {
+            bail!(
+                "--log-level: {:?} is not one of all, debug, info, warn, error, none",
+                self.log_level
+            );
+        }
+        dataplane::io::linux_tun::validate_name(&self.interface)
+            .map_err(|e| anyhow::anyhow!("--interface: {e}"))?;
+        let hostname = if self.hostname.is_empty() {
+            os_hostname().context("reading the OS hostname (pass --hostname)")?
+        } else {
+            self.hostname.clone()
+        };
+        Ok(Settings {
+            internal_cidrs: parse_cidrs("internal-cidr", &self.internal_cidrs)?,
+            service_cidrs: parse_cidrs("service-cidr", &self.service_cidrs)?,
+            hostname,
+            granularity,
+            encapsulate,
+            compatibility,
+            subnet,
+            resync,
+            mtu,
+            args: self,
+        })
+    }
+}
+
+fn os_hostname() -> Result<String> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(text.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings> {
+        let mut full = vec!["kg", "--hostname=n1"];
+        full.extend_from_slice(args);
+        KgArgs::try_parse_from(full)?.settings()
+    }
+
+    #[test]
+    fn defaults_match_kilo() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.args.backend, BackendKind::Kubernetes);
+        assert!(s.args.clean_up && s.args.cni && s.args.create_interface && s.args.local);
+        assert!(!s.args.clean_up_interface && !s.args.iptables_forward_rules);
+        assert_eq!(s.args.interface, "kilo0");
+        assert_eq!(s.args.listen, ":1107");
+        assert_eq!(s.args.port, 51820);
+        assert_eq!(s.subnet.to_string(), "10.4.0.0/16");
+        assert_eq!(s.resync, Duration::from_secs(30));
+        assert_eq!(s.mtu, Mtu::Auto);
+        assert_eq!(s.granularity, Granularity::Location);
+        assert_eq!(s.encapsulate, Encapsulate::Always);
+        assert_eq!(s.args.topology_label, "topology.kubernetes.io/region");
+        assert_eq!(
+            s.args.cni_path,
+            PathBuf::from("/etc/cni/net.d/10-kilo.conflist")
+        );
+    }
+
+    #[test]
+    fn go_style_booleans_and_repeatable_flags() {
+        let s = parse(&[
+            "--local=false",
+            "--cni=false",
+            "--clean-up",
+            "--internal-cidr=10.0.0.0/8",
+            "--internal-cidr",
+            "192.168.0.0/16",
+        ])
+        .unwrap();
+        assert!(!s.args.local && !s.args.cni && s.args.clean_up);
+        assert_eq!(s.internal_cidrs.len(), 2);
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        for (args, needle) in [
+            (vec!["--mesh-granularity=cross"], "--mesh-granularity"),
+            (vec!["--encapsulate=sometimes"], "--encapsulate"),
+            (vec!["--subnet=10.4.0.0"], "--subnet"),
+            (vec!["--resync-period=soon"], "--resync-period"),
+            (vec!["--mtu=9"], "--mtu"),
+            (vec!["--compatibility=calico"], "--compatibility"),
+            (vec!["--backend=file"], "--cluster-dir"),
+            (vec!["--service-cidr=nope"], "--service-cidr"),
+            (vec!["--interface=this-name-is-far-too-long"], "--interface"),
+        ] {
+            let err = format!("{:#}", parse(&args).unwrap_err());
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("30").is_err());
+    }
+}

@@ -1,0 +1,405 @@
+//! The only module that talks rtnetlink: links, addresses, routes and policy rules. No `ip`
+//! command is ever run.
+
+use std::net::IpAddr;
+
+use anyhow::{Context, Result};
+use control::routes::{Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE};
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol,
+};
+use netlink_packet_route::rule::{RuleAttribute, RuleMessage};
+use netlink_packet_route::AddressFamily;
+use rtnetlink::{Handle, IpVersion, LinkUnspec, RouteMessageBuilder};
+
+/// A network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MTU.
+    pub mtu: u32,
+    /// Administratively up.
+    pub up: bool,
+}
+
+/// A connection to the kernel's routing netlink.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+fn route_address(addr: &RouteAddress) -> Option<IpAddr> {
+    match addr {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+impl Netlink {
+    /// Opens a netlink socket and spawns its connection task on the current tokio runtime.
+    pub fn connect() -> Result<Self> {
+        let (connection, handle, _) = rtnetlink::new_connection().context("opening rtnetlink")?;
+        tokio::spawn(connection);
+        Ok(Self { handle })
+    }
+
+    /// Every link.
+    pub async fn links(&self) -> Result<Vec<Link>> {
+        let mut out = Vec::new();
+        let mut stream = self.handle.link().get().execute();
+        while let Some(msg) = stream.try_next().await.context("listing links")? {
+            let mut link = Link {
+                index: msg.header.index,
+                name: String::new(),
+                mtu: 0,
+                up: msg.header.flags.contains(LinkFlags::Up),
+            };
+            for attr in msg.attributes {
+                match attr {
+                    LinkAttribute::IfName(n) => link.name = n,
+                    LinkAttribute::Mtu(m) => link.mtu = m,
+                    _ => {}
+                }
+            }
+            out.push(link);
+        }
+        Ok(out)
+    }
+
+    /// The link called `name`.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        Ok(self.links().await?.into_iter().find(|l| l.name == name))
+    }
+
+    /// Every address, with its link index and prefix length.
+    pub async fn addresses(&self) -> Result<Vec<(u32, IpNet)>> {
+        let mut out = Vec::new();
+        let mut stream = self.handle.address().get().execute();
+        while let Some(msg) = stream.try_next().await.context("listing addresses")? {
+            let mut local = None;
+            let mut address = None;
+            for attr in &msg.attributes {
+                match attr {
+                    AddressAttribute::Local(ip) => local = Some(*ip),
+                    AddressAttribute::Address(ip) => address = Some(*ip),
+                    _ => {}
+                }
+            }
+            if let Some(ip) = local.or(address) {
+                if let Ok(net) = IpNet::new(ip, msg.header.prefix_len) {
+                    out.push((msg.header.index, net));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets a link's MTU.
+    pub async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .with_context(|| format!("setting MTU {mtu} on link {index}"))
+    }
+
+    /// Brings a link up or down.
+    pub async fn set_up(&self, index: u32, up: bool) -> Result<()> {
+        let builder = LinkUnspec::new_with_index(index);
+        let msg = if up { builder.up() } else { builder.down() }.build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .with_context(|| format!("setting link {index} {}", if up { "up" } else { "down" }))
+    }
+
+    /// Makes `want` the only addresses of the link (`None`: remove all).
+    pub async fn set_address(&self, index: u32, want: Option<IpNet>) -> Result<()> {
+        let mut has_wanted = false;
+        let mut stream = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        let mut stale = Vec::new();
+        while let Some(msg) = stream.try_next().await.context("listing addresses")? {
+            let ip = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(ip) | AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            let Some(ip) = ip else { continue };
+            if ip.is_ipv6() && ip.to_string().starts_with("fe80") {
+                continue;
+            }
+            match IpNet::new(ip, msg.header.prefix_len) {
+                Ok(net) if Some(net) == want => has_wanted = true,
+                _ => stale.push(msg),
+            }
+        }
+        for msg in stale {
+            self.handle
+                .address()
+                .del(msg)
+                .execute()
+                .await
+                .context("removing a stale address")?;
+        }
+        if let (Some(net), false) = (want, has_wanted) {
+            self.handle
+                .address()
+                .add(index, net.addr(), net.prefix_len())
+                .replace()
+                .execute()
+                .await
+                .with_context(|| format!("adding {net} to link {index}"))?;
+        }
+        Ok(())
+    }
+
+    /// The link of the first default route, if any.
+    pub async fn default_route_link(&self) -> Result<Option<u32>> {
+        for v6 in [false, true] {
+            let msg = if v6 {
+                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+            };
+            // The dump is read to the end: abandoning it mid-way leaves answers undeliverable.
+            let routes: Vec<RouteMessage> = self
+                .handle
+                .route()
+                .get(msg)
+                .execute()
+                .try_collect()
+                .await
+                .context("listing routes")?;
+            let found = routes.iter().find_map(|route| {
+                let default =
+                    route.header.destination_prefix_length == 0 && table_of(route) == MAIN_TABLE;
+                default.then(|| {
+                    route.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Oif(i) => Some(*i),
+                        _ => None,
+                    })
+                })?
+            });
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The kernel's protocol-static routes in the main and Kilo tables, and its Kilo-table rules.
+    pub async fn observe(&self) -> Result<RoutePlan> {
+        let mut plan = RoutePlan::default();
+        for v6 in [false, true] {
+            let msg = if v6 {
+                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+            };
+            let mut stream = self.handle.route().get(msg).execute();
+            while let Some(route) = stream.try_next().await.context("listing routes")? {
+                if route.header.protocol != RouteProtocol::Static {
+                    continue;
+                }
+                let table = table_of(&route);
+                if table != MAIN_TABLE && table != KILO_TABLE {
+                    continue;
+                }
+                if let Some(r) = parse_route(&route, table) {
+                    plan.routes.insert(r);
+                }
+            }
+            let version = if v6 { IpVersion::V6 } else { IpVersion::V4 };
+            let mut stream = self.handle.rule().get(version).execute();
+            while let Some(rule) = stream.try_next().await.context("listing rules")? {
+                if let Some(r) = parse_rule(&rule) {
+                    plan.rules.insert(r);
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Applies route and rule changes in order; each failure is collected, not fatal to the rest.
+    pub async fn apply(&self, ops: &[RouteOp]) -> Vec<anyhow::Error> {
+        let mut errors = Vec::new();
+        for op in ops {
+            let result = match op {
+                RouteOp::ReplaceRoute(r) => self.replace_route(r).await,
+                RouteOp::DeleteRoute(r) => self.delete_route(r).await,
+                RouteOp::AddRule(r) => self.add_rule(r).await,
+                RouteOp::DeleteRule(r) => self.delete_rule(r).await,
+            };
+            if let Err(e) = result {
+                errors.push(e.context(format!("{op:?}")));
+            }
+        }
+        errors
+    }
+
+    async fn replace_route(&self, r: &Route) -> Result<()> {
+        let msg = build_route(r)?;
+        self.handle.route().add(msg).replace().execute().await?;
+        Ok(())
+    }
+
+    async fn delete_route(&self, r: &Route) -> Result<()> {
+        let msg = build_route(r)?;
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn add_rule(&self, r: &Rule) -> Result<()> {
+        let v6 = r.src.or(r.dst).is_some_and(|n| n.addr().is_ipv6());
+        let mut req = self.handle.rule().add().table_id(r.table);
+        if let Some(iif) = &r.iif {
+            req = req.input_interface(iif.clone());
+        }
+        if v6 {
+            let mut req = req.v6();
+            if let Some(IpNet::V6(src)) = r.src {
+                req = req.source_prefix(src.addr(), src.prefix_len());
+            }
+            if let Some(IpNet::V6(dst)) = r.dst {
+                req = req.destination_prefix(dst.addr(), dst.prefix_len());
+            }
+            req.execute().await?;
+        } else {
+            let mut req = req.v4();
+            if let Some(IpNet::V4(src)) = r.src {
+                req = req.source_prefix(src.addr(), src.prefix_len());
+            }
+            if let Some(IpNet::V4(dst)) = r.dst {
+                req = req.destination_prefix(dst.addr(), dst.prefix_len());
+            }
+            req.execute().await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_rule(&self, r: &Rule) -> Result<()> {
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let rules: Vec<RuleMessage> = self
+                .handle
+                .rule()
+                .get(version)
+                .execute()
+                .try_collect()
+                .await?;
+            if let Some(msg) = rules
+                .into_iter()
+                .find(|m| parse_rule(m).as_ref() == Some(r))
+            {
+                self.handle.rule().del(msg).execute().await?;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn table_of(route: &RouteMessage) -> u32 {
+    route
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(route.header.table))
+}
+
+fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {
+    let mut dst = None;
+    let mut gateway = None;
+    let mut link = 0;
+    let mut src = None;
+    for attr in &route.attributes {
+        match attr {
+            RouteAttribute::Destination(a) => dst = route_address(a),
+            RouteAttribute::Gateway(a) => gateway = route_address(a),
+            RouteAttribute::Oif(i) => link = *i,
+            RouteAttribute::PrefSource(a) => src = route_address(a),
+            _ => {}
+        }
+    }
+    let dst = match dst {
+        Some(ip) => IpNet::new(ip, route.header.destination_prefix_length).ok()?,
+        None => return None,
+    };
+    Some(Route {
+        table,
+        dst: dst.trunc(),
+        gateway,
+        link,
+        src,
+        onlink: route.header.flags.contains(RouteFlags::Onlink),
+    })
+}
+
+fn parse_rule(rule: &RuleMessage) -> Option<Rule> {
+    let mut table = u32::from(rule.header.table);
+    let mut src = None;
+    let mut dst = None;
+    let mut iif = None;
+    for attr in &rule.attributes {
+        match attr {
+            RuleAttribute::Table(t) => table = *t,
+            RuleAttribute::Source(ip) => src = IpNet::new(*ip, rule.header.src_len).ok(),
+            RuleAttribute::Destination(ip) => dst = IpNet::new(*ip, rule.header.dst_len).ok(),
+            RuleAttribute::Iifname(n) => iif = Some(n.clone()),
+            _ => {}
+        }
+    }
+    (table == KILO_TABLE).then_some(Rule {
+        src,
+        dst,
+        iif,
+        table,
+    })
+}
+
+fn build_route(r: &Route) -> Result<RouteMessage> {
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(r.dst.addr(), r.dst.prefix_len())?
+        .table_id(r.table)
+        .protocol(RouteProtocol::Static)
+        .output_interface(r.link);
+    if let Some(gw) = r.gateway {
+        b = b.gateway(gw)?;
+    }
+    if let Some(src) = r.src {
+        b = b.pref_source(src)?;
+    }
+    if r.onlink {
+        b = b.onlink();
+    }
+    let mut msg = b.build();
+    if msg.header.address_family == AddressFamily::Unspec {
+        msg.header.address_family = if r.dst.addr().is_ipv6() {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+    }
+    Ok(msg)
+}

@@ -1,0 +1,167 @@
+//! The WireGuard device kg drives: the embedded engine (default), or an existing userspace
+//! device (kilotun, wireguard-go) over its UAPI socket with `--create-interface=false`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use control::nat::DevicePeer;
+use dataplane::device::{Device, LinuxUdpBinder};
+use dataplane::io::linux_tun::LinuxTun;
+use dataplane::uapi_server::{self, UapiServer};
+use dataplane::{DeviceConfig, PeerStats};
+
+/// A WireGuard device kg can configure and read.
+pub enum WireGuard {
+    /// The engine running inside kg, serving the UAPI socket like `kilotun`.
+    Embedded {
+        /// The running device.
+        device: Arc<Device<LinuxUdpBinder>>,
+        /// Its UAPI socket server (so `wg show` works).
+        server: Option<UapiServer>,
+        /// True when kg created the TUN link.
+        created: bool,
+    },
+    /// Another process's device, driven through its UAPI socket.
+    Uapi {
+        /// The socket path.
+        path: PathBuf,
+    },
+}
+
+impl WireGuard {
+    /// Creates (or attaches to) the TUN link `name` and starts the engine on it.
+    pub fn embedded(name: &str, threads: usize, socket_dir: &Path) -> Result<Self> {
+        let path = uapi_server::socket_path(socket_dir, name);
+        std::fs::create_dir_all(socket_dir)
+            .with_context(|| format!("creating {}", socket_dir.display()))?;
+        let listener = uapi_server::bind(&path)?;
+        let (queues, existed) = match LinuxTun::open(name, threads) {
+            Ok(opened) => opened,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e).with_context(|| format!("opening TUN device {name}"));
+            }
+        };
+        let device = Arc::new(
+            Device::start(queues, LinuxUdpBinder)
+                .with_context(|| format!("starting the engine on {name}"))?,
+        );
+        let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
+            .context("serving the UAPI socket")?;
+        Ok(Self::Embedded {
+            device,
+            server: Some(server),
+            created: !existed,
+        })
+    }
+
+    /// Drives the device whose UAPI socket is `<socket_dir>/<name>.sock`.
+    pub fn uapi(name: &str, socket_dir: &Path) -> Result<Self> {
+        let path = uapi_server::socket_path(socket_dir, name);
+        if !path.exists() {
+            bail!("--create-interface=false but no userspace WireGuard device serves {} (start kilotun or wireguard-go first)", path.display());
+        }
+        Ok(Self::Uapi { path })
+    }
+
+    /// The device's configuration and live peer state.
+    pub fn read(&self) -> Result<(DeviceConfig, Vec<PeerStats>)> {
+        match self {
+            Self::Embedded { device, .. } => {
+                Ok((device.engine().config(), device.engine().peer_stats()))
+            }
+            Self::Uapi { path } => {
+                let answer = exchange(path, "get=1\n\n")?;
+                dataplane::uapi::parse_get(&answer)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// Makes the device's configuration `desired`, changing only what differs so unchanged peers
+    /// keep their sessions. Returns true when something changed.
+    pub fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
+        match self {
+            Self::Embedded { device, .. } => {
+                let current = device.engine().config();
+                if current == *desired {
+                    return Ok(false);
+                }
+                device
+                    .set_config(desired)
+                    .context("configuring the embedded engine")?;
+                Ok(true)
+            }
+            Self::Uapi { path } => {
+                let (current, _) = self.read()?;
+                let Some(body) = dataplane::uapi_diff::set_request(&current, desired) else {
+                    return Ok(false);
+                };
+                let answer = exchange(path, &format!("set=1\n{body}\n"))?;
+                if answer.trim() != "errno=0" {
+                    bail!("{} answered {:?}", path.display(), answer.trim());
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Peers as NAT discovery needs them.
+    pub fn device_peers(&self) -> Result<Vec<DevicePeer>> {
+        let (_, stats) = self.read()?;
+        Ok(stats
+            .into_iter()
+            .map(|s| DevicePeer {
+                public_key: control::Key(*s.public_key.as_bytes()),
+                endpoint: s.endpoint,
+                has_handshake: s.last_handshake.is_some(),
+            })
+            .collect())
+    }
+
+    /// Stops the embedded engine (removing its socket); the TUN link is deleted only when kg
+    /// created it and `delete_link` is set.
+    pub fn shutdown(self, delete_link: bool) -> bool {
+        match self {
+            Self::Embedded {
+                device,
+                server,
+                created,
+            } => {
+                drop(server);
+                if let Ok(device) = Arc::try_unwrap(device) {
+                    device.shutdown();
+                }
+                created && delete_link
+            }
+            Self::Uapi { .. } => false,
+        }
+    }
+}
+
+/// One UAPI request/answer over a Unix socket, with a timeout.
+fn exchange(path: &Path, request: &str) -> Result<String> {
+    let mut stream =
+        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(request.as_bytes())?;
+    let mut answer = String::new();
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        let done = line.starts_with("errno=");
+        answer.push_str(&line);
+        if done {
+            break;
+        }
+    }
+    Ok(answer)
+}

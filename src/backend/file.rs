@@ -1,0 +1,392 @@
+//! `--backend=file`: Nodes and Peers as Kubernetes objects in a directory (YAML, multi-document
+//! YAML, `kind: List`, or JSON), the way `kubectl get -o yaml` prints them.
+//!
+//! The directory is re-scanned every [`POLL_INTERVAL`]; only files whose size, mtime or inode
+//! changed are re-read. kg writes its own Node's annotations back into the file that holds the
+//! Node (or `<node>.yaml`), under an exclusive `flock` on `.kilotun.lock` and by rename, so several
+//! kg processes sharing the directory never lose each other's writes and readers never see a
+//! half-written file. A file that does not parse is reported once and its last good content kept.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use control::PeerObject;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::Snapshot;
+
+/// How often the directory is re-scanned.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+const LOCK_FILE: &str = ".kilotun.lock";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Signature {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+#[derive(Debug, Clone)]
+struct FileEntry {
+    signature: Signature,
+    nodes: Vec<KubeNode>,
+    peers: Vec<PeerObject>,
+}
+
+/// A cluster held in a directory.
+pub struct FileBackend {
+    dir: PathBuf,
+    tx: watch::Sender<Arc<Snapshot>>,
+    files: Mutex<BTreeMap<PathBuf, FileEntry>>,
+}
+
+fn is_object_file(path: &Path) -> bool {
+    let hidden = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_none_or(|n| n.starts_with('.'));
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    !hidden && matches!(ext, "yaml" | "yml" | "json")
+}
+
+/// Parses a file's documents into JSON values (YAML may hold several, separated by `---`).
+fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>> {
+    if path.extension().and_then(|e| e.to_str()) == Some("json") {
+        return Ok(vec![serde_json::from_str(text)?]);
+    }
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value = <Value as serde::Deserialize>::deserialize(doc)?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// Walks `value`, flattening `kind: List` (and `NodeList`/`PeerList`) items.
+fn visit<'v>(value: &'v Value, out: &mut Vec<&'v Value>) {
+    match value.get("kind").and_then(Value::as_str) {
+        Some(k) if k.ends_with("List") => {
+            for item in value
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                visit(item, out);
+            }
+        }
+        _ => out.push(value),
+    }
+}
+
+fn visit_mut<'v>(value: &'v mut Value, out: &mut Vec<&'v mut Value>) {
+    let is_list = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k.ends_with("List"));
+    if is_list {
+        if let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
+            for item in items {
+                visit_mut(item, out);
+            }
+        }
+    } else {
+        out.push(value);
+    }
+}
+
+fn name_of(value: &Value) -> Option<&str> {
+    value.get("metadata")?.get("name")?.as_str()
+}
+
+fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
+    let text = fs::read_to_string(path)?;
+    let docs = parse_documents(path, &text)?;
+    let mut entry = FileEntry {
+        signature,
+        nodes: Vec::new(),
+        peers: Vec::new(),
+    };
+    let mut objects = Vec::new();
+    for doc in &docs {
+        visit(doc, &mut objects);
+    }
+    for object in objects {
+        match object.get("kind").and_then(Value::as_str) {
+            Some("Node") => entry.nodes.push(
+                serde_json::from_value(object.clone())
+                    .with_context(|| format!("Node {:?}", name_of(object).unwrap_or("?")))?,
+            ),
+            Some("Peer") => entry.peers.push(
+                serde_json::from_value(object.clone())
+                    .with_context(|| format!("Peer {:?}", name_of(object).unwrap_or("?")))?,
+            ),
+            _ => {}
+        }
+    }
+    Ok(entry)
+}
+
+/// An exclusive `flock` held until dropped.
+struct DirLock(fs::File);
+
+impl DirLock {
+    fn acquire(dir: &Path) -> Result<Self> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(LOCK_FILE))
+            .with_context(|| format!("opening the lock file in {}", dir.display()))?;
+        // SAFETY: flock on a valid open descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("locking the cluster directory");
+        }
+        Ok(Self(file))
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking the descriptor we locked.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Writes `text` to `path` through a temporary file and a rename.
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let mut file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+fn render(path: &Path, docs: &[Value]) -> Result<String> {
+    if path.extension().and_then(|e| e.to_str()) == Some("json") {
+        return Ok(serde_json::to_string_pretty(&docs[0])? + "\n");
+    }
+    let mut out = String::new();
+    for (i, doc) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_yaml::to_string(doc)?);
+    }
+    Ok(out)
+}
+
+fn apply_changes(object: &mut Value, changes: &BTreeMap<String, Option<String>>) {
+    let metadata = object
+        .as_object_mut()
+        .expect("a Node is an object")
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let annotations = metadata
+        .as_object_mut()
+        .expect("metadata is an object")
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !annotations.is_object() {
+        *annotations = Value::Object(Default::default());
+    }
+    let map = annotations.as_object_mut().expect("just made an object");
+    for (key, value) in changes {
+        match value {
+            Some(v) => {
+                map.insert(key.clone(), Value::String(v.clone()));
+            }
+            None => {
+                map.remove(key);
+            }
+        }
+    }
+}
+
+impl FileBackend {
+    /// Opens `dir` (which must exist) and reads it once.
+    pub fn open(dir: &Path) -> Result<Arc<Self>> {
+        if !dir.is_dir() {
+            bail!("--cluster-dir {} is not a directory", dir.display());
+        }
+        let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
+        let backend = Arc::new(Self {
+            dir: dir.to_path_buf(),
+            tx,
+            files: Mutex::new(BTreeMap::new()),
+        });
+        backend.scan();
+        Ok(backend)
+    }
+
+    /// Snapshots, updated on every change.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+
+    /// Re-reads changed files and publishes a new snapshot if anything changed.
+    pub fn scan(&self) -> bool {
+        let mut files = self.files.lock();
+        let mut seen = Vec::new();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the cluster directory; keeping the last good state");
+                return false;
+            }
+        };
+        let mut changed = false;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !is_object_file(&path) {
+                continue;
+            }
+            let Ok(meta) = fs::metadata(&path) else {
+                continue;
+            };
+            let signature = Signature {
+                modified: meta.modified().ok(),
+                len: meta.len(),
+                inode: meta.ino(),
+            };
+            seen.push(path.clone());
+            if files.get(&path).is_some_and(|f| f.signature == signature) {
+                continue;
+            }
+            match read_entry(&path, signature.clone()) {
+                Ok(entry) => {
+                    files.insert(path, entry);
+                    changed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = format!("{e:#}"), "cannot parse cluster file; keeping its last good content");
+                    if let Some(old) = files.get_mut(&path) {
+                        old.signature = signature;
+                    } else {
+                        files.insert(
+                            path,
+                            FileEntry {
+                                signature,
+                                nodes: Vec::new(),
+                                peers: Vec::new(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        let before = files.len();
+        files.retain(|p, _| seen.contains(p));
+        changed |= files.len() != before;
+        if !changed {
+            return false;
+        }
+        let mut snapshot = Snapshot::default();
+        for (path, entry) in files.iter() {
+            for node in &entry.nodes {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                if snapshot.nodes.contains_key(&name) {
+                    tracing::warn!(file = %path.display(), node = %name, "node defined twice; the first file (by name) wins");
+                    continue;
+                }
+                snapshot.nodes.insert(name, node.clone());
+            }
+            for peer in &entry.peers {
+                let name = peer.metadata.name.clone().unwrap_or_default();
+                snapshot.peers.entry(name).or_insert_with(|| peer.clone());
+            }
+        }
+        drop(files);
+        let differs = **self.tx.borrow() != snapshot;
+        if differs {
+            self.tx.send_replace(Arc::new(snapshot));
+        }
+        differs
+    }
+
+    /// Scans every [`POLL_INTERVAL`] on a thread until the backend is dropped.
+    pub fn spawn_poller(self: &Arc<Self>) {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("cluster-dir".into())
+            .spawn(move || loop {
+                std::thread::sleep(POLL_INTERVAL);
+                match weak.upgrade() {
+                    Some(backend) => {
+                        backend.scan();
+                    }
+                    None => return,
+                }
+            })
+            .expect("spawning the cluster-dir poller");
+    }
+
+    /// Sets or removes annotations on Node `name`, in the file that holds it (or a new
+    /// `<name>.yaml`), atomically and under the directory lock.
+    pub fn patch_annotations(
+        &self,
+        name: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<()> {
+        let _lock = DirLock::acquire(&self.dir)?;
+        let mut paths: Vec<PathBuf> = fs::read_dir(&self.dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| is_object_file(p))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            let Ok(mut docs) = parse_documents(&path, &text) else {
+                continue;
+            };
+            let mut found = false;
+            for doc in docs.iter_mut() {
+                let mut objects = Vec::new();
+                visit_mut(doc, &mut objects);
+                for object in objects {
+                    let is_node = object.get("kind").and_then(Value::as_str) == Some("Node");
+                    if is_node && name_of(object) == Some(name) {
+                        apply_changes(object, changes);
+                        found = true;
+                    }
+                }
+                if found {
+                    break;
+                }
+            }
+            if found {
+                write_atomically(&path, &render(&path, &docs)?)?;
+                self.scan();
+                return Ok(());
+            }
+        }
+        let mut node =
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        apply_changes(&mut node, changes);
+        let path = self.dir.join(format!("{name}.yaml"));
+        write_atomically(&path, &render(&path, &[node])?)?;
+        self.scan();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

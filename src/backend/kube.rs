@@ -1,0 +1,202 @@
+//! `--backend=kubernetes`: Nodes and Peers from the API server through watches (no polling),
+//! and JSON merge patches of the local Node's annotations.
+//!
+//! If the Peer CRD is not installed, kg warns and runs without Peers (Kilo fails there), and
+//! keeps retrying the Peer watch with backoff so installing the CRD later is picked up.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use control::PeerObject;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Config};
+use tokio::sync::watch;
+
+use super::Snapshot;
+
+/// A connection to the Kubernetes API.
+pub struct KubeBackend {
+    client: Client,
+    tx: watch::Sender<Arc<Snapshot>>,
+}
+
+/// Builds the client configuration from `--kubeconfig` and `--master` (in-cluster or
+/// `$KUBECONFIG`/`~/.kube/config` when neither is given).
+pub async fn client_config(kubeconfig: &str, master: &str) -> Result<Config> {
+    let mut config = if !kubeconfig.is_empty() {
+        let file = Kubeconfig::read_from(kubeconfig)
+            .with_context(|| format!("reading --kubeconfig {kubeconfig}"))?;
+        Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("using --kubeconfig {kubeconfig}"))?
+    } else if !master.is_empty() {
+        Config::new(
+            master
+                .parse()
+                .with_context(|| format!("--master {master:?} is not a URL"))?,
+        )
+    } else {
+        Config::infer()
+            .await
+            .context("finding the Kubernetes API (in-cluster config or kubeconfig)")?
+    };
+    if !master.is_empty() {
+        config.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?} is not a URL"))?;
+    }
+    Ok(config)
+}
+
+/// The Peer CRD as a dynamic resource.
+fn peer_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(control::peer::GROUP, control::peer::VERSION, "Peer"),
+        control::peer::PLURAL,
+    )
+}
+
+impl KubeBackend {
+    /// Connects and starts watching Nodes and Peers.
+    pub fn start(config: Config) -> Result<Self> {
+        let client = Client::try_from(config).context("building the Kubernetes client")?;
+        let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
+        let backend = Self { client, tx };
+        backend.watch_nodes();
+        backend.watch_peers();
+        Ok(backend)
+    }
+
+    /// Snapshots, updated on every event.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+
+    fn watch_nodes(&self) {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut pending: Option<BTreeMap<String, KubeNode>> = None;
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(Event::Init) => pending = Some(BTreeMap::new()),
+                    Ok(Event::InitApply(node)) => {
+                        if let Some(p) = pending.as_mut() {
+                            p.insert(node.metadata.name.clone().unwrap_or_default(), strip(node));
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        if let Some(nodes) = pending.take() {
+                            tx.send_modify(|s| Arc::make_mut(s).nodes = nodes);
+                        }
+                    }
+                    Ok(Event::Apply(node)) => {
+                        let name = node.metadata.name.clone().unwrap_or_default();
+                        let node = strip(node);
+                        tx.send_if_modified(|s| {
+                            if s.nodes.get(&name) == Some(&node) {
+                                return false;
+                            }
+                            Arc::make_mut(s).nodes.insert(name, node);
+                            true
+                        });
+                    }
+                    Ok(Event::Delete(node)) => {
+                        let name = node.metadata.name.unwrap_or_default();
+                        tx.send_modify(|s| {
+                            Arc::make_mut(s).nodes.remove(&name);
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "watching Nodes failed; retrying"),
+                }
+            }
+        });
+    }
+
+    fn watch_peers(&self) {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &peer_resource());
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut warned = false;
+            let mut pending: Option<BTreeMap<String, PeerObject>> = None;
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                let to_peer = |o: DynamicObject| -> Option<(String, PeerObject)> {
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    let value = serde_json::to_value(&o).ok()?;
+                    match serde_json::from_value::<PeerObject>(value) {
+                        Ok(p) => Some((name, p)),
+                        Err(e) => {
+                            tracing::warn!(peer = %name, error = %e, "ignoring a Peer that does not parse");
+                            None
+                        }
+                    }
+                };
+                match event {
+                    Ok(Event::Init) => pending = Some(BTreeMap::new()),
+                    Ok(Event::InitApply(o)) => {
+                        if let (Some(p), Some((n, peer))) = (pending.as_mut(), to_peer(o)) {
+                            p.insert(n, peer);
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        warned = false;
+                        if let Some(peers) = pending.take() {
+                            tx.send_modify(|s| Arc::make_mut(s).peers = peers);
+                        }
+                    }
+                    Ok(Event::Apply(o)) => {
+                        if let Some((name, peer)) = to_peer(o) {
+                            tx.send_modify(|s| {
+                                Arc::make_mut(s).peers.insert(name, peer);
+                            });
+                        }
+                    }
+                    Ok(Event::Delete(o)) => {
+                        let name = o.metadata.name.unwrap_or_default();
+                        tx.send_modify(|s| {
+                            Arc::make_mut(s).peers.remove(&name);
+                        });
+                    }
+                    Err(e) => {
+                        if !warned {
+                            tracing::warn!(error = %e, "cannot watch Peers (is the peers.kilo.squat.ai CRD installed?); running without Peers and retrying");
+                            warned = true;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Sets or removes annotations on Node `name` with a JSON merge patch.
+    pub async fn patch_annotations(
+        &self,
+        name: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<()> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let body = serde_json::json!({ "metadata": { "annotations": changes } });
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .with_context(|| format!("patching the annotations of Node {name}"))?;
+        Ok(())
+    }
+}
+
+/// Drops managed fields, which kg never reads, to save memory.
+fn strip(mut node: KubeNode) -> KubeNode {
+    node.metadata.managed_fields = None;
+    node
+}

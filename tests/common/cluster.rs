@@ -1,0 +1,292 @@
+//! A Kilo cluster in network namespaces: each node is a namespace running its own `kg` on the
+//! file backend (one shared cluster directory), with its own key file and TUN device. Locations
+//! are bridges in a router namespace that routes between them; pod CIDRs are addresses on a
+//! port-less bridge in each node.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kilotun::backend::file::FileBackend;
+
+use super::{output, run, unique, Netns};
+
+pub fn kg_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kg")
+}
+
+/// One node: its namespace, addresses and `kg` process.
+pub struct KgNode {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: String,
+    pub pod_ip: String,
+    pub iface: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl KgNode {
+    /// `wg show <iface> <what>` inside the node.
+    pub fn wg(&self, what: &str) -> String {
+        String::from_utf8_lossy(&self.ns.output(&["wg", "show", &self.iface, what]).stdout)
+            .into_owned()
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for KgNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The cluster: router, nodes, the shared directory.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub work: PathBuf,
+    pub router: Netns,
+    pub nodes: Vec<KgNode>,
+    bridges: BTreeMap<String, (String, u8)>,
+}
+
+/// A node to create: name, location, and whether it starts with extra annotations.
+pub struct NodeSpec<'a> {
+    pub name: &'a str,
+    pub location: &'a str,
+    pub annotations: &'a [(&'a str, &'a str)],
+}
+
+impl Cluster {
+    /// Creates the router and one bridge (subnet `192.168.<10·k>.0/24`) per location.
+    pub fn new(locations: &[&str]) -> Self {
+        let work = std::env::temp_dir().join(unique("kgcluster"));
+        let dir = work.join("cluster");
+        fs::create_dir_all(&dir).unwrap();
+        let router = Netns::new();
+        router.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let mut bridges = BTreeMap::new();
+        for (k, loc) in locations.iter().enumerate() {
+            let octet = 10 * (k as u8 + 1);
+            let br = format!("br{k}");
+            router.run(&["ip", "link", "add", &br, "type", "bridge"]);
+            router.run(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("192.168.{octet}.254/24"),
+                "dev",
+                &br,
+            ]);
+            router.run(&["ip", "link", "set", &br, "up"]);
+            bridges.insert(loc.to_string(), (br, octet));
+        }
+        Self {
+            dir,
+            work,
+            router,
+            nodes: Vec::new(),
+            bridges,
+        }
+    }
+
+    /// Adds node number `index` (1-based, unique): namespace, underlay, pod bridge, Node file.
+    pub fn add_node(&mut self, spec: &NodeSpec<'_>, index: u8) -> usize {
+        let ns = Netns::new();
+        let (bridge, octet) = self.bridges[spec.location].clone();
+        let veth = unique("ve");
+        run(&[
+            "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+        ]);
+        run(&["ip", "link", "set", &veth, "netns", &self.router.name]);
+        self.router
+            .run(&["ip", "link", "set", &veth, "master", &bridge]);
+        self.router.run(&["ip", "link", "set", &veth, "up"]);
+        let ip = format!("192.168.{octet}.{index}");
+        ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        ns.run(&["ip", "link", "set", "eth0", "up"]);
+        ns.run(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("192.168.{octet}.254"),
+        ]);
+        let pod_ip = format!("10.42.{index}.1");
+        ns.run(&["ip", "link", "add", "pods0", "type", "bridge"]);
+        ns.run(&["ip", "addr", "add", &format!("{pod_ip}/24"), "dev", "pods0"]);
+        ns.run(&["ip", "link", "set", "pods0", "up"]);
+        for key in [
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ] {
+            ns.run(&["sysctl", "-qw", key]);
+        }
+        let mut annotations = format!("    kilo.squat.ai/location: \"{}\"\n", spec.location);
+        for (k, v) in spec.annotations {
+            annotations += &format!("    {k}: {v:?}\n");
+        }
+        let yaml = format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  annotations:\n{annotations}spec:\n  podCIDR: 10.42.{index}.0/24\n",
+            spec.name
+        );
+        fs::write(self.dir.join(format!("{}.yaml", spec.name)), yaml).unwrap();
+        self.nodes.push(KgNode {
+            name: spec.name.to_string(),
+            ns,
+            ip,
+            pod_ip,
+            iface: unique("kg"),
+            log: self.work.join(format!("{}.log", spec.name)),
+            child: None,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Starts `kg` on node `i` with the file backend and `extra` flags.
+    pub fn start_kg(&mut self, i: usize, extra: &[&str]) {
+        let node = &mut self.nodes[i];
+        let log = fs::File::create(&node.log).unwrap();
+        let key = self.work.join("keys").join(&node.name);
+        let mut args: Vec<String> = vec![
+            "netns".into(),
+            "exec".into(),
+            node.ns.name.clone(),
+            kg_bin().into(),
+            "--backend=file".into(),
+            format!("--cluster-dir={}", self.dir.display()),
+            format!("--hostname={}", node.name),
+            format!("--interface={}", node.iface),
+            format!("--key-file={}", key.display()),
+            "--resync-period=2s".into(),
+            "--threads=1".into(),
+            "--log-level=debug".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new("ip")
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning kg");
+        node.child = Some(child);
+    }
+
+    pub fn node(&self, name: &str) -> &KgNode {
+        self.nodes.iter().find(|n| n.name == name).unwrap()
+    }
+
+    /// Sets (or with `None` removes) annotations on a Node the way another writer would.
+    pub fn annotate(&self, node: &str, changes: &[(&str, Option<&str>)]) {
+        let backend = FileBackend::open(&self.dir).unwrap();
+        let changes = changes
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect();
+        backend.patch_annotations(node, &changes).unwrap();
+    }
+
+    /// The annotations of `node` as stored in the cluster directory.
+    pub fn annotations(&self, node: &str) -> BTreeMap<String, String> {
+        let backend = FileBackend::open(&self.dir).unwrap();
+        let snapshot = backend.subscribe().borrow().clone();
+        snapshot
+            .nodes
+            .get(node)
+            .and_then(|n| n.metadata.annotations.clone())
+            .unwrap_or_default()
+    }
+
+    /// Waits until `check` holds, up to `timeout`.
+    pub fn wait_for(&self, timeout: Duration, mut check: impl FnMut(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if check(self) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        check(self)
+    }
+
+    /// Every node pings every other node's pod address (one reply each).
+    pub fn all_pods_reachable(&self) -> Result<(), String> {
+        for a in &self.nodes {
+            for b in &self.nodes {
+                if a.name == b.name {
+                    continue;
+                }
+                let out = output(&[
+                    "ip", "netns", "exec", &a.ns.name, "ping", "-c", "1", "-W", "1", &b.pod_ip,
+                ]);
+                if !out.status.success() {
+                    return Err(format!(
+                        "{} cannot reach {}'s pod address {}",
+                        a.name, b.name, b.pod_ip
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs of every node, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let routes =
+                    String::from_utf8_lossy(&n.ns.output(&["ip", "route"]).stdout).into_owned();
+                let links = String::from_utf8_lossy(&n.ns.output(&["ip", "-br", "addr"]).stdout)
+                    .into_owned();
+                let wg = String::from_utf8_lossy(&n.ns.output(&["wg", "show", &n.iface]).stdout)
+                    .into_owned();
+                format!(
+                    "==== {} ====\n{}\n---- routes\n{routes}---- addresses\n{links}---- wg\n{wg}\n",
+                    n.name,
+                    n.log_text()
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.stop();
+        }
+        self.nodes.clear();
+        let _ = fs::remove_dir_all(&self.work);
+    }
+}

@@ -1,0 +1,137 @@
+//! End-to-end: `kg` on four nodes in two locations (network namespaces, file backend), with
+//! `--encapsulate=never`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, NodeSpec};
+
+const WG_IP: &str = "kilo.squat.ai/wireguard-ip";
+
+fn four_nodes(extra: &[&str]) -> Cluster {
+    let mut c = Cluster::new(&["east", "west"]);
+    for (i, (name, loc)) in [
+        ("n1", "east"),
+        ("n2", "east"),
+        ("n3", "west"),
+        ("n4", "west"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        c.add_node(
+            &NodeSpec {
+                name,
+                location: loc,
+                annotations: &[],
+            },
+            i as u8 + 1,
+        );
+    }
+    for i in 0..4 {
+        c.start_kg(i, extra);
+    }
+    c
+}
+
+fn peers(c: &Cluster, node: &str) -> usize {
+    c.node(node)
+        .wg("peers")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
+#[test]
+fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
+    if !common::can_run("location_mesh_elects_kilos_leaders_and_connects_every_pod") {
+        return;
+    }
+    let mut c = four_nodes(&["--encapsulate=never"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+
+    // Every endpoint is private, so each location's alphabetically first node leads;
+    // location:east sorts first and gets 10.4.0.1.
+    assert_eq!(c.annotations("n1")[WG_IP], "10.4.0.1/16");
+    assert_eq!(c.annotations("n3")[WG_IP], "10.4.0.2/16");
+    assert_eq!(c.annotations("n2")[WG_IP], "");
+    assert_eq!(c.annotations("n4")[WG_IP], "");
+    assert_eq!(
+        peers(&c, "n1"),
+        1,
+        "a leader has one peer per other location"
+    );
+    assert_eq!(peers(&c, "n3"), 1);
+    assert_eq!(peers(&c, "n2"), 0, "non-leaders route through their leader");
+    let allowed = c.node("n1").wg("allowed-ips");
+    for net in [
+        "10.42.3.0/24",
+        "10.42.4.0/24",
+        "192.168.20.3/32",
+        "192.168.20.4/32",
+        "10.4.0.2/32",
+    ] {
+        assert!(allowed.contains(net), "n1's peer lacks {net}: {allowed}");
+    }
+
+    // A node with garbage annotations appears: it is reported and the mesh keeps working.
+    c.add_node(
+        &NodeSpec {
+            name: "bad",
+            location: "east",
+            annotations: &[
+                ("kilo.squat.ai/key", "not-a-key"),
+                ("kilo.squat.ai/force-endpoint", "[::1:51820"),
+                ("kilo.squat.ai/persistent-keepalive", "soon"),
+                ("kilo.squat.ai/allowed-location-ips", "10.9.0.0/33,zzz"),
+                ("kilo.squat.ai/last-seen", "yesterday"),
+            ],
+        },
+        9,
+    );
+    let reported = c.wait_for(Duration::from_secs(10), |c| {
+        let log = c.node("n1").log_text();
+        log.contains("bad: kilo.squat.ai/persistent-keepalive=\"soon\"")
+            && log.contains("bad: kilo.squat.ai/key=\"not-a-key\"")
+    });
+    assert!(reported, "{}", c.node("n1").log_text());
+    c.nodes.pop(); // the bad node runs no kg; its namespace goes away
+    assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
+    assert!(c.nodes.iter_mut().all(|n| n.is_running()), "{}", c.logs());
+
+    // Moving n4 to its own location makes it a leader and re-shapes the mesh.
+    c.annotate("n4", &[("kilo.squat.ai/location", Some("north"))]);
+    let reshaped = c.wait_for(Duration::from_secs(15), |c| {
+        c.annotations("n4")
+            .get(WG_IP)
+            .is_some_and(|v| !v.is_empty())
+            && peers(c, "n1") == 2
+            && peers(c, "n4") == 2
+    });
+    assert!(reshaped, "{}", c.logs());
+    assert_eq!(
+        c.annotations("n4")[WG_IP],
+        "10.4.0.2/16",
+        "location:north sorts before location:west"
+    );
+    assert_eq!(c.annotations("n3")[WG_IP], "10.4.0.3/16");
+    let meshed = c.wait_for(Duration::from_secs(20), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+}
+
+#[test]
+fn full_granularity_builds_a_direct_mesh() {
+    if !common::can_run("full_granularity_builds_a_direct_mesh") {
+        return;
+    }
+    let c = four_nodes(&["--encapsulate=never", "--mesh-granularity=full"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    for n in ["n1", "n2", "n3", "n4"] {
+        assert_eq!(peers(&c, n), 3, "{n} peers with every other node");
+        assert!(c.annotations(n)[WG_IP].starts_with("10.4.0."));
+        assert_eq!(c.annotations(n)["kilo.squat.ai/granularity"], "full");
+    }
+}
