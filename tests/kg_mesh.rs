@@ -134,4 +134,20 @@ fn full_granularity_builds_a_direct_mesh() {
         assert!(c.annotations(n)[WG_IP].starts_with("10.4.0."));
         assert_eq!(c.annotations(n)["kilo.squat.ai/granularity"], "full");
     }
+
+    // Steady state: resyncs (every 2 s here) change nothing, neither WireGuard nor routes
+    // (Kilo's reconfigure-every-resync problem, issues #82 and #273).
+    let churn = |c: &Cluster| -> Vec<usize> {
+        c.nodes
+            .iter()
+            .map(|n| {
+                let log = n.log_text();
+                log.matches("WireGuard configuration applied").count()
+                    + log.matches("reconciling routes").count()
+            })
+            .collect()
+    };
+    let before = churn(&c);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(churn(&c), before, "{}", c.logs());
 }

@@ -574,6 +574,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = dns_timer.tick() => if !agent.dns_due() { continue },
         }
         let snapshot = snapshots.borrow_and_update().clone();
+        tracing::trace!(check_in, "reconcile");
         if let Err(e) = agent.reconcile(&snapshot, check_in).await {
             *agent.counters.errors.entry("apply").or_default() += 1;
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");

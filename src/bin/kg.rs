@@ -16,7 +16,9 @@ fn main() -> ExitCode {
     let level = agent::log_filter(&settings.args.log_level).unwrap_or("info");
     // netlink-proto's own chatter is not kg's to report.
     let filter = tracing_subscriber::EnvFilter::try_from_env("KG_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{level},netlink_proto=error"))
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},netlink_proto=error,hickory_net=warn,hickory_resolver=warn,hickory_proto=warn"
+        ))
     });
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()

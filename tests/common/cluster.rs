@@ -25,6 +25,8 @@ pub struct KgNode {
     pub pod_ip: String,
     pub iface: String,
     pub log: PathBuf,
+    /// `/etc/netns/<ns>`, when the test gave the node its own resolv.conf.
+    pub etc: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -62,9 +64,83 @@ impl KgNode {
     }
 }
 
+impl KgNode {
+    /// Makes the node resolve names through `nameserver` (`ip netns exec` bind-mounts it).
+    pub fn use_nameserver(&mut self, nameserver: &str) {
+        let etc = PathBuf::from("/etc/netns").join(&self.ns.name);
+        fs::create_dir_all(&etc).unwrap();
+        fs::write(
+            etc.join("resolv.conf"),
+            format!("nameserver {nameserver}\n"),
+        )
+        .unwrap();
+        self.etc = Some(etc);
+    }
+}
+
 impl Drop for KgNode {
     fn drop(&mut self) {
         self.stop();
+        if let Some(etc) = self.etc.take() {
+            let _ = fs::remove_dir_all(etc);
+        }
+    }
+}
+
+/// A dnsmasq serving names from a hosts directory it watches.
+pub struct Dns {
+    pub ip: String,
+    hosts: PathBuf,
+    child: Child,
+}
+
+impl Dns {
+    /// Starts dnsmasq in its own namespace on `segment`'s bridge.
+    pub fn start(cluster: &mut Cluster, segment: &str) -> Self {
+        let ns = Netns::new();
+        let ip = cluster.attach(&ns, segment, 53);
+        let hosts = cluster.work.join("hosts.d");
+        fs::create_dir_all(&hosts).unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+            ])
+            .arg(format!("--listen-address={ip}"))
+            .arg(format!("--hostsdir={}", hosts.display()))
+            .args([
+                "--local-ttl=0",
+                "--pid-file=",
+                "--user=root",
+                "--group=root",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning dnsmasq");
+        cluster.extra.push(ns);
+        Self { ip, hosts, child }
+    }
+
+    /// Points `name` at `ip` (dnsmasq picks the change up by itself).
+    pub fn set(&self, name: &str, ip: &str) {
+        let tmp = self.hosts.join(".tmp");
+        fs::write(&tmp, format!("{ip} {name}\n")).unwrap();
+        fs::rename(&tmp, self.hosts.join(name)).unwrap();
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -75,6 +151,8 @@ pub struct Cluster {
     pub router: Netns,
     pub nodes: Vec<KgNode>,
     bridges: BTreeMap<String, (String, u8)>,
+    /// Other namespaces (NAT boxes, DNS servers), removed with the cluster.
+    pub extra: Vec<Netns>,
 }
 
 /// A node to create: name, location, and whether it starts with extra annotations.
@@ -114,13 +192,14 @@ impl Cluster {
             router,
             nodes: Vec::new(),
             bridges,
+            extra: Vec::new(),
         }
     }
 
-    /// Adds node number `index` (1-based, unique): namespace, underlay, pod bridge, Node file.
-    pub fn add_node(&mut self, spec: &NodeSpec<'_>, index: u8) -> usize {
-        let ns = Netns::new();
-        let (bridge, octet) = self.bridges[spec.location].clone();
+    /// Plugs `ns` into the bridge of `segment` as `eth0` with address `192.168.<segment>.<host>`
+    /// and a default route through the router. Returns the address.
+    pub fn attach(&self, ns: &Netns, segment: &str, host: u8) -> String {
+        let (bridge, octet) = self.bridges[segment].clone();
         let veth = unique("ve");
         run(&[
             "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
@@ -129,7 +208,7 @@ impl Cluster {
         self.router
             .run(&["ip", "link", "set", &veth, "master", &bridge]);
         self.router.run(&["ip", "link", "set", &veth, "up"]);
-        let ip = format!("192.168.{octet}.{index}");
+        let ip = format!("192.168.{octet}.{host}");
         ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
         ns.run(&["ip", "link", "set", "eth0", "up"]);
         ns.run(&[
@@ -140,6 +219,65 @@ impl Cluster {
             "via",
             &format!("192.168.{octet}.254"),
         ]);
+        ip
+    }
+
+    /// Adds node number `index` (1-based, unique): namespace, underlay, pod bridge, Node file.
+    pub fn add_node(&mut self, spec: &NodeSpec<'_>, index: u8) -> usize {
+        let ns = Netns::new();
+        let ip = self.attach(&ns, spec.location, index);
+        self.add_node_in(ns, ip, spec, index)
+    }
+
+    /// Adds node `index` behind a masquerading NAT box plugged into `spec.location`: the node
+    /// has only the private address `10.99.<index>.2`; the NAT box is `192.168.<loc>.<100+index>`
+    /// (returned).
+    pub fn add_nated_node(&mut self, spec: &NodeSpec<'_>, index: u8) -> (usize, String) {
+        let nat = Netns::new();
+        let outside = self.attach(&nat, spec.location, 100 + index);
+        nat.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let ns = Netns::new();
+        run(&[
+            "ip", "link", "add", "lan0", "netns", &nat.name, "type", "veth", "peer", "name",
+            "eth0", "netns", &ns.name,
+        ]);
+        nat.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.99.{index}.1/24"),
+            "dev",
+            "lan0",
+        ]);
+        nat.run(&["ip", "link", "set", "lan0", "up"]);
+        nat.run(&[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            "eth0",
+            "-j",
+            "MASQUERADE",
+        ]);
+        let ip = format!("10.99.{index}.2");
+        ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        ns.run(&["ip", "link", "set", "eth0", "up"]);
+        ns.run(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("10.99.{index}.1"),
+        ]);
+        let i = self.add_node_in(ns, ip, spec, index);
+        self.extra.push(nat);
+        (i, outside)
+    }
+
+    fn add_node_in(&mut self, ns: Netns, ip: String, spec: &NodeSpec<'_>, index: u8) -> usize {
         let pod_ip = format!("10.42.{index}.1");
         ns.run(&["ip", "link", "add", "pods0", "type", "bridge"]);
         ns.run(&["ip", "addr", "add", &format!("{pod_ip}/24"), "dev", "pods0"]);
@@ -166,6 +304,7 @@ impl Cluster {
             ip,
             pod_ip,
             iface: unique("kg"),
+            etc: None,
             log: self.work.join(format!("{}.log", spec.name)),
             child: None,
         });
@@ -194,6 +333,7 @@ impl Cluster {
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new("ip")
             .args(&args)
+            .env("KG_LOG", "debug,kilotun=trace,netlink_proto=error,hickory_net=warn,hickory_resolver=warn,hickory_proto=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -287,6 +427,7 @@ impl Drop for Cluster {
             n.stop();
         }
         self.nodes.clear();
+        self.extra.clear();
         let _ = fs::remove_dir_all(&self.work);
     }
 }
