@@ -21,7 +21,7 @@ pub enum BackendKind {
 
 /// kg: the Kilo agent with an embedded userspace WireGuard engine.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "kg", version, about)]
+#[command(name = "kg", version, about, args_override_self = true)]
 pub struct KgArgs {
     /// The backend for the mesh.
     #[arg(long, value_enum, default_value = "kubernetes")]

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod fake_kube;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

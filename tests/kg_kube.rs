@@ -1,0 +1,87 @@
+//! End-to-end on the Kubernetes backend: `kg` in a network namespace talks to an in-process
+//! fake API server (real HTTP list/watch/patch) in the same namespace.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, NodeSpec};
+use common::fake_kube::FakeKube;
+use serde_json::json;
+
+#[test]
+fn kg_publishes_its_node_and_configures_peers_from_the_api() {
+    if !common::can_run("kg_publishes_its_node_and_configures_peers_from_the_api") {
+        return;
+    }
+    let mut c = Cluster::new(&["east"]);
+    c.add_node(
+        &NodeSpec {
+            name: "n1",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    let api = c.nodes[0].ns.in_ns(FakeKube::start).join().unwrap();
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/region": "east"}},
+                        "spec": {"podCIDR": "10.42.1.0/24"}}));
+    c.start_kg(
+        0,
+        &[
+            "--backend=kubernetes",
+            &format!("--master={}", api.url),
+            "--encapsulate=never",
+        ],
+    );
+
+    let annotated = c.wait_for(Duration::from_secs(20), |_| {
+        api.node("n1").is_some_and(|n| {
+            n["metadata"]["annotations"]["kilo.squat.ai/wireguard-ip"] == "10.4.0.1/16"
+        })
+    });
+    assert!(annotated, "{:#?}\n{}", api.node("n1"), c.logs());
+    let n1 = api.node("n1").unwrap();
+    let a = &n1["metadata"]["annotations"];
+    assert_eq!(a["kilo.squat.ai/endpoint"], "192.168.10.1:51820");
+    assert_eq!(a["kilo.squat.ai/internal-ip"], "192.168.10.1/24");
+    assert_eq!(a["kilo.squat.ai/granularity"], "location");
+    let key = a["kilo.squat.ai/key"].as_str().unwrap().to_string();
+    assert!(c.node("n1").wg("public-key").contains(&key));
+
+    // A remote node appears through the watch: n1 (leader of east) peers with it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let remote_key = "a2V5MgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": "remote", "annotations": {
+                            "kilo.squat.ai/location": "west",
+                            "kilo.squat.ai/endpoint": "192.168.10.200:51820",
+                            "kilo.squat.ai/key": remote_key,
+                            "kilo.squat.ai/last-seen": now.to_string()}},
+                        "spec": {"podCIDR": "10.42.2.0/24"}}));
+    let peered = c.wait_for(Duration::from_secs(5), |c| {
+        c.node("n1").wg("allowed-ips").contains("10.42.2.0/24")
+    });
+    assert!(peered, "{}", c.logs());
+    assert!(c
+        .node("n1")
+        .wg("endpoints")
+        .contains(&format!("{remote_key}\t192.168.10.200:51820")));
+    let routes = String::from_utf8_lossy(
+        &c.node("n1")
+            .ns
+            .output(&["ip", "route", "show", "10.42.2.0/24"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        routes.contains("via 10.4.0.2")
+            && routes.contains("proto static")
+            && routes.contains("onlink"),
+        "{routes}"
+    );
+}
