@@ -1,45 +1,78 @@
 #!/usr/bin/env bash
-# Demo (as root): two kilotun devices, each in its own network namespace joined by veth,
-# configured with stock `wg`; prints `wg show` and pings across the tunnel both ways, then
-# tears everything down (also on Ctrl-C).
+# Demo (as root): a Kilo mesh with no Kubernetes and no kernel module. Four nodes in two
+# locations (east: n1 n2, west: n3 n4), each a network namespace running its own `kg` on the
+# file backend (one shared cluster directory); locations are bridges joined by a router namespace;
+# pod CIDRs are addresses on a port-less bridge. Prints the leaders' annotations, `wg show` of a
+# leader and a cross-location ping from a non-leader, then tears everything down (also on Ctrl-C).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (network namespaces, TUN)" >&2; exit 1; }
 if ! command -v wg >/dev/null || ! command -v ping >/dev/null; then
   apt-get update -qq && apt-get install -y --no-install-recommends wireguard-tools iputils-ping iproute2
 fi
-(cd "$root" && cargo build --release --quiet --bin kilotun)
-kilotun="$root/target/release/kilotun"
+(cd "$root" && cargo build --release --quiet --bin kg)
+kg="$root/target/release/kg"
 
-a="demo$$a"; b="demo$$b"; work=$(mktemp -d)
+id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir"
+router="demo${id}r"
+nodes=(n1 n2 n3 n4)
+ns() { echo "demo${id}$1"; }
 cleanup() {
-  for ns in "$a" "$b"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-  sleep 0.3
-  ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true
+  for n in "${nodes[@]}"; do ip netns pids "$(ns "$n")" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
+  sleep 0.5
+  for n in "${nodes[@]}"; do ip netns del "$(ns "$n")" 2>/dev/null || true; done
+  ip netns del "$router" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
 
-ip netns add "$a"; ip netns add "$b"
-ip link add "${a}v" type veth peer name "${b}v"
-ip link set "${a}v" netns "$a"; ip link set "${b}v" netns "$b"
-ip -n "$a" addr add 192.168.150.1/24 dev "${a}v"; ip -n "$a" link set "${a}v" up
-ip -n "$b" addr add 192.168.150.2/24 dev "${b}v"; ip -n "$b" link set "${b}v" up
+ip netns add "$router"
+ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1
+for k in 0 1; do
+  ip -n "$router" link add "br$k" type bridge
+  ip -n "$router" addr add "192.168.$((10 * (k + 1))).254/24" dev "br$k"
+  ip -n "$router" link set "br$k" up
+done
 
-umask 077; wg genkey > "$work/a.key"; wg genkey > "$work/b.key"; umask 022
-# Distinct names: /var/run/wireguard (the UAPI sockets) is shared by all namespaces.
-ip netns exec "$a" "$kilotun" kilo-a   # detaches once the device is up, like wireguard-go
-ip netns exec "$b" "$kilotun" kilo-b
-ip netns exec "$a" wg set kilo-a private-key "$work/a.key" listen-port 51820 \
-  peer "$(wg pubkey < "$work/b.key")" endpoint 192.168.150.2:51820 allowed-ips 10.4.0.2/32
-ip netns exec "$b" wg set kilo-b private-key "$work/b.key" listen-port 51820 \
-  peer "$(wg pubkey < "$work/a.key")" endpoint 192.168.150.1:51820 allowed-ips 10.4.0.1/32
-ip -n "$a" addr add 10.4.0.1/24 dev kilo-a; ip -n "$a" link set kilo-a up
-ip -n "$b" addr add 10.4.0.2/24 dev kilo-b; ip -n "$b" link set kilo-b up
+i=0
+for n in "${nodes[@]}"; do
+  i=$((i + 1)); k=$(( (i - 1) / 2 )); loc=$([ $k = 0 ] && echo east || echo west)
+  octet=$((10 * (k + 1))); n_ns=$(ns "$n")
+  ip netns add "$n_ns"; ip -n "$n_ns" link set lo up
+  ip link add "dm${id}$i" type veth peer name eth0 netns "$n_ns"
+  ip link set "dm${id}$i" netns "$router"
+  ip -n "$router" link set "dm${id}$i" master "br$k"; ip -n "$router" link set "dm${id}$i" up
+  ip -n "$n_ns" addr add "192.168.$octet.$i/24" dev eth0; ip -n "$n_ns" link set eth0 up
+  ip -n "$n_ns" route add default via "192.168.$octet.254"
+  ip -n "$n_ns" link add pods0 type bridge
+  ip -n "$n_ns" addr add "10.42.$i.1/24" dev pods0; ip -n "$n_ns" link set pods0 up
+  ip netns exec "$n_ns" sysctl -qw net.ipv4.ip_forward=1
+  cat > "$dir/$n.yaml" <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  labels:
+    topology.kubernetes.io/region: $loc
+spec:
+  podCIDR: 10.42.$i.0/24
+EOF
+  # Distinct interface names: /var/run/wireguard (the UAPI sockets) is shared by all namespaces.
+  ip netns exec "$n_ns" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
+    --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=never --resync-period=5s \
+    --threads=1 2>"$work/$n.log" &
+done
 
-echo "== ping node a -> node b through the tunnel"
-ip netns exec "$a" ping -c 3 -i 0.2 10.4.0.2
-echo "== ping node b -> node a"
-ip netns exec "$b" ping -c 3 -i 0.2 10.4.0.1
-echo "== wg show on node a"
-ip netns exec "$a" wg show kilo-a
+echo "== waiting for the mesh (n2 in east pings n4's pod address 10.42.4.1 in west)"
+for _ in $(seq 60); do
+  if ip netns exec "$(ns n2)" ping -c 1 -W 1 10.42.4.1 >/dev/null 2>&1; then break; fi
+  sleep 0.5
+done
+echo "== leaders (kilo.squat.ai/wireguard-ip in the cluster directory)"
+grep -H "wireguard-ip" "$dir"/*.yaml
+echo "== wg show kilo-n1 (leader of east)"
+ip netns exec "$(ns n1)" wg show kilo-n1
+echo "== ping from n2 (east, not a leader) to n4's pod address (west)"
+ip netns exec "$(ns n2)" ping -c 3 10.42.4.1
+echo "== routes on n2 (everything via its leader n1, proto static)"
+ip -n "$(ns n2)" route show proto static

@@ -151,3 +151,49 @@ fn full_granularity_builds_a_direct_mesh() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(churn(&c), before, "{}", c.logs());
 }
+
+#[test]
+fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
+    if !common::can_run("kg_drives_an_existing_wireguard_go_device_over_uapi")
+        || !common::which("wireguard-go")
+    {
+        eprintln!("(needs wireguard-go too)");
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    c.add_node(
+        &NodeSpec {
+            name: "n1",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    c.add_node(
+        &NodeSpec {
+            name: "n2",
+            location: "west",
+            annotations: &[],
+        },
+        2,
+    );
+    // n1 runs wireguard-go first (Kilo's userspace sidecar pattern); its kg only drives it.
+    let iface = c.nodes[0].iface.clone();
+    c.nodes[0].ns.run(&["wireguard-go", &iface]);
+    c.start_kg(0, &["--encapsulate=never", "--create-interface=false"]);
+    c.start_kg(1, &["--encapsulate=never"]);
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    assert_eq!(peers(&c, "n1"), 1);
+    assert!(c.node("n1").wg("allowed-ips").contains("10.42.2.0/24"));
+    // Resyncs leave wireguard-go's peers alone (no replace_peers, so no lost session).
+    let applied = |c: &Cluster| {
+        c.node("n1")
+            .log_text()
+            .matches("WireGuard configuration applied")
+            .count()
+    };
+    let before = applied(&c);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(applied(&c), before, "{}", c.logs());
+}

@@ -108,8 +108,11 @@ impl SecretKey {
 
     /// Generates a fresh random X25519 private key (clamped as `wg genkey` does).
     pub fn generate() -> Self {
-        let secret = StaticSecret::random_from_rng(rand_core::OsRng);
-        Self(secret.to_bytes())
+        let mut bytes = StaticSecret::random_from_rng(rand_core::OsRng).to_bytes();
+        bytes[0] &= 248;
+        bytes[31] &= 127;
+        bytes[31] |= 64;
+        Self(bytes)
     }
 
     /// Parses 64 hex digits or 44 base64 characters.

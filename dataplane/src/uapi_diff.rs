@@ -7,12 +7,16 @@
 use std::fmt::Write as _;
 
 use crate::config::{DeviceConfig, PeerConfig};
+use crate::key::SecretKey;
 
 /// The body of a `set=1` request (without the `set=1` line and final blank line) that turns
 /// `current` into `desired`, or `None` when they already agree.
 pub fn set_request(current: &DeviceConfig, desired: &DeviceConfig) -> Option<String> {
     let mut out = String::new();
-    if current.interface.private_key != desired.interface.private_key {
+    // Compared by public key: devices clamp the private key they store (wireguard-go does), so
+    // the bytes read back may differ from an unclamped key that was set.
+    let public = |c: &DeviceConfig| c.interface.private_key.as_ref().map(SecretKey::public_key);
+    if public(current) != public(desired) {
         match &desired.interface.private_key {
             Some(key) => {
                 let _ = writeln!(out, "private_key={}", key.to_hex());
@@ -87,7 +91,6 @@ fn write_peer(out: &mut String, current: Option<&PeerConfig>, peer: &PeerConfig)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::SecretKey;
     use crate::uapi::apply_set;
 
     fn peer(seed: u8, ips: &[&str], endpoint: Option<&str>) -> PeerConfig {
@@ -147,6 +150,20 @@ mod tests {
             "{body}"
         );
         assert!(body.contains("update_only=true"));
+    }
+
+    #[test]
+    fn a_private_key_read_back_clamped_is_the_same_key() {
+        let raw = [0xffu8; 32];
+        let mut clamped = raw;
+        clamped[0] &= 248;
+        clamped[31] &= 127;
+        clamped[31] |= 64;
+        let mut current = DeviceConfig::default();
+        current.interface.private_key = Some(SecretKey::from_bytes(clamped));
+        let mut desired = current.clone();
+        desired.interface.private_key = Some(SecretKey::from_bytes(raw));
+        assert_eq!(set_request(&current, &desired), None);
     }
 
     #[test]

@@ -101,6 +101,17 @@ impl WireGuard {
                 let Some(body) = dataplane::uapi_diff::set_request(&current, desired) else {
                     return Ok(false);
                 };
+                let redacted: Vec<&str> = body
+                    .lines()
+                    .map(|l| {
+                        if l.starts_with("private_key=") || l.starts_with("preshared_key=") {
+                            "(key redacted)"
+                        } else {
+                            l
+                        }
+                    })
+                    .collect();
+                tracing::debug!(request = redacted.join(" "), "UAPI set");
                 let answer = exchange(path, &format!("set=1\n{body}\n"))?;
                 if answer.trim() != "errno=0" {
                     bail!("{} answered {:?}", path.display(), answer.trim());

@@ -81,6 +81,16 @@ impl KgNode {
 impl Drop for KgNode {
     fn drop(&mut self) {
         self.stop();
+        // Anything else the test started in the namespace (wireguard-go, say).
+        let pids = String::from_utf8_lossy(&output(&["ip", "netns", "pids", &self.ns.name]).stdout)
+            .into_owned();
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: signalling a process the test started in its own namespace.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
         if let Some(etc) = self.etc.take() {
             let _ = fs::remove_dir_all(etc);
         }
