@@ -102,6 +102,7 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
     assert!(c.nodes.iter_mut().all(|n| n.is_running()), "{}", c.logs());
 
     // Moving n4 to its own location makes it a leader and re-shapes the mesh.
+    let moved = std::time::Instant::now();
     c.annotate("n4", &[("kilo.squat.ai/location", Some("north"))]);
     let reshaped = c.wait_for(Duration::from_secs(15), |c| {
         c.annotations("n4")
@@ -111,6 +112,17 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
             && peers(c, "n4") == 2
     });
     assert!(reshaped, "{}", c.logs());
+    // Generous bound: the file backend re-scans every 200 ms; this catches a fall-back to the
+    // resync period (2 s here, 30 s by default), not jitter.
+    eprintln!(
+        "annotation change to re-shaped engines: {:?}",
+        moved.elapsed()
+    );
+    assert!(
+        moved.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        moved.elapsed()
+    );
     assert_eq!(
         c.annotations("n4")[WG_IP],
         "10.4.0.2/16",
@@ -150,6 +162,41 @@ fn full_granularity_builds_a_direct_mesh() {
     let before = churn(&c);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(churn(&c), before, "{}", c.logs());
+
+    // --mtu=auto: the default route's interface (MTU 1500) minus 80.
+    let link = String::from_utf8_lossy(
+        &c.node("n1")
+            .ns
+            .output(&["ip", "link", "show", &c.node("n1").iface])
+            .stdout,
+    )
+    .into_owned();
+    assert!(link.contains("mtu 1420"), "{link}");
+
+    // SIGTERM with --clean-up (the default): n4 removes its routes and its annotations.
+    let mut c = c;
+    c.nodes[3].stop();
+    let routes = String::from_utf8_lossy(
+        &c.node("n4")
+            .ns
+            .output(&["ip", "route", "show", "proto", "static"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(routes.trim().is_empty(), "{routes}");
+    let left = c.annotations("n4");
+    for gone in [
+        "kilo.squat.ai/key",
+        "kilo.squat.ai/endpoint",
+        "kilo.squat.ai/last-seen",
+        WG_IP,
+    ] {
+        assert!(!left.contains_key(gone), "{gone} left behind: {left:?}");
+    }
+    assert_eq!(
+        left["kilo.squat.ai/location"], "west",
+        "user annotations stay"
+    );
 }
 
 #[test]

@@ -396,8 +396,10 @@ impl Cluster {
                 if a.name == b.name {
                     continue;
                 }
+                // From a's pod address, as pod traffic is; up to 3 echoes, one answer suffices.
                 let out = output(&[
-                    "ip", "netns", "exec", &a.ns.name, "ping", "-c", "1", "-W", "1", &b.pod_ip,
+                    "ip", "netns", "exec", &a.ns.name, "ping", "-c", "3", "-i", "0.2", "-w", "2",
+                    "-W", "1", "-I", &a.pod_ip, &b.pod_ip,
                 ]);
                 if !out.status.success() {
                     return Err(format!(
