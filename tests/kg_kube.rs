@@ -84,4 +84,21 @@ fn kg_publishes_its_node_and_configures_peers_from_the_api() {
             && routes.contains("onlink"),
         "{routes}"
     );
+
+    // Check-in: last-seen is refreshed every 30 s, as Kilo does, with nothing else changing.
+    let seen = |api: &FakeKube| -> Vec<String> {
+        api.patches()
+            .iter()
+            .filter_map(|(name, body)| {
+                let v = body["metadata"]["annotations"]["kilo.squat.ai/last-seen"].as_str()?;
+                (name == "n1").then(|| v.to_string())
+            })
+            .collect()
+    };
+    let first = seen(&api);
+    let checked_in = c.wait_for(Duration::from_secs(40), |_| {
+        let now = seen(&api);
+        now.len() > first.len() && now.last() != first.last()
+    });
+    assert!(checked_in, "last-seen patches: {:?}", seen(&api));
 }

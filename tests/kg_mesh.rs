@@ -244,3 +244,85 @@ fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(applied(&c), before, "{}", c.logs());
 }
+
+#[test]
+fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
+    if !common::can_run("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders") {
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    for (i, (name, loc)) in [("n1", "east"), ("n2", "east"), ("n3", "west")]
+        .iter()
+        .enumerate()
+    {
+        c.add_node(
+            &NodeSpec {
+                name,
+                location: loc,
+                annotations: &[],
+            },
+            i as u8 + 1,
+        );
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+
+    // A laptop: a plain userspace WireGuard device configured as Kilo's PeerConf describes (one
+    // peer per location leader), behind no endpoint of its own (keepalive 5 s, so discovered).
+    let laptop_ns = common::Netns::new();
+    c.attach(&laptop_ns, "east", 50);
+    let laptop = common::WgDevice::start(&laptop_ns, common::Impl::Kilotun);
+    laptop.configure(51820, &["10.5.0.1/32"]);
+    let key = |n: &str| c.annotations(n)["kilo.squat.ai/key"].clone();
+    for (leader, endpoint, allowed) in [
+        (
+            "n1",
+            "192.168.10.1:51820",
+            "10.42.1.0/24,10.42.2.0/24,192.168.10.1/32,192.168.10.2/32,10.4.0.1/32",
+        ),
+        (
+            "n3",
+            "192.168.20.3:51820",
+            "10.42.3.0/24,192.168.20.3/32,10.4.0.2/32",
+        ),
+    ] {
+        laptop.wg(&[
+            "set",
+            &laptop.name,
+            "peer",
+            &key(leader),
+            "endpoint",
+            endpoint,
+            "allowed-ips",
+            allowed,
+            "persistent-keepalive",
+            "5",
+        ]);
+    }
+    laptop.ip(&["route", "add", "10.42.0.0/16", "dev", &laptop.name]);
+    let peer_yaml = format!(
+        "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: laptop\nspec:\n  allowedIPs:\n  - 10.5.0.1/32\n  publicKey: {}\n  persistentKeepalive: 5\n",
+        laptop.public_key
+    );
+    std::fs::write(c.dir.join("laptop.yaml"), peer_yaml).unwrap();
+
+    for pod in ["10.42.1.1", "10.42.2.1", "10.42.3.1"] {
+        let reached = common::ping_ok(&laptop_ns.name, pod, Duration::from_secs(20));
+        assert!(reached, "the laptop cannot reach {pod}\n{}", c.logs());
+    }
+    for leader in ["n1", "n3"] {
+        assert!(
+            c.node(leader).wg("allowed-ips").contains("10.5.0.1/32"),
+            "{leader} lacks the Peer"
+        );
+    }
+    assert!(
+        c.node("n2").wg("peers").trim().is_empty(),
+        "non-leaders do not peer"
+    );
+    let published = c.wait_for(Duration::from_secs(10), |c| {
+        c.annotations("n1")["kilo.squat.ai/discovered-endpoints"].contains(&laptop.public_key)
+    });
+    assert!(published, "{:?}", c.annotations("n1"));
+}
