@@ -3,4 +3,5 @@
 
 pub mod agent;
 pub mod backend;
+pub mod kgctl;
 pub mod wiring;

@@ -2,7 +2,7 @@
 # Demo (as root): a Kilo mesh with no Kubernetes and no kernel module. Four nodes in two
 # locations (east: n1 n2, west: n3 n4), each a network namespace running its own `kg` on the
 # file backend (one shared cluster directory); locations are bridges joined by a router namespace;
-# pod CIDRs are addresses on a port-less bridge. Prints the leaders' annotations, `wg show` of a
+# pod CIDRs are addresses on a port-less bridge. Prints `kgctl graph`, `wg show` of a
 # leader and a cross-location ping from a non-leader, then tears everything down (also on Ctrl-C).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,8 +10,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v wg >/dev/null || ! command -v ping >/dev/null; then
   apt-get update -qq && apt-get install -y --no-install-recommends wireguard-tools iputils-ping iproute2
 fi
-(cd "$root" && cargo build --release --quiet --bin kg)
-kg="$root/target/release/kg"
+(cd "$root" && cargo build --release --quiet --bin kg --bin kgctl)
+kg="$root/target/release/kg"; kgctl="$root/target/release/kgctl"
 
 id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir"
 router="demo${id}r"
@@ -68,8 +68,8 @@ for _ in $(seq 60); do
   if ip netns exec "$(ns n2)" ping -c 1 -W 1 10.42.4.1 >/dev/null 2>&1; then break; fi
   sleep 0.5
 done
-echo "== leaders (kilo.squat.ai/wireguard-ip in the cluster directory)"
-grep -H "wireguard-ip" "$dir"/*.yaml
+echo "== kgctl graph (render with: circo -Tsvg)"
+"$kgctl" --backend=file --cluster-dir="$dir" graph
 echo "== wg show kilo-n1 (leader of east)"
 ip netns exec "$(ns n1)" wg show kilo-n1
 echo "== ping from n2 (east, not a leader) to n4's pod address (west)"

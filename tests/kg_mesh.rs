@@ -65,6 +65,18 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
     );
     assert_eq!(peers(&c, "n3"), 1);
     assert_eq!(peers(&c, "n2"), 0, "non-leaders route through their leader");
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let dot = common::run(&[
+        common::cluster::kgctl_bin(),
+        "--backend=file",
+        &dir,
+        "graph",
+    ]);
+    assert!(
+        dot.contains("\"cluster_location_location:east\"")
+            && dot.contains("\t\"n1\" -> \"n3\" [dir=both];"),
+        "{dot}"
+    );
     let allowed = c.node("n1").wg("allowed-ips");
     for net in [
         "10.42.3.0/24",
@@ -274,38 +286,30 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
     c.attach(&laptop_ns, "east", 50);
     let laptop = common::WgDevice::start(&laptop_ns, common::Impl::Kilotun);
     laptop.configure(51820, &["10.5.0.1/32"]);
-    let key = |n: &str| c.annotations(n)["kilo.squat.ai/key"].clone();
-    for (leader, endpoint, allowed) in [
-        (
-            "n1",
-            "192.168.10.1:51820",
-            "10.42.1.0/24,10.42.2.0/24,192.168.10.1/32,192.168.10.2/32,10.4.0.1/32",
-        ),
-        (
-            "n3",
-            "192.168.20.3:51820",
-            "10.42.3.0/24,192.168.20.3/32,10.4.0.2/32",
-        ),
-    ] {
-        laptop.wg(&[
-            "set",
-            &laptop.name,
-            "peer",
-            &key(leader),
-            "endpoint",
-            endpoint,
-            "allowed-ips",
-            allowed,
-            "persistent-keepalive",
-            "5",
-        ]);
-    }
-    laptop.ip(&["route", "add", "10.42.0.0/16", "dev", &laptop.name]);
     let peer_yaml = format!(
         "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: laptop\nspec:\n  allowedIPs:\n  - 10.5.0.1/32\n  publicKey: {}\n  persistentKeepalive: 5\n",
         laptop.public_key
     );
     std::fs::write(c.dir.join("laptop.yaml"), peer_yaml).unwrap();
+    // The laptop's peers come from `kgctl showconf peer`, as Kilo's docs have users do.
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let conf = common::run(&[
+        common::cluster::kgctl_bin(),
+        "--backend=file",
+        &dir,
+        "showconf",
+        "peer",
+        "laptop",
+    ]);
+    assert_eq!(
+        conf.matches("[Peer]").count(),
+        2,
+        "one per location leader: {conf}"
+    );
+    let conf_file = c.work.join("laptop.conf");
+    std::fs::write(&conf_file, &conf).unwrap();
+    laptop.wg(&["addconf", &laptop.name, conf_file.to_str().unwrap()]);
+    laptop.ip(&["route", "add", "10.42.0.0/16", "dev", &laptop.name]);
 
     for pod in ["10.42.1.1", "10.42.2.1", "10.42.3.1"] {
         let reached = common::ping_ok(&laptop_ns.name, pod, Duration::from_secs(20));

@@ -8,6 +8,7 @@
 
 pub mod dns;
 pub mod fixtures;
+pub mod graph;
 pub mod ip;
 pub mod key;
 pub mod nat;

@@ -24,6 +24,7 @@ use super::Snapshot;
 pub struct KubeBackend {
     client: Client,
     tx: watch::Sender<Arc<Snapshot>>,
+    listed: watch::Sender<bool>,
 }
 
 /// Builds the client configuration from `--kubeconfig` and `--master` (in-cluster or
@@ -67,7 +68,8 @@ impl KubeBackend {
     pub fn start(config: Config) -> Result<Self> {
         let client = Client::try_from(config).context("building the Kubernetes client")?;
         let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
-        let backend = Self { client, tx };
+        let (listed, _) = watch::channel(false);
+        let backend = Self { client, tx, listed };
         backend.watch_nodes();
         backend.watch_peers();
         Ok(backend)
@@ -78,9 +80,18 @@ impl KubeBackend {
         self.tx.subscribe()
     }
 
+    /// Waits (up to `timeout`) until the first full list of Nodes has arrived; false on timeout.
+    pub async fn wait_listed(&self, timeout: std::time::Duration) -> bool {
+        let mut rx = self.listed.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|listed| *listed))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     fn watch_nodes(&self) {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let tx = self.tx.clone();
+        let listed = self.listed.clone();
         tokio::spawn(async move {
             let mut pending: Option<BTreeMap<String, KubeNode>> = None;
             let mut stream = watcher::watcher(api, watcher::Config::default())
@@ -98,6 +109,7 @@ impl KubeBackend {
                         if let Some(nodes) = pending.take() {
                             tx.send_modify(|s| Arc::make_mut(s).nodes = nodes);
                         }
+                        listed.send_replace(true);
                     }
                     Ok(Event::Apply(node)) => {
                         let name = node.metadata.name.clone().unwrap_or_default();

@@ -13,6 +13,10 @@ use kilotun::backend::file::FileBackend;
 
 use super::{output, run, unique, Netns};
 
+pub fn kgctl_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kgctl")
+}
+
 pub fn kg_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kg")
 }

@@ -1,0 +1,150 @@
+//! The topology as a Graphviz DOT graph, drawn the way Kilo's `kgctl graph` draws it (§7.3):
+//! one dashed cluster per segment with its leader ranked first, leader-to-member edges, an edge
+//! between every pair of leaders, and Peers in their own cluster joined to every leader.
+
+use std::fmt::Write as _;
+
+use crate::topology::Topology;
+
+/// Quotes `text` as a DOT string.
+fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl Topology {
+    /// The DOT source of the mesh.
+    pub fn dot(&self) -> String {
+        let mut out = String::from("digraph kilo {\n");
+        let _ = writeln!(
+            out,
+            "\tlabel={};",
+            quote(&self.kilo_subnet.trunc().to_string())
+        );
+        out.push_str("\tlabelloc=t;\n\toutputorder=nodesfirst;\n\toverlap=false;\n");
+        for s in &self.segments {
+            let _ = writeln!(
+                out,
+                "\tsubgraph {} {{",
+                quote(&format!("cluster_location_{}", s.key))
+            );
+            let _ = writeln!(out, "\t\tlabel={};", quote(&s.key));
+            out.push_str("\t\tstyle=\"dashed,rounded\";\n");
+            for (i, m) in s.members.iter().enumerate() {
+                let mut label = vec![s.key.clone(), m.name.clone(), m.pod_cidr.to_string()];
+                if let Some(ip) = m.private_ip {
+                    label.push(ip.addr().to_string());
+                }
+                let leader = i == s.leader;
+                if leader {
+                    label.push(s.wireguard_ip.to_string());
+                    if let Some(e) = &s.endpoint {
+                        label.push(e.to_string());
+                    }
+                }
+                let rank = if leader { ", rank=1" } else { "" };
+                let _ = writeln!(
+                    out,
+                    "\t\t{} [label={}{rank}, shape=ellipse];",
+                    quote(&m.name),
+                    quote(&label.join("\n"))
+                );
+            }
+            let head = &s.leader_member().name;
+            for (i, m) in s.members.iter().enumerate() {
+                if i != s.leader {
+                    let _ = writeln!(out, "\t\t{} -> {} [dir=both];", quote(head), quote(&m.name));
+                }
+            }
+            out.push_str("\t}\n");
+        }
+        for (i, a) in self.segments.iter().enumerate() {
+            for b in &self.segments[i + 1..] {
+                let _ = writeln!(
+                    out,
+                    "\t{} -> {} [dir=both];",
+                    quote(&a.leader_member().name),
+                    quote(&b.leader_member().name)
+                );
+            }
+        }
+        if !self.peers.is_empty() {
+            out.push_str("\tsubgraph \"cluster_peers\" {\n\t\tlabel=\"peers\";\n\t\tstyle=\"dashed,rounded\";\n");
+            for p in &self.peers {
+                let endpoint = p
+                    .endpoint
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "\t\t{} [label={}, shape=ellipse];",
+                    quote(&p.name),
+                    quote(&format!("{}\n{endpoint}\n", p.name))
+                );
+            }
+            out.push_str("\t}\n");
+            for s in &self.segments {
+                for p in &self.peers {
+                    let _ = writeln!(
+                        out,
+                        "\t{} -> {} [dir=both, style=dashed];",
+                        quote(&s.leader_member().name),
+                        quote(&p.name)
+                    );
+                }
+            }
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fixtures::{f1_nodes, f1_peers};
+    use crate::node::Granularity;
+    use crate::topology::{Topology, TopologyParams};
+
+    #[test]
+    fn the_graph_has_a_cluster_per_segment_leader_edges_and_peers() {
+        let params = TopologyParams {
+            granularity: Granularity::Location,
+            hostname: "c".into(),
+            port: 51820,
+            subnet: "10.4.0.0/16".parse().unwrap(),
+            persistent_keepalive: 0,
+        };
+        let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();
+        let dot = t.dot();
+        assert!(dot.starts_with("digraph kilo {\n\tlabel=\"10.4.0.0/16\";\n\tlabelloc=t;\n\toutputorder=nodesfirst;\n\toverlap=false;\n"));
+        assert!(dot.contains("\tsubgraph \"cluster_location_location:2\" {\n\t\tlabel=\"location:2\";\n\t\tstyle=\"dashed,rounded\";\n"));
+        assert!(dot.contains("\"b\" [label=\"location:2\\nb\\n10.2.2.0/24\\n192.168.0.1\\n10.4.0.2\\n10.1.0.2:51820\", rank=1, shape=ellipse];"), "{dot}");
+        assert!(dot.contains(
+            "\"c\" [label=\"location:2\\nc\\n10.2.3.0/24\\n192.168.0.2\", shape=ellipse];"
+        ));
+        assert!(dot.contains("\t\t\"b\" -> \"c\" [dir=both];"));
+        for (a, b) in [("a", "b"), ("a", "d"), ("b", "d")] {
+            assert!(
+                dot.contains(&format!("\t\"{a}\" -> \"{b}\" [dir=both];")),
+                "{a}-{b}"
+            );
+        }
+        assert!(
+            dot.contains("\"b\" [label=\"b\\n192.168.0.1:51820\\n\", shape=ellipse];"),
+            "peers end with a newline, as Kilo's"
+        );
+        assert!(dot.contains("\t\"d\" -> \"a\" [dir=both, style=dashed];"));
+        assert!(dot.ends_with("}\n"));
+    }
+}

@@ -1,0 +1,258 @@
+//! `kgctl`: the topology computed client-side from a backend snapshot (§7.2), printed as a graph or
+//! as WireGuard configurations. Everything but reading the backend is a pure function of the
+//! snapshot, so it is tested without I/O.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use control::node::{Granularity, DEFAULT_TOPOLOGY_LABEL};
+use control::{translate_node, translate_peer, Node, Peer, Topology, TopologyParams};
+use ipnet::IpNet;
+
+use crate::agent::args::BackendKind;
+use crate::backend::Snapshot;
+
+/// kgctl: inspect a Kilo mesh.
+#[derive(Debug, Parser)]
+#[command(name = "kgctl", version, about, args_override_self = true)]
+pub struct KgctlArgs {
+    /// The backend for the mesh.
+    #[arg(long, value_enum, default_value = "kubernetes", global = true)]
+    pub backend: BackendKind,
+    /// With --backend=file: the directory holding Node and Peer objects.
+    #[arg(long, default_value = "", global = true)]
+    pub cluster_dir: String,
+    /// Path to kubeconfig (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(long, default_value = "", global = true)]
+    pub kubeconfig: String,
+    /// The granularity of the mesh: location, full, or auto (read from the nodes).
+    #[arg(long, default_value = "auto", global = true)]
+    pub mesh_granularity: String,
+    /// The WireGuard port of the nodes.
+    #[arg(long, default_value_t = control::DEFAULT_PORT, global = true)]
+    pub port: u16,
+    /// Kubernetes node label used to group nodes into logical locations.
+    #[arg(long, default_value = DEFAULT_TOPOLOGY_LABEL, global = true)]
+    pub topology_label: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// kgctl's subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the mesh as a Graphviz DOT graph.
+    Graph,
+    /// Print WireGuard configurations.
+    Showconf(ShowconfArgs),
+}
+
+/// `kgctl showconf`.
+#[derive(Debug, Args)]
+pub struct ShowconfArgs {
+    /// `node` or `peer`.
+    pub kind: String,
+    /// The node or Peer name.
+    pub name: String,
+    /// Print the node (or Peer) as a peer of others.
+    #[arg(long)]
+    pub as_peer: bool,
+    /// Output format with --as-peer: wireguard.
+    #[arg(short = 'o', long, default_value = "wireguard")]
+    pub output: String,
+    /// Extra CIDRs to add with --as-peer.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_ips: Vec<String>,
+}
+
+/// The mesh as kgctl sees it: ready nodes and peers, subnet and granularity worked out.
+pub struct View {
+    /// Ready nodes in list order.
+    pub nodes: Vec<Node>,
+    /// Ready peers.
+    pub peers: Vec<Peer>,
+    /// The Kilo subnet, from any node's `wireguard-ip`.
+    pub subnet: IpNet,
+    /// The granularity.
+    pub granularity: Granularity,
+}
+
+/// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules, §7.2).
+pub fn view(
+    snapshot: &Snapshot,
+    granularity: &str,
+    topology_label: &str,
+    now_unix: i64,
+) -> Result<View> {
+    let all: Vec<Node> = snapshot
+        .nodes
+        .values()
+        .map(|n| translate_node(n, topology_label).0)
+        .collect();
+    let granularity = match granularity {
+        "auto" => all.first().and_then(|n| n.granularity).unwrap_or_default(),
+        other => Granularity::parse(other).with_context(|| {
+            format!("--mesh-granularity: {other:?} is not one of location, full, auto")
+        })?,
+    };
+    let subnet = all.iter().find_map(|n| n.wireguard_ip).map_or_else(
+        || control::DEFAULT_SUBNET.parse().expect("default subnet"),
+        |n| n.trunc(),
+    );
+    let nodes: Vec<Node> = all.into_iter().filter(|n| n.is_ready(now_unix)).collect();
+    let peers: Vec<Peer> = snapshot
+        .peers
+        .values()
+        .filter(|p| p.validate().is_ok())
+        .map(translate_peer)
+        .filter(Peer::is_ready)
+        .collect();
+    Ok(View {
+        nodes,
+        peers,
+        subnet,
+        granularity,
+    })
+}
+
+impl View {
+    /// The topology from `hostname`'s point of view (the last ready node when `None`).
+    pub fn topology(&self, hostname: Option<&str>, port: u16) -> Result<Topology> {
+        let Some(last) = self.nodes.last() else {
+            bail!("no ready nodes")
+        };
+        let params = TopologyParams {
+            granularity: self.granularity,
+            hostname: hostname.unwrap_or(&last.name).to_string(),
+            port,
+            subnet: self.subnet,
+            persistent_keepalive: 0,
+        };
+        Ok(Topology::new(&self.nodes, &self.peers, &params)?)
+    }
+}
+
+/// The output of `kgctl graph`.
+pub fn graph(v: &View) -> Result<String> {
+    Ok(v.topology(None, control::DEFAULT_PORT)?.dot())
+}
+
+/// The output of `kgctl showconf`: (stdout, stderr).
+pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, String)> {
+    if args.output != "wireguard" {
+        bail!(
+            "-o {:?}: only wireguard output is supported so far",
+            args.output
+        );
+    }
+    let extra: Vec<IpNet> = args
+        .allowed_ips
+        .iter()
+        .map(|s| {
+            s.parse()
+                .with_context(|| format!("--allowed-ips: {s:?} is not a CIDR"))
+        })
+        .collect::<Result<_>>()?;
+    match args.kind.as_str() {
+        "node" => {
+            let node = v
+                .nodes
+                .iter()
+                .find(|n| n.name == args.name)
+                .with_context(|| format!("no ready node {:?}", args.name))?;
+            let t = v.topology(Some(&args.name), port)?;
+            if args.as_peer {
+                let mut peer = t.as_peer().context("the node has no segment")?;
+                for ip in extra {
+                    if !peer.allowed_ips.contains(&ip.trunc()) {
+                        peer.allowed_ips.push(ip.trunc());
+                    }
+                }
+                return Ok((peer.to_ini(), String::new()));
+            }
+            if !t.leader {
+                return Ok((
+                    String::new(),
+                    format!("Node {:?} is not a leader node\n", args.name),
+                ));
+            }
+            let mut conf = t.conf(node.key.as_ref());
+            conf.listen_port = Some(port);
+            Ok((conf.to_ini(None), String::new()))
+        }
+        "peer" => {
+            let peer = v
+                .peers
+                .iter()
+                .find(|p| p.name == args.name)
+                .with_context(|| format!("no ready Peer {:?}", args.name))?;
+            let t = v.topology(None, control::DEFAULT_PORT)?;
+            if args.as_peer {
+                let wg = control::wgconf::WgPeer {
+                    public_key: peer.public_key.expect("ready peers have keys"),
+                    allowed_ips: peer.allowed_ips.iter().map(|n| n.trunc()).collect(),
+                    endpoint: peer.endpoint.clone(),
+                    persistent_keepalive: peer.persistent_keepalive,
+                    preshared_key: peer.preshared_key,
+                };
+                return Ok((wg.to_ini(), String::new()));
+            }
+            Ok((t.peer_conf(&args.name).to_ini(None), String::new()))
+        }
+        other => bail!("showconf: {other:?} is not node or peer"),
+    }
+}
+
+/// Reads the backend once.
+pub async fn snapshot(args: &KgctlArgs) -> Result<Snapshot> {
+    match args.backend {
+        BackendKind::File => {
+            if args.cluster_dir.is_empty() {
+                bail!("--backend=file needs --cluster-dir");
+            }
+            let backend =
+                crate::backend::file::FileBackend::open(&PathBuf::from(&args.cluster_dir))?;
+            let snapshot = backend.subscribe().borrow().as_ref().clone();
+            Ok(snapshot)
+        }
+        BackendKind::Kubernetes => {
+            let kubeconfig = if args.kubeconfig.is_empty() {
+                std::env::var("KUBECONFIG")
+                    .ok()
+                    .filter(|p| std::path::Path::new(p).exists())
+                    .unwrap_or_else(|| {
+                        std::env::var("HOME")
+                            .map(|h| format!("{h}/.kube/config"))
+                            .unwrap_or_default()
+                    })
+            } else {
+                args.kubeconfig.clone()
+            };
+            let config = crate::backend::kube::client_config(&kubeconfig, "").await?;
+            let backend = crate::backend::kube::KubeBackend::start(config)?;
+            if !backend
+                .wait_listed(std::time::Duration::from_secs(10))
+                .await
+            {
+                bail!("the Kubernetes API did not list Nodes within 10 s");
+            }
+            // Give the Peer watch a moment to list too (it may not exist at all).
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let snapshot = backend.subscribe().borrow().as_ref().clone();
+            Ok(snapshot)
+        }
+    }
+}
+
+/// Unix seconds now.
+pub fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests;

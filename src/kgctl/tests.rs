@@ -1,0 +1,126 @@
+use super::*;
+use std::collections::BTreeMap;
+
+use control::node::annotation as a;
+use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+const NOW: i64 = 1_700_000_000;
+
+fn kube_node(name: &str, location: &str, ip: u8, extra: &[(&str, &str)]) -> KubeNode {
+    let key = control::Key::padded(name).to_base64();
+    let mut annotations: BTreeMap<String, String> = [
+        (a::LOCATION, location.to_string()),
+        (a::ENDPOINT, format!("192.168.0.{ip}:51820")),
+        (a::INTERNAL_IP, format!("192.168.0.{ip}/24")),
+        (a::KEY, key),
+        (a::LAST_SEEN, NOW.to_string()),
+        (a::GRANULARITY, "location".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for (k, v) in extra {
+        annotations.insert(k.to_string(), v.to_string());
+    }
+    KubeNode {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            pod_cidr: Some(format!("10.42.{ip}.0/24")),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn snapshot() -> Snapshot {
+    let mut s = Snapshot::default();
+    for (name, loc, ip) in [("a", "east", 1), ("b", "east", 2), ("c", "west", 3)] {
+        s.nodes.insert(
+            name.into(),
+            kube_node(name, loc, ip, &[(a::WIREGUARD_IP, "10.7.0.1/16")]),
+        );
+    }
+    let mut stale = kube_node("d", "west", 4, &[]);
+    stale
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(a::LAST_SEEN.into(), "5".into());
+    s.nodes.insert("d".into(), stale);
+    let peer: control::PeerObject = serde_yaml::from_str(
+        "metadata: {name: laptop}\nspec: {allowedIPs: [10.5.0.1/32], publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, persistentKeepalive: 10}",
+    )
+    .unwrap();
+    s.peers.insert("laptop".into(), peer);
+    s
+}
+
+fn showconf_args(kind: &str, name: &str, as_peer: bool) -> ShowconfArgs {
+    ShowconfArgs {
+        kind: kind.into(),
+        name: name.into(),
+        as_peer,
+        output: "wireguard".into(),
+        allowed_ips: vec!["10.43.0.0/16".into()],
+    }
+}
+
+#[test]
+fn the_view_uses_ready_nodes_the_published_subnet_and_auto_granularity() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"], "d's check-in is stale");
+    assert_eq!(v.subnet.to_string(), "10.7.0.0/16");
+    assert_eq!(v.granularity, Granularity::Location);
+    assert_eq!(v.peers.len(), 1);
+    assert!(view(&snapshot(), "cross", DEFAULT_TOPOLOGY_LABEL, NOW).is_err());
+}
+
+#[test]
+fn graph_draws_every_segment_and_peer() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let dot = graph(&v).unwrap();
+    assert!(dot.contains("label=\"10.7.0.0/16\""));
+    assert!(
+        dot.contains("cluster_location_location:east")
+            && dot.contains("cluster_location_location:west")
+    );
+    assert!(dot.contains("\t\"a\" -> \"c\" [dir=both];"));
+    assert!(dot.contains("\"a\" -> \"laptop\" [dir=both, style=dashed]"));
+}
+
+#[test]
+fn showconf_node_prints_a_leaders_peers_or_says_it_is_not_a_leader() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let (out, err) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+    assert!(err.is_empty());
+    assert!(out.starts_with("[Interface]\nListenPort = 51820\n\n[Peer]\nAllowedIPs = 10.42.3.0/24, 192.168.0.3/32, 10.7.0.2/32\n"), "{out}");
+    assert!(out.contains("AllowedIPs = 10.5.0.1/32\n"));
+    let (out, err) = showconf(&v, &showconf_args("node", "b", false), 51820).unwrap();
+    assert!(out.is_empty());
+    assert_eq!(err, "Node \"b\" is not a leader node\n");
+    let (out, _) = showconf(&v, &showconf_args("node", "b", true), 51820).unwrap();
+    assert!(out.contains("AllowedIPs = 10.42.1.0/24, 192.168.0.1/32, 10.42.2.0/24, 192.168.0.2/32, 10.7.0.1/32, 10.43.0.0/16\n"), "{out}");
+    assert!(
+        out.contains("Endpoint = 192.168.0.1:51820\n"),
+        "the leader's endpoint: {out}"
+    );
+}
+
+#[test]
+fn showconf_peer_lists_every_segment_with_the_peers_keepalive() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820).unwrap();
+    assert_eq!(out.matches("[Peer]").count(), 2);
+    assert_eq!(out.matches("PersistentKeepalive = 10").count(), 2);
+    assert!(!out.contains("[Interface]"));
+    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", true), 51820).unwrap();
+    assert!(out.contains("AllowedIPs = 10.5.0.1/32\n"));
+    assert!(showconf(&v, &showconf_args("peer", "ghost", false), 51820).is_err());
+}
