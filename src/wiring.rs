@@ -29,17 +29,15 @@ pub fn device_config(conf: &Conf, private_key: &SecretKey) -> DeviceConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use control::fixtures::{f1_nodes, f1_peers};
+    use control::fixtures::{f1_nodes, f1_params, f1_peers};
     use control::{Granularity, Topology, TopologyParams};
 
     #[test]
     fn keys_endpoints_and_prefixes_carry_over() {
         let params = TopologyParams {
-            granularity: Granularity::Full,
-            hostname: "a".into(),
             port: 51821,
-            subnet: "10.4.0.0/16".parse().unwrap(),
             persistent_keepalive: 25,
+            ..f1_params("a", Granularity::Full)
         };
         let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();
         let conf = t.conf(None);

@@ -5,8 +5,9 @@ use ipnet::IpNet;
 
 use crate::ip::Endpoint;
 use crate::key::Key;
-use crate::node::Node;
+use crate::node::{Granularity, Node};
 use crate::peer::Peer;
+use crate::topology::TopologyParams;
 
 fn net(text: &str) -> IpNet {
     text.parse().expect("fixture CIDR")
@@ -33,6 +34,18 @@ pub fn node(
         location: location.to_string(),
         subnet: Some(net(pod_cidr)),
         ..Default::default()
+    }
+}
+
+/// Fixture F1's parameters (Kilo subnet 10.4.0.0/16, port 51820, no keepalive) seen from
+/// `hostname`.
+pub fn f1_params(hostname: &str, granularity: Granularity) -> TopologyParams {
+    TopologyParams {
+        granularity,
+        hostname: hostname.to_string(),
+        port: 51820,
+        subnet: net("10.4.0.0/16"),
+        persistent_keepalive: 0,
     }
 }
 

@@ -112,19 +112,13 @@ impl Topology {
 
 #[cfg(test)]
 mod tests {
-    use crate::fixtures::{f1_nodes, f1_peers};
+    use crate::fixtures::{f1_nodes, f1_params, f1_peers};
     use crate::node::Granularity;
-    use crate::topology::{Topology, TopologyParams};
+    use crate::topology::Topology;
 
     #[test]
     fn the_graph_has_a_cluster_per_segment_leader_edges_and_peers() {
-        let params = TopologyParams {
-            granularity: Granularity::Location,
-            hostname: "c".into(),
-            port: 51820,
-            subnet: "10.4.0.0/16".parse().unwrap(),
-            persistent_keepalive: 0,
-        };
+        let params = f1_params("c", Granularity::Location);
         let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();
         let dot = t.dot();
         assert!(dot.starts_with("digraph kilo {\n\tlabel=\"10.4.0.0/16\";\n\tlabelloc=t;\n\toutputorder=nodesfirst;\n\toverlap=false;\n"));

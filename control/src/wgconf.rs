@@ -44,6 +44,29 @@ fn claim(ips: impl IntoIterator<Item = IpNet>, claimed: &mut BTreeSet<IpNet>) ->
 }
 
 impl Topology {
+    /// A segment as one WireGuard peer: its leader's key and (possibly discovered) endpoint, its
+    /// allowed IPs then allowed-location-ips, minus prefixes already `claimed`.
+    fn segment_peer(
+        &self,
+        s: &crate::topology::Segment,
+        persistent_keepalive: u16,
+        preshared_key: Option<Key>,
+        claimed: &mut BTreeSet<IpNet>,
+    ) -> WgPeer {
+        let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
+        WgPeer {
+            public_key: s.public_key,
+            allowed_ips: claim(ips, claimed),
+            endpoint: self.effective_endpoint(
+                s.endpoint.as_ref(),
+                &s.public_key,
+                s.persistent_keepalive,
+            ),
+            persistent_keepalive,
+            preshared_key,
+        }
+    }
+
     /// What the local leader applies (§4.9.1): one peer per other segment, then one per Peer,
     /// all with the local keepalive. Entries whose key is `local_key` or already listed are
     /// skipped, so the device never gets itself or a duplicate as a peer.
@@ -55,18 +78,7 @@ impl Topology {
             if !keys.insert(s.public_key) {
                 continue;
             }
-            let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
-            peers.push(WgPeer {
-                public_key: s.public_key,
-                allowed_ips: claim(ips, &mut claimed),
-                endpoint: self.effective_endpoint(
-                    s.endpoint.as_ref(),
-                    &s.public_key,
-                    s.persistent_keepalive,
-                ),
-                persistent_keepalive: self.persistent_keepalive,
-                preshared_key: None,
-            });
+            peers.push(self.segment_peer(s, self.persistent_keepalive, None, &mut claimed));
         }
         for p in &self.peers {
             let Some(key) = p.public_key else { continue };
@@ -100,18 +112,7 @@ impl Topology {
         let mut claimed = BTreeSet::new();
         let mut peers = Vec::new();
         for s in &self.segments {
-            let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
-            peers.push(WgPeer {
-                public_key: s.public_key,
-                allowed_ips: claim(ips, &mut claimed),
-                endpoint: self.effective_endpoint(
-                    s.endpoint.as_ref(),
-                    &s.public_key,
-                    s.persistent_keepalive,
-                ),
-                persistent_keepalive: keepalive,
-                preshared_key: psk,
-            });
+            peers.push(self.segment_peer(s, keepalive, psk, &mut claimed));
         }
         for p in self.peers.iter().filter(|p| p.name != name) {
             let Some(key) = p.public_key else { continue };
@@ -191,17 +192,14 @@ impl WgPeer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{f1_nodes, f1_peers};
+    use crate::fixtures::{f1_nodes, f1_params, f1_peers};
     use crate::node::Granularity;
     use crate::topology::TopologyParams;
 
     fn topology(host: &str, granularity: Granularity, keepalive: u16) -> Topology {
         let params = TopologyParams {
-            granularity,
-            hostname: host.into(),
-            port: 51820,
-            subnet: "10.4.0.0/16".parse().unwrap(),
             persistent_keepalive: keepalive,
+            ..f1_params(host, granularity)
         };
         Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap()
     }
@@ -280,13 +278,7 @@ PublicKey = a2V5NQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
         nodes[1]
             .discovered_endpoints
             .insert(Key::padded("key1"), "1.2.3.4:9999".parse().unwrap());
-        let params = TopologyParams {
-            granularity: Granularity::Location,
-            hostname: "b".into(),
-            port: 51820,
-            subnet: "10.4.0.0/16".parse().unwrap(),
-            persistent_keepalive: 0,
-        };
+        let params = f1_params("b", Granularity::Location);
         let t = Topology::new(&nodes, &[], &params).unwrap();
         let conf = t.conf(None);
         assert_eq!(
@@ -307,13 +299,7 @@ PublicKey = a2V5NQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
         let mut peers = f1_peers();
         peers[1].persistent_keepalive = 10;
         peers[1].preshared_key = Some(Key::padded("psk"));
-        let params = TopologyParams {
-            granularity: Granularity::Location,
-            hostname: "a".into(),
-            port: 51820,
-            subnet: "10.4.0.0/16".parse().unwrap(),
-            persistent_keepalive: 0,
-        };
+        let params = f1_params("a", Granularity::Location);
         let t = Topology::new(&f1_nodes(), &peers, &params).unwrap();
         let conf = t.peer_conf("b");
         assert_eq!(conf.listen_port, None);

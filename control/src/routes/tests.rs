@@ -2,23 +2,15 @@
 //! the diff's convergence.
 
 use super::*;
-use crate::fixtures::{f1_nodes, f1_peers};
+use crate::fixtures::{f1_nodes, f1_params, f1_peers};
 use crate::node::Granularity;
-use crate::topology::TopologyParams;
 
 const KILO: u32 = 1;
 const PRIV: u32 = 2;
 const TUNL: u32 = 3;
 
 fn topology(host: &str, granularity: Granularity) -> Topology {
-    let params = TopologyParams {
-        granularity,
-        hostname: host.into(),
-        port: 51820,
-        subnet: "10.4.0.0/16".parse().unwrap(),
-        persistent_keepalive: 0,
-    };
-    Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap()
+    Topology::new(&f1_nodes(), &f1_peers(), &f1_params(host, granularity)).unwrap()
 }
 
 fn options(local: bool, encapsulate: Encapsulate) -> RouteOptions {
@@ -164,13 +156,7 @@ fn crosssubnet_encapsulates_only_outside_the_private_subnet() {
     let mut nodes = f1_nodes();
     nodes[1].internal_ip = Some("192.168.0.1/24".parse().unwrap());
     nodes[2].internal_ip = Some("192.168.1.2/24".parse().unwrap());
-    let params = TopologyParams {
-        granularity: Granularity::Location,
-        hostname: "b".into(),
-        port: 51820,
-        subnet: "10.4.0.0/16".parse().unwrap(),
-        persistent_keepalive: 0,
-    };
+    let params = f1_params("b", Granularity::Location);
     let t = Topology::new(&nodes, &[], &params).unwrap();
     let plan = t.route_plan(&options(true, Encapsulate::CrossSubnet));
     assert!(show(&plan)
@@ -221,13 +207,7 @@ fn diff_replaces_a_changed_route_without_deleting_it_first() {
     let old = topology("b", Granularity::Location).route_plan(&options(true, Encapsulate::Always));
     let mut nodes = f1_nodes();
     nodes[2].leader = true; // c now leads location 2, so b becomes a non-leader
-    let params = TopologyParams {
-        granularity: Granularity::Location,
-        hostname: "b".into(),
-        port: 51820,
-        subnet: "10.4.0.0/16".parse().unwrap(),
-        persistent_keepalive: 0,
-    };
+    let params = f1_params("b", Granularity::Location);
     let t = Topology::new(&nodes, &f1_peers(), &params).unwrap();
     assert!(!t.leader);
     let new = t.route_plan(&options(true, Encapsulate::Always));

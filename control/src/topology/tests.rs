@@ -2,7 +2,7 @@
 //! vectors, plus allowed-location-ip filtering.
 
 use super::*;
-use crate::fixtures::{f1_nodes, f1_peers, node};
+use crate::fixtures::{f1_nodes, f1_params, f1_peers, node};
 
 fn net(text: &str) -> IpNet {
     text.parse().unwrap()
@@ -13,13 +13,7 @@ fn nets(texts: &[&str]) -> Vec<IpNet> {
 }
 
 fn params(hostname: &str, granularity: Granularity) -> TopologyParams {
-    TopologyParams {
-        granularity,
-        hostname: hostname.into(),
-        port: 51820,
-        subnet: net("10.4.0.0/16"),
-        persistent_keepalive: 0,
-    }
+    f1_params(hostname, granularity)
 }
 
 fn topology(hostname: &str, granularity: Granularity) -> Topology {
