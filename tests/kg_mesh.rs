@@ -175,6 +175,38 @@ fn full_granularity_builds_a_direct_mesh() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(churn(&c), before, "{}", c.logs());
 
+    // HTTP on :1107, Kilo's paths.
+    let n1 = c.node("n1");
+    assert_eq!(n1.http_get("/health").0, 200);
+    let (status, metrics) = n1.http_get("/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "kilo_nodes 4",
+        "kilo_peers 0",
+        "kilo_leader 1",
+        "kilo_reconciles_total ",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    let peer_series = metrics
+        .lines()
+        .filter(|l| l.starts_with("kilotun_peer_receive_bytes{"))
+        .count();
+    assert_eq!(peer_series, 3, "{metrics}");
+    let (status, dot) = n1.http_get("/graph?format=dot");
+    assert_eq!(status, 200);
+    assert!(
+        dot.starts_with("digraph kilo {") && dot.contains("cluster_location_node:n4"),
+        "{dot}"
+    );
+    assert_eq!(n1.http_get("/graph?format=fake").0, 400);
+    assert_eq!(n1.http_get("/graph?layout=fake").0, 400);
+    if common::which("dot") {
+        let (status, svg) = n1.http_get("/graph?format=svg&layout=circo");
+        assert_eq!(status, 200, "{svg}");
+        assert!(svg.contains("<svg"), "{svg}");
+    }
+
     // --mtu=auto: the default route's interface (MTU 1500) minus 80.
     let link = String::from_utf8_lossy(
         &c.node("n1")

@@ -23,13 +23,16 @@ use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use args::{BackendKind, Mtu, Settings};
 use ipdetect::{Candidates, Detected};
 use local::ProblemLog;
+use metrics::Metrics;
 use netlink::Netlink;
 use wireguard::WireGuard;
 
 pub mod args;
+pub mod http;
 pub mod ipdetect;
 pub mod keyfile;
 pub mod local;
+pub mod metrics;
 pub mod netlink;
 pub mod wireguard;
 
@@ -61,23 +64,6 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Counters kg keeps (exported as Kilo's metrics by the HTTP server).
-#[derive(Debug, Default, Clone)]
-pub struct Counters {
-    /// `kilo_reconciles_total`.
-    pub reconciles: u64,
-    /// `kilo_errors_total`, by event.
-    pub errors: BTreeMap<&'static str, u64>,
-    /// `kilo_nodes`.
-    pub nodes: usize,
-    /// `kilo_peers`.
-    pub peers: usize,
-    /// `kilo_leader`.
-    pub leader: bool,
-    /// Failed DNS re-resolutions.
-    pub dns_failures: u64,
-}
-
 /// The running agent.
 pub struct Agent {
     s: Settings,
@@ -85,7 +71,7 @@ pub struct Agent {
     public: Key,
     backend: Backend,
     netlink: Netlink,
-    wg: WireGuard,
+    wg: Arc<WireGuard>,
     kilo_index: u32,
     resolver: Option<TokioResolver>,
     dns: DnsBook,
@@ -94,8 +80,10 @@ pub struct Agent {
     problems: ProblemLog,
     discovered: BTreeMap<Key, SocketAddr>,
     warned: BTreeMap<&'static str, bool>,
-    /// What the agent has counted.
-    pub counters: Counters,
+    /// Kilo's metrics and kilotun's own.
+    pub metrics: Arc<Metrics>,
+    /// The DOT graph of the last topology, for `/graph`.
+    pub graph: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Agent {
@@ -168,7 +156,7 @@ impl Agent {
             public,
             backend,
             netlink,
-            wg,
+            wg: Arc::new(wg),
             kilo_index,
             resolver,
             hostname_ips,
@@ -176,7 +164,8 @@ impl Agent {
             problems: ProblemLog::default(),
             discovered: BTreeMap::new(),
             warned: BTreeMap::new(),
-            counters: Counters::default(),
+            metrics: Arc::new(Metrics::new()),
+            graph: Arc::new(parking_lot::Mutex::new(None)),
         })
     }
 
@@ -284,7 +273,7 @@ impl Agent {
                     tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
                 }
                 Answer::Failed { kept } => {
-                    self.counters.dns_failures += 1;
+                    self.metrics.dns_failures.inc();
                     tracing::warn!(name = %name, error = error.unwrap_or_default(), ?kept, "DNS lookup failed; keeping the last good address");
                 }
                 Answer::Unchanged | Answer::Untracked => {}
@@ -294,7 +283,7 @@ impl Agent {
 
     /// One full reconcile: translate, resolve, compute, apply, publish.
     pub async fn reconcile(&mut self, snapshot: &Snapshot, check_in: bool) -> Result<()> {
-        self.counters.reconciles += 1;
+        self.metrics.reconciles.inc();
         let now_unix = unix_now();
         let hostname = self.s.hostname.clone();
 
@@ -375,8 +364,8 @@ impl Agent {
 
         let ready_nodes: Vec<Node> = nodes.into_iter().filter(|n| n.is_ready(now_unix)).collect();
         let ready_peers: Vec<Peer> = peers.into_iter().filter(Peer::is_ready).collect();
-        self.counters.nodes = ready_nodes.len();
-        self.counters.peers = ready_peers.len();
+        self.metrics.nodes.set(ready_nodes.len() as i64);
+        self.metrics.peers.set(ready_peers.len() as i64);
 
         let topology = if ready_nodes.iter().any(|n| n.name == hostname) {
             let params = TopologyParams {
@@ -393,6 +382,7 @@ impl Agent {
         };
 
         if let Some(t) = &topology {
+            *self.graph.lock() = Some(t.dot());
             for d in &t.dropped {
                 for line in self.problems.fresh_lines(
                     &format!("dropped/{}/{}", d.owner, d.cidr),
@@ -450,7 +440,7 @@ impl Agent {
         if link.as_ref().is_some_and(|l| l.mtu != mtu) {
             self.netlink.set_mtu(kilo, mtu).await?;
         }
-        self.counters.leader = t.leader;
+        self.metrics.leader.set(i64::from(t.leader));
         let desired = if t.leader {
             crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
         } else {
@@ -548,7 +538,11 @@ impl Agent {
             }
         }
         let index = self.kilo_index;
-        if self.wg.shutdown(self.s.args.clean_up_interface) {
+        let wg = match Arc::try_unwrap(self.wg) {
+            Ok(wg) => wg,
+            Err(_) => return, // the HTTP server still holds it; the process is exiting anyway
+        };
+        if wg.shutdown(self.s.args.clean_up_interface) {
             let _ = self.netlink.set_up(index, false).await;
         }
     }
@@ -557,7 +551,15 @@ impl Agent {
 /// Runs kg until SIGINT or SIGTERM.
 pub async fn run(settings: Settings) -> Result<()> {
     let resync = settings.resync;
+    let listen = settings.args.listen.clone();
     let mut agent = Agent::start(settings).await?;
+    let state = http::HttpState {
+        metrics: Arc::clone(&agent.metrics),
+        wg: Arc::clone(&agent.wg),
+        graph: Arc::clone(&agent.graph),
+    };
+    let bound = http::serve(&listen, state).await?;
+    tracing::info!(address = %bound, "serving /health, /metrics and /graph");
     let mut snapshots = agent.subscribe();
     let mut resync_timer = tokio::time::interval(resync);
     let mut check_in_timer = tokio::time::interval(CHECK_IN_PERIOD);
@@ -576,7 +578,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         let snapshot = snapshots.borrow_and_update().clone();
         tracing::trace!(check_in, "reconcile");
         if let Err(e) = agent.reconcile(&snapshot, check_in).await {
-            *agent.counters.errors.entry("apply").or_default() += 1;
+            agent.metrics.error("apply");
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");
         }
     }

@@ -121,6 +121,14 @@ impl WireGuard {
         }
     }
 
+    /// Packets the embedded engine dropped, by reason (none known for a device over UAPI).
+    pub fn drops(&self) -> Vec<(dataplane::DropReason, u64)> {
+        match self {
+            Self::Embedded { device, .. } => device.engine().drops().snapshot(),
+            Self::Uapi { .. } => Vec::new(),
+        }
+    }
+
     /// Peers as NAT discovery needs them.
     pub fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         let (_, stats) = self.read()?;

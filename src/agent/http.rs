@@ -1,0 +1,191 @@
+//! kg's HTTP endpoints on `--listen` (Kilo's paths): `/health`, `/metrics` and `/graph`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::{Context, Result};
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use super::metrics::Metrics;
+use super::wireguard::WireGuard;
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The WireGuard device, for per-peer series.
+    pub wg: Arc<WireGuard>,
+    /// The DOT graph of the last topology, once there is one.
+    pub graph: Arc<Mutex<Option<String>>>,
+}
+
+/// Parses Go's listen form: `:1107` means every interface.
+pub fn listen_addr(listen: &str) -> Result<SocketAddr> {
+    let full = if listen.starts_with(':') {
+        format!("0.0.0.0{listen}")
+    } else {
+        listen.to_string()
+    };
+    full.parse()
+        .with_context(|| format!("--listen: {listen:?} is not host:port or :port"))
+}
+
+/// Binds `listen` and serves in the background.
+pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
+    let addr = listen_addr(listen)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr}"))?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(metrics))
+        .route("/graph", get(graph))
+        .with_state(state);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    });
+    Ok(local)
+}
+
+async fn index() -> Html<&'static str> {
+    Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li></ul></body></html>\n")
+}
+
+async fn metrics(State(state): State<HttpState>) -> Response {
+    let wg = Arc::clone(&state.wg);
+    let (peers, drops) = tokio::task::spawn_blocking(move || {
+        let peers = wg.read().map(|(_, stats)| stats).unwrap_or_default();
+        (peers, wg.drops())
+    })
+    .await
+    .unwrap_or_default();
+    let body = state.metrics.render(&peers, &drops, SystemTime::now());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// `/graph` query parameters.
+#[derive(Debug, Deserialize)]
+pub struct GraphQuery {
+    format: Option<String>,
+    layout: Option<String>,
+}
+
+const LAYOUTS: [&str; 5] = ["circo", "dot", "neato", "twopi", "fdp"];
+
+fn content_type(format: &str) -> Option<&'static str> {
+    Some(match format {
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "gif" => "image/gif",
+        "bmp" => "image/bmp",
+        "json" => "application/json",
+        "ps" => "application/postscript",
+        "fig" => "application/x-xfig",
+        _ => return None,
+    })
+}
+
+async fn graph(State(state): State<HttpState>, Query(q): Query<GraphQuery>) -> Response {
+    let format = q.format.unwrap_or_else(|| "svg".into());
+    let layout = q.layout.unwrap_or_else(|| "circo".into());
+    if !LAYOUTS.contains(&layout.as_str()) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unsupported layout {layout:?}; use one of {}\n",
+                LAYOUTS.join(", ")
+            ),
+        )
+            .into_response();
+    }
+    let raw = matches!(format.as_str(), "dot" | "gv");
+    let mime = if raw {
+        Some("text/vnd.graphviz")
+    } else {
+        content_type(&format)
+    };
+    let Some(mime) = mime else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unsupported format {format:?}; use dot, gv, svg, png, gif, bmp, json, ps or fig\n"
+            ),
+        )
+            .into_response();
+    };
+    let Some(dot) = state.graph.lock().clone() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no topology yet: the local node is not ready\n",
+        )
+            .into_response();
+    };
+    if raw {
+        return ([(header::CONTENT_TYPE, mime)], dot).into_response();
+    }
+    match render(&dot, &layout, &format).await {
+        Ok(bytes) => ([(header::CONTENT_TYPE, mime)], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")).into_response(),
+    }
+}
+
+/// Runs Graphviz: `dot -K<layout> -T<format>`.
+async fn render(dot: &str, layout: &str, format: &str) -> Result<Vec<u8>> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("dot")
+        .arg(format!("-K{layout}"))
+        .arg(format!("-T{format}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running Graphviz `dot` (is graphviz installed?)")?;
+    let mut stdin = child.stdin.take().context("dot's stdin")?;
+    stdin.write_all(dot.as_bytes()).await?;
+    drop(stdin);
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "dot failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_style_listen_addresses() {
+        assert_eq!(
+            listen_addr(":1107").unwrap(),
+            "0.0.0.0:1107".parse().unwrap()
+        );
+        assert_eq!(
+            listen_addr("127.0.0.1:9").unwrap(),
+            "127.0.0.1:9".parse().unwrap()
+        );
+        assert!(listen_addr("1107").is_err());
+    }
+}
