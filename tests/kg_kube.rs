@@ -71,19 +71,20 @@ fn kg_publishes_its_node_and_configures_peers_from_the_api() {
         .node("n1")
         .wg("endpoints")
         .contains(&format!("{remote_key}\t192.168.10.200:51820")));
-    let routes = String::from_utf8_lossy(
-        &c.node("n1")
-            .ns
-            .output(&["ip", "route", "show", "10.42.2.0/24"])
-            .stdout,
-    )
-    .into_owned();
-    assert!(
-        routes.contains("via 10.4.0.2")
-            && routes.contains("proto static")
-            && routes.contains("onlink"),
-        "{routes}"
-    );
+    let show = |c: &Cluster| {
+        String::from_utf8_lossy(
+            &c.node("n1")
+                .ns
+                .output(&["ip", "route", "show", "10.42.2.0/24"])
+                .stdout,
+        )
+        .into_owned()
+    };
+    let routed = c.wait_for(Duration::from_secs(5), |c| {
+        let r = show(c);
+        r.contains("via 10.4.0.2") && r.contains("proto static") && r.contains("onlink")
+    });
+    assert!(routed, "{}", show(&c));
 
     // Check-in: last-seen is refreshed every 30 s, as Kilo does, with nothing else changing.
     let seen = |api: &FakeKube| -> Vec<String> {

@@ -207,6 +207,40 @@ fn full_granularity_builds_a_direct_mesh() {
         assert!(svg.contains("<svg"), "{svg}");
     }
 
+    // iptables: KILO-NAT returns for known IPs and masquerades the rest; a deleted rule returns
+    // within a resync.
+    if common::which("iptables") {
+        let nat = |c: &Cluster| {
+            c.node("n1")
+                .ns
+                .output(&["iptables", "-t", "nat", "-S"])
+                .stdout
+        };
+        let text = String::from_utf8_lossy(&nat(&c)).into_owned();
+        let masquerade =
+            "-A KILO-NAT -m comment --comment \"Kilo: NAT remaining packets\" -j MASQUERADE";
+        assert!(text.contains(masquerade), "{text}");
+        assert!(text.contains("-A KILO-NAT -d 10.42.4.0/24 -m comment --comment \"Kilo: do not NAT packets destined for known IPs\" -j RETURN"), "{text}");
+        assert!(text.contains("-A POSTROUTING -s 10.42.1.0/24 -m comment --comment \"Kilo: jump to KILO-NAT chain\" -j KILO-NAT"), "{text}");
+        c.node("n1").ns.run(&[
+            "iptables",
+            "-t",
+            "nat",
+            "-D",
+            "KILO-NAT",
+            "-m",
+            "comment",
+            "--comment",
+            "Kilo: NAT remaining packets",
+            "-j",
+            "MASQUERADE",
+        ]);
+        let back = c.wait_for(Duration::from_secs(6), |c| {
+            String::from_utf8_lossy(&nat(c)).contains(masquerade)
+        });
+        assert!(back, "the deleted rule was not restored\n{}", c.logs());
+    }
+
     // --mtu=auto: the default route's interface (MTU 1500) minus 80.
     let link = String::from_utf8_lossy(
         &c.node("n1")

@@ -10,6 +10,7 @@ pub mod dns;
 pub mod fixtures;
 pub mod graph;
 pub mod ip;
+pub mod iptables;
 pub mod key;
 pub mod nat;
 pub mod node;

@@ -30,6 +30,7 @@ use wireguard::WireGuard;
 pub mod args;
 pub mod http;
 pub mod ipdetect;
+pub mod iptables;
 pub mod keyfile;
 pub mod local;
 pub mod metrics;
@@ -84,6 +85,7 @@ pub struct Agent {
     pub metrics: Arc<Metrics>,
     /// The DOT graph of the last topology, for `/graph`.
     pub graph: Arc<parking_lot::Mutex<Option<String>>>,
+    ip6tables: bool,
 }
 
 impl Agent {
@@ -166,6 +168,7 @@ impl Agent {
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
+            ip6tables: iptables::v6_available(),
         })
     }
 
@@ -503,6 +506,20 @@ impl Agent {
             tracing::warn!(error = format!("{e:#}"), "route change failed");
         }
         self.owned = plan;
+        let rules = t.iptables_rules(&control::iptables::IptablesOptions {
+            cni: self.s.args.cni,
+            forward_rules: self.s.args.iptables_forward_rules,
+            service_cidrs: self.s.service_cidrs.clone(),
+        });
+        let v6 = self.ip6tables;
+        match tokio::task::spawn_blocking(move || iptables::reconcile(&rules, v6)).await? {
+            Ok(true) => tracing::debug!("iptables rules reconciled"),
+            Ok(false) => {}
+            Err(e) => {
+                self.metrics.error("apply");
+                tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
+            }
+        }
         Ok(())
     }
 
@@ -510,6 +527,14 @@ impl Agent {
     /// and the engine.
     pub async fn shut_down(self) {
         if self.s.args.clean_up {
+            let v6 = self.ip6tables;
+            match tokio::task::spawn_blocking(move || iptables::clean_up(v6)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = format!("{e:#}"), "removing iptables rules failed")
+                }
+                Err(e) => tracing::warn!(error = %e, "removing iptables rules failed"),
+            }
             if let Ok(observed) = self.netlink.observe().await {
                 let ops = diff(
                     &RoutePlan::default(),

@@ -1,0 +1,321 @@
+//! The iptables rules Kilo installs (§5.1), as data: the `KILO-NAT` chain (owned entirely, so it
+//! is rewritten as a whole) and the rules kg inserts into built-in chains, in the `-S` form
+//! iptables prints them, so the kernel's state can be compared line by line.
+
+use ipnet::IpNet;
+
+use crate::topology::Topology;
+
+/// Kilo's NAT chain.
+pub const KILO_NAT: &str = "KILO-NAT";
+
+/// One rule: table, chain, and its spec in `iptables -S` form (without `-A CHAIN`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IptRule {
+    /// `nat` or `filter`.
+    pub table: &'static str,
+    /// The chain.
+    pub chain: &'static str,
+    /// Everything after `-A CHAIN`.
+    pub spec: String,
+}
+
+/// The rules of one address family.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FamilyRules {
+    /// Rules inserted at the top of built-in chains (`POSTROUTING`, `FORWARD`), a set.
+    pub builtin: Vec<IptRule>,
+    /// The whole content of `KILO-NAT`, in order.
+    pub kilo_nat: Vec<String>,
+}
+
+/// Rules for IPv4 and IPv6.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuleSet {
+    /// IPv4 (`iptables`).
+    pub v4: FamilyRules,
+    /// IPv6 (`ip6tables`).
+    pub v6: FamilyRules,
+}
+
+/// What decides the rules besides the topology.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IptablesOptions {
+    /// `--cni`: jump from POSTROUTING into KILO-NAT for the local pod CIDR.
+    pub cni: bool,
+    /// `--iptables-forward-rules`.
+    pub forward_rules: bool,
+    /// `--service-cidr`s.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+fn comment(text: &str) -> String {
+    format!("-m comment --comment \"{text}\"")
+}
+
+impl RuleSet {
+    fn family(&mut self, net: &IpNet) -> &mut FamilyRules {
+        match net {
+            IpNet::V4(_) => &mut self.v4,
+            IpNet::V6(_) => &mut self.v6,
+        }
+    }
+
+    fn builtin(&mut self, table: &'static str, chain: &'static str, net: &IpNet, spec: String) {
+        let rule = IptRule { table, chain, spec };
+        let rules = &mut self.family(net).builtin;
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+
+    fn kilo_nat(&mut self, net: &IpNet, spec: String) {
+        let rules = &mut self.family(net).kilo_nat;
+        if !rules.contains(&spec) {
+            rules.push(spec);
+        }
+    }
+}
+
+impl Topology {
+    /// Kilo's iptables rules for this node (§5.1), without the IPIP ones.
+    pub fn iptables_rules(&self, o: &IptablesOptions) -> RuleSet {
+        let mut r = RuleSet::default();
+        if o.cni {
+            let pods = self.subnet.trunc();
+            r.builtin(
+                "nat",
+                "POSTROUTING",
+                &pods,
+                format!(
+                    "-s {pods} {} -j {KILO_NAT}",
+                    comment("Kilo: jump to KILO-NAT chain")
+                ),
+            );
+            if o.forward_rules {
+                let mut forward = |net: IpNet, what: &str| {
+                    let net = net.trunc();
+                    r.builtin(
+                        "filter",
+                        "FORWARD",
+                        &net,
+                        format!(
+                            "-s {net} {} -j ACCEPT",
+                            comment(&format!("Kilo: forward packets from {what}"))
+                        ),
+                    );
+                    r.builtin(
+                        "filter",
+                        "FORWARD",
+                        &net,
+                        format!(
+                            "-d {net} {} -j ACCEPT",
+                            comment(&format!("Kilo: forward packets to {what}"))
+                        ),
+                    );
+                };
+                match self.local_segment().filter(|_| self.leader) {
+                    Some(s) => {
+                        for m in &s.members {
+                            forward(m.pod_cidr, "the pod subnet");
+                        }
+                        for net in &s.allowed_location_ips {
+                            forward(*net, "allowed location IPs");
+                        }
+                        for ip in s.private_ips() {
+                            forward(IpNet::from(ip), "private IPs");
+                        }
+                    }
+                    None => forward(pods, "the node's pod subnet"),
+                }
+            }
+        }
+        for s in &self.segments {
+            let wg = IpNet::from(s.wireguard_ip);
+            r.kilo_nat(
+                &wg,
+                format!(
+                    "-d {wg} {} -j RETURN",
+                    comment("Kilo: do not NAT packets destined for WireGuared IPs")
+                ),
+            );
+            for net in &s.allowed_ips {
+                let net = net.trunc();
+                r.kilo_nat(
+                    &net,
+                    format!(
+                        "-d {net} {} -j RETURN",
+                        comment("Kilo: do not NAT packets destined for known IPs")
+                    ),
+                );
+            }
+            if s.key == self.location {
+                for net in &s.allowed_location_ips {
+                    let net = net.trunc();
+                    r.builtin(
+                        "nat",
+                        "POSTROUTING",
+                        &net,
+                        format!(
+                            "-d {net} {} -j {KILO_NAT}",
+                            comment("Kilo: jump to NAT chain")
+                        ),
+                    );
+                }
+            }
+        }
+        for p in &self.peers {
+            for net in &p.allowed_ips {
+                let net = net.trunc();
+                r.builtin(
+                    "nat",
+                    "POSTROUTING",
+                    &net,
+                    format!(
+                        "-s {net} {} -j {KILO_NAT}",
+                        comment("Kilo: jump to NAT chain")
+                    ),
+                );
+                r.kilo_nat(
+                    &net,
+                    format!(
+                        "-d {net} {} -j RETURN",
+                        comment("Kilo: do not NAT packets destined for peers")
+                    ),
+                );
+            }
+        }
+        for net in &o.service_cidrs {
+            let net = net.trunc();
+            r.kilo_nat(
+                &net,
+                format!(
+                    "-d {net} {} -j RETURN",
+                    comment("Kilo: do not NAT packets destined for service CIDRs")
+                ),
+            );
+        }
+        let tail = format!("{} -j MASQUERADE", comment("Kilo: NAT remaining packets"));
+        r.v4.kilo_nat.push(tail.clone());
+        r.v6.kilo_nat.push(tail);
+        r
+    }
+}
+
+/// True for a rule kg owns in a built-in chain: its comment starts with `Kilo: `.
+pub fn is_kilo_rule(spec: &str) -> bool {
+    spec.contains("--comment \"Kilo: ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{f1_nodes, f1_params, f1_peers};
+    use crate::node::Granularity;
+
+    fn rules(host: &str, o: &IptablesOptions) -> RuleSet {
+        Topology::new(
+            &f1_nodes(),
+            &f1_peers(),
+            &f1_params(host, Granularity::Location),
+        )
+        .unwrap()
+        .iptables_rules(o)
+    }
+
+    #[test]
+    fn kilo_nat_returns_for_known_ips_then_masquerades() {
+        let o = IptablesOptions {
+            cni: true,
+            forward_rules: false,
+            service_cidrs: vec!["10.43.0.0/16".parse().unwrap()],
+        };
+        let r = rules("b", &o);
+        assert_eq!(r.v4.kilo_nat.first().unwrap(), "-d 10.4.0.1/32 -m comment --comment \"Kilo: do not NAT packets destined for WireGuared IPs\" -j RETURN");
+        assert!(r.v4.kilo_nat.contains(&"-d 10.2.3.0/24 -m comment --comment \"Kilo: do not NAT packets destined for known IPs\" -j RETURN".to_string()));
+        assert!(r.v4.kilo_nat.contains(&"-d 10.5.0.0/24 -m comment --comment \"Kilo: do not NAT packets destined for peers\" -j RETURN".to_string()));
+        let n = r.v4.kilo_nat.len();
+        assert_eq!(r.v4.kilo_nat[n - 2], "-d 10.43.0.0/16 -m comment --comment \"Kilo: do not NAT packets destined for service CIDRs\" -j RETURN");
+        assert_eq!(
+            r.v4.kilo_nat[n - 1],
+            "-m comment --comment \"Kilo: NAT remaining packets\" -j MASQUERADE"
+        );
+        assert_eq!(
+            r.v6.kilo_nat,
+            vec!["-m comment --comment \"Kilo: NAT remaining packets\" -j MASQUERADE".to_string()]
+        );
+        let jumps: Vec<&str> = r.v4.builtin.iter().map(|x| x.spec.as_str()).collect();
+        assert!(jumps.contains(
+            &"-s 10.2.2.0/24 -m comment --comment \"Kilo: jump to KILO-NAT chain\" -j KILO-NAT"
+        ));
+        assert!(
+            jumps.contains(
+                &"-d 192.168.178.3/32 -m comment --comment \"Kilo: jump to NAT chain\" -j KILO-NAT"
+            ),
+            "b's location IP"
+        );
+        assert!(
+            jumps.contains(
+                &"-s 10.5.0.0/24 -m comment --comment \"Kilo: jump to NAT chain\" -j KILO-NAT"
+            ),
+            "peer range"
+        );
+        assert!(r
+            .v4
+            .builtin
+            .iter()
+            .all(|x| x.table == "nat" && x.chain == "POSTROUTING"));
+    }
+
+    #[test]
+    fn forward_rules_cover_a_leaders_segment_or_a_non_leaders_pods() {
+        let o = IptablesOptions {
+            cni: true,
+            forward_rules: true,
+            service_cidrs: vec![],
+        };
+        let leader = rules("b", &o);
+        let forward: Vec<&str> = leader
+            .v4
+            .builtin
+            .iter()
+            .filter(|x| x.chain == "FORWARD")
+            .map(|x| x.spec.as_str())
+            .collect();
+        assert!(forward.contains(&"-s 10.2.3.0/24 -m comment --comment \"Kilo: forward packets from the pod subnet\" -j ACCEPT"));
+        assert!(forward.contains(&"-d 192.168.0.2/32 -m comment --comment \"Kilo: forward packets to private IPs\" -j ACCEPT"));
+        assert!(forward.contains(&"-s 192.168.178.3/32 -m comment --comment \"Kilo: forward packets from allowed location IPs\" -j ACCEPT"));
+        let other = rules("c", &o);
+        let forward: Vec<&str> = other
+            .v4
+            .builtin
+            .iter()
+            .filter(|x| x.chain == "FORWARD")
+            .map(|x| x.spec.as_str())
+            .collect();
+        assert_eq!(
+            forward,
+            [
+                "-s 10.2.3.0/24 -m comment --comment \"Kilo: forward packets from the node's pod subnet\" -j ACCEPT",
+                "-d 10.2.3.0/24 -m comment --comment \"Kilo: forward packets to the node's pod subnet\" -j ACCEPT",
+            ]
+        );
+        let no_cni = rules("c", &IptablesOptions::default());
+        assert!(no_cni
+            .v4
+            .builtin
+            .iter()
+            .all(|x| !x.spec.contains("KILO-NAT chain")));
+    }
+
+    #[test]
+    fn kilo_rules_are_recognised_by_their_comment() {
+        assert!(is_kilo_rule(
+            "-s 10.2.2.0/24 -m comment --comment \"Kilo: jump to KILO-NAT chain\" -j KILO-NAT"
+        ));
+        assert!(!is_kilo_rule("-s 10.2.2.0/24 -j MASQUERADE"));
+        assert!(!is_kilo_rule(
+            "-m comment --comment \"Kilometres\" -j ACCEPT"
+        ));
+    }
+}

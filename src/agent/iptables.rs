@@ -1,0 +1,155 @@
+//! Applies Kilo's iptables rules with `iptables-restore --noflush`, one atomic transaction per
+//! table and family, changing only what differs from `iptables -S`. Works with the nft and legacy
+//! back ends alike (whichever `iptables` is).
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use control::iptables::{is_kilo_rule, FamilyRules, IptRule, RuleSet, KILO_NAT};
+
+/// The built-in chains kg inserts rules into.
+const BUILTIN: [(&str, &str); 2] = [("nat", "POSTROUTING"), ("filter", "FORWARD")];
+
+fn tools(v6: bool) -> (&'static str, &'static str) {
+    if v6 {
+        ("ip6tables", "ip6tables-restore")
+    } else {
+        ("iptables", "iptables-restore")
+    }
+}
+
+/// `iptables -t TABLE -S CHAIN` as specs (without `-A CHAIN`); `None` when the chain is missing.
+fn list(v6: bool, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
+    let (bin, _) = tools(v6);
+    let out = Command::new(bin)
+        .args(["-w", "5", "-t", table, "-S", chain])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {bin} (is iptables installed?)"))?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let prefix = format!("-A {chain} ");
+    Ok(Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect(),
+    ))
+}
+
+fn restore(v6: bool, script: &str) -> Result<()> {
+    let (_, bin) = tools(v6);
+    let mut child = Command::new(bin)
+        .args(["-w", "5", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {bin}"))?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{bin} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The `iptables-restore` script that takes one family to `desired` (empty when nothing differs).
+fn plan(v6: bool, desired: &FamilyRules) -> Result<String> {
+    let mut script = String::new();
+    for table in ["nat", "filter"] {
+        let mut body = String::new();
+        if table == "nat" && list(v6, "nat", KILO_NAT)?.as_ref() != Some(&desired.kilo_nat) {
+            body.push_str(&format!(":{KILO_NAT} - [0:0]\n"));
+            for spec in &desired.kilo_nat {
+                body.push_str(&format!("-A {KILO_NAT} {spec}\n"));
+            }
+        }
+        for (t, chain) in BUILTIN.iter().filter(|(t, _)| *t == table) {
+            let want: BTreeSet<&str> = desired
+                .builtin
+                .iter()
+                .filter(|r: &&IptRule| r.table == *t && r.chain == *chain)
+                .map(|r| r.spec.as_str())
+                .collect();
+            let have = list(v6, t, chain)?.unwrap_or_default();
+            for spec in have
+                .iter()
+                .filter(|s| is_kilo_rule(s) && !want.contains(s.as_str()))
+            {
+                body.push_str(&format!("-D {chain} {spec}\n"));
+            }
+            for spec in want.iter().filter(|s| !have.iter().any(|h| h == *s)) {
+                body.push_str(&format!("-I {chain} 1 {spec}\n"));
+            }
+        }
+        if !body.is_empty() {
+            script.push_str(&format!("*{table}\n{body}COMMIT\n"));
+        }
+    }
+    Ok(script)
+}
+
+/// Brings both families to `rules`. Returns true when something was changed. IPv6 is skipped
+/// (`v6_available` false) where the kernel has no IPv6 NAT.
+pub fn reconcile(rules: &RuleSet, v6_available: bool) -> Result<bool> {
+    let mut changed = false;
+    for (v6, family) in [(false, &rules.v4), (true, &rules.v6)] {
+        if v6 && !v6_available {
+            continue;
+        }
+        let script = plan(v6, family)?;
+        if !script.is_empty() {
+            restore(v6, &script)?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// True when `ip6tables` can list the nat table here.
+pub fn v6_available() -> bool {
+    list(true, "nat", "POSTROUTING").is_ok_and(|l| l.is_some())
+}
+
+/// Removes every rule kg added and the `KILO-NAT` chain.
+pub fn clean_up(v6_available: bool) -> Result<()> {
+    for v6 in [false, true] {
+        if v6 && !v6_available {
+            continue;
+        }
+        let mut script = String::new();
+        for table in ["nat", "filter"] {
+            let mut body = String::new();
+            for (t, chain) in BUILTIN.iter().filter(|(t, _)| *t == table) {
+                for spec in list(v6, t, chain)?
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|s| is_kilo_rule(s))
+                {
+                    body.push_str(&format!("-D {chain} {spec}\n"));
+                }
+            }
+            if table == "nat" && list(v6, "nat", KILO_NAT)?.is_some() {
+                body.push_str(&format!("-F {KILO_NAT}\n-X {KILO_NAT}\n"));
+            }
+            if !body.is_empty() {
+                script.push_str(&format!("*{table}\n{body}COMMIT\n"));
+            }
+        }
+        if !script.is_empty() {
+            restore(v6, &script)?;
+        }
+    }
+    Ok(())
+}
