@@ -256,11 +256,6 @@ pub fn is_dns_subdomain(name: &str) -> bool {
     })
 }
 
-/// The network of `net` as a canonical prefix (host bits cleared).
-pub fn canonical(net: IpNet) -> IpNet {
-    net.trunc()
-}
-
 /// `net` re-expressed with IPv4-mapped IPv6 turned back into IPv4 (Kilo stores IPv4 as 4 bytes).
 pub fn normalise(net: IpNet) -> IpNet {
     match net {

@@ -399,14 +399,6 @@ impl Node {
             && self.subnet.is_some()
             && now_unix - self.last_seen < READY_WINDOW_SECS
     }
-
-    /// The same node ignoring `last_seen`: what decides whether a remote update needs a new
-    /// topology (readiness transitions are checked separately).
-    pub fn same_except_last_seen(&self, other: &Node) -> bool {
-        let mut a = self.clone();
-        a.last_seen = other.last_seen;
-        a == *other
-    }
 }
 
 /// The values of every annotation kg writes, computed from the local node's state.

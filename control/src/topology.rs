@@ -368,14 +368,6 @@ impl Topology {
         }
         endpoint.cloned()
     }
-
-    /// The WireGuard IP of the segment led by the node called `name`, if it leads one.
-    pub fn wireguard_ip_of_leader(&self, name: &str) -> Option<IpAddr> {
-        self.segments
-            .iter()
-            .find(|s| s.leader_member().name == name)
-            .map(|s| s.wireguard_ip)
-    }
 }
 
 #[cfg(test)]
