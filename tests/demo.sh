@@ -60,7 +60,7 @@ EOF
   # Distinct interface names: /var/run/wireguard (the UAPI sockets) is shared by all namespaces.
   ip netns exec "$n_ns" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
     --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=never --resync-period=5s \
-    --threads=1 2>"$work/$n.log" &
+    --threads=1 --cni=false 2>"$work/$n.log" &
 done
 
 echo "== waiting for the mesh (n2 in east pings n4's pod address 10.42.4.1 in west)"

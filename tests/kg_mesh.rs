@@ -65,6 +65,15 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
     );
     assert_eq!(peers(&c, "n3"), 1);
     assert_eq!(peers(&c, "n2"), 0, "non-leaders route through their leader");
+    // --mtu=auto: the default route's interface (MTU 1500) minus 80.
+    let link = String::from_utf8_lossy(
+        &c.node("n1")
+            .ns
+            .output(&["ip", "link", "show", &c.node("n1").iface])
+            .stdout,
+    )
+    .into_owned();
+    assert!(link.contains("mtu 1420"), "{link}");
     let dir = format!("--cluster-dir={}", c.dir.display());
     let dot = common::run(&[
         common::cluster::kgctl_bin(),
@@ -150,7 +159,41 @@ fn full_granularity_builds_a_direct_mesh() {
     if !common::can_run("full_granularity_builds_a_direct_mesh") {
         return;
     }
-    let c = four_nodes(&["--encapsulate=never", "--mesh-granularity=full"]);
+    // Each node gets Kilo's shipped conflist to manage (--cni is on by default).
+    let conflist = r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},{"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}"#;
+    let cni_dir = std::env::temp_dir().join(common::unique("cni"));
+    std::fs::create_dir_all(&cni_dir).unwrap();
+    let mut c = Cluster::new(&["east", "west"]);
+    for (i, (name, loc)) in [
+        ("n1", "east"),
+        ("n2", "east"),
+        ("n3", "west"),
+        ("n4", "west"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        c.add_node(
+            &NodeSpec {
+                name,
+                location: loc,
+                annotations: &[],
+            },
+            i as u8 + 1,
+        );
+        let path = cni_dir.join(format!("{name}.conflist"));
+        std::fs::write(&path, conflist).unwrap();
+        let flag = format!("--cni-path={}", path.display());
+        c.start_kg(
+            i,
+            &[
+                "--encapsulate=never",
+                "--mesh-granularity=full",
+                "--mtu=1380",
+                &flag,
+            ],
+        );
+    }
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     for n in ["n1", "n2", "n3", "n4"] {
@@ -241,7 +284,7 @@ fn full_granularity_builds_a_direct_mesh() {
         assert!(back, "the deleted rule was not restored\n{}", c.logs());
     }
 
-    // --mtu=auto: the default route's interface (MTU 1500) minus 80.
+    // --mtu=1380 on the link and in the CNI conflist, whose IPAM range is the node's pod CIDR.
     let link = String::from_utf8_lossy(
         &c.node("n1")
             .ns
@@ -249,10 +292,15 @@ fn full_granularity_builds_a_direct_mesh() {
             .stdout,
     )
     .into_owned();
-    assert!(link.contains("mtu 1420"), "{link}");
+    assert!(link.contains("mtu 1380"), "{link}");
+    let managed = std::fs::read_to_string(cni_dir.join("n3.conflist")).unwrap();
+    assert!(
+        managed.contains(r#""ranges":[[{"subnet":"10.42.3.0/24"}]]"#)
+            && managed.contains(r#""mtu":1380"#),
+        "{managed}"
+    );
 
     // SIGTERM with --clean-up (the default): n4 removes its routes and its annotations.
-    let mut c = c;
     c.nodes[3].stop();
     let routes = String::from_utf8_lossy(
         &c.node("n4")

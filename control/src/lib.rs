@@ -6,6 +6,7 @@
 //!
 //! Section numbers (§) refer to the written description of Kilo's behaviour the project follows.
 
+pub mod cni;
 pub mod dns;
 pub mod fixtures;
 pub mod graph;

@@ -443,6 +443,9 @@ impl Agent {
         if link.as_ref().is_some_and(|l| l.mtu != mtu) {
             self.netlink.set_mtu(kilo, mtu).await?;
         }
+        if self.s.args.cni {
+            self.sync_cni(t.subnet, mtu);
+        }
         self.metrics.leader.set(i64::from(t.leader));
         let desired = if t.leader {
             crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
@@ -523,6 +526,40 @@ impl Agent {
         Ok(())
     }
 
+    /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's (§5.2). A
+    /// missing or unreadable file is a warning, never a failure.
+    fn sync_cni(&mut self, pod_cidr: IpNet, mtu: u32) {
+        let path = self.s.args.cni_path.clone();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.warn_once(
+                    "cni",
+                    &format!(
+                        "cannot read the CNI configuration {}: {e}; not managing it",
+                        path.display()
+                    ),
+                );
+                return;
+            }
+        };
+        match control::cni::update_conflist(&text, pod_cidr, Some(mtu)) {
+            Ok(None) => {}
+            Ok(Some(updated)) => match write_file(&path, &updated, 0o644) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), %pod_cidr, mtu, "CNI configuration updated")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = format!("{e:#}"), "writing the CNI configuration failed")
+                }
+            },
+            Err(e) => self.warn_once(
+                "cni",
+                &format!("CNI configuration {}: {e}; not managing it", path.display()),
+            ),
+        }
+    }
+
     /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),
     /// and the engine.
     pub async fn shut_down(self) {
@@ -571,6 +608,17 @@ impl Agent {
             let _ = self.netlink.set_up(index, false).await;
         }
     }
+}
+
+/// Replaces `path` with `text` (mode `mode`) through a temporary file and a rename.
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.kg.tmp"));
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
 }
 
 /// Runs kg until SIGINT or SIGTERM.

@@ -370,6 +370,8 @@ impl Cluster {
             format!("--hostname={}", node.name),
             format!("--interface={}", node.iface),
             format!("--key-file={}", key.display()),
+            // Never the host's real conflist: the namespaces share the filesystem.
+            format!("--cni-path={}", self.work.join(format!("{}.conflist", node.name)).display()),
             "--resync-period=2s".into(),
             "--threads=1".into(),
             "--log-level=debug".into(),

@@ -1,0 +1,133 @@
+//! The CNI conflist kg keeps in step with the node (§5.2): every plugin's IPAM range is the
+//! node's pod CIDR, and (unlike Kilo, which leaves 1420) every plugin's `mtu` follows `--mtu`.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+/// Why a conflist could not be updated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniError {
+    /// Not JSON.
+    #[error("not valid JSON: {0}")]
+    Json(String),
+    /// No `plugins` array.
+    #[error("no \"plugins\" list")]
+    NoPlugins,
+}
+
+/// Rebuilds `value` with every object's keys sorted (Kilo writes keys sorted).
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let ordered: BTreeMap<String, Value> =
+                map.into_iter().map(|(k, v)| (k, sorted(v))).collect();
+            Value::Object(ordered.into_iter().collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+/// The updated conflist (compact JSON, keys sorted), or `None` when `text` is already right.
+pub fn update_conflist(
+    text: &str,
+    pod_cidr: IpNet,
+    mtu: Option<u32>,
+) -> Result<Option<String>, CniError> {
+    let mut conf: Value = serde_json::from_str(text).map_err(|e| CniError::Json(e.to_string()))?;
+    let plugins = conf
+        .get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .ok_or(CniError::NoPlugins)?;
+    let subnet = pod_cidr.trunc().to_string();
+    let mut changed = false;
+    for plugin in plugins.iter_mut() {
+        let Some(object) = plugin.as_object_mut() else {
+            continue;
+        };
+        if let Some(ipam) = object.get_mut("ipam").and_then(Value::as_object_mut) {
+            let current = ipam
+                .get("ranges")
+                .and_then(|r| r.get(0))
+                .and_then(|r| r.get(0))
+                .and_then(|r| r.get("subnet"))
+                .and_then(Value::as_str);
+            if current != Some(subnet.as_str()) {
+                ipam.insert("ranges".into(), serde_json::json!([[{ "subnet": subnet }]]));
+                changed = true;
+            }
+        }
+        if let (Some(mtu), Some(current)) = (mtu, object.get("mtu")) {
+            if current.as_u64() != Some(u64::from(mtu)) {
+                object.insert("mtu".into(), Value::from(mtu));
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    Ok(Some(
+        serde_json::to_string(&sorted(conf)).expect("a JSON value serialises"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The conflist Kilo's manifests ship.
+    pub(crate) const KILO_CONFLIST: &str = r#"{
+  "cniVersion": "0.4.0",
+  "name": "kilo",
+  "plugins": [
+    {"name": "kubernetes", "type": "bridge", "bridge": "kube-bridge", "isDefaultGateway": true,
+     "forceAddress": true, "mtu": 1420, "ipam": {"type": "host-local"}},
+    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
+  ]
+}"#;
+
+    #[test]
+    fn the_ipam_range_and_mtu_follow_the_node() {
+        let pods: IpNet = "10.42.3.0/24".parse().unwrap();
+        let out = update_conflist(KILO_CONFLIST, pods, Some(1380))
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.contains(r#""ipam":{"ranges":[[{"subnet":"10.42.3.0/24"}]],"type":"host-local"}"#),
+            "{out}"
+        );
+        assert!(out.contains(r#""mtu":1380"#));
+        assert!(
+            out.starts_with(
+                r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"bridge":"kube-bridge""#
+            ),
+            "keys sorted: {out}"
+        );
+        assert!(
+            !out.contains("portmap\",\"ipam"),
+            "plugins without ipam are left alone"
+        );
+        assert_eq!(
+            update_conflist(&out, pods, Some(1380)).unwrap(),
+            None,
+            "already right"
+        );
+        let moved = update_conflist(&out, "10.42.9.0/24".parse().unwrap(), Some(1380))
+            .unwrap()
+            .unwrap();
+        assert!(moved.contains("10.42.9.0/24"));
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        let pods: IpNet = "10.42.3.0/24".parse().unwrap();
+        assert!(matches!(
+            update_conflist("{", pods, None),
+            Err(CniError::Json(_))
+        ));
+        assert_eq!(update_conflist("{}", pods, None), Err(CniError::NoPlugins));
+    }
+}
