@@ -371,7 +371,10 @@ impl Cluster {
             format!("--interface={}", node.iface),
             format!("--key-file={}", key.display()),
             // Never the host's real conflist: the namespaces share the filesystem.
-            format!("--cni-path={}", self.work.join(format!("{}.conflist", node.name)).display()),
+            format!(
+                "--cni-path={}",
+                self.work.join(format!("{}.conflist", node.name)).display()
+            ),
             "--resync-period=2s".into(),
             "--threads=1".into(),
             "--log-level=debug".into(),
