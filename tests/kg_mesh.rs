@@ -218,6 +218,26 @@ fn full_granularity_builds_a_direct_mesh() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(churn(&c), before, "{}", c.logs());
 
+    // No private key in any log, metric or graph (issue 5's secrets rule).
+    for n in &c.nodes {
+        let key = std::fs::read_to_string(c.work.join("keys").join(&n.name)).unwrap();
+        let key = key.trim();
+        assert_eq!(key.len(), 44, "a base64 key");
+        let (_, metrics) = n.http_get("/metrics");
+        let (_, graph) = n.http_get("/graph?format=dot");
+        for (what, text) in [
+            ("log", n.log_text()),
+            ("metrics", metrics),
+            ("graph", graph),
+        ] {
+            assert!(
+                !text.contains(key),
+                "{}'s private key in its {what}",
+                n.name
+            );
+        }
+    }
+
     // HTTP on :1107, Kilo's paths.
     let n1 = c.node("n1");
     assert_eq!(n1.http_get("/health").0, 200);
