@@ -75,6 +75,23 @@ impl RuleSet {
             rules.push(spec);
         }
     }
+
+    /// `KILO-NAT -d NET -m comment --comment "Kilo: do not NAT packets destined for WHAT" -j RETURN`.
+    fn nat_return(&mut self, net: IpNet, what: &str) {
+        let net = net.trunc();
+        let text = format!("Kilo: do not NAT packets destined for {what}");
+        self.kilo_nat(&net, format!("-d {net} {} -j RETURN", comment(&text)));
+    }
+
+    /// `POSTROUTING {-s|-d} NET -m comment --comment "Kilo: jump to NAT chain" -j KILO-NAT`.
+    fn nat_jump(&mut self, direction: &str, net: IpNet) {
+        let net = net.trunc();
+        let spec = format!(
+            "{direction} {net} {} -j {KILO_NAT}",
+            comment("Kilo: jump to NAT chain")
+        );
+        self.builtin("nat", "POSTROUTING", &net, spec);
+    }
 }
 
 impl Topology {
@@ -131,69 +148,24 @@ impl Topology {
             }
         }
         for s in &self.segments {
-            let wg = IpNet::from(s.wireguard_ip);
-            r.kilo_nat(
-                &wg,
-                format!(
-                    "-d {wg} {} -j RETURN",
-                    comment("Kilo: do not NAT packets destined for WireGuared IPs")
-                ),
-            );
+            r.nat_return(IpNet::from(s.wireguard_ip), "WireGuared IPs");
             for net in &s.allowed_ips {
-                let net = net.trunc();
-                r.kilo_nat(
-                    &net,
-                    format!(
-                        "-d {net} {} -j RETURN",
-                        comment("Kilo: do not NAT packets destined for known IPs")
-                    ),
-                );
+                r.nat_return(*net, "known IPs");
             }
             if s.key == self.location {
                 for net in &s.allowed_location_ips {
-                    let net = net.trunc();
-                    r.builtin(
-                        "nat",
-                        "POSTROUTING",
-                        &net,
-                        format!(
-                            "-d {net} {} -j {KILO_NAT}",
-                            comment("Kilo: jump to NAT chain")
-                        ),
-                    );
+                    r.nat_jump("-d", *net);
                 }
             }
         }
         for p in &self.peers {
             for net in &p.allowed_ips {
-                let net = net.trunc();
-                r.builtin(
-                    "nat",
-                    "POSTROUTING",
-                    &net,
-                    format!(
-                        "-s {net} {} -j {KILO_NAT}",
-                        comment("Kilo: jump to NAT chain")
-                    ),
-                );
-                r.kilo_nat(
-                    &net,
-                    format!(
-                        "-d {net} {} -j RETURN",
-                        comment("Kilo: do not NAT packets destined for peers")
-                    ),
-                );
+                r.nat_jump("-s", *net);
+                r.nat_return(*net, "peers");
             }
         }
         for net in &o.service_cidrs {
-            let net = net.trunc();
-            r.kilo_nat(
-                &net,
-                format!(
-                    "-d {net} {} -j RETURN",
-                    comment("Kilo: do not NAT packets destined for service CIDRs")
-                ),
-            );
+            r.nat_return(*net, "service CIDRs");
         }
         let tail = format!("{} -j MASQUERADE", comment("Kilo: NAT remaining packets"));
         r.v4.kilo_nat.push(tail.clone());

@@ -67,6 +67,25 @@ impl Topology {
         }
     }
 
+    /// A Peer as one WireGuard peer: its key, its (possibly discovered) endpoint and its allowed
+    /// IPs minus prefixes already `claimed`.
+    fn peer_peer(
+        &self,
+        p: &crate::peer::Peer,
+        key: Key,
+        persistent_keepalive: u16,
+        preshared_key: Option<Key>,
+        claimed: &mut BTreeSet<IpNet>,
+    ) -> WgPeer {
+        WgPeer {
+            public_key: key,
+            allowed_ips: claim(p.allowed_ips.iter().copied(), claimed),
+            endpoint: self.effective_endpoint(p.endpoint.as_ref(), &key, p.persistent_keepalive),
+            persistent_keepalive,
+            preshared_key,
+        }
+    }
+
     /// What the local leader applies (§4.9.1): one peer per other segment, then one per Peer,
     /// all with the local keepalive. Entries whose key is `local_key` or already listed are
     /// skipped, so the device never gets itself or a duplicate as a peer.
@@ -85,17 +104,13 @@ impl Topology {
             if !keys.insert(key) {
                 continue;
             }
-            peers.push(WgPeer {
-                public_key: key,
-                allowed_ips: claim(p.allowed_ips.iter().copied(), &mut claimed),
-                endpoint: self.effective_endpoint(
-                    p.endpoint.as_ref(),
-                    &key,
-                    p.persistent_keepalive,
-                ),
-                persistent_keepalive: self.persistent_keepalive,
-                preshared_key: p.preshared_key,
-            });
+            peers.push(self.peer_peer(
+                p,
+                key,
+                self.persistent_keepalive,
+                p.preshared_key,
+                &mut claimed,
+            ));
         }
         Conf {
             listen_port: Some(self.port),
@@ -116,17 +131,7 @@ impl Topology {
         }
         for p in self.peers.iter().filter(|p| p.name != name) {
             let Some(key) = p.public_key else { continue };
-            peers.push(WgPeer {
-                public_key: key,
-                allowed_ips: claim(p.allowed_ips.iter().copied(), &mut claimed),
-                endpoint: self.effective_endpoint(
-                    p.endpoint.as_ref(),
-                    &key,
-                    p.persistent_keepalive,
-                ),
-                persistent_keepalive: keepalive,
-                preshared_key: None,
-            });
+            peers.push(self.peer_peer(p, key, keepalive, None, &mut claimed));
         }
         Conf {
             listen_port: None,
