@@ -9,26 +9,16 @@ use common::cluster::{Cluster, NodeSpec};
 
 const WG_IP: &str = "kilo.squat.ai/wireguard-ip";
 
+/// Two locations of two nodes each.
+const FOUR: [(&str, &str); 4] = [
+    ("n1", "east"),
+    ("n2", "east"),
+    ("n3", "west"),
+    ("n4", "west"),
+];
+
 fn four_nodes(extra: &[&str]) -> Cluster {
-    let mut c = Cluster::new(&["east", "west"]);
-    for (i, (name, loc)) in [
-        ("n1", "east"),
-        ("n2", "east"),
-        ("n3", "west"),
-        ("n4", "west"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        c.add_node(
-            &NodeSpec {
-                name,
-                location: loc,
-                annotations: &[],
-            },
-            i as u8 + 1,
-        );
-    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &FOUR);
     for i in 0..4 {
         c.start_kg(i, extra);
     }
@@ -163,24 +153,8 @@ fn full_granularity_builds_a_direct_mesh() {
     let conflist = r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},{"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}"#;
     let cni_dir = std::env::temp_dir().join(common::unique("cni"));
     std::fs::create_dir_all(&cni_dir).unwrap();
-    let mut c = Cluster::new(&["east", "west"]);
-    for (i, (name, loc)) in [
-        ("n1", "east"),
-        ("n2", "east"),
-        ("n3", "west"),
-        ("n4", "west"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        c.add_node(
-            &NodeSpec {
-                name,
-                location: loc,
-                annotations: &[],
-            },
-            i as u8 + 1,
-        );
+    let mut c = Cluster::with_nodes(&["east", "west"], &FOUR);
+    for (i, (name, _)) in FOUR.iter().enumerate() {
         let path = cni_dir.join(format!("{name}.conflist"));
         std::fs::write(&path, conflist).unwrap();
         let flag = format!("--cni-path={}", path.display());
@@ -355,23 +329,7 @@ fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
         eprintln!("(needs wireguard-go too)");
         return;
     }
-    let mut c = Cluster::new(&["east", "west"]);
-    c.add_node(
-        &NodeSpec {
-            name: "n1",
-            location: "east",
-            annotations: &[],
-        },
-        1,
-    );
-    c.add_node(
-        &NodeSpec {
-            name: "n2",
-            location: "west",
-            annotations: &[],
-        },
-        2,
-    );
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
     // n1 runs wireguard-go first (Kilo's userspace sidecar pattern); its kg only drives it.
     let iface = c.nodes[0].iface.clone();
     c.nodes[0].ns.run(&["wireguard-go", &iface]);
@@ -398,19 +356,11 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
     if !common::can_run("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders") {
         return;
     }
-    let mut c = Cluster::new(&["east", "west"]);
-    for (i, (name, loc)) in [("n1", "east"), ("n2", "east"), ("n3", "west")]
-        .iter()
-        .enumerate()
-    {
-        c.add_node(
-            &NodeSpec {
-                name,
-                location: loc,
-                annotations: &[],
-            },
-            i as u8 + 1,
-        );
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for i in 0..3 {
         c.start_kg(i, &["--encapsulate=never"]);
     }
     let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());

@@ -21,6 +21,13 @@ pub fn kg_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kg")
 }
 
+/// Gives `ns`'s `eth0` the address `ip`/24, brings it up and routes by default via `gateway`.
+fn up_with_default_route(ns: &Netns, ip: &str, gateway: &str) {
+    ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+    ns.run(&["ip", "link", "set", "eth0", "up"]);
+    ns.run(&["ip", "route", "add", "default", "via", gateway]);
+}
+
 /// One node: its namespace, addresses and `kg` process.
 pub struct KgNode {
     pub name: String,
@@ -240,6 +247,22 @@ impl Cluster {
         }
     }
 
+    /// A cluster with plain nodes `(name, location)`, numbered from 1 in the given order.
+    pub fn with_nodes(locations: &[&str], nodes: &[(&str, &str)]) -> Self {
+        let mut c = Self::new(locations);
+        for (i, (name, location)) in nodes.iter().enumerate() {
+            c.add_node(
+                &NodeSpec {
+                    name,
+                    location,
+                    annotations: &[],
+                },
+                i as u8 + 1,
+            );
+        }
+        c
+    }
+
     /// Plugs `ns` into the bridge of `segment` as `eth0` with address `192.168.<segment>.<host>`
     /// and a default route through the router. Returns the address.
     pub fn attach(&self, ns: &Netns, segment: &str, host: u8) -> String {
@@ -253,16 +276,7 @@ impl Cluster {
             .run(&["ip", "link", "set", &veth, "master", &bridge]);
         self.router.run(&["ip", "link", "set", &veth, "up"]);
         let ip = format!("192.168.{octet}.{host}");
-        ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
-        ns.run(&["ip", "link", "set", "eth0", "up"]);
-        ns.run(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("192.168.{octet}.254"),
-        ]);
+        up_with_default_route(ns, &ip, &format!("192.168.{octet}.254"));
         ip
     }
 
@@ -306,16 +320,7 @@ impl Cluster {
             "MASQUERADE",
         ]);
         let ip = format!("10.99.{index}.2");
-        ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
-        ns.run(&["ip", "link", "set", "eth0", "up"]);
-        ns.run(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("10.99.{index}.1"),
-        ]);
+        up_with_default_route(&ns, &ip, &format!("10.99.{index}.1"));
         let i = self.add_node_in(ns, ip, spec, index);
         self.extra.push(nat);
         (i, outside)
