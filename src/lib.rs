@@ -4,4 +4,8 @@
 pub mod agent;
 pub mod backend;
 pub mod kgctl;
+pub mod webhook;
 pub mod wiring;
+
+#[cfg(test)]
+mod manifest_tests;

@@ -4,16 +4,33 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kilotun::agent::{self, args::KgArgs};
+use kilotun::webhook::{self, WebhookArgs};
+
+/// What this invocation runs: the agent, or `kg webhook`.
+enum Job {
+    Agent(Box<agent::args::Settings>),
+    Webhook(WebhookArgs),
+}
 
 fn main() -> ExitCode {
-    let settings = match KgArgs::parse().settings() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("kg: {e:#}");
-            return ExitCode::from(2);
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let job = if argv.get(1).is_some_and(|a| a == "webhook") {
+        argv.remove(1);
+        Job::Webhook(WebhookArgs::parse_from(argv))
+    } else {
+        match KgArgs::parse_from(argv).settings() {
+            Ok(s) => Job::Agent(Box::new(s)),
+            Err(e) => {
+                eprintln!("kg: {e:#}");
+                return ExitCode::from(2);
+            }
         }
     };
-    let level = agent::log_filter(&settings.args.log_level).unwrap_or("info");
+    let log_level = match &job {
+        Job::Agent(s) => s.args.log_level.clone(),
+        Job::Webhook(w) => w.log_level.clone(),
+    };
+    let level = agent::log_filter(&log_level).unwrap_or("info");
     // netlink-proto's own chatter is not kg's to report.
     let filter = tracing_subscriber::EnvFilter::try_from_env("KG_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
@@ -37,7 +54,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(agent::run(settings)) {
+    let outcome = match job {
+        Job::Agent(settings) => runtime.block_on(agent::run(*settings)),
+        Job::Webhook(args) => runtime.block_on(webhook::run(args)),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kg: {e:#}");
