@@ -60,7 +60,7 @@ pub struct ShowconfArgs {
     /// Print the node (or Peer) as a peer of others.
     #[arg(long)]
     pub as_peer: bool,
-    /// Output format with --as-peer: wireguard.
+    /// Output format with --as-peer: wireguard, json or yaml (a Peer object).
     #[arg(short = 'o', long, default_value = "wireguard")]
     pub output: String,
     /// Extra CIDRs to add with --as-peer.
@@ -142,11 +142,9 @@ pub fn graph(v: &View) -> Result<String> {
 
 /// The output of `kgctl showconf`: (stdout, stderr).
 pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, String)> {
-    if args.output != "wireguard" {
-        bail!(
-            "-o {:?}: only wireguard output is supported so far",
-            args.output
-        );
+    let output = Output::parse(&args.output)?;
+    if output != Output::WireGuard && !args.as_peer {
+        bail!("-o {}: only --as-peer prints a Peer object; without it the output is a WireGuard configuration", args.output);
     }
     let extra: Vec<IpNet> = args
         .allowed_ips
@@ -171,7 +169,7 @@ pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, Str
                         peer.allowed_ips.push(ip.trunc());
                     }
                 }
-                return Ok((peer.to_ini(), String::new()));
+                return Ok((output.render(&args.name, &peer)?, String::new()));
             }
             if !t.leader {
                 return Ok((
@@ -198,11 +196,40 @@ pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, Str
                     persistent_keepalive: peer.persistent_keepalive,
                     preshared_key: peer.preshared_key,
                 };
-                return Ok((wg.to_ini(), String::new()));
+                return Ok((output.render(&args.name, &wg)?, String::new()));
             }
             Ok((t.peer_conf(&args.name).to_ini(None), String::new()))
         }
         other => bail!("showconf: {other:?} is not node or peer"),
+    }
+}
+
+/// `kgctl showconf -o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    WireGuard,
+    Json,
+    Yaml,
+}
+
+impl Output {
+    fn parse(text: &str) -> Result<Self> {
+        Ok(match text {
+            "wireguard" => Self::WireGuard,
+            "json" => Self::Json,
+            "yaml" => Self::Yaml,
+            other => bail!("-o {other:?} is not one of wireguard, json, yaml"),
+        })
+    }
+
+    /// One peer as a `[Peer]` section or as a Peer object named `name`.
+    fn render(self, name: &str, peer: &control::wgconf::WgPeer) -> Result<String> {
+        let object = || control::peer::peer_object(name, peer);
+        Ok(match self {
+            Self::WireGuard => peer.to_ini(),
+            Self::Json => serde_json::to_string_pretty(&object())? + "\n",
+            Self::Yaml => serde_yaml::to_string(&object())?,
+        })
     }
 }
 

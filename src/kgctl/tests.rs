@@ -124,3 +124,51 @@ fn showconf_peer_lists_every_segment_with_the_peers_keepalive() {
     assert!(out.contains("AllowedIPs = 10.5.0.1/32\n"));
     assert!(showconf(&v, &showconf_args("peer", "ghost", false), 51820).is_err());
 }
+
+#[test]
+fn showconf_as_peer_prints_a_peer_object_in_json_or_yaml() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let mut args = showconf_args("node", "b", true);
+    args.output = "yaml".into();
+    let (out, _) = showconf(&v, &args, 51820).unwrap();
+    let object: control::PeerObject = serde_yaml::from_str(&out).unwrap();
+    assert_eq!(object.api_version, "kilo.squat.ai/v1alpha1");
+    assert_eq!(object.kind, "Peer");
+    assert_eq!(object.metadata.name.as_deref(), Some("b"));
+    assert_eq!(object.validate(), Ok(()));
+    assert!(object
+        .spec
+        .allowed_ips
+        .contains(&"10.43.0.0/16".to_string()));
+    assert_eq!(
+        object
+            .spec
+            .endpoint
+            .as_ref()
+            .unwrap()
+            .dns_or_ip
+            .ip
+            .as_deref(),
+        Some("192.168.0.1")
+    );
+    args.output = "json".into();
+    let (json, _) = showconf(&v, &args, 51820).unwrap();
+    let same: control::PeerObject = serde_json::from_str(&json).unwrap();
+    assert_eq!(same, object);
+
+    // A Peer's own spec, keepalive in seconds (Kilo printed nanoseconds).
+    let mut args = showconf_args("peer", "laptop", true);
+    args.output = "json".into();
+    let (json, _) = showconf(&v, &args, 51820).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["spec"]["persistentKeepalive"], 10);
+    assert_eq!(value["metadata"]["name"], "laptop");
+
+    args.output = "toml".into();
+    let error = showconf(&v, &args, 51820).unwrap_err().to_string();
+    assert!(error.contains("\"toml\""), "{error}");
+    let mut args = showconf_args("node", "a", false);
+    args.output = "json".into();
+    let error = showconf(&v, &args, 51820).unwrap_err().to_string();
+    assert!(error.contains("--as-peer"), "{error}");
+}
