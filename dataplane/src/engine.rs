@@ -222,8 +222,11 @@ impl Engine {
             (Some(key), None) => core.tunn = Some(new_tunn(key, config, shared.index)),
             (Some(_), Some(_)) => report.kept.push(config.public_key),
         }
-        if existing.config.endpoint != config.endpoint && config.endpoint.is_some() {
-            core.endpoint = config.endpoint;
+        if let Some(to) = config
+            .endpoint
+            .filter(|_| existing.config.endpoint != config.endpoint)
+        {
+            shared.set_endpoint(&mut core, to);
         }
         if existing.config.persistent_keepalive == 0 && config.persistent_keepalive > 0 {
             core.keepalive_due = true;
@@ -268,6 +271,8 @@ impl Engine {
                     rx_bytes: shared.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: shared.tx_bytes.load(Ordering::Relaxed),
                     handshakes: shared.handshakes.load(Ordering::Relaxed),
+                    handshake_failures: shared.handshake_failures.load(Ordering::Relaxed),
+                    endpoint_changes: shared.endpoint_changes.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -324,6 +329,7 @@ impl Engine {
         match tunn.encapsulate(packet, slot) {
             TunnResult::WriteToNetwork(sent) => {
                 let (offset, len) = (offset_within(base, sent), sent.len());
+                shared.note_sent(&mut core, sent);
                 out.to_network.commit(Some(endpoint), offset, len);
                 shared.add_tx(len);
                 core.last_sent = Some(now);
@@ -464,6 +470,9 @@ impl Engine {
             }
             TunnResult::Err(e) => {
                 out.to_tunnel.abort();
+                if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
+                    shared.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                }
                 return Err(reason_for(e));
             }
         };
@@ -472,9 +481,10 @@ impl Engine {
         shared.add_rx(datagram.len());
         core.last_received = Some(now);
         if message_type != COOKIE_REPLY {
-            core.endpoint = Some(from);
+            shared.set_endpoint(&mut core, from);
         }
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
+            core.initiation_pending = false;
             core.last_handshake = Some(now);
             shared.handshakes.fetch_add(1, Ordering::Relaxed);
         }
@@ -556,6 +566,7 @@ impl Engine {
             let sent = match tunn.update_timers(slot) {
                 TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
                     let (offset, len) = (offset_within(base, packet), packet.len());
+                    shared.note_sent(&mut core, packet);
                     out.to_network.commit(endpoint, offset, len);
                     shared.add_tx(len);
                     true
@@ -601,6 +612,7 @@ impl Engine {
         match tunn.encapsulate(&[], slot) {
             TunnResult::WriteToNetwork(packet) => {
                 let (offset, len) = (offset_within(base, packet), packet.len());
+                shared.note_sent(core, packet);
                 out.to_network.commit(Some(endpoint), offset, len);
                 shared.add_tx(len);
             }

@@ -127,4 +127,9 @@ pub struct PeerStats {
     pub tx_bytes: u64,
     /// Handshakes completed with this peer.
     pub handshakes: u64,
+    /// Handshakes that failed: initiations that went unanswered until the next attempt, and
+    /// handshake messages from this peer that did not verify.
+    pub handshake_failures: u64,
+    /// Times the endpoint in use moved from one address to another.
+    pub endpoint_changes: u64,
 }

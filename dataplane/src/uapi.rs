@@ -353,6 +353,8 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
                     rx_bytes: 0,
                     tx_bytes: 0,
                     handshakes: 0,
+                    handshake_failures: 0,
+                    endpoint_changes: 0,
                 });
             }
             (_, Some(peer), Some(live)) => match key {

@@ -69,4 +69,13 @@ fn a_lost_initiation_is_retried_after_rekey_timeout() {
         vec![packet],
         "retried initiation, then the queued packet"
     );
+    let stats = &pair.a.engine.peer_stats()[0];
+    assert_eq!(stats.handshake_failures, 1, "the lost initiation");
+    assert_eq!(stats.handshakes, 1);
+    // A healthy session adds no failures.
+    for _ in 0..40 {
+        advance(&mut now, Duration::from_millis(250));
+        pair.tick(now);
+    }
+    assert_eq!(pair.a.engine.peer_stats()[0].handshake_failures, 1);
 }

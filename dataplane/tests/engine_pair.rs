@@ -166,6 +166,7 @@ fn endpoint_follows_authenticated_packets_only() {
         .handle_datagram(now, roamed, &datagram, &mut reply);
     assert_eq!(reply.to_tunnel.len(), 1);
     assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
+    assert_eq!(pair.a.engine.peer_stats()[0].endpoint_changes, 1);
     // A forged datagram from elsewhere does not move the endpoint.
     let mut forged = datagram.clone();
     forged[20] ^= 0xff;
@@ -177,6 +178,12 @@ fn endpoint_follows_authenticated_packets_only() {
     // Re-applying the configured endpoint does not undo the roam.
     pair.a.engine.apply(&pair.a.config_with_peer(&pair.b));
     assert_eq!(pair.a.engine.peer_stats()[0].endpoint, Some(roamed));
+    assert_eq!(
+        pair.a.engine.peer_stats()[0].endpoint_changes,
+        1,
+        "neither the forgery nor the re-apply moved it"
+    );
+    assert_eq!(pair.a.engine.peer_stats()[0].handshake_failures, 0);
     // The replayed datagram is refused, as was the forged copy (its counter was already seen).
     pair.a
         .engine

@@ -51,6 +51,8 @@ pub struct Metrics {
     peer_rx: Family<PeerLabel, Gauge>,
     peer_tx: Family<PeerLabel, Gauge>,
     peer_handshakes: Family<PeerLabel, Gauge>,
+    peer_handshake_failures: Family<PeerLabel, Gauge>,
+    peer_endpoint_changes: Family<PeerLabel, Gauge>,
     peer_handshake_age: Family<PeerLabel, Gauge<f64, AtomicU64>>,
     drops: Family<DropLabel, Gauge>,
 }
@@ -75,6 +77,8 @@ impl Metrics {
             peer_rx: Family::default(),
             peer_tx: Family::default(),
             peer_handshakes: Family::default(),
+            peer_handshake_failures: Family::default(),
+            peer_endpoint_changes: Family::default(),
             peer_handshake_age: Family::default(),
             drops: Family::default(),
             registry: Registry::default(),
@@ -117,6 +121,16 @@ impl Metrics {
             m.peer_handshakes.clone(),
         );
         registry.register(
+            "kilotun_peer_handshake_failures",
+            "Failed handshakes with the peer: unanswered initiations and handshake messages that did not verify",
+            m.peer_handshake_failures.clone(),
+        );
+        registry.register(
+            "kilotun_peer_endpoint_changes",
+            "Times the peer's endpoint moved to another address (roaming or reconfiguration)",
+            m.peer_endpoint_changes.clone(),
+        );
+        registry.register(
             "kilotun_peer_last_handshake_age_seconds",
             "Seconds since the last completed handshake with the peer",
             m.peer_handshake_age.clone(),
@@ -145,7 +159,14 @@ impl Metrics {
         drops: &[(DropReason, u64)],
         now: SystemTime,
     ) -> String {
-        for family in [&self.peer_rx, &self.peer_tx, &self.peer_handshakes] {
+        let counts = [
+            &self.peer_rx,
+            &self.peer_tx,
+            &self.peer_handshakes,
+            &self.peer_handshake_failures,
+            &self.peer_endpoint_changes,
+        ];
+        for family in counts {
             family.clear();
         }
         self.peer_handshake_age.clear();
@@ -153,11 +174,16 @@ impl Metrics {
             let label = PeerLabel {
                 public_key: p.public_key.to_base64(),
             };
-            self.peer_rx.get_or_create(&label).set(p.rx_bytes as i64);
-            self.peer_tx.get_or_create(&label).set(p.tx_bytes as i64);
-            self.peer_handshakes
-                .get_or_create(&label)
-                .set(p.handshakes as i64);
+            let values = [
+                p.rx_bytes,
+                p.tx_bytes,
+                p.handshakes,
+                p.handshake_failures,
+                p.endpoint_changes,
+            ];
+            for (family, value) in counts.iter().zip(values) {
+                family.get_or_create(&label).set(value as i64);
+            }
             if let Some(at) = p.last_handshake {
                 let age = now.duration_since(at).map_or(0.0, |d| d.as_secs_f64());
                 self.peer_handshake_age.get_or_create(&label).set(age);
@@ -197,6 +223,8 @@ mod tests {
             rx_bytes: 100,
             tx_bytes: 200,
             handshakes: 3,
+            handshake_failures: 2,
+            endpoint_changes: 1,
         }];
         let text = m.render(&stats, &[(DropReason::ALL[0], 5)], now);
         for line in [
@@ -211,6 +239,14 @@ mod tests {
             ),
             &format!(
                 "kilotun_peer_last_handshake_age_seconds{{public_key=\"{}\"}} 7.0",
+                key.to_base64()
+            ),
+            &format!(
+                "kilotun_peer_handshake_failures{{public_key=\"{}\"}} 2",
+                key.to_base64()
+            ),
+            &format!(
+                "kilotun_peer_endpoint_changes{{public_key=\"{}\"}} 1",
                 key.to_base64()
             ),
         ] {

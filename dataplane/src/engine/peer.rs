@@ -9,6 +9,9 @@ use boringtun::noise::Tunn;
 use parking_lot::Mutex;
 
 use crate::config::PeerConfig;
+
+/// WireGuard's message type 1.
+const HANDSHAKE_INITIATION: u8 = 1;
 use crate::key::SecretKey;
 
 /// State that survives configuration changes as long as the peer's keys do.
@@ -19,6 +22,11 @@ pub(crate) struct PeerShared {
     pub(crate) rx_bytes: AtomicU64,
     pub(crate) tx_bytes: AtomicU64,
     pub(crate) handshakes: AtomicU64,
+    /// Handshakes that failed: our initiations that went unanswered until the next attempt,
+    /// and handshake messages from this peer that did not verify.
+    pub(crate) handshake_failures: AtomicU64,
+    /// Times the endpoint in use moved from one address to another (roaming or reconfiguration).
+    pub(crate) endpoint_changes: AtomicU64,
 }
 
 /// Everything touched under the peer's lock. The lock is never held across a syscall.
@@ -31,6 +39,8 @@ pub(crate) struct PeerCore {
     pub(crate) last_handshake: Option<Instant>,
     /// Set when persistent keepalive was just enabled: send one at the next timer tick.
     pub(crate) keepalive_due: bool,
+    /// We sent a handshake initiation and no handshake has completed since.
+    pub(crate) initiation_pending: bool,
 }
 
 impl PeerShared {
@@ -49,11 +59,35 @@ impl PeerShared {
                 last_received: None,
                 last_handshake: None,
                 keepalive_due: config.persistent_keepalive > 0,
+                initiation_pending: false,
             }),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             handshakes: AtomicU64::new(0),
+            handshake_failures: AtomicU64::new(0),
+            endpoint_changes: AtomicU64::new(0),
         })
+    }
+
+    /// Notes a message we send: a handshake initiation sent while an earlier one is still
+    /// unanswered means that one failed.
+    #[inline]
+    pub(crate) fn note_sent(&self, core: &mut PeerCore, message: &[u8]) {
+        if message.first() == Some(&HANDSHAKE_INITIATION) {
+            if core.initiation_pending {
+                self.handshake_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            core.initiation_pending = true;
+        }
+    }
+
+    /// Switches the endpoint in use to `to`, counting a move from one address to another.
+    #[inline]
+    pub(crate) fn set_endpoint(&self, core: &mut PeerCore, to: SocketAddr) {
+        if core.endpoint.is_some_and(|from| from != to) {
+            self.endpoint_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        core.endpoint = Some(to);
     }
 
     pub(crate) fn add_rx(&self, bytes: usize) {
