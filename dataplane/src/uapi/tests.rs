@@ -194,6 +194,8 @@ fn get_answer_has_every_field_in_wireguard_go_order_and_round_trips() {
         rx_bytes: 10,
         tx_bytes: 20,
         handshakes: 1,
+        handshake_failures: 0,
+        endpoint_changes: 0,
     }];
     let text = format_get(&config, 51820, &stats);
     let expected = format!(
