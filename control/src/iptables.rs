@@ -8,6 +8,8 @@ use crate::topology::Topology;
 
 /// Kilo's NAT chain.
 pub const KILO_NAT: &str = "KILO-NAT";
+/// Kilo's chain of accepted IPIP sources (filter table).
+pub const KILO_IPIP: &str = "KILO-IPIP";
 
 /// One rule: table, chain, and its spec in `iptables -S` form (without `-A CHAIN`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -25,8 +27,12 @@ pub struct IptRule {
 pub struct FamilyRules {
     /// Rules inserted at the top of built-in chains (`POSTROUTING`, `FORWARD`), a set.
     pub builtin: Vec<IptRule>,
+    /// Rules appended to `INPUT`, in this order (the IPIP jump, then the IPIP drop).
+    pub input: Vec<String>,
     /// The whole content of `KILO-NAT`, in order.
     pub kilo_nat: Vec<String>,
+    /// The whole content of `KILO-IPIP`, in order; `None` when the chain must not exist.
+    pub kilo_ipip: Option<Vec<String>>,
 }
 
 /// Rules for IPv4 and IPv6.
@@ -47,6 +53,9 @@ pub struct IptablesOptions {
     pub forward_rules: bool,
     /// `--service-cidr`s.
     pub service_cidrs: Vec<IpNet>,
+    /// IPIP is in use inside the location (`--encapsulate` not `never`, and `--local`): accept
+    /// protocol 4 only from the location's private IPs.
+    pub ipip: bool,
 }
 
 fn comment(text: &str) -> String {
@@ -170,8 +179,53 @@ impl Topology {
         let tail = format!("{} -j MASQUERADE", comment("Kilo: NAT remaining packets"));
         r.v4.kilo_nat.push(tail.clone());
         r.v6.kilo_nat.push(tail);
+        if o.ipip {
+            self.ipip_rules(&mut r);
+        }
         r
     }
+
+    /// The IPIP rules (§5.1, `pkg/encapsulation/ipip.go`): `INPUT` sends protocol 4 to
+    /// `KILO-IPIP`, which accepts the private IPs of the local location; the rest is dropped.
+    /// They guard the kernel's `tunl0` and the userspace IPIP socket alike, since both receive
+    /// after `INPUT`.
+    fn ipip_rules(&self, r: &mut RuleSet) {
+        for family in [&mut r.v4, &mut r.v6] {
+            family.kilo_ipip = Some(Vec::new());
+            family.input = vec![
+                format!(
+                    "-p 4 {} -j {KILO_IPIP}",
+                    comment("Kilo: jump to IPIP chain")
+                ),
+                format!(
+                    "-p 4 {} -j DROP",
+                    comment("Kilo: reject other IPIP traffic")
+                ),
+            ];
+        }
+        let Some(segment) = self.local_segment() else {
+            return;
+        };
+        for ip in segment.private_ips() {
+            let net = IpNet::from(ip);
+            let spec = format!("-s {net} {} -j ACCEPT", comment("Kilo: allow IPIP traffic"));
+            let chain = r.family(&net).kilo_ipip.get_or_insert_with(Vec::new);
+            if !chain.contains(&spec) {
+                chain.push(spec);
+            }
+        }
+    }
+}
+
+/// Rewrites the protocol of an `iptables -S` line to its number: iptables prints protocol 4 as
+/// `ipencap` or `ipv4`, depending on `/etc/protocols`.
+pub fn normalise_listed(spec: &str) -> String {
+    for name in ["-p ipencap ", "-p ipv4 ", "-p ipip "] {
+        if let Some(rest) = spec.strip_prefix(name) {
+            return format!("-p 4 {rest}");
+        }
+    }
+    spec.to_string()
 }
 
 /// True for a rule kg owns in a built-in chain: its comment starts with `Kilo: `.
@@ -201,6 +255,7 @@ mod tests {
             cni: true,
             forward_rules: false,
             service_cidrs: vec!["10.43.0.0/16".parse().unwrap()],
+            ipip: false,
         };
         let r = rules("b", &o);
         assert_eq!(r.v4.kilo_nat.first().unwrap(), "-d 10.4.0.1/32 -m comment --comment \"Kilo: do not NAT packets destined for WireGuared IPs\" -j RETURN");
@@ -245,6 +300,7 @@ mod tests {
             cni: true,
             forward_rules: true,
             service_cidrs: vec![],
+            ipip: false,
         };
         let leader = rules("b", &o);
         let forward: Vec<&str> = leader
@@ -278,6 +334,48 @@ mod tests {
             .builtin
             .iter()
             .all(|x| !x.spec.contains("KILO-NAT chain")));
+    }
+
+    #[test]
+    fn ipip_rules_accept_the_locations_private_ips_and_drop_the_rest() {
+        let o = IptablesOptions {
+            ipip: true,
+            ..Default::default()
+        };
+        // b leads location 2 with c; both have private IPs.
+        let r = rules("c", &o);
+        assert_eq!(
+            r.v4.kilo_ipip.as_deref().unwrap(),
+            [
+                "-s 192.168.0.1/32 -m comment --comment \"Kilo: allow IPIP traffic\" -j ACCEPT",
+                "-s 192.168.0.2/32 -m comment --comment \"Kilo: allow IPIP traffic\" -j ACCEPT",
+            ]
+        );
+        assert_eq!(
+            r.v4.input,
+            [
+                "-p 4 -m comment --comment \"Kilo: jump to IPIP chain\" -j KILO-IPIP",
+                "-p 4 -m comment --comment \"Kilo: reject other IPIP traffic\" -j DROP",
+            ]
+        );
+        assert_eq!(
+            r.v6.kilo_ipip.as_deref(),
+            Some(&[][..]),
+            "v6 has the chain, empty"
+        );
+        assert_eq!(r.v6.input.len(), 2);
+        let none = rules("c", &IptablesOptions::default());
+        assert!(none.v4.kilo_ipip.is_none() && none.v4.input.is_empty());
+        assert_eq!(
+            normalise_listed(
+                "-p ipencap -m comment --comment \"Kilo: jump to IPIP chain\" -j KILO-IPIP"
+            ),
+            r.v4.input[0]
+        );
+        assert_eq!(
+            normalise_listed("-s 1.2.3.4/32 -j ACCEPT"),
+            "-s 1.2.3.4/32 -j ACCEPT"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
-use control::iptables::{is_kilo_rule, FamilyRules, IptRule, RuleSet, KILO_NAT};
+use control::iptables::{
+    is_kilo_rule, normalise_listed, FamilyRules, IptRule, RuleSet, KILO_IPIP, KILO_NAT,
+};
 
 /// The built-in chains kg inserts rules into.
 const BUILTIN: [(&str, &str); 2] = [("nat", "POSTROUTING"), ("filter", "FORWARD")];
@@ -35,7 +37,7 @@ fn list(v6: bool, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
     Ok(Some(
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .filter_map(|l| l.strip_prefix(&prefix).map(normalise_listed))
             .collect(),
     ))
 }
@@ -75,6 +77,9 @@ fn plan(v6: bool, desired: &FamilyRules) -> Result<String> {
                 body.push_str(&format!("-A {KILO_NAT} {spec}\n"));
             }
         }
+        if table == "filter" {
+            body.push_str(&plan_ipip(v6, desired)?);
+        }
         for (t, chain) in BUILTIN.iter().filter(|(t, _)| *t == table) {
             let want: BTreeSet<&str> = desired
                 .builtin
@@ -100,6 +105,41 @@ fn plan(v6: bool, desired: &FamilyRules) -> Result<String> {
     Ok(script)
 }
 
+/// The filter-table lines for the IPIP rules: `KILO-IPIP` rewritten when it differs (or
+/// removed when unwanted), and kg's `INPUT` rules re-appended in order whenever they are not
+/// exactly the wanted sequence (Kilo's append semantics).
+fn plan_ipip(v6: bool, desired: &FamilyRules) -> Result<String> {
+    let mut body = String::new();
+    let have_input: Vec<String> = list(v6, "filter", "INPUT")?
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| is_kilo_rule(s))
+        .collect();
+    let chain = list(v6, "filter", KILO_IPIP)?;
+    let input_differs = have_input != desired.input;
+    if input_differs {
+        for spec in &have_input {
+            body.push_str(&format!("-D INPUT {spec}\n"));
+        }
+    }
+    match (&desired.kilo_ipip, &chain) {
+        (Some(want), have) if have.as_ref() != Some(want) => {
+            body.push_str(&format!(":{KILO_IPIP} - [0:0]\n"));
+            for spec in want {
+                body.push_str(&format!("-A {KILO_IPIP} {spec}\n"));
+            }
+        }
+        (None, Some(_)) => body.push_str(&format!("-F {KILO_IPIP}\n-X {KILO_IPIP}\n")),
+        _ => {}
+    }
+    if input_differs {
+        for spec in &desired.input {
+            body.push_str(&format!("-A INPUT {spec}\n"));
+        }
+    }
+    Ok(body)
+}
+
 /// Brings both families to `rules`. Returns true when something was changed. IPv6 is skipped
 /// (`v6_available` false) where the kernel has no IPv6 NAT.
 pub fn reconcile(rules: &RuleSet, v6_available: bool) -> Result<bool> {
@@ -122,7 +162,7 @@ pub fn v6_available() -> bool {
     list(true, "nat", "POSTROUTING").is_ok_and(|l| l.is_some())
 }
 
-/// Removes every rule kg added and the `KILO-NAT` chain.
+/// Removes every rule kg added and the `KILO-NAT` and `KILO-IPIP` chains.
 pub fn clean_up(v6_available: bool) -> Result<()> {
     for v6 in [false, true] {
         if v6 && !v6_available {
@@ -131,6 +171,9 @@ pub fn clean_up(v6_available: bool) -> Result<()> {
         let mut script = String::new();
         for table in ["nat", "filter"] {
             let mut body = String::new();
+            if table == "filter" {
+                body.push_str(&plan_ipip(v6, &FamilyRules::default())?);
+            }
             for (t, chain) in BUILTIN.iter().filter(|(t, _)| *t == table) {
                 for spec in list(v6, t, chain)?
                     .unwrap_or_default()

@@ -28,6 +28,7 @@ use netlink::Netlink;
 use wireguard::WireGuard;
 
 pub mod args;
+pub mod encap;
 pub mod http;
 pub mod ipdetect;
 pub mod iptables;
@@ -86,6 +87,7 @@ pub struct Agent {
     /// The DOT graph of the last topology, for `/graph`.
     pub graph: Arc<parking_lot::Mutex<Option<String>>>,
     ip6tables: bool,
+    tunnel: encap::Tunnel,
 }
 
 impl Agent {
@@ -150,6 +152,7 @@ impl Agent {
             Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
             _ => s.hostname.parse::<IpAddr>().into_iter().collect(),
         };
+        let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, "kg started");
         Ok(Self {
             dns: DnsBook::new(s.resync),
@@ -169,6 +172,7 @@ impl Agent {
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
             ip6tables: iptables::v6_available(),
+            tunnel,
         })
     }
 
@@ -193,7 +197,11 @@ impl Agent {
         let addresses = self.netlink.addresses().await?;
         let ignored_links: Vec<u32> = links
             .iter()
-            .filter(|l| l.index == self.kilo_index || l.name == "kube-bridge" || l.name == "tunl0")
+            .filter(|l| {
+                l.index == self.kilo_index
+                    || l.name == "kube-bridge"
+                    || Some(l.name.as_str()) == self.tunnel.name()
+            })
             .map(|l| l.index)
             .collect();
         let ignore: Vec<IpAddr> = addresses
@@ -218,6 +226,24 @@ impl Agent {
         let detected = ipdetect::choose(&candidates, &ignore, &self.s.internal_cidrs)
             .context("no valid IP was found")?;
         Ok((detected, default_link))
+    }
+
+    /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
+    /// as this node's gateway inside the location.
+    async fn cni_compatibility_ip(&self) -> Result<Option<IpNet>> {
+        if self.s.compatibility != control::routes::Compatibility::Cilium {
+            return Ok(None);
+        }
+        let Some(host) = self.netlink.link_by_name(encap::CILIUM_HOST).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .netlink
+            .addresses()
+            .await?
+            .into_iter()
+            .find(|(i, n)| *i == host.index && n.addr().is_ipv4())
+            .map(|(_, n)| IpNet::from(n.addr())))
     }
 
     async fn private_link(&self, private: Option<IpNet>) -> Result<u32> {
@@ -416,7 +442,7 @@ impl Agent {
                 .map(|t| t.wireguard_cidr),
             discovered_endpoints: self.discovered.clone(),
             granularity: self.s.granularity,
-            cni_compatibility_ip: None,
+            cni_compatibility_ip: self.cni_compatibility_ip().await?,
         };
         let changes = local::annotation_changes(local_annotations, &written);
         if !changes.is_empty() {
@@ -479,26 +505,42 @@ impl Agent {
 
         self.discovered = discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers);
 
-        let mut encapsulate = self.s.encapsulate;
-        if encapsulate != Encapsulate::Never {
-            self.warn_once(
-                "encapsulation",
-                "encapsulation inside a location (IPIP) is not available yet; routing inside locations as with --encapsulate=never",
-            );
-            encapsulate = Encapsulate::Never;
-        }
+        let private = self.private_link(t.private_ip).await?;
+        let private_mtu = self
+            .netlink
+            .links()
+            .await?
+            .iter()
+            .find(|l| l.index == private && private != 0)
+            .map(|l| l.mtu);
+        let tunnel = self
+            .tunnel
+            .prepare(&self.netlink, t.subnet, private_mtu)
+            .await?;
+        let encapsulate = match (self.tunnel.name(), tunnel) {
+            (Some(_), Some(_)) => self.s.encapsulate,
+            (Some(name), None) => {
+                let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
+                self.warn_once("tunnel-missing", &message);
+                Encapsulate::Never
+            }
+            (None, _) => Encapsulate::Never,
+        };
         let options = RouteOptions {
             kilo_name: self.s.args.interface.clone(),
             links: Links {
                 kilo,
-                private: self.private_link(t.private_ip).await?,
-                tunnel: 0,
+                private,
+                tunnel: tunnel.unwrap_or(0),
             },
             local: self.s.args.local,
             encapsulate,
             compatibility: self.s.compatibility,
         };
         let plan = t.route_plan(&options);
+        if let Some(index) = tunnel {
+            self.tunnel.update(&plan, index, t);
+        }
         let observed = self.netlink.observe().await?;
         let ops = diff(&plan, &observed, &self.owned, kilo);
         if !ops.is_empty() {
@@ -513,6 +555,7 @@ impl Agent {
             cni: self.s.args.cni,
             forward_rules: self.s.args.iptables_forward_rules,
             service_cidrs: self.s.service_cidrs.clone(),
+            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
         });
         let v6 = self.ip6tables;
         match tokio::task::spawn_blocking(move || iptables::reconcile(&rules, v6)).await? {

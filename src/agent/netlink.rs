@@ -14,7 +14,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::rule::{RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
-use rtnetlink::{Handle, IpVersion, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{Handle, IpVersion, LinkIpIp, LinkUnspec, RouteMessageBuilder};
 
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +100,24 @@ impl Netlink {
             }
         }
         Ok(out)
+    }
+
+    /// Makes sure the kernel IPIP link `name` exists (`ip tunnel add NAME mode ipip`): created,
+    /// or already there. Fails where the kernel has no IPIP.
+    pub async fn add_ipip(&self, name: &str) -> Result<()> {
+        let added = self
+            .handle
+            .link()
+            .add(LinkIpIp::new(name).build())
+            .execute()
+            .await;
+        match added {
+            Ok(()) => Ok(()),
+            Err(e) => match self.link_by_name(name).await? {
+                Some(_) => Ok(()),
+                None => Err(anyhow::Error::new(e).context(format!("creating IPIP link {name}"))),
+            },
+        }
     }
 
     /// Sets a link's MTU.

@@ -267,23 +267,48 @@ impl Cluster {
     /// and a default route through the router. Returns the address.
     pub fn attach(&self, ns: &Netns, segment: &str, host: u8) -> String {
         let (bridge, octet) = self.bridges[segment].clone();
+        self.plug(ns, &bridge);
+        let ip = format!("192.168.{octet}.{host}");
+        up_with_default_route(ns, &ip, &format!("192.168.{octet}.254"));
+        ip
+    }
+
+    /// Plugs `ns` into the router's `bridge` through a veth whose inner end is `eth0`.
+    fn plug(&self, ns: &Netns, bridge: &str) {
         let veth = unique("ve");
         run(&[
             "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
         ]);
         run(&["ip", "link", "set", &veth, "netns", &self.router.name]);
         self.router
-            .run(&["ip", "link", "set", &veth, "master", &bridge]);
+            .run(&["ip", "link", "set", &veth, "master", bridge]);
         self.router.run(&["ip", "link", "set", &veth, "up"]);
-        let ip = format!("192.168.{octet}.{host}");
-        up_with_default_route(ns, &ip, &format!("192.168.{octet}.254"));
-        ip
     }
 
     /// Adds node number `index` (1-based, unique): namespace, underlay, pod bridge, Node file.
     pub fn add_node(&mut self, spec: &NodeSpec<'_>, index: u8) -> usize {
         let ns = Netns::new();
         let ip = self.attach(&ns, spec.location, index);
+        self.add_node_in(ns, ip, spec, index)
+    }
+
+    /// Like [`Cluster::add_node`], but on another subnet (`192.168.<octet>.<index>/24`) of the
+    /// same location's bridge: the router routes between the location's subnets.
+    pub fn add_node_in_subnet(&mut self, spec: &NodeSpec<'_>, index: u8, octet: u8) -> usize {
+        let (bridge, _) = self.bridges[spec.location].clone();
+        let gateway = format!("192.168.{octet}.254");
+        self.router.run(&[
+            "ip",
+            "addr",
+            "replace",
+            &format!("{gateway}/24"),
+            "dev",
+            &bridge,
+        ]);
+        let ns = Netns::new();
+        self.plug(&ns, &bridge);
+        let ip = format!("192.168.{octet}.{index}");
+        up_with_default_route(&ns, &ip, &gateway);
         self.add_node_in(ns, ip, spec, index)
     }
 

@@ -1,0 +1,352 @@
+//! IP-in-IP (protocol 4) in userspace, for hosts whose kernel has no `ipip` module.
+//!
+//! Packets the kernel routes to a TUN device are wrapped in an outer IPv4 header addressed to
+//! the gateway of their route and sent through a raw `IPPROTO_IPIP` socket; protocol-4 packets the
+//! host receives come out of that socket, are unwrapped and written to the TUN device. The bytes
+//! on the wire are those of kernel IPIP (`tunl0`), so either end may be kernel or userspace.
+//!
+//! A TUN device does not see a route's gateway, so the caller supplies the table that maps inner
+//! destinations to gateways ([`IpipTable`]), built from the same route plan that points those
+//! destinations at the device. The decisions ([`IpipTable::gateway`], [`IpipTable::unwrap`]) are
+//! pure; [`UserspaceIpip`] is the thin I/O shell around them.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arc_swap::ArcSwap;
+use ipnet::IpNet;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::allowed_ips::AllowedIps;
+use crate::io::linux_tun::{LinuxTun, TunError};
+use crate::io::TunIo;
+
+/// IANA protocol number of IP-in-IP.
+pub const IPPROTO_IPIP: u8 = 4;
+/// Bytes the outer IPv4 header adds.
+pub const IPIP_OVERHEAD: u32 = 20;
+/// How long an idle worker sleeps in `poll` before checking whether to stop.
+const POLL_MS: i32 = 200;
+
+/// Why a packet was not forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpipDrop {
+    /// Not a well-formed IPv4 packet (outer, or inner for what the TUN device gave us).
+    Malformed,
+    /// An outer packet whose protocol is not 4.
+    NotIpip,
+    /// An inner packet that is not IPv4 (IPIP carries IPv4 only).
+    InnerNotIpv4,
+    /// An outer source that is not one of the location's nodes.
+    SourceNotAllowed,
+    /// No route maps the inner destination to a gateway.
+    NoGateway,
+}
+
+/// Where encapsulated packets go, and whom they are accepted from.
+#[derive(Debug, Default)]
+pub struct IpipTable {
+    gateways: AllowedIps<Ipv4Addr>,
+    sources: HashSet<Ipv4Addr>,
+}
+
+/// Checks an IPv4 header at the start of `packet`: (header length, total length, protocol).
+fn ipv4_header(packet: &[u8]) -> Option<(usize, usize, u8)> {
+    let first = *packet.first()?;
+    if first >> 4 != 4 {
+        return None;
+    }
+    let header = usize::from(first & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([*packet.get(2)?, *packet.get(3)?]));
+    if header < 20 || total < header || total > packet.len() {
+        return None;
+    }
+    Some((header, total, packet[9]))
+}
+
+fn ipv4_at(packet: &[u8], offset: usize) -> Ipv4Addr {
+    Ipv4Addr::new(
+        packet[offset],
+        packet[offset + 1],
+        packet[offset + 2],
+        packet[offset + 3],
+    )
+}
+
+impl IpipTable {
+    /// A table from `(inner destination, gateway)` routes and the accepted outer sources.
+    /// IPv6 entries are ignored: IPIP carries IPv4 over IPv4.
+    pub fn new(
+        routes: impl IntoIterator<Item = (IpNet, IpAddr)>,
+        sources: impl IntoIterator<Item = IpAddr>,
+    ) -> Self {
+        let mut gateways = AllowedIps::default();
+        for (dst, gateway) in routes {
+            if let (IpNet::V4(dst), IpAddr::V4(gateway)) = (dst, gateway) {
+                gateways.insert(IpNet::V4(dst.trunc()), gateway);
+            }
+        }
+        let sources = sources
+            .into_iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        Self { gateways, sources }
+    }
+
+    /// The gateway an inner packet from the TUN device is sent to.
+    pub fn gateway(&self, inner: &[u8]) -> Result<Ipv4Addr, IpipDrop> {
+        match inner.first().map(|b| b >> 4) {
+            Some(4) => {}
+            Some(6) => return Err(IpipDrop::InnerNotIpv4),
+            _ => return Err(IpipDrop::Malformed),
+        }
+        ipv4_header(inner).ok_or(IpipDrop::Malformed)?;
+        let destination = ipv4_at(inner, 16);
+        self.gateways
+            .lookup(IpAddr::V4(destination))
+            .copied()
+            .ok_or(IpipDrop::NoGateway)
+    }
+
+    /// The inner packet of a received protocol-4 datagram (outer IPv4 header included, as a raw
+    /// socket delivers it), if it is well formed and comes from an accepted source.
+    pub fn unwrap<'a>(&self, datagram: &'a [u8]) -> Result<&'a [u8], IpipDrop> {
+        let (header, total, protocol) = ipv4_header(datagram).ok_or(IpipDrop::Malformed)?;
+        if protocol != IPPROTO_IPIP {
+            return Err(IpipDrop::NotIpip);
+        }
+        if !self.sources.contains(&ipv4_at(datagram, 12)) {
+            return Err(IpipDrop::SourceNotAllowed);
+        }
+        let inner = &datagram[header..total];
+        match ipv4_header(inner) {
+            Some((_, inner_total, _)) => Ok(&inner[..inner_total]),
+            None if inner.first().is_some_and(|b| b >> 4 != 4) => Err(IpipDrop::InnerNotIpv4),
+            None => Err(IpipDrop::Malformed),
+        }
+    }
+
+    /// Number of gateway routes.
+    pub fn len(&self) -> usize {
+        self.gateways.len()
+    }
+
+    /// True with no gateway routes.
+    pub fn is_empty(&self) -> bool {
+        self.gateways.is_empty()
+    }
+}
+
+/// What the userspace IPIP device has done, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct IpipCounters {
+    /// Packets wrapped and sent.
+    pub sent: AtomicU64,
+    /// Packets unwrapped and written to the TUN device.
+    pub received: AtomicU64,
+    /// Packets dropped (any [`IpipDrop`] or a failed send or write).
+    pub dropped: AtomicU64,
+}
+
+/// Why the userspace IPIP device could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum IpipError {
+    /// The TUN device.
+    #[error(transparent)]
+    Tun(#[from] TunError),
+    /// The raw socket (needs CAP_NET_RAW).
+    #[error("opening a raw IPIP socket (needs CAP_NET_RAW): {0}")]
+    Socket(#[source] io::Error),
+    /// Starting a worker thread.
+    #[error("starting an IPIP worker: {0}")]
+    Thread(#[source] io::Error),
+}
+
+/// A running userspace IPIP device: a TUN device, a raw socket and two worker threads.
+pub struct UserspaceIpip {
+    name: String,
+    table: Arc<ArcSwap<IpipTable>>,
+    counters: Arc<IpipCounters>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for UserspaceIpip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserspaceIpip")
+            .field("name", &self.name)
+            .field("routes", &self.table.load().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Waits up to [`POLL_MS`] for `fd` to be readable.
+fn wait_readable(fd: RawFd) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+}
+
+impl UserspaceIpip {
+    /// Creates the TUN device `name` and the raw socket, and starts forwarding with an empty
+    /// table (everything is dropped until [`UserspaceIpip::set_table`]).
+    pub fn start(name: &str) -> Result<Self, IpipError> {
+        let (mut queues, _) = LinuxTun::open(name, 1)?;
+        let tun = Arc::new(queues.remove(0));
+        let socket = Socket::new(
+            Domain::IPV4,
+            Type::RAW,
+            Some(Protocol::from(i32::from(IPPROTO_IPIP))),
+        )
+        .map_err(IpipError::Socket)?;
+        socket.set_nonblocking(true).map_err(IpipError::Socket)?;
+        let socket = Arc::new(socket);
+        let table = Arc::new(ArcSwap::from_pointee(IpipTable::default()));
+        let counters = Arc::new(IpipCounters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        let outbound = {
+            let (tun, socket, table, counters, stop) = (
+                tun.clone(),
+                socket.clone(),
+                table.clone(),
+                counters.clone(),
+                stop.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("{name}-out"))
+                .spawn(move || outbound(&*tun, &socket, &table, &counters, &stop))
+                .map_err(IpipError::Thread)?
+        };
+        workers.push(outbound);
+        let inbound = {
+            let (table, counters, stop) = (table.clone(), counters.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("{name}-in"))
+                .spawn(move || inbound(&*tun, &socket, &table, &counters, &stop))
+                .map_err(IpipError::Thread)?
+        };
+        workers.push(inbound);
+        Ok(Self {
+            name: name.to_string(),
+            table,
+            counters,
+            stop,
+            workers,
+        })
+    }
+
+    /// The TUN device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Replaces the routing table; packets in flight use the old or the new one.
+    pub fn set_table(&self, table: IpipTable) {
+        self.table.store(Arc::new(table));
+    }
+
+    /// The device's counters.
+    pub fn counters(&self) -> &IpipCounters {
+        &self.counters
+    }
+}
+
+impl Drop for UserspaceIpip {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// TUN → raw socket: wrap each packet for its gateway.
+fn outbound(
+    tun: &dyn TunIo,
+    socket: &Socket,
+    table: &ArcSwap<IpipTable>,
+    counters: &IpipCounters,
+    stop: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 65_535];
+    while !stop.load(Ordering::Relaxed) {
+        wait_readable(tun.readiness_fd());
+        let table = table.load();
+        loop {
+            let len = match tun.recv(&mut buf) {
+                Ok(len) => len,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the IPIP TUN device");
+                    break;
+                }
+            };
+            let packet = &buf[..len];
+            let sent = table.gateway(packet).ok().is_some_and(|gateway| {
+                let to = SockAddr::from(SocketAddr::V4(SocketAddrV4::new(gateway, 0)));
+                socket.send_to(packet, &to).is_ok()
+            });
+            let counter = if sent {
+                &counters.sent
+            } else {
+                &counters.dropped
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Raw socket → TUN: unwrap what the location's nodes send.
+fn inbound(
+    tun: &dyn TunIo,
+    socket: &Socket,
+    table: &ArcSwap<IpipTable>,
+    counters: &IpipCounters,
+    stop: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 65_535];
+    while !stop.load(Ordering::Relaxed) {
+        wait_readable(socket.as_raw_fd());
+        let table = table.load();
+        loop {
+            // SAFETY: reading into an initialised byte buffer.
+            let len = unsafe {
+                libc::recv(
+                    socket.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if len < 0 {
+                break;
+            }
+            let delivered = table
+                .unwrap(&buf[..len as usize])
+                .ok()
+                .is_some_and(|inner| tun.send(inner).is_ok());
+            let counter = if delivered {
+                &counters.received
+            } else {
+                &counters.dropped
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
