@@ -81,7 +81,7 @@ fn received_packets_are_unwrapped_only_from_the_locations_nodes() {
     );
     assert_eq!(t.unwrap(&short), Err(IpipDrop::Malformed));
     // An outer length beyond the datagram.
-    let mut lying = outer.clone();
+    let mut lying = outer;
     lying[2..4].copy_from_slice(&2000u16.to_be_bytes());
     assert_eq!(t.unwrap(&lying), Err(IpipDrop::Malformed));
 }
