@@ -48,6 +48,8 @@ pub enum Command {
     Graph,
     /// Print WireGuard configurations.
     Showconf(ShowconfArgs),
+    /// Join the mesh as a Peer, with kilotun's userspace engine (no kernel module needed).
+    Connect(connect::ConnectArgs),
 }
 
 /// `kgctl showconf`.
@@ -233,6 +235,21 @@ impl Output {
     }
 }
 
+/// `--kubeconfig`, else `$KUBECONFIG` if that file exists, else `~/.kube/config` (§7.2).
+pub fn kubeconfig_path(args: &KgctlArgs) -> String {
+    if !args.kubeconfig.is_empty() {
+        return args.kubeconfig.clone();
+    }
+    std::env::var("KUBECONFIG")
+        .ok()
+        .filter(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| {
+            std::env::var("HOME")
+                .map(|h| format!("{h}/.kube/config"))
+                .unwrap_or_default()
+        })
+}
+
 /// Reads the backend once.
 pub async fn snapshot(args: &KgctlArgs) -> Result<Snapshot> {
     match args.backend {
@@ -246,19 +263,7 @@ pub async fn snapshot(args: &KgctlArgs) -> Result<Snapshot> {
             Ok(snapshot)
         }
         BackendKind::Kubernetes => {
-            let kubeconfig = if args.kubeconfig.is_empty() {
-                std::env::var("KUBECONFIG")
-                    .ok()
-                    .filter(|p| std::path::Path::new(p).exists())
-                    .unwrap_or_else(|| {
-                        std::env::var("HOME")
-                            .map(|h| format!("{h}/.kube/config"))
-                            .unwrap_or_default()
-                    })
-            } else {
-                args.kubeconfig.clone()
-            };
-            let config = crate::backend::kube::client_config(&kubeconfig, "").await?;
+            let config = crate::backend::kube::client_config(&kubeconfig_path(args), "").await?;
             let backend = crate::backend::kube::KubeBackend::start(config)?;
             if !backend
                 .wait_listed(std::time::Duration::from_secs(10))
@@ -280,6 +285,8 @@ pub fn now_unix() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
 }
+
+pub mod connect;
 
 #[cfg(test)]
 mod tests;

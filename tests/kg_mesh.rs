@@ -416,3 +416,87 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
     });
     assert!(published, "{:?}", c.annotations("n1"));
 }
+
+#[test]
+fn kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine() {
+    if !common::can_run("kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+
+    let laptop_ns = common::Netns::new();
+    c.attach(&laptop_ns, "east", 50);
+    let iface = common::unique("kc");
+    let log_path = c.work.join("connect.log");
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let mut connect = KillOnDrop(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &laptop_ns.name])
+            .arg(common::cluster::kgctl_bin())
+            .args(["--backend=file", &dir, "connect", "laptop"])
+            .args([
+                "--allowed-ip=10.5.0.9/32",
+                "--resync-period=2s",
+                "-i",
+                &iface,
+            ])
+            .args(["--allowed-ips=10.43.0.0/16", "--log-level=debug"])
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let peer_file = c.dir.join("peer-laptop.yaml");
+    let registered = c.wait_for(Duration::from_secs(10), |_| peer_file.exists());
+    assert!(registered, "{}", log());
+    let peer = std::fs::read_to_string(&peer_file).unwrap();
+    assert!(
+        peer.contains("10.5.0.9/32") && peer.contains("persistentKeepalive: 10"),
+        "{peer}"
+    );
+    for pod in ["10.42.1.1", "10.42.2.1", "10.42.3.1"] {
+        let reached = common::ping_ok(&laptop_ns.name, pod, Duration::from_secs(30));
+        assert!(
+            reached,
+            "the connected machine cannot reach {pod}\n{}\n{}",
+            log(),
+            c.logs()
+        );
+    }
+    let wg = String::from_utf8_lossy(&laptop_ns.output(&["wg", "show", &iface, "peers"]).stdout)
+        .into_owned();
+    assert_eq!(wg.lines().count(), 2, "one peer per location leader: {wg}");
+    let routes = String::from_utf8_lossy(&laptop_ns.output(&["ip", "route"]).stdout).into_owned();
+    assert!(
+        routes.contains(&format!("10.43.0.0/16 via 10.4.0.1 dev {iface}")),
+        "--allowed-ips go through the first segment: {routes}"
+    );
+
+    // SIGTERM: the Peer kgctl created is deleted and the interface is gone.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(connect.0.id() as i32, libc::SIGTERM) };
+    let status = connect.0.wait().unwrap();
+    assert!(status.success(), "{status}\n{}", log());
+    assert!(!peer_file.exists(), "{}", log());
+    let links = String::from_utf8_lossy(&laptop_ns.output(&["ip", "link"]).stdout).into_owned();
+    assert!(!links.contains(&iface), "{links}");
+}
+
+/// A child process killed when the test ends, pass or fail.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -360,6 +360,54 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// The routes a Peer running `kgctl connect` needs on its WireGuard link `link` (§4.10.4):
+    /// each segment's pod CIDRs, private IPs and allowed location IPs via its WireGuard IP, the
+    /// WireGuard IPs themselves, the other Peers' allowed IPs, and `extra` CIDRs via the first
+    /// segment. Unlike Kilo, a private IP that is also the segment's endpoint is not routed into
+    /// the tunnel, which would swallow the tunnel's own packets.
+    pub fn peer_routes(&self, peer: &str, link: u32, extra: &[IpNet]) -> RoutePlan {
+        let mut plan = RoutePlan::default();
+        let mut route = |dst: IpNet, gateway: Option<IpAddr>| {
+            plan.insert_route(Route {
+                table: MAIN_TABLE,
+                dst: dst.trunc(),
+                gateway,
+                link,
+                src: None,
+                onlink: gateway.is_some(),
+            });
+        };
+        for s in &self.segments {
+            let via = Some(s.wireguard_ip);
+            let endpoint_ip = self
+                .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)
+                .and_then(|e| e.ip());
+            for m in &s.members {
+                route(m.pod_cidr, via);
+            }
+            for ip in s.private_ips().filter(|ip| Some(*ip) != endpoint_ip) {
+                route(host_net(ip), via);
+            }
+            for net in &s.allowed_location_ips {
+                route(*net, via);
+            }
+            route(host_net(s.wireguard_ip), None);
+        }
+        for p in self.peers.iter().filter(|p| p.name != peer) {
+            for net in &p.allowed_ips {
+                route(*net, None);
+            }
+        }
+        if let Some(first) = self.segments.first() {
+            for net in extra {
+                route(*net, Some(first.wireguard_ip));
+            }
+        }
+        plan
+    }
+}
+
 /// One change to the kernel's routing state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteOp {

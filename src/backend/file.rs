@@ -388,5 +388,34 @@ impl FileBackend {
     }
 }
 
+impl FileBackend {
+    fn peer_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("peer-{name}.yaml"))
+    }
+
+    /// Writes `peer` as `peer-<name>.yaml`, under the directory lock.
+    pub fn create_peer(&self, peer: &PeerObject) -> Result<()> {
+        let name = peer.metadata.name.clone().unwrap_or_default();
+        if name.is_empty() || name.contains('/') {
+            bail!("a Peer needs a name without '/', not {name:?}");
+        }
+        let _lock = DirLock::acquire(&self.dir)?;
+        let path = self.peer_path(&name);
+        let object = serde_json::to_value(peer)?;
+        write_atomically(&path, &render(&path, &[object])?)?;
+        self.scan();
+        Ok(())
+    }
+
+    /// Removes the file [`FileBackend::create_peer`] wrote for `name`.
+    pub fn delete_peer(&self, name: &str) -> Result<()> {
+        let _lock = DirLock::acquire(&self.dir)?;
+        let path = self.peer_path(name);
+        fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        self.scan();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests;

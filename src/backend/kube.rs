@@ -11,7 +11,9 @@ use anyhow::{Context, Result};
 use control::PeerObject;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -203,6 +205,32 @@ impl KubeBackend {
         api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
             .await
             .with_context(|| format!("patching the annotations of Node {name}"))?;
+        Ok(())
+    }
+}
+
+impl KubeBackend {
+    fn peers_api(&self) -> Api<DynamicObject> {
+        Api::all_with(self.client.clone(), &peer_resource())
+    }
+
+    /// Creates a Peer.
+    pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
+        let name = peer.metadata.name.clone().unwrap_or_default();
+        let object: DynamicObject = serde_json::from_value(serde_json::to_value(peer)?)?;
+        self.peers_api()
+            .create(&PostParams::default(), &object)
+            .await
+            .with_context(|| format!("creating Peer {name}"))?;
+        Ok(())
+    }
+
+    /// Deletes the Peer called `name`.
+    pub async fn delete_peer(&self, name: &str) -> Result<()> {
+        self.peers_api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting Peer {name}"))?;
         Ok(())
     }
 }

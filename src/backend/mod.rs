@@ -54,4 +54,20 @@ impl Backend {
             Self::Kube(k) => k.patch_annotations(name, changes).await,
         }
     }
+
+    /// Creates a Peer (for `kgctl connect`).
+    pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
+        match self {
+            Self::File(f) => f.create_peer(peer),
+            Self::Kube(k) => k.create_peer(peer).await,
+        }
+    }
+
+    /// Deletes the Peer called `name`.
+    pub async fn delete_peer(&self, name: &str) -> Result<()> {
+        match self {
+            Self::File(f) => f.delete_peer(name),
+            Self::Kube(k) => k.delete_peer(name).await,
+        }
+    }
 }

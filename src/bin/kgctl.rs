@@ -8,7 +8,19 @@ use kilotun::kgctl::{self, Command, KgctlArgs};
 
 fn main() -> ExitCode {
     let args = KgctlArgs::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    if let Command::Connect(connect) = &args.command {
+        let level = kilotun::agent::log_filter(&connect.log_level).unwrap_or("info");
+        let filter =
+            tracing_subscriber::EnvFilter::try_from_env("KGCTL_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(format!("{level},netlink_proto=error"))
+            });
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
     {
@@ -19,6 +31,14 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
+        let show = match &args.command {
+            Command::Connect(connect) => {
+                kgctl::connect::run(&args, connect).await?;
+                return Ok((String::new(), String::new()));
+            }
+            Command::Graph => None,
+            Command::Showconf(show) => Some(show),
+        };
         let snapshot = kgctl::snapshot(&args).await?;
         let view = kgctl::view(
             &snapshot,
@@ -26,9 +46,9 @@ fn main() -> ExitCode {
             &args.topology_label,
             kgctl::now_unix(),
         )?;
-        match &args.command {
-            Command::Graph => Ok((kgctl::graph(&view)?, String::new())),
-            Command::Showconf(show) => kgctl::showconf(&view, show, args.port),
+        match show {
+            None => Ok((kgctl::graph(&view)?, String::new())),
+            Some(show) => kgctl::showconf(&view, show, args.port),
         }
     });
     match result {

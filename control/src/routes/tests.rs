@@ -266,3 +266,50 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
         ]
     );
 }
+
+#[test]
+fn a_connecting_peer_routes_every_segment_through_its_wireguard_ip() {
+    let t = topology("a", Granularity::Location);
+    let plan = t.peer_routes("a", 9, &["10.43.0.0/16".parse().unwrap()]);
+    assert_eq!(
+        show(&plan),
+        [
+            "10.2.1.0/24 via 10.4.0.1 dev 9 onlink",
+            "10.2.2.0/24 via 10.4.0.2 dev 9 onlink",
+            "10.2.3.0/24 via 10.4.0.2 dev 9 onlink",
+            "10.2.4.0/24 via 10.4.0.3 dev 9 onlink",
+            "10.4.0.1/32 dev 9",
+            "10.4.0.2/32 dev 9",
+            "10.4.0.3/32 dev 9",
+            "10.43.0.0/16 via 10.4.0.1 dev 9 onlink",
+            "10.5.0.0/24 dev 9",
+            "192.168.0.1/32 via 10.4.0.1 dev 9 onlink",
+            "192.168.0.2/32 via 10.4.0.2 dev 9 onlink",
+            "192.168.178.3/32 via 10.4.0.2 dev 9 onlink",
+        ]
+    );
+    assert!(plan.rules.is_empty());
+    // A private IP that is also the leader's endpoint stays outside the tunnel.
+    let mut nodes = f1_nodes();
+    nodes[0].endpoint = Some(crate::ip::Endpoint::parse("192.168.0.1:51820").unwrap());
+    let same = Topology::new(&nodes, &f1_peers(), &f1_params("a", Granularity::Location)).unwrap();
+    let routes = show(&same.peer_routes("a", 9, &[]));
+    assert!(
+        routes
+            .iter()
+            .all(|r| !r.starts_with("192.168.0.1/32 via 10.4.0.1")),
+        "{routes:?}"
+    );
+    // A Peer's own range is not routed into its tunnel.
+    let only_a = Topology::new(
+        &f1_nodes(),
+        &f1_peers()[..1],
+        &f1_params("a", Granularity::Location),
+    )
+    .unwrap();
+    let own = only_a.peer_routes("a", 9, &[]);
+    assert!(
+        show(&own).iter().all(|r| !r.starts_with("10.5.")),
+        "{own:?}"
+    );
+}
