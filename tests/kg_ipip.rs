@@ -177,3 +177,58 @@ fn crosssubnet_encapsulates_only_to_other_subnets() {
     let (tx, rx) = device_packets(n2);
     assert!(tx > 0 && rx > 0, "no IPIP traffic on n2: tx {tx} rx {rx}");
 }
+
+/// `--compatibility=flannel` routes inside the location over `flannel.1` (which flannel may
+/// create after kg starts), to the pod CIDR's network address; `--compatibility=cilium` reuses
+/// `cilium_tunl` and publishes `cilium_host`'s address as `cni-compatibility-ip`. The links are
+/// stand-ins (bridges) with the right names: kg only routes over them.
+#[test]
+fn compatibility_modes_route_over_the_cnis_links() {
+    if !common::can_run("compatibility_modes_route_over_the_cnis_links") {
+        return;
+    }
+    let mut c = Cluster::new(&["east"]);
+    c.add_node(&node("n1", "east"), 1);
+    c.add_node(&node("n2", "east"), 2);
+    c.start_kg(0, &["--compatibility=flannel"]);
+    c.start_kg(1, &["--compatibility=flannel"]);
+    let warned = c.wait_for(Duration::from_secs(20), |c| {
+        c.node("n2").log_text().contains("flannel.1 does not exist")
+    });
+    assert!(warned, "{}", c.logs());
+    let n2 = c.node("n2");
+    n2.ns.run(&["ip", "link", "add", "flannel.1", "type", "bridge"]);
+    n2.ns.run(&["ip", "link", "set", "flannel.1", "up"]);
+    let routed = c.wait_for(Duration::from_secs(10), |c| {
+        route_to(c.node("n2"), "10.42.1.1").contains("via 10.42.1.0 dev flannel.1")
+    });
+    assert!(routed, "{}\n{}", route_to(c.node("n2"), "10.42.1.1"), c.logs());
+    drop(c);
+
+    let mut c = Cluster::new(&["east"]);
+    c.add_node(&node("n1", "east"), 1);
+    c.add_node(&node("n2", "east"), 2);
+    for (i, host_ip) in [(0, "10.0.1.5/32"), (1, "10.0.2.5/32")] {
+        let ns = &c.nodes[i].ns;
+        ns.run(&["ip", "link", "add", "cilium_tunl", "type", "bridge"]);
+        ns.run(&["ip", "link", "add", "cilium_host", "type", "bridge"]);
+        ns.run(&["ip", "addr", "add", host_ip, "dev", "cilium_host"]);
+        ns.run(&["ip", "link", "set", "cilium_host", "up"]);
+        c.start_kg(i, &["--compatibility=cilium"]);
+    }
+    let published = c.wait_for(Duration::from_secs(20), |c| {
+        c.annotations("n1")
+            .get("kilo.squat.ai/cni-compatibility-ip")
+            .is_some_and(|v| v == "10.0.1.5/32")
+    });
+    assert!(published, "{:?}\n{}", c.annotations("n1"), c.logs());
+    let routed = c.wait_for(Duration::from_secs(10), |c| {
+        route_to(c.node("n2"), "10.42.1.1").contains("via 10.0.1.5 dev cilium_tunl")
+    });
+    assert!(routed, "{}\n{}", route_to(c.node("n2"), "10.42.1.1"), c.logs());
+    assert!(
+        c.node("n2").log_text().contains("over Cilium's cilium_tunl"),
+        "{}",
+        c.logs()
+    );
+}
