@@ -59,7 +59,7 @@ spec:
 EOF
   # Distinct interface names: /var/run/wireguard (the UAPI sockets) is shared by all namespaces.
   ip netns exec "$n_ns" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
-    --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=never --resync-period=5s \
+    --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=always --resync-period=5s \
     --threads=1 --cni=false 2>"$work/$n.log" &
 done
 
@@ -74,5 +74,5 @@ echo "== wg show kilo-n1 (leader of east)"
 ip netns exec "$(ns n1)" wg show kilo-n1
 echo "== ping from n2 (east, not a leader) to n4's pod address (west)"
 ip netns exec "$(ns n2)" ping -c 3 10.42.4.1
-echo "== routes on n2 (everything via its leader n1, proto static)"
+echo "== routes on n2 (everything via its leader n1 over userspace IPIP, proto static)"
 ip -n "$(ns n2)" route show proto static

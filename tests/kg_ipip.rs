@@ -80,6 +80,24 @@ fn always_carries_location_traffic_over_userspace_ipip() {
     let (tx, rx) = device_packets(n2);
     assert!(tx > 0 && rx > 0, "no IPIP traffic on n2: tx {tx} rx {rx}");
 
+    // From n2's own address (not a pod's): the reply reaches n1 over WireGuard and only the
+    // table-1107 rule `iif <kilo> to 192.168.10.2` sends it back through IPIP.
+    assert!(
+        common::ping_ok(&c.node("n2").ns.name, "10.42.4.1", Duration::from_secs(10)),
+        "{}\n{}",
+        text(c.node("n1"), &["ip", "rule"]),
+        c.logs()
+    );
+    let rules = text(c.node("n1"), &["ip", "rule"]);
+    assert!(rules.contains("to 192.168.10.2 iif"), "{rules}");
+    assert!(
+        rules
+            .lines()
+            .filter(|l| l.contains("1107"))
+            .all(|l| !l.trim_end().ends_with("none")),
+        "table-1107 rules must look the table up: {rules}"
+    );
+
     // The leader carries the west's replies back to n2 through IPIP as well.
     let (tx, rx) = device_packets(c.node("n1"));
     assert!(tx > 0 && rx > 0, "no IPIP traffic on n1: tx {tx} rx {rx}");
@@ -197,12 +215,18 @@ fn compatibility_modes_route_over_the_cnis_links() {
     });
     assert!(warned, "{}", c.logs());
     let n2 = c.node("n2");
-    n2.ns.run(&["ip", "link", "add", "flannel.1", "type", "bridge"]);
+    n2.ns
+        .run(&["ip", "link", "add", "flannel.1", "type", "bridge"]);
     n2.ns.run(&["ip", "link", "set", "flannel.1", "up"]);
     let routed = c.wait_for(Duration::from_secs(10), |c| {
         route_to(c.node("n2"), "10.42.1.1").contains("via 10.42.1.0 dev flannel.1")
     });
-    assert!(routed, "{}\n{}", route_to(c.node("n2"), "10.42.1.1"), c.logs());
+    assert!(
+        routed,
+        "{}\n{}",
+        route_to(c.node("n2"), "10.42.1.1"),
+        c.logs()
+    );
     drop(c);
 
     let mut c = Cluster::new(&["east"]);
@@ -225,9 +249,16 @@ fn compatibility_modes_route_over_the_cnis_links() {
     let routed = c.wait_for(Duration::from_secs(10), |c| {
         route_to(c.node("n2"), "10.42.1.1").contains("via 10.0.1.5 dev cilium_tunl")
     });
-    assert!(routed, "{}\n{}", route_to(c.node("n2"), "10.42.1.1"), c.logs());
     assert!(
-        c.node("n2").log_text().contains("over Cilium's cilium_tunl"),
+        routed,
+        "{}\n{}",
+        route_to(c.node("n2"), "10.42.1.1"),
+        c.logs()
+    );
+    assert!(
+        c.node("n2")
+            .log_text()
+            .contains("over Cilium's cilium_tunl"),
         "{}",
         c.logs()
     );

@@ -12,7 +12,7 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol,
 };
-use netlink_packet_route::rule::{RuleAttribute, RuleMessage};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, IpVersion, LinkIpIp, LinkUnspec, RouteMessageBuilder};
 
@@ -245,10 +245,26 @@ impl Netlink {
             }
             let version = if v6 { IpVersion::V6 } else { IpVersion::V4 };
             let mut stream = self.handle.rule().get(version).execute();
+            let mut broken = Vec::new();
             while let Some(rule) = stream.try_next().await.context("listing rules")? {
                 if let Some(r) = parse_rule(&rule) {
-                    plan.rules.insert(r);
+                    if rule.header.action == RuleAction::ToTable {
+                        plan.rules.insert(r);
+                    } else {
+                        broken.push(rule);
+                    }
                 }
+            }
+            // A table-1107 rule without the "to table" action drops what it matches: remove
+            // it, and the diff adds a working one.
+            for rule in broken {
+                tracing::info!(?rule.header.action, "removing a table-1107 rule without a lookup action");
+                self.handle
+                    .rule()
+                    .del(rule)
+                    .execute()
+                    .await
+                    .context("removing a broken rule")?;
             }
         }
         Ok(plan)
@@ -288,7 +304,14 @@ impl Netlink {
 
     async fn add_rule(&self, r: &Rule) -> Result<()> {
         let v6 = r.src.or(r.dst).is_some_and(|n| n.addr().is_ipv6());
-        let mut req = self.handle.rule().add().table_id(r.table);
+        // The action must be "to table": the kernel answers a lookup through a rule without
+        // one with EINVAL, i.e. drops the packet.
+        let mut req = self
+            .handle
+            .rule()
+            .add()
+            .table_id(r.table)
+            .action(RuleAction::ToTable);
         if let Some(iif) = &r.iif {
             req = req.input_interface(iif.clone());
         }
