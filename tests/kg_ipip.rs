@@ -263,3 +263,68 @@ fn compatibility_modes_route_over_the_cnis_links() {
         c.logs()
     );
 }
+
+/// The iptables rules go through whichever `iptables` is first on `PATH`: here the legacy
+/// (x_tables) back end, while the other tests use the system's default (nft).
+#[test]
+fn iptables_rules_work_on_the_legacy_backend() {
+    if !common::can_run("iptables_rules_work_on_the_legacy_backend") {
+        return;
+    }
+    if !common::which("iptables-legacy") {
+        eprintln!("skipped iptables_rules_work_on_the_legacy_backend: no iptables-legacy");
+        return;
+    }
+    let mut c = Cluster::new(&["east"]);
+    c.add_node(&node("n1", "east"), 1);
+    c.add_node(&node("n2", "east"), 2);
+    let bin = c.work.join("legacy-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in [
+        "iptables",
+        "iptables-restore",
+        "iptables-save",
+        "ip6tables",
+        "ip6tables-restore",
+        "ip6tables-save",
+    ] {
+        std::os::unix::fs::symlink("/usr/sbin/xtables-legacy-multi", bin.join(tool)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for i in 0..2 {
+        c.start_kg_with_env(i, &[], &[("PATH", path.clone())]);
+    }
+    let ruled = c.wait_for(Duration::from_secs(20), |c| {
+        let chain = text(c.node("n2"), &["iptables-legacy", "-S", "KILO-IPIP"]);
+        let nat = text(
+            c.node("n2"),
+            &["iptables-legacy", "-t", "nat", "-S", "KILO-NAT"],
+        );
+        chain.contains("-s 192.168.10.1/32") && nat.contains("MASQUERADE")
+    });
+    assert!(ruled, "{}", c.logs());
+    let input = text(c.node("n2"), &["iptables-legacy", "-S", "INPUT"]);
+    assert!(input.contains("Kilo: reject other IPIP traffic"), "{input}");
+    let nft = text(c.node("n2"), &["iptables-nft", "-S"]);
+    assert!(!nft.contains("Kilo:"), "nothing on the nft side: {nft}");
+    assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
+    // A deleted rule comes back, through the legacy back end.
+    c.node("n2")
+        .ns
+        .run(&["iptables-legacy", "-t", "nat", "-F", "KILO-NAT"]);
+    let restored = c.wait_for(Duration::from_secs(10), |c| {
+        text(
+            c.node("n2"),
+            &["iptables-legacy", "-t", "nat", "-S", "KILO-NAT"],
+        )
+        .contains("MASQUERADE")
+    });
+    assert!(restored, "{}", c.logs());
+    c.nodes[1].stop();
+    let left = text(&c.nodes[1], &["iptables-legacy", "-S"]);
+    assert!(!left.contains("Kilo:"), "{left}");
+}

@@ -387,6 +387,11 @@ impl Cluster {
 
     /// Starts `kg` on node `i` with the file backend and `extra` flags.
     pub fn start_kg(&mut self, i: usize, extra: &[&str]) {
+        self.start_kg_with_env(i, extra, &[]);
+    }
+
+    /// [`Cluster::start_kg`] with extra environment variables.
+    pub fn start_kg_with_env(&mut self, i: usize, extra: &[&str], env: &[(&str, String)]) {
         let node = &mut self.nodes[i];
         let log = fs::File::create(&node.log).unwrap();
         let key = self.work.join("keys").join(&node.name);
@@ -413,6 +418,7 @@ impl Cluster {
         let child = Command::new("ip")
             .args(&args)
             .env("KG_LOG", "debug,kilotun=trace,netlink_proto=error,hickory_net=warn,hickory_resolver=warn,hickory_proto=warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
