@@ -9,6 +9,7 @@
 pub mod cni;
 pub mod dns;
 pub mod fixtures;
+pub mod fuzzing;
 pub mod graph;
 pub mod ip;
 pub mod iptables;

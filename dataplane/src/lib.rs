@@ -11,6 +11,7 @@ pub mod allowed_ips;
 pub mod config;
 pub mod device;
 pub mod engine;
+pub mod fuzzing;
 pub mod io;
 pub mod ipip;
 pub mod key;

@@ -36,6 +36,7 @@ pub mod keyfile;
 pub mod local;
 pub mod metrics;
 pub mod netlink;
+pub mod state;
 pub mod wireguard;
 
 /// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
@@ -113,7 +114,7 @@ impl Agent {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let wg = if s.args.create_interface {
-            WireGuard::embedded(&s.args.interface, threads, &s.args.socket_dir)?
+            WireGuard::embedded(&s.args.interface, threads, &s.args.socket_dir, true)?
         } else {
             WireGuard::uapi(&s.args.interface, &s.args.socket_dir)?
         };
@@ -131,6 +132,21 @@ impl Agent {
             },
             peers: Vec::new(),
         })?;
+        // Restore the peers of the last run before anything else: after a crash the persistent
+        // link still has its addresses and routes, so traffic flows again as soon as the peers
+        // are back, without waiting for the backend.
+        match state::load(&s.args.key_file, &key) {
+            Ok(Some(restored)) => {
+                let peers = restored.peers.len();
+                wg.apply(&restored)?;
+                tracing::info!(peers, "restored the WireGuard peers of the last run");
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "ignoring the saved state of the last run"
+            ),
+        }
         let resolver = match TokioResolver::builder_tokio() {
             Ok(mut builder) => {
                 builder.options_mut().cache_size = 0;
@@ -491,6 +507,12 @@ impl Agent {
                 peers = desired.peers.len(),
                 "WireGuard configuration applied"
             );
+            if let Err(e) = state::save(&self.s.args.key_file, &desired) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "saving the WireGuard state failed"
+                );
+            }
         }
         if t.leader {
             self.netlink
@@ -648,7 +670,9 @@ impl Agent {
             Err(_) => return, // the HTTP server still holds it; the process is exiting anyway
         };
         if wg.shutdown(self.s.args.clean_up_interface) {
-            let _ = self.netlink.set_up(index, false).await;
+            if let Err(e) = self.netlink.delete_link(index).await {
+                tracing::warn!(error = format!("{e:#}"), "deleting the interface failed");
+            }
         }
     }
 }

@@ -120,6 +120,16 @@ impl Netlink {
         }
     }
 
+    /// Deletes a link.
+    pub async fn delete_link(&self, index: u32) -> Result<()> {
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .with_context(|| format!("deleting link {index}"))
+    }
+
     /// Sets a link's MTU.
     pub async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();

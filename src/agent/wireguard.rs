@@ -22,8 +22,6 @@ pub enum WireGuard {
         device: Arc<Device<LinuxUdpBinder>>,
         /// Its UAPI socket server (so `wg show` works).
         server: Option<UapiServer>,
-        /// True when kg created the TUN link.
-        created: bool,
     },
     /// Another process's device, driven through its UAPI socket.
     Uapi {
@@ -33,19 +31,25 @@ pub enum WireGuard {
 }
 
 impl WireGuard {
-    /// Creates (or attaches to) the TUN link `name` and starts the engine on it.
-    pub fn embedded(name: &str, threads: usize, socket_dir: &Path) -> Result<Self> {
+    /// Creates (or attaches to) the TUN link `name` and starts the engine on it. With
+    /// `persist`, the link outlives the process, so a crash keeps its addresses and routes.
+    pub fn embedded(name: &str, threads: usize, socket_dir: &Path, persist: bool) -> Result<Self> {
         let path = uapi_server::socket_path(socket_dir, name);
         std::fs::create_dir_all(socket_dir)
             .with_context(|| format!("creating {}", socket_dir.display()))?;
         let listener = uapi_server::bind(&path)?;
-        let (queues, existed) = match LinuxTun::open(name, threads) {
+        let (queues, _existed) = match LinuxTun::open(name, threads) {
             Ok(opened) => opened,
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 return Err(e).with_context(|| format!("opening TUN device {name}"));
             }
         };
+        if persist {
+            if let Err(e) = queues[0].set_persist(true) {
+                tracing::warn!(error = %e, "cannot make {name} persistent; a crash will remove it");
+            }
+        }
         let device = Arc::new(
             Device::start(queues, LinuxUdpBinder)
                 .with_context(|| format!("starting the engine on {name}"))?,
@@ -55,7 +59,6 @@ impl WireGuard {
         Ok(Self::Embedded {
             device,
             server: Some(server),
-            created: !existed,
         })
     }
 
@@ -142,20 +145,17 @@ impl WireGuard {
             .collect())
     }
 
-    /// Stops the embedded engine (removing its socket); the TUN link is deleted only when kg
-    /// created it and `delete_link` is set.
+    /// Stops the embedded engine (removing its socket). Returns true when the caller should
+    /// delete the TUN link: `delete_link` is set and the link is the engine's (a persistent link
+    /// kg attached to after a restart counts as its own).
     pub fn shutdown(self, delete_link: bool) -> bool {
         match self {
-            Self::Embedded {
-                device,
-                server,
-                created,
-            } => {
+            Self::Embedded { device, server } => {
                 drop(server);
                 if let Ok(device) = Arc::try_unwrap(device) {
                     device.shutdown();
                 }
-                created && delete_link
+                delete_link
             }
             Self::Uapi { .. } => false,
         }

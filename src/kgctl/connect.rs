@@ -215,7 +215,7 @@ pub async fn run(global: &KgctlArgs, args: &ConnectArgs) -> Result<()> {
         }
     };
 
-    let wg = WireGuard::embedded(&args.interface, 1, &args.socket_dir)?;
+    let wg = WireGuard::embedded(&args.interface, 1, &args.socket_dir, false)?;
     let netlink = Netlink::connect()?;
     let index = netlink
         .link_by_name(&args.interface)

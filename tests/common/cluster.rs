@@ -58,6 +58,14 @@ impl KgNode {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// SIGKILL, as the OOM killer or a node crash would: no clean-up runs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SAFETY: signalling our own child process.

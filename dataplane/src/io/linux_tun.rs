@@ -135,6 +135,27 @@ impl LinuxTun {
         Ok(Self { device })
     }
 
+    /// Makes the device outlive this process (`TUNSETPERSIST`): after a crash the link, its
+    /// addresses and its routes stay, and the next process attaches to it.
+    ///
+    /// # Errors
+    /// The ioctl's error.
+    pub fn set_persist(&self, persist: bool) -> io::Result<()> {
+        const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+        // SAFETY: an ioctl on our own open TUN descriptor with an integer argument.
+        let rc = unsafe {
+            libc::ioctl(
+                self.device.as_raw_fd(),
+                TUNSETPERSIST,
+                libc::c_ulong::from(persist),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     fn is_multi_queue(&self) -> bool {
         // The kernel reports IFF_MULTI_QUEUE (0x0100) in tun_flags of a multi-queue device.
         let name = match self.device.name() {

@@ -1,0 +1,85 @@
+//! Fault tests: what happens to pod traffic when `kg` itself fails.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::cluster::Cluster;
+
+/// Pings `target` from `source` in `ns` every 100 ms for `count` echoes: (sent, received).
+fn ping_series(ns: &str, source: &str, target: &str, count: u32) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1"])
+        .args(["-c", &count.to_string(), "-I", source, target])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ping")
+}
+
+/// The `N received` of ping's summary.
+fn received(output: &str) -> u32 {
+    output
+        .split(',')
+        .find_map(|part| part.trim().strip_suffix(" received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
+    if !common::can_run("a_killed_leader_restarts_with_at_most_a_second_of_lost_pings") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let key_before = c.annotations("n1")["kilo.squat.ai/key"].clone();
+    let routes_before = String::from_utf8_lossy(
+        &c.node("n1")
+            .ns
+            .output(&["ip", "route", "show", "proto", "static"])
+            .stdout,
+    )
+    .into_owned();
+
+    // n2 (east, not a leader) pings n3's pods (west) through n1, the leader, 10 times a second
+    // for 8 s; n1's kg is killed with SIGKILL 2 s in and started again at once.
+    let n2 = c.node("n2");
+    let pinger = ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 80);
+    std::thread::sleep(Duration::from_secs(2));
+    c.nodes[0].kill();
+    c.start_kg(0, &["--encapsulate=never"]);
+    let out = pinger.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let got = received(&text);
+    let lost = 80 - got;
+    eprintln!(
+        "restart of the leader: {lost} of 80 pings at 100 ms lost ({} ms)",
+        lost * 100
+    );
+    assert!(lost <= 10, "{lost} pings lost:\n{text}\n{}", c.logs());
+
+    assert_eq!(
+        c.annotations("n1")["kilo.squat.ai/key"],
+        key_before,
+        "same key after the restart"
+    );
+    let settled = c.wait_for(Duration::from_secs(10), |c| c.all_pods_reachable().is_ok());
+    assert!(settled, "{}", c.logs());
+    let routes_after = String::from_utf8_lossy(
+        &c.node("n1")
+            .ns
+            .output(&["ip", "route", "show", "proto", "static"])
+            .stdout,
+    )
+    .into_owned();
+    assert_eq!(routes_after, routes_before, "the same routes, none twice");
+}
