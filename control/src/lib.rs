@@ -17,6 +17,7 @@ pub mod key;
 pub mod nat;
 pub mod node;
 pub mod peer;
+pub mod readiness;
 pub mod routes;
 pub mod topology;
 pub mod wgconf;

@@ -370,13 +370,21 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
                 }
                 "last_handshake_time_sec" => {
                     let secs: u64 = value.parse().map_err(|_| bad())?;
-                    live.last_handshake =
-                        (secs > 0).then(|| UNIX_EPOCH + std::time::Duration::from_secs(secs));
+                    live.last_handshake = match secs {
+                        0 => None,
+                        _ => Some(
+                            UNIX_EPOCH
+                                .checked_add(std::time::Duration::from_secs(secs))
+                                .ok_or_else(bad)?,
+                        ),
+                    };
                 }
                 "last_handshake_time_nsec" => {
                     let nanos: u64 = value.parse().map_err(|_| bad())?;
                     if let Some(t) = live.last_handshake.as_mut() {
-                        *t += std::time::Duration::from_nanos(nanos);
+                        *t = t
+                            .checked_add(std::time::Duration::from_nanos(nanos))
+                            .ok_or_else(bad)?;
                     }
                 }
                 "tx_bytes" => live.tx_bytes = value.parse().map_err(|_| bad())?,

@@ -89,6 +89,8 @@ pub struct Agent {
     pub graph: Arc<parking_lot::Mutex<Option<String>>>,
     ip6tables: bool,
     tunnel: encap::Tunnel,
+    readiness: control::readiness::ReadinessClock,
+    patch_failed: bool,
 }
 
 impl Agent {
@@ -189,6 +191,8 @@ impl Agent {
             graph: Arc::new(parking_lot::Mutex::new(None)),
             ip6tables: iptables::v6_available(),
             tunnel,
+            readiness: Default::default(),
+            patch_failed: false,
         })
     }
 
@@ -407,7 +411,22 @@ impl Agent {
             self.dns.fill(e);
         }
 
-        let ready_nodes: Vec<Node> = nodes.into_iter().filter(|n| n.is_ready(now_unix)).collect();
+        let healthy = self.backend.healthy() && !self.patch_failed;
+        let was_frozen = self.readiness.is_frozen();
+        let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
+        self.readiness.observe(now_unix, healthy, grace);
+        if self.readiness.is_frozen() != was_frozen {
+            if was_frozen {
+                tracing::info!("the backend is reachable again; judging check-ins by the clock");
+            } else {
+                tracing::warn!("the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
+            }
+        }
+        let readiness_now = self.readiness.now(now_unix);
+        let ready_nodes: Vec<Node> = nodes
+            .into_iter()
+            .filter(|n| n.is_ready(readiness_now))
+            .collect();
         let ready_peers: Vec<Peer> = peers.into_iter().filter(Peer::is_ready).collect();
         self.metrics.nodes.set(ready_nodes.len() as i64);
         self.metrics.peers.set(ready_peers.len() as i64);
@@ -462,7 +481,9 @@ impl Agent {
         };
         let changes = local::annotation_changes(local_annotations, &written);
         if !changes.is_empty() {
-            self.backend.patch_annotations(&hostname, &changes).await?;
+            let patched = self.backend.patch_annotations(&hostname, &changes).await;
+            self.patch_failed = patched.is_err();
+            patched?;
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use std::io::Write as _;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -49,6 +50,7 @@ pub struct FileBackend {
     dir: PathBuf,
     tx: watch::Sender<Arc<Snapshot>>,
     files: Mutex<BTreeMap<PathBuf, FileEntry>>,
+    readable: AtomicBool,
 }
 
 fn is_object_file(path: &Path) -> bool {
@@ -229,9 +231,15 @@ impl FileBackend {
             dir: dir.to_path_buf(),
             tx,
             files: Mutex::new(BTreeMap::new()),
+            readable: AtomicBool::new(true),
         });
         backend.scan();
         Ok(backend)
+    }
+
+    /// False while the directory cannot be read.
+    pub fn healthy(&self) -> bool {
+        self.readable.load(Ordering::Relaxed)
     }
 
     /// Snapshots, updated on every change.
@@ -244,9 +252,16 @@ impl FileBackend {
         let mut files = self.files.lock();
         let mut seen = Vec::new();
         let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
+            Ok(e) => {
+                if !self.readable.swap(true, Ordering::Relaxed) {
+                    tracing::info!(dir = %self.dir.display(), "the cluster directory is back");
+                }
+                e
+            }
             Err(e) => {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the cluster directory; keeping the last good state");
+                if self.readable.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the cluster directory; keeping the last good state");
+                }
                 return false;
             }
         };

@@ -5,6 +5,7 @@
 //! keeps retrying the Peer watch with backoff so installing the CRD later is picked up.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -27,6 +28,7 @@ pub struct KubeBackend {
     client: Client,
     tx: watch::Sender<Arc<Snapshot>>,
     listed: watch::Sender<bool>,
+    healthy: Arc<AtomicBool>,
 }
 
 /// Builds the client configuration from `--kubeconfig` and `--master` (in-cluster or
@@ -71,7 +73,13 @@ impl KubeBackend {
         let client = Client::try_from(config).context("building the Kubernetes client")?;
         let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
         let (listed, _) = watch::channel(false);
-        let backend = Self { client, tx, listed };
+        let healthy = Arc::new(AtomicBool::new(true));
+        let backend = Self {
+            client,
+            tx,
+            listed,
+            healthy,
+        };
         backend.watch_nodes();
         backend.watch_peers();
         Ok(backend)
@@ -90,16 +98,23 @@ impl KubeBackend {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// False while the Node watch is failing (the API server is unreachable).
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
     fn watch_nodes(&self) {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let tx = self.tx.clone();
         let listed = self.listed.clone();
+        let healthy = self.healthy.clone();
         tokio::spawn(async move {
             let mut pending: Option<BTreeMap<String, KubeNode>> = None;
             let mut stream = watcher::watcher(api, watcher::Config::default())
                 .default_backoff()
                 .boxed();
             while let Some(event) = stream.next().await {
+                healthy.store(event.is_ok(), Ordering::Relaxed);
                 match event {
                     Ok(Event::Init) => pending = Some(BTreeMap::new()),
                     Ok(Event::InitApply(node)) => {

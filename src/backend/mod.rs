@@ -38,6 +38,14 @@ impl Backend {
         }
     }
 
+    /// False while the backend cannot be read (API server or cluster directory unreachable).
+    pub fn healthy(&self) -> bool {
+        match self {
+            Self::File(f) => f.healthy(),
+            Self::Kube(k) => k.healthy(),
+        }
+    }
+
     /// Sets (`Some`) or removes (`None`) annotations on the Node called `name`.
     pub async fn patch_annotations(
         &self,
