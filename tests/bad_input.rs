@@ -152,6 +152,24 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
         0o600
     );
     assert!(ns.run(&["ip", "link", "show", &name]).contains(&name));
+    // Root only: an unprivileged user cannot talk to the device.
+    if common::which("setpriv") {
+        let out = common::output(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "wg",
+            "show",
+            &name,
+        ]);
+        assert!(!out.status.success(), "nobody reached the UAPI socket");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("ermission denied") || stderr.contains("Unable to access"),
+            "{stderr}"
+        );
+    }
     let pid = common::run(&["pgrep", "-f", &format!("kilotun {name} --foreground")]);
     let pid: i32 = pid.lines().next().unwrap().trim().parse().unwrap();
     // SAFETY: signalling the daemon we started.
