@@ -32,15 +32,7 @@ fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
     if !common::can_run("a_killed_leader_restarts_with_at_most_a_second_of_lost_pings") {
         return;
     }
-    let mut c = Cluster::with_nodes(
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    );
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
     let key_before = c.annotations("n1")["kilo.squat.ai/key"].clone();
     let routes_before = String::from_utf8_lossy(
         &c.node("n1")
@@ -89,15 +81,7 @@ fn a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh() {
     if !common::can_run("a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh") {
         return;
     }
-    let mut c = Cluster::with_nodes(
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    );
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     // The backend disappears for 80 s: longer than a node's check-in window (60 s), so judged
     // by the wall clock every other node would have been dropped.
@@ -140,15 +124,7 @@ fn a_lost_leader_is_replaced_after_its_check_in_expires() {
     if !common::can_run("a_lost_leader_is_replaced_after_its_check_in_expires") {
         return;
     }
-    let mut c = Cluster::with_nodes(
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    );
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     // n1, east's leader, dies: its kg is killed (no clean-up) and its network is cut.
     let lost_at = std::time::Instant::now();

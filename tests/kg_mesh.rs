@@ -356,15 +356,7 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
     if !common::can_run("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders") {
         return;
     }
-    let mut c = Cluster::with_nodes(
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    );
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     // A laptop: a plain userspace WireGuard device configured as Kilo's PeerConf describes (one
     // peer per location leader), behind no endpoint of its own (keepalive 5 s, so discovered).
@@ -422,15 +414,7 @@ fn kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine() {
     if !common::can_run("kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine") {
         return;
     }
-    let mut c = Cluster::with_nodes(
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    );
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     let laptop_ns = common::Netns::new();
     c.attach(&laptop_ns, "east", 50);

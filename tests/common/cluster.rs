@@ -271,6 +271,21 @@ impl Cluster {
         c
     }
 
+    /// n1 and n2 in east, n3 in west, each running kg with `extra`, returned once every node
+    /// reaches every other node's pods (the test fails if that takes over 30 s).
+    pub fn meshed_east_west(extra: &[&str]) -> Self {
+        let mut c = Self::with_nodes(
+            &["east", "west"],
+            &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        );
+        for i in 0..3 {
+            c.start_kg(i, extra);
+        }
+        let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+        assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+        c
+    }
+
     /// Plugs `ns` into the bridge of `segment` as `eth0` with address `192.168.<segment>.<host>`
     /// and a default route through the router. Returns the address.
     pub fn attach(&self, ns: &Netns, segment: &str, host: u8) -> String {
