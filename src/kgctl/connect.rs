@@ -9,11 +9,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{ArgAction, Args};
 use control::ip::Host;
-use control::peer::{PeerObject, PeerSpec, API_VERSION};
+use control::peer::PeerObject;
 use control::routes::{diff, RoutePlan};
 use dataplane::SecretKey;
 use ipnet::IpNet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::agent::args::{parse_duration, BackendKind};
 use crate::agent::netlink::Netlink;
@@ -68,20 +67,14 @@ fn hostname() -> String {
 
 /// The Peer object `kgctl connect` registers.
 pub fn peer_object(name: &str, allowed_ip: IpNet, key: &SecretKey, keepalive: u16) -> PeerObject {
-    PeerObject {
-        api_version: API_VERSION.into(),
-        kind: "Peer".into(),
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        spec: PeerSpec {
-            allowed_ips: vec![allowed_ip.to_string()],
-            persistent_keepalive: Some(i64::from(keepalive)),
-            public_key: key.public_key().to_base64(),
-            ..Default::default()
-        },
-    }
+    let peer = control::wgconf::WgPeer {
+        public_key: control::Key(*key.public_key().as_bytes()),
+        allowed_ips: vec![allowed_ip],
+        endpoint: None,
+        persistent_keepalive: keepalive,
+        preshared_key: None,
+    };
+    control::peer::peer_object(name, &peer)
 }
 
 async fn open_backend(global: &KgctlArgs) -> Result<Backend> {
