@@ -156,6 +156,18 @@ pub struct IpipCounters {
     pub dropped: AtomicU64,
 }
 
+impl IpipCounters {
+    /// Counts one packet: into `forwarded` when it went through, else as dropped.
+    fn tally(&self, forwarded: &AtomicU64, went_through: bool) {
+        let counter = if went_through {
+            forwarded
+        } else {
+            &self.dropped
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Why the userspace IPIP device could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum IpipError {
@@ -299,12 +311,7 @@ fn outbound(
                 let to = SockAddr::from(SocketAddr::V4(SocketAddrV4::new(gateway, 0)));
                 socket.send_to(packet, &to).is_ok()
             });
-            let counter = if sent {
-                &counters.sent
-            } else {
-                &counters.dropped
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counters.tally(&counters.sent, sent);
         }
     }
 }
@@ -338,12 +345,7 @@ fn inbound(
                 .unwrap(&buf[..len as usize])
                 .ok()
                 .is_some_and(|inner| tun.send(inner).is_ok());
-            let counter = if delivered {
-                &counters.received
-            } else {
-                &counters.dropped
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counters.tally(&counters.received, delivered);
         }
     }
 }
