@@ -2,30 +2,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::cluster::Cluster;
-
-/// Pings `target` from `source` in `ns` every 100 ms for `count` echoes: (sent, received).
-fn ping_series(ns: &str, source: &str, target: &str, count: u32) -> std::process::Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1"])
-        .args(["-c", &count.to_string(), "-I", source, target])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ping")
-}
-
-/// The `N received` of ping's summary.
-fn received(output: &str) -> u32 {
-    output
-        .split(',')
-        .find_map(|part| part.trim().strip_suffix(" received"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
 
 #[test]
 fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
@@ -45,13 +24,13 @@ fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
     // n2 (east, not a leader) pings n3's pods (west) through n1, the leader, 10 times a second
     // for 8 s; n1's kg is killed with SIGKILL 2 s in and started again at once.
     let n2 = c.node("n2");
-    let pinger = ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 80);
+    let pinger = common::ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 80);
     std::thread::sleep(Duration::from_secs(2));
     c.nodes[0].kill();
     c.start_kg(0, &["--encapsulate=never"]);
     let out = pinger.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let got = received(&text);
+    let got = common::ping_received(&text);
     let lost = 80 - got;
     eprintln!(
         "restart of the leader: {lost} of 80 pings at 100 ms lost ({} ms)",
@@ -88,10 +67,10 @@ fn a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh() {
     let away = c.work.join("cluster-away");
     std::fs::rename(&c.dir, &away).unwrap();
     let n2 = c.node("n2");
-    let pinger = ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 800);
+    let pinger = common::ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 800);
     let out = pinger.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let got = received(&text);
+    let got = common::ping_received(&text);
     assert!(
         got >= 798,
         "{} of 800 pings lost during the outage:\n{text}\n{}",

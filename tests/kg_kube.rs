@@ -103,3 +103,89 @@ fn kg_publishes_its_node_and_configures_peers_from_the_api() {
     });
     assert!(checked_in, "last-seen patches: {:?}", seen(&api));
 }
+
+/// A Node object for the fake API server: `name` in `region`, pod CIDR `10.42.<index>.0/24`.
+fn kube_node(name: &str, region: &str, index: u8) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": name, "labels": {"topology.kubernetes.io/region": region}},
+           "spec": {"podCIDR": format!("10.42.{index}.0/24")}})
+}
+
+#[test]
+fn an_api_outage_keeps_traffic_on_the_last_good_mesh() {
+    if !common::can_run("an_api_outage_keeps_traffic_on_the_last_good_mesh") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
+    // The API server lives in n1's namespace on its underlay address, so both nodes reach it.
+    let api = c.nodes[0]
+        .ns
+        .in_ns(|| FakeKube::start_on("192.168.10.1"))
+        .join()
+        .unwrap();
+    api.put_node(kube_node("n1", "east", 1));
+    api.put_node(kube_node("n2", "west", 2));
+    let master = format!("--master={}", api.url);
+    for i in 0..2 {
+        c.start_kg(i, &["--backend=kubernetes", &master, "--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+
+    // The API answers nothing but 503 for 80 s: longer than a node's check-in window (60 s),
+    // so judged by the wall clock each node would have dropped the other.
+    api.set_available(false);
+    let n1 = c.node("n1");
+    let pinger = common::ping_series(&n1.ns.name, &n1.pod_ip, &c.node("n2").pod_ip, 800);
+    let out = pinger.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let got = common::ping_received(&text);
+    assert!(
+        got >= 798,
+        "{} of 800 pings lost during the outage:\n{text}\n{}",
+        800 - got,
+        c.logs()
+    );
+    for node in ["n1", "n2"] {
+        assert!(
+            c.node(node)
+                .log_text()
+                .contains("the backend is unreachable"),
+            "{node} did not notice the outage:\n{}",
+            c.logs()
+        );
+    }
+
+    // The API comes back: kg resumes watching by itself, and a change made now is applied.
+    api.set_available(true);
+    let mut n2 = api.node("n2").unwrap();
+    n2["metadata"]["annotations"]["kilo.squat.ai/allowed-location-ips"] = json!("10.77.0.0/24");
+    api.put_node(n2);
+    let applied = c.wait_for(Duration::from_secs(30), |c| {
+        c.node("n1").wg("allowed-ips").contains("10.77.0.0/24")
+    });
+    assert!(applied, "{}\n{}", c.node("n1").wg("allowed-ips"), c.logs());
+    assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
+    // And it checks in again: n2's last-seen is fresh.
+    let last_seen_age = || {
+        let seen: u64 = api.node("n2").unwrap()["metadata"]["annotations"]
+            ["kilo.squat.ai/last-seen"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        unix_now().saturating_sub(seen)
+    };
+    let checked_in = c.wait_for(Duration::from_secs(40), |_| last_seen_age() < 35);
+    assert!(
+        checked_in,
+        "n2 did not check in again: {:?}",
+        api.node("n2")
+    );
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}

@@ -56,7 +56,30 @@ pub async fn client_config(kubeconfig: &str, master: &str) -> Result<Config> {
             .parse()
             .with_context(|| format!("--master {master:?} is not a URL"))?;
     }
+    // kube's default retry layer retries a 503 up to 15 times with backoff growing to minutes,
+    // inside a single call: during an API outage a patch would hold the reconcile loop and the
+    // watch would never report its failure. kg retries on its own schedule instead (the next
+    // check-in for patches, the watcher's backoff for watches).
+    config.default_retry = false;
     Ok(config)
+}
+
+/// How long one write to the API (patch, create, delete) may take before kg gives up on it and
+/// carries on with the configuration it has; the next check-in tries again.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs one API write under [`WRITE_TIMEOUT`], with `what` naming it in errors.
+async fn bounded<T>(
+    what: impl FnOnce() -> String,
+    call: impl std::future::Future<Output = kube::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+        Ok(result) => result.with_context(what),
+        Err(_) => Err(anyhow::anyhow!(
+            "{}: no answer from the API server within {WRITE_TIMEOUT:?}",
+            what()
+        )),
+    }
 }
 
 /// The Peer CRD as a dynamic resource.
@@ -114,7 +137,7 @@ impl KubeBackend {
                 .default_backoff()
                 .boxed();
             while let Some(event) = stream.next().await {
-                healthy.store(event.is_ok(), Ordering::Relaxed);
+                let was_healthy = healthy.swap(event.is_ok(), Ordering::Relaxed);
                 match event {
                     Ok(Event::Init) => pending = Some(BTreeMap::new()),
                     Ok(Event::InitApply(node)) => {
@@ -145,7 +168,11 @@ impl KubeBackend {
                             Arc::make_mut(s).nodes.remove(&name);
                         });
                     }
-                    Err(e) => tracing::warn!(error = %e, "watching Nodes failed; retrying"),
+                    // Once per outage at warn; the watcher's backoff retries are debug.
+                    Err(e) if was_healthy => {
+                        tracing::warn!(error = %e, "watching Nodes failed; retrying with backoff")
+                    }
+                    Err(e) => tracing::debug!(error = %e, "watching Nodes still fails"),
                 }
             }
         });
@@ -217,9 +244,11 @@ impl KubeBackend {
     ) -> Result<()> {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let body = serde_json::json!({ "metadata": { "annotations": changes } });
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .with_context(|| format!("patching the annotations of Node {name}"))?;
+        bounded(
+            || format!("patching the annotations of Node {name}"),
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await?;
         Ok(())
     }
 }
@@ -233,19 +262,21 @@ impl KubeBackend {
     pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
         let name = peer.metadata.name.clone().unwrap_or_default();
         let object: DynamicObject = serde_json::from_value(serde_json::to_value(peer)?)?;
-        self.peers_api()
-            .create(&PostParams::default(), &object)
-            .await
-            .with_context(|| format!("creating Peer {name}"))?;
+        bounded(
+            || format!("creating Peer {name}"),
+            self.peers_api().create(&PostParams::default(), &object),
+        )
+        .await?;
         Ok(())
     }
 
     /// Deletes the Peer called `name`.
     pub async fn delete_peer(&self, name: &str) -> Result<()> {
-        self.peers_api()
-            .delete(name, &DeleteParams::default())
-            .await
-            .with_context(|| format!("deleting Peer {name}"))?;
+        bounded(
+            || format!("deleting Peer {name}"),
+            self.peers_api().delete(name, &DeleteParams::default()),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -30,6 +30,8 @@ struct State {
     history: Vec<Event>,
     watchers: Vec<(Kind, mpsc::UnboundedSender<String>)>,
     patches: Vec<(String, Value)>,
+    /// While set, every request gets a 503 and the connection is closed (an API outage).
+    unavailable: bool,
 }
 
 impl State {
@@ -77,7 +79,12 @@ fn merge(target: &mut Value, patch: &Value) {
 impl FakeKube {
     /// Starts serving on 127.0.0.1 (in the calling thread's network namespace).
     pub fn start() -> Self {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1")
+    }
+
+    /// Starts serving on `ip`, on a free port, in the calling thread's network namespace.
+    pub fn start_on(ip: &str) -> Self {
+        let std_listener = std::net::TcpListener::bind((ip, 0)).unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let url = format!("http://{}", std_listener.local_addr().unwrap());
         let state = Arc::new(Mutex::new(State::default()));
@@ -101,6 +108,16 @@ impl FakeKube {
             });
         });
         Self { state, url }
+    }
+
+    /// Starts (`false`) or ends (`true`) an outage: while it lasts, open watch streams are cut
+    /// and every request is answered 503 Service Unavailable.
+    pub fn set_available(&self, available: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.unavailable = !available;
+        if !available {
+            s.watchers.clear();
+        }
     }
 
     pub fn put_node(&self, node: Value) {
@@ -214,6 +231,14 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<(
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     while let Some(req) = read_request(&mut reader).await {
+        if state.lock().unwrap().unavailable {
+            let answer = response(
+                "503 Service Unavailable",
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}),
+            );
+            write.write_all(answer.as_bytes()).await?;
+            return Ok(());
+        }
         let kind = if req.path.starts_with("/api/v1/nodes") {
             Kind::Node
         } else if req.path.starts_with("/apis/kilo.squat.ai/v1alpha1/peers") {

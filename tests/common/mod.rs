@@ -400,3 +400,24 @@ pub fn tcp_transfer(from: &Netns, to: &Netns, to_ip: IpAddr, bytes: u64) -> Dura
     assert_eq!(mismatches, 0, "no byte differs");
     start.elapsed()
 }
+
+/// `ping` from `source` in namespace `ns` to `target`, `count` times every 100 ms (1 s timeout
+/// each), output piped: collect it with `wait_with_output` and read it with [`ping_received`].
+pub fn ping_series(ns: &str, source: &str, target: &str, count: u32) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1"])
+        .args(["-c", &count.to_string(), "-I", source, target])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ping")
+}
+
+/// The `N received` of ping's summary (0 when there is none).
+pub fn ping_received(output: &str) -> u32 {
+    output
+        .split(',')
+        .find_map(|part| part.trim().strip_suffix(" received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
