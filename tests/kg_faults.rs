@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, Laptop};
 
 #[test]
 fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
@@ -126,5 +126,50 @@ fn a_lost_leader_is_replaced_after_its_check_in_expires() {
         common::ping_ok(&c.node("n3").ns.name, &n2, Duration::from_secs(5)),
         "{}",
         c.logs()
+    );
+}
+
+#[test]
+fn a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive() {
+    if !common::can_run("a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive") {
+        return;
+    }
+    let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
+    let keepalive = Duration::from_secs(5);
+    let mut laptop = Laptop::join(&c, "laptop", "east", 50, keepalive.as_secs() as u32);
+    let n1 = c.node("n1");
+    // The leader reaches the laptop only at the endpoint it learnt from the laptop's packets.
+    assert!(
+        common::ping_from_ok(
+            &n1.ns.name,
+            Some(&n1.pod_ip),
+            &laptop.ip,
+            Duration::from_secs(20)
+        ),
+        "{}",
+        c.logs()
+    );
+    let old_port = laptop.port();
+
+    laptop.restart();
+    let restarted = std::time::Instant::now();
+    let new_port = laptop.port();
+    assert_ne!(old_port, new_port, "the restarted device kept its port");
+    let reached = common::ping_from_ok(&n1.ns.name, Some(&n1.pod_ip), &laptop.ip, keepalive);
+    let took = restarted.elapsed();
+    eprintln!("the leader reached the restarted peer after {took:?}");
+    assert!(
+        reached,
+        "n1 did not reach the laptop on its new port {new_port} within one keepalive:\n{}\n{}",
+        n1.wg("endpoints"),
+        c.logs()
+    );
+    assert!(
+        n1.wg("endpoints").contains(&format!(
+            "{}\t192.168.10.50:{new_port}",
+            laptop.device.public_key
+        )),
+        "{}",
+        n1.wg("endpoints")
     );
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, NodeSpec};
+use common::cluster::{Cluster, Laptop, NodeSpec};
 
 const WG_IP: &str = "kilo.squat.ai/wireguard-ip";
 
@@ -360,42 +360,22 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
 
     // A laptop: a plain userspace WireGuard device configured as Kilo's PeerConf describes (one
     // peer per location leader), behind no endpoint of its own (keepalive 5 s, so discovered).
-    let laptop_ns = common::Netns::new();
-    c.attach(&laptop_ns, "east", 50);
-    let laptop = common::WgDevice::start(&laptop_ns, common::Impl::Kilotun);
-    laptop.configure(51820, &["10.5.0.1/32"]);
-    let peer_yaml = format!(
-        "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: laptop\nspec:\n  allowedIPs:\n  - 10.5.0.1/32\n  publicKey: {}\n  persistentKeepalive: 5\n",
-        laptop.public_key
-    );
-    std::fs::write(c.dir.join("laptop.yaml"), peer_yaml).unwrap();
-    // The laptop's peers come from `kgctl showconf peer`, as Kilo's docs have users do.
-    let dir = format!("--cluster-dir={}", c.dir.display());
-    let conf = common::run(&[
-        common::cluster::kgctl_bin(),
-        "--backend=file",
-        &dir,
-        "showconf",
-        "peer",
-        "laptop",
-    ]);
+    let laptop = Laptop::join(&c, "laptop", "east", 50, 5);
     assert_eq!(
-        conf.matches("[Peer]").count(),
+        laptop.conf().matches("[Peer]").count(),
         2,
-        "one per location leader: {conf}"
+        "one per location leader: {}",
+        laptop.conf()
     );
-    let conf_file = c.work.join("laptop.conf");
-    std::fs::write(&conf_file, &conf).unwrap();
-    laptop.wg(&["addconf", &laptop.name, conf_file.to_str().unwrap()]);
-    laptop.ip(&["route", "add", "10.42.0.0/16", "dev", &laptop.name]);
-
     for pod in ["10.42.1.1", "10.42.2.1", "10.42.3.1"] {
-        let reached = common::ping_ok(&laptop_ns.name, pod, Duration::from_secs(20));
+        let reached = common::ping_ok(&laptop.ns.name, pod, Duration::from_secs(20));
         assert!(reached, "the laptop cannot reach {pod}\n{}", c.logs());
     }
     for leader in ["n1", "n3"] {
         assert!(
-            c.node(leader).wg("allowed-ips").contains("10.5.0.1/32"),
+            c.node(leader)
+                .wg("allowed-ips")
+                .contains(&format!("{}/32", laptop.ip)),
             "{leader} lacks the Peer"
         );
     }
@@ -404,7 +384,8 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
         "non-leaders do not peer"
     );
     let published = c.wait_for(Duration::from_secs(10), |c| {
-        c.annotations("n1")["kilo.squat.ai/discovered-endpoints"].contains(&laptop.public_key)
+        c.annotations("n1")["kilo.squat.ai/discovered-endpoints"]
+            .contains(&laptop.device.public_key)
     });
     assert!(published, "{:?}", c.annotations("n1"));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kilotun::backend::file::FileBackend;
 
-use super::{output, run, unique, Netns};
+use super::{output, run, unique, Impl, Netns, WgDevice};
 
 pub fn kgctl_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kgctl")
@@ -528,6 +528,86 @@ impl Cluster {
                 )
             })
             .collect()
+    }
+}
+
+/// A machine outside the cluster joined as a Kilo Peer: a userspace WireGuard device in its own
+/// namespace on a location's bridge, configured from `kgctl showconf peer` as Kilo's docs have
+/// users do. It has no listen port of its own (the kernel picks one) and keeps its tunnels alive.
+pub struct Laptop {
+    pub device: WgDevice,
+    pub ns: Netns,
+    /// The address it holds in the mesh (`<ip>/32`, the Peer's allowed IP).
+    pub ip: String,
+    conf: PathBuf,
+}
+
+impl Laptop {
+    /// Plugs a new laptop into `segment` as host `host`, writes its Peer (allowed IP
+    /// `10.5.0.<host>/32`, keepalive `keepalive` s) into the cluster directory, and configures
+    /// its device from `kgctl showconf peer`, with a route to the pods over the device.
+    pub fn join(cluster: &Cluster, name: &str, segment: &str, host: u8, keepalive: u32) -> Self {
+        let ns = Netns::new();
+        cluster.attach(&ns, segment, host);
+        let device = WgDevice::start(&ns, Impl::Kilotun);
+        let ip = format!("10.5.0.{host}");
+        let peer_yaml = format!(
+            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n  - {ip}/32\n  publicKey: {}\n  persistentKeepalive: {keepalive}\n",
+            device.public_key
+        );
+        fs::write(cluster.dir.join(format!("{name}.yaml")), peer_yaml).unwrap();
+        let dir = format!("--cluster-dir={}", cluster.dir.display());
+        let conf = run(&[
+            kgctl_bin(),
+            "--backend=file",
+            &dir,
+            "showconf",
+            "peer",
+            name,
+        ]);
+        let conf_path = cluster.work.join(format!("{name}.conf"));
+        fs::write(&conf_path, &conf).unwrap();
+        let laptop = Self {
+            device,
+            ns,
+            ip,
+            conf: conf_path,
+        };
+        laptop.bring_up();
+        laptop
+    }
+
+    /// The `[Peer]` sections kgctl wrote for this laptop.
+    pub fn conf(&self) -> String {
+        fs::read_to_string(&self.conf).unwrap()
+    }
+
+    fn bring_up(&self) {
+        let d = &self.device;
+        d.wg(&["set", &d.name, "private-key", &d.key_file]);
+        d.wg(&["addconf", &d.name, self.conf.to_str().unwrap()]);
+        d.ip(&["addr", "add", &format!("{}/32", self.ip), "dev", &d.name]);
+        d.ip(&["link", "set", &d.name, "up"]);
+        d.ip(&["route", "add", "10.42.0.0/16", "dev", &d.name]);
+    }
+
+    /// Stops the device and starts a new one with the same private key and configuration;
+    /// it gets a new ephemeral port, as a restarted client would.
+    pub fn restart(&mut self) {
+        let key = fs::read_to_string(&self.device.key_file).unwrap();
+        let mut device = WgDevice::start(&self.ns, Impl::Kilotun);
+        fs::write(&device.key_file, &key).unwrap();
+        device.public_key = self.device.public_key.clone();
+        drop(std::mem::replace(&mut self.device, device));
+        self.bring_up();
+    }
+
+    /// The UDP port the device listens on.
+    pub fn port(&self) -> String {
+        self.device
+            .wg(&["show", &self.device.name, "listen-port"])
+            .trim()
+            .to_string()
     }
 }
 

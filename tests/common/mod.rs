@@ -328,11 +328,19 @@ pub fn pipe_to(args: &[&str], input: &[u8]) -> String {
 
 /// Pings `target` from `ns` until one answer arrives (up to `timeout`).
 pub fn ping_ok(ns: &str, target: &str, timeout: Duration) -> bool {
+    ping_from_ok(ns, None, target, timeout)
+}
+
+/// [`ping_ok`] from the local address `source` (`None`: the kernel's choice).
+pub fn ping_from_ok(ns: &str, source: Option<&str>, target: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        let out = output(&[
-            "ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1", target,
-        ]);
+        let mut args = vec!["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "1"];
+        if let Some(source) = source {
+            args.extend(["-I", source]);
+        }
+        args.push(target);
+        let out = output(&args);
         if out.status.success() {
             return true;
         }
