@@ -273,6 +273,11 @@ impl WgDevice {
         self.child.try_wait().ok().flatten().is_none()
     }
 
+    /// The daemon's process id (`ip netns exec` execs it in place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn stderr(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
