@@ -185,3 +185,101 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
         "interface removed"
     );
 }
+
+/// Malformed annotations on Nodes and malformed Peers in a running cluster: each is one log
+/// line naming the object, the annotation or field, and the value, logged once however many
+/// reconciles see it; the mesh keeps working.
+#[test]
+fn malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working() {
+    if !can_run("malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working") {
+        return;
+    }
+    let c = common::cluster::Cluster::meshed_east_west(&["--encapsulate=never"]);
+    let long = "7".repeat(20_000);
+    let bad_annotations: Vec<(&str, String)> = vec![
+        ("kilo.squat.ai/endpoint", "192.168.10.99:70000".into()),
+        ("kilo.squat.ai/force-endpoint", "[::1:51820".into()),
+        ("kilo.squat.ai/internal-ip", "10.0.0.300/24".into()),
+        ("kilo.squat.ai/wireguard-ip", "10.4.0.9".into()),
+        ("kilo.squat.ai/persistent-keepalive", "soon".into()),
+        ("kilo.squat.ai/persistent-keepalive", "65536".into()),
+        ("kilo.squat.ai/key", "not-a-key".into()),
+        ("kilo.squat.ai/key", "ключ".into()),
+        (
+            "kilo.squat.ai/allowed-location-ips",
+            "10.9.0.0/33,zzz".into(),
+        ),
+        ("kilo.squat.ai/last-seen", "yesterday".into()),
+        ("kilo.squat.ai/granularity", "sometimes".into()),
+        ("kilo.squat.ai/discovered-endpoints", "{nope".into()),
+        ("kilo.squat.ai/persistent-keepalive", long.clone()),
+    ];
+    // Each bad node is otherwise complete but has never checked in, so it is not ready and
+    // the mesh's shape does not change.
+    for (i, (annotation, value)) in bad_annotations.iter().enumerate() {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: bad-{i}\n  annotations:\n    \
+             kilo.squat.ai/location: east\n    kilo.squat.ai/endpoint: \"192.168.10.99:51820\"\n    \
+             kilo.squat.ai/key: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n    {annotation}: {value:?}\n\
+             spec:\n  podCIDR: 10.42.{}.0/24\n",
+            100 + i
+        );
+        std::fs::write(c.dir.join(format!("bad-{i}.yaml")), yaml).unwrap();
+    }
+    let key = "a2V5MgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let bad_peers: Vec<(&str, String, &str)> = vec![
+        ("allowed", format!("allowedIPs: [\"10.5.0.1\"]\n  publicKey: {key}"), "allowedIPs: \"10.5.0.1\""),
+        ("key", "allowedIPs: [\"10.5.0.2/32\"]\n  publicKey: garbage".into(), "publicKey: \"garbage\""),
+        ("port", format!("allowedIPs: [\"10.5.0.3/32\"]\n  publicKey: {key}\n  endpoint:\n    dnsOrIP:\n      ip: 192.168.10.98\n    port: 70000"), "endpoint.port: 70000"),
+        ("dns", format!("allowedIPs: [\"10.5.0.4/32\"]\n  publicKey: {key}\n  endpoint:\n    dnsOrIP:\n      dns: \"bücher_\"\n    port: 51820"), "endpoint.dnsOrIP.dns: \"bücher_\""),
+        ("keepalive", format!("allowedIPs: [\"10.5.0.5/32\"]\n  publicKey: {key}\n  persistentKeepalive: -5"), "persistentKeepalive: -5"),
+    ];
+    for (name, spec, _) in &bad_peers {
+        let yaml = format!(
+            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: bad-{name}\nspec:\n  {spec}\n"
+        );
+        std::fs::write(c.dir.join(format!("peer-bad-{name}.yaml")), yaml).unwrap();
+    }
+
+    let node_line = |i: usize, annotation: &str, value: &str| {
+        let shown: String = format!("{value:?}").chars().take(40).collect();
+        format!("bad-{i}: {annotation}={shown}")
+    };
+    let peer_line = |name: &str, field: &str| format!("bad Peer bad-{name}: {field}");
+    let all_logged = |c: &common::cluster::Cluster| {
+        let log = c.node("n1").log_text();
+        bad_annotations
+            .iter()
+            .enumerate()
+            .all(|(i, (a, v))| log.contains(&node_line(i, a, v)))
+            && bad_peers
+                .iter()
+                .all(|(name, _, field)| log.contains(&peer_line(name, field)))
+    };
+    let logged = c.wait_for(Duration::from_secs(15), all_logged);
+    assert!(logged, "{}", c.node("n1").log_text());
+    // Several resyncs (2 s each) later, still one line each.
+    std::thread::sleep(Duration::from_secs(7));
+    let log = c.node("n1").log_text();
+    for (i, (annotation, value)) in bad_annotations.iter().enumerate() {
+        let line = node_line(i, annotation, value);
+        assert_eq!(log.matches(&line).count(), 1, "{line}");
+    }
+    for (name, _, field) in &bad_peers {
+        let line = peer_line(name, field);
+        assert_eq!(log.matches(&line).count(), 1, "{line}");
+    }
+    for line in log.lines().filter(|l| l.contains(" bad-")) {
+        eprintln!("{line}");
+    }
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 2_000, "a log line of {longest} bytes");
+    assert!(!log.contains(&long), "the over-long value was logged whole");
+
+    assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
+    assert_eq!(
+        c.node("n1").wg("peers").lines().count(),
+        1,
+        "n1 peers with n3 only"
+    );
+}

@@ -141,15 +141,24 @@ pub struct AnnotationProblem {
 
 impl fmt::Display for AnnotationProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown: String = self.value.chars().take(120).collect();
-        if shown.len() < self.value.len() {
-            shown.push('…');
-        }
+        // A value may be anything up to the API's limit; the log line shows its start only.
+        // The reason can quote the value again, so it is shortened too.
         write!(
             f,
             "{}: {}={:?}: {}",
-            self.object, self.annotation, shown, self.reason
+            self.object,
+            self.annotation,
+            shortened(&self.value, 120),
+            shortened(&self.reason, 240)
         )
+    }
+}
+
+/// The first `limit` characters of `text`, with `…` when there were more.
+pub(crate) fn shortened(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}…", &text[..end]),
     }
 }
 
@@ -330,15 +339,27 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
 
     let mut allowed_location_ips = Vec::new();
     if let Some(list) = r.get(a::ALLOWED_LOCATION_IPS).map(str::to_string) {
+        let mut bad = Vec::new();
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match parse_cidr(item) {
                 Some(net) => allowed_location_ips.push(normalise(net)),
-                None => r.problem(
-                    a::ALLOWED_LOCATION_IPS,
-                    &list,
-                    format!("item {item:?} is not a CIDR; skipped"),
-                ),
+                None => bad.push(format!("{item:?}")),
             }
+        }
+        if !bad.is_empty() {
+            // One line for the annotation, however many of its items are bad.
+            let shown: Vec<&str> = bad.iter().take(5).map(String::as_str).collect();
+            let more = bad.len().saturating_sub(shown.len());
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            r.problem(
+                a::ALLOWED_LOCATION_IPS,
+                &list,
+                format!("not CIDRs, skipped: {}{more}", shown.join(", ")),
+            );
         }
     }
 
@@ -350,7 +371,20 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
         None => BTreeMap::new(),
     };
 
-    let granularity = r.get(a::GRANULARITY).and_then(Granularity::parse);
+    let granularity = match r.get(a::GRANULARITY).map(str::to_string) {
+        Some(text) if !text.is_empty() => {
+            let parsed = Granularity::parse(&text);
+            if parsed.is_none() {
+                r.problem(
+                    a::GRANULARITY,
+                    &text,
+                    "not \"location\" or \"full\"; ignored",
+                );
+            }
+            parsed
+        }
+        _ => None,
+    };
     let wireguard_ip = r.cidr(a::WIREGUARD_IP);
     let cni_compatibility_ip = r.cidr(a::CNI_COMPATIBILITY_IP);
     let leader = r.get(a::LEADER).is_some();

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ip::{is_dns_subdomain, normalise, parse_cidr, Endpoint, Host};
 use crate::key::Key;
+use crate::node::shortened;
 
 /// The Peer CRD's API group.
 pub const GROUP: &str = "kilo.squat.ai";
@@ -81,7 +82,10 @@ pub struct DnsOrIp {
     pub ip: Option<String>,
 }
 
-/// Why a Peer failed validation.
+/// How many characters of an offending value an error quotes (a value may be megabytes).
+const ECHO_LIMIT: usize = 120;
+
+/// Why a Peer failed validation. Quoted values are shortened to their first 120 characters.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PeerError {
     /// An allowed IP is not a CIDR.
@@ -117,7 +121,7 @@ impl PeerObject {
         let spec = &self.spec;
         for ip in &spec.allowed_ips {
             if parse_cidr(ip).is_none() {
-                return Err(PeerError::AllowedIp(ip.clone()));
+                return Err(PeerError::AllowedIp(shortened(ip, ECHO_LIMIT)));
             }
         }
         if let Some(endpoint) = &spec.endpoint {
@@ -129,12 +133,12 @@ impl PeerObject {
             }
             if let Some(dns) = host.dns.as_deref().filter(|d| !d.is_empty()) {
                 if !is_dns_subdomain(dns) {
-                    return Err(PeerError::Dns(dns.to_string()));
+                    return Err(PeerError::Dns(shortened(dns, ECHO_LIMIT)));
                 }
             }
             if let Some(ip) = host.ip.as_deref().filter(|i| !i.is_empty()) {
                 if ip.parse::<IpAddr>().is_err() {
-                    return Err(PeerError::Ip(ip.to_string()));
+                    return Err(PeerError::Ip(shortened(ip, ECHO_LIMIT)));
                 }
             }
             if endpoint.port == 0 || endpoint.port > 65535 {
@@ -148,7 +152,12 @@ impl PeerObject {
         }
         match Key::parse(&spec.public_key) {
             Ok(_) => {}
-            Err(_) => return Err(PeerError::PublicKey(spec.public_key.clone())),
+            Err(_) => {
+                return Err(PeerError::PublicKey(shortened(
+                    &spec.public_key,
+                    ECHO_LIMIT,
+                )))
+            }
         }
         if let Some(psk) = spec.preshared_key.as_deref().filter(|p| !p.is_empty()) {
             if Key::parse(psk).is_err() {
@@ -475,6 +484,27 @@ mod tests {
         for (spec, want) in cases {
             assert_eq!(object(spec).validate(), Err(want));
         }
+    }
+
+    #[test]
+    fn errors_quote_over_long_and_unicode_values_shortened() {
+        let long = "9".repeat(100_000);
+        let spec = |allowed: &str, key: &str| PeerSpec {
+            allowed_ips: vec![allowed.into()],
+            public_key: key.into(),
+            endpoint: None,
+            persistent_keepalive: None,
+            preshared_key: None,
+        };
+        let e = object(spec(&long, &key())).validate().unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("allowedIPs: \"999"), "{text}");
+        assert!(text.len() < 300, "{} bytes", text.len());
+        let e = object(spec("10.0.0.0/8", &"ключ".repeat(100)))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().starts_with("publicKey: \"ключключ"), "{e}");
+        assert!(e.to_string().contains('…'), "{e}");
     }
 
     #[test]
