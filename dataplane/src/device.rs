@@ -21,12 +21,15 @@ use parking_lot::Mutex;
 use crate::config::{ApplyReport, DeviceConfig};
 use crate::engine::{Engine, TIMER_TICK};
 use crate::io::udp::UdpSocketIo;
-use crate::io::{RecvBatch, TunIo, UdpIo};
+use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
 use crate::outbox::Outbox;
 use crate::uapi::{self, UapiError};
 
-/// Packets read per batch from each source.
+/// Datagrams read per batch from a socket.
 pub const BATCH: usize = 64;
+/// Packet buffers per TUN read batch: room for one 64 KiB TCP segment split at the smallest
+/// segment size the kernel offloads (about 128 pieces), plus one more such read.
+const TUN_BATCH: usize = 256;
 /// Largest packet a TUN read or UDP receive may return.
 const MAX_PACKET: usize = 65536;
 
@@ -280,7 +283,7 @@ impl<B: UdpBinder> crate::uapi_server::UapiHandler for Device<B> {
 /// The worker loop: poll, read a batch, run it through the engine, write the output.
 fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
     let mut out = Outbox::with_capacity(BATCH * 2, 2048);
-    let mut tun_batch = RecvBatch::new(BATCH, MAX_PACKET);
+    let mut tun_batch = TunBatch::new(TUN_BATCH, MAX_PACKET);
     let mut udp_batch = RecvBatch::new(BATCH, MAX_PACKET);
     let waker = &shared.wakers[index];
     let mut generation = u64::MAX;
@@ -315,12 +318,10 @@ fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
             // The TUN device is gone or broken (deleted under us): do not spin on it.
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        if fds[0].revents & libc::POLLIN != 0 {
-            read_tun(tun, &mut tun_batch);
-            let packets = tun_batch.iter().map(|(_, p)| p);
+        if fds[0].revents & libc::POLLIN != 0 && tun.recv_batch(&mut tun_batch).is_ok() {
             shared
                 .engine
-                .handle_tunnel_packets(Instant::now(), packets, &mut out);
+                .handle_tunnel_packets(Instant::now(), tun_batch.iter(), &mut out);
             flush(shared, tun, v4, v6, &mut out);
         }
         for (slot, socket) in [(1, v4), (2, v6)] {
@@ -354,21 +355,6 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
     }
 }
 
-/// Reads up to a batch of packets from the TUN queue into `batch`.
-fn read_tun<T: TunIo>(tun: &T, batch: &mut RecvBatch) {
-    let mut n = 0;
-    while n < batch.capacity() {
-        match tun.recv(batch.slot_mut(n)) {
-            Ok(len) => {
-                batch.lens[n] = len;
-                n += 1;
-            }
-            Err(_) => break,
-        }
-    }
-    batch.count = n;
-}
-
 /// Writes the outbox: decrypted packets to the TUN queue, datagrams to the sockets.
 fn flush<S: UdpIo, T: TunIo>(
     shared: &Shared<S>,
@@ -377,9 +363,12 @@ fn flush<S: UdpIo, T: TunIo>(
     v6: Option<&S>,
     out: &mut Outbox,
 ) {
-    for (_, packet) in out.to_tunnel.iter() {
-        if tun.send(packet).is_err() {
-            shared.tun_write_errors.fetch_add(1, Ordering::Relaxed);
+    if !out.to_tunnel.is_empty() {
+        let failed = tun.send_batch(&out.to_tunnel);
+        if failed > 0 {
+            shared
+                .tun_write_errors
+                .fetch_add(failed as u64, Ordering::Relaxed);
         }
     }
     if !out.to_network.is_empty() {

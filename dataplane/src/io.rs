@@ -31,57 +31,158 @@ pub trait TunIo: Send + Sync + 'static {
 
     /// A descriptor that polls readable when [`TunIo::recv`] may return a packet.
     fn readiness_fd(&self) -> RawFd;
+
+    /// Reads waiting packets into `batch` without blocking, replacing its contents; returns
+    /// how many. A device with segmentation offload splits each large TCP segment it reads
+    /// into MTU-sized packets here, so the engine only ever sees ordinary IP packets.
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing is waiting.
+    fn recv_batch(&self, batch: &mut TunBatch) -> io::Result<usize> {
+        recv_each(self, batch)
+    }
+
+    /// Writes every packet of `packets` (a device with offload coalesces consecutive
+    /// segments of one TCP flow into one write). Returns how many writes failed.
+    fn send_batch(&self, packets: &Batch) -> usize {
+        send_each(self, packets)
+    }
 }
 
-/// Received datagrams: one buffer slot per datagram, reused across calls.
+/// [`TunIo::recv_batch`] one [`TunIo::recv`] per packet, until nothing waits or `batch` is full.
+pub(crate) fn recv_each<T: TunIo + ?Sized>(tun: &T, batch: &mut TunBatch) -> io::Result<usize> {
+    batch.count = 0;
+    while batch.count < batch.bufs.len() {
+        match tun.recv(&mut batch.bufs[batch.count]) {
+            Ok(len) => {
+                batch.sizes[batch.count] = len;
+                batch.count += 1;
+            }
+            Err(e) if batch.count == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(batch.count)
+}
+
+/// [`TunIo::send_batch`] one [`TunIo::send`] per packet; returns how many failed.
+pub(crate) fn send_each<T: TunIo + ?Sized>(tun: &T, packets: &Batch) -> usize {
+    packets
+        .iter()
+        .filter(|(_, packet)| tun.send(packet).is_err())
+        .count()
+}
+
+/// Packets read from a TUN queue: one buffer per packet, reused across calls.
 #[derive(Debug)]
-pub struct RecvBatch {
-    pub(crate) buffer: Vec<u8>,
-    pub(crate) slot_size: usize,
-    pub(crate) lens: Vec<usize>,
-    pub(crate) sources: Vec<SocketAddr>,
+pub struct TunBatch {
+    pub(crate) bufs: Vec<Vec<u8>>,
+    pub(crate) sizes: Vec<usize>,
     pub(crate) count: usize,
 }
 
-impl RecvBatch {
-    /// Room for `slots` datagrams of up to `slot_size` bytes each.
+impl TunBatch {
+    /// Room for `slots` packets of up to `slot_size` bytes each.
     pub fn new(slots: usize, slot_size: usize) -> Self {
         Self {
-            buffer: vec![0; slots * slot_size],
-            slot_size,
-            lens: vec![0; slots],
-            sources: vec![SocketAddr::from(([0, 0, 0, 0], 0)); slots],
+            bufs: (0..slots).map(|_| vec![0; slot_size]).collect(),
+            sizes: vec![0; slots],
             count: 0,
         }
     }
 
-    /// Number of slots.
-    pub fn capacity(&self) -> usize {
-        self.lens.len()
+    /// The packets the last read returned.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.count).map(|i| &self.bufs[i][..self.sizes[i]])
     }
 
-    /// Datagrams received by the last call, with their sources.
-    pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
-        (0..self.count).map(|i| {
-            let start = i * self.slot_size;
-            (self.sources[i], &self.buffer[start..start + self.lens[i]])
-        })
-    }
-
-    /// Number of datagrams received by the last call.
+    /// Number of packets the last read returned.
     pub fn len(&self) -> usize {
         self.count
     }
 
-    /// True when the last call received nothing.
+    /// True when the last read returned nothing.
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+}
+
+/// Received datagrams. The buffer has one slot per receive; a slot may hold several
+/// datagrams of one sender when the kernel coalesced them (UDP GRO), so datagrams are kept as
+/// a separate list of (range in the buffer, source). Everything is reused across calls.
+#[derive(Debug)]
+pub struct RecvBatch {
+    pub(crate) buffer: Vec<u8>,
+    pub(crate) slot_size: usize,
+    slots: usize,
+    datagrams: Vec<(std::ops::Range<usize>, SocketAddr)>,
+}
+
+impl RecvBatch {
+    /// Room for `slots` receives of up to `slot_size` bytes each.
+    pub fn new(slots: usize, slot_size: usize) -> Self {
+        Self {
+            buffer: vec![0; slots * slot_size],
+            slot_size,
+            slots,
+            datagrams: Vec::with_capacity(slots),
+        }
+    }
+
+    /// Number of slots (receives per call).
+    pub fn capacity(&self) -> usize {
+        self.slots
+    }
+
+    /// Datagrams received by the last call, with their sources.
+    pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
+        self.datagrams
+            .iter()
+            .map(|(range, source)| (*source, &self.buffer[range.clone()]))
+    }
+
+    /// Number of datagrams received by the last call.
+    pub fn len(&self) -> usize {
+        self.datagrams.len()
+    }
+
+    /// True when the last call received nothing.
+    pub fn is_empty(&self) -> bool {
+        self.datagrams.is_empty()
     }
 
     /// Slot `i` for writing, used by implementations.
     pub(crate) fn slot_mut(&mut self, i: usize) -> &mut [u8] {
         let start = i * self.slot_size;
         &mut self.buffer[start..start + self.slot_size]
+    }
+
+    /// Forgets the last call's datagrams, keeping the capacity.
+    pub(crate) fn clear(&mut self) {
+        self.datagrams.clear();
+    }
+
+    /// Records that slot `slot` received `len` bytes from `source`: one datagram, or with
+    /// `segment` > 0 consecutive datagrams of `segment` bytes (the last may be shorter).
+    pub(crate) fn push_received(
+        &mut self,
+        slot: usize,
+        len: usize,
+        segment: usize,
+        source: SocketAddr,
+    ) {
+        let start = slot * self.slot_size;
+        let end = start + len.min(self.slot_size);
+        let step = if segment == 0 { end - start } else { segment };
+        let mut at = start;
+        loop {
+            let next = (at + step.max(1)).min(end);
+            self.datagrams.push((at..next, source));
+            at = next;
+            if at >= end {
+                break;
+            }
+        }
     }
 }
 

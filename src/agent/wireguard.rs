@@ -38,13 +38,18 @@ impl WireGuard {
         std::fs::create_dir_all(socket_dir)
             .with_context(|| format!("creating {}", socket_dir.display()))?;
         let listener = uapi_server::bind(&path)?;
-        let (queues, _existed) = match LinuxTun::open(name, threads) {
+        let (queues, _existed) = match LinuxTun::open_offloaded(name, threads) {
             Ok(opened) => opened,
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 return Err(e).with_context(|| format!("opening TUN device {name}"));
             }
         };
+        tracing::info!(
+            queues = queues.len(),
+            offload = queues[0].has_offload(),
+            "TUN device {name} open (offload: TCP segments split on read, coalesced on write)"
+        );
         if persist {
             if let Err(e) = queues[0].set_persist(true) {
                 tracing::warn!(error = %e, "cannot make {name} persistent; a crash will remove it");

@@ -177,13 +177,18 @@ fn bring_up(args: &Args) -> Result<Up> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let (queues, existed) = match LinuxTun::open(name, threads) {
+    let (queues, existed) = match LinuxTun::open_offloaded(name, threads) {
         Ok(opened) => opened,
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             return Err(e.into());
         }
     };
+    tracing::info!(
+        queues = queues.len(),
+        offload = queues[0].has_offload(),
+        "TUN device {name} open (offload: TCP segments split on read, coalesced on write)"
+    );
     let device =
         Device::start(queues, LinuxUdpBinder).with_context(|| format!("starting device {name}"))?;
     let device = Arc::new(device);

@@ -213,6 +213,7 @@ impl MemUdp {
 
 impl UdpIo for MemUdp {
     fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        batch.clear();
         let mut n = 0;
         while n < batch.capacity() {
             let Some((from, bytes)) = self.queue.pop() else {
@@ -221,11 +222,9 @@ impl UdpIo for MemUdp {
             let slot = batch.slot_mut(n);
             let len = bytes.len().min(slot.len());
             slot[..len].copy_from_slice(&bytes[..len]);
-            batch.lens[n] = len;
-            batch.sources[n] = from;
+            batch.push_received(n, len, 0, from);
             n += 1;
         }
-        batch.count = n;
         if n == 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }

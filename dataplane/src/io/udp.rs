@@ -1,9 +1,18 @@
-//! UDP sockets for the listen port: `recvmmsg`/`sendmmsg` batches, `SO_MARK`, large buffers.
+//! UDP sockets for the listen port: `recvmmsg`/`sendmmsg` batches, `SO_MARK`, large buffers,
+//! and segmentation offload both ways where the kernel has it:
+//!
+//! - send (UDP GSO): consecutive datagrams to one destination of one size (the last may be
+//!   shorter) go out as one message with `UDP_SEGMENT`, so the stack handles the run once and
+//!   splits it at the end (or in the NIC). If the kernel refuses such a message (`EIO` from a
+//!   device without checksum offload, say), GSO is switched off for the socket.
+//! - receive (UDP GRO): with `UDP_GRO` on, one receive may return a run of datagrams from one
+//!   sender; the `UDP_GRO` control message gives their size and [`RecvBatch`] splits them.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -14,12 +23,24 @@ use crate::outbox::Batch;
 const SOCKET_BUFFER: usize = 7 << 20;
 /// Most messages in one `sendmmsg`/`recvmmsg` call.
 const MAX_MMSG: usize = 128;
+/// `UDP_SEGMENT` (send-side GSO segment size), from linux/udp.h.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (receive-side coalescing; also the control message carrying the size).
+const UDP_GRO: libc::c_int = 104;
+/// Most segments the kernel accepts in one GSO message (`UDP_MAX_SEGMENTS`).
+const MAX_SEGMENTS: usize = 64;
+/// Most payload bytes put in one GSO message (below the 65,507 an IPv4 datagram can carry).
+const MAX_GSO_BYTES: usize = 64_000;
+/// Control buffer per message, in u64 words: room for one cmsghdr carrying an int.
+const CONTROL_WORDS: usize = 4;
 
 /// A bound, non-blocking UDP socket of one family.
 #[derive(Debug)]
 pub struct UdpSocketIo {
     socket: UdpSocket,
     ipv6: bool,
+    /// Whether sends may use `UDP_SEGMENT`; cleared the first time the kernel refuses one.
+    gso: AtomicBool,
 }
 
 impl UdpSocketIo {
@@ -62,10 +83,25 @@ impl UdpSocketIo {
         }
         socket.bind(&SockAddr::from(addr))?;
         socket.set_nonblocking(true)?;
+        // Both offloads are best effort: without them the socket moves one datagram per
+        // message, as before.
+        let gso = getsockopt_int(&socket, libc::SOL_UDP, UDP_SEGMENT).is_ok();
+        setsockopt_int(&socket, libc::SOL_UDP, UDP_GRO, 1);
         Ok(Self {
             socket: socket.into(),
             ipv6,
+            gso: AtomicBool::new(gso),
         })
+    }
+
+    /// Whether sends still use UDP segmentation offload.
+    pub fn uses_gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Turns UDP segmentation offload off (for tests and for kernels that refuse it).
+    pub fn disable_gso(&self) {
+        self.gso.store(false, Ordering::Relaxed);
     }
 
     /// The port this socket is bound to.
@@ -90,6 +126,7 @@ impl UdpIo for UdpSocketIo {
         let mut names: [MaybeUninit<libc::sockaddr_storage>; MAX_MMSG] =
             [MaybeUninit::uninit(); MAX_MMSG];
         let mut headers: [MaybeUninit<libc::mmsghdr>; MAX_MMSG] = [MaybeUninit::uninit(); MAX_MMSG];
+        let mut controls = [[0u64; CONTROL_WORDS]; MAX_MMSG];
         let base = batch.buffer.as_mut_ptr();
         for i in 0..n {
             // SAFETY: slot i lies within `batch.buffer`, whose length is capacity * slot_size.
@@ -104,6 +141,8 @@ impl UdpIo for UdpSocketIo {
             header.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             header.msg_hdr.msg_iov = iovecs[i].as_mut_ptr();
             header.msg_hdr.msg_iovlen = 1;
+            header.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+            header.msg_hdr.msg_controllen = std::mem::size_of_val(&controls[i]);
             headers[i].write(header);
         }
         // SAFETY: `headers[..n]` are initialised and point at live iovecs, names and buffer
@@ -117,62 +156,39 @@ impl UdpIo for UdpSocketIo {
                 std::ptr::null_mut(),
             )
         };
+        batch.clear();
         if received < 0 {
-            batch.count = 0;
             return Err(io::Error::last_os_error());
         }
         let received = received as usize;
         for i in 0..received {
             // SAFETY: the kernel initialised the first `received` headers and their names.
             let header = unsafe { headers[i].assume_init_ref() };
-            batch.lens[i] = header.msg_len as usize;
             // SAFETY: the kernel filled the name buffer of every received message.
             let name = unsafe { names[i].assume_init_ref() };
-            batch.sources[i] =
-                socket_addr(name).map_or(SocketAddr::from(([0, 0, 0, 0], 0)), normalise);
+            let source = socket_addr(name).map_or(SocketAddr::from(([0, 0, 0, 0], 0)), normalise);
+            let segment = gro_segment_size(&header.msg_hdr);
+            batch.push_received(i, header.msg_len as usize, segment, source);
         }
-        batch.count = received;
-        Ok(received)
+        Ok(batch.len())
     }
 
     fn send_batch(&self, batch: &Batch) -> io::Result<SendOutcome> {
         // Everything on the stack: no allocation per batch or per packet.
-        // SAFETY: an all-zero sockaddr_in6 is a valid value; it is overwritten before use.
-        let mut names: [libc::sockaddr_in6; MAX_MMSG] = [unsafe { std::mem::zeroed() }; MAX_MMSG];
-        let mut name_lens = [0 as libc::socklen_t; MAX_MMSG];
-        let mut iovecs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_MMSG];
+        let mut run = SendRun::new();
         let mut outcome = SendOutcome::default();
-        let mut n = 0;
+        let gso = self.uses_gso();
         for (destination, packet) in batch.iter() {
             let Some(destination) = destination.and_then(|d| self.convert(d)) else {
                 continue;
             };
-            let name = SockAddr::from(destination);
-            // SAFETY: a socket address of either family is at most sizeof(sockaddr_in6) bytes,
-            // copied from socket2's storage into our slot.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    name.as_ptr().cast::<u8>(),
-                    (&mut names[n] as *mut libc::sockaddr_in6).cast::<u8>(),
-                    name.len() as usize,
-                );
+            if run.is_full() {
+                self.send_run(&mut run, &mut outcome);
             }
-            name_lens[n] = name.len();
-            iovecs[n] = libc::iovec {
-                iov_base: packet.as_ptr() as *mut libc::c_void,
-                iov_len: packet.len(),
-            };
-            n += 1;
-            if n == MAX_MMSG {
-                self.sendmmsg(&mut names, &name_lens, &mut iovecs, n, &mut outcome);
-                n = 0;
-            }
+            run.push(destination, packet, gso);
         }
-        if n > 0 {
-            self.sendmmsg(&mut names, &name_lens, &mut iovecs, n, &mut outcome);
+        if !run.is_empty() {
+            self.send_run(&mut run, &mut outcome);
         }
         Ok(outcome)
     }
@@ -191,50 +207,228 @@ impl UdpSocketIo {
         }
     }
 
-    /// Sends the first `n` prepared messages with `sendmmsg`, retrying after partial sends and
-    /// skipping datagrams the kernel refuses.
-    fn sendmmsg(
-        &self,
-        names: &mut [libc::sockaddr_in6; MAX_MMSG],
-        name_lens: &[libc::socklen_t; MAX_MMSG],
-        iovecs: &mut [libc::iovec; MAX_MMSG],
-        n: usize,
-        outcome: &mut SendOutcome,
-    ) {
+    /// Sends the messages of `run` with `sendmmsg`, retrying after partial sends and
+    /// skipping messages the kernel refuses; then empties `run`.
+    fn send_run(&self, run: &mut SendRun, outcome: &mut SendOutcome) {
         // SAFETY: an all-zero mmsghdr is a valid value; the pointers set below outlive the call.
         let mut headers: [libc::mmsghdr; MAX_MMSG] = [unsafe { std::mem::zeroed() }; MAX_MMSG];
-        for i in 0..n {
-            let header = &mut headers[i].msg_hdr;
-            header.msg_name = (&mut names[i] as *mut libc::sockaddr_in6).cast();
-            header.msg_namelen = name_lens[i];
-            header.msg_iov = &mut iovecs[i];
-            header.msg_iovlen = 1;
+        let mut controls = [[0u64; CONTROL_WORDS]; MAX_MMSG];
+        let messages = run.messages;
+        for m in 0..messages {
+            let message = run.message[m];
+            let header = &mut headers[m].msg_hdr;
+            header.msg_name = (&mut run.names[m] as *mut libc::sockaddr_in6).cast();
+            header.msg_namelen = run.name_lens[m];
+            header.msg_iov = &mut run.iovecs[message.first_iovec];
+            header.msg_iovlen = message.iovecs;
+            if message.iovecs > 1 {
+                header.msg_control = controls[m].as_mut_ptr().cast();
+                header.msg_controllen = std::mem::size_of_val(&controls[m]);
+                // SAFETY: the control buffer is large enough for one cmsghdr with a u16, and
+                // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+                unsafe {
+                    let cmsg = libc::CMSG_FIRSTHDR(header);
+                    (*cmsg).cmsg_level = libc::SOL_UDP;
+                    (*cmsg).cmsg_type = UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), message.segment);
+                    header.msg_controllen = libc::CMSG_SPACE(2) as _;
+                }
+            }
         }
         let mut start = 0usize;
-        while start < n {
-            // SAFETY: headers[start..n] are initialised and reference live names and buffers.
+        while start < messages {
+            // SAFETY: headers[start..messages] are initialised and reference live names,
+            // iovecs, control buffers and packet bytes.
             let sent = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
-                    headers[start..n].as_mut_ptr(),
-                    (n - start) as u32,
+                    headers[start..messages].as_mut_ptr(),
+                    (messages - start) as u32,
                     0,
                 )
             };
             if sent > 0 {
-                outcome.sent += sent as usize;
-                start += sent as usize;
-            } else {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
+                for m in start..start + sent as usize {
+                    outcome.sent += run.message[m].iovecs;
                 }
-                // The first datagram was refused (no route, unreachable, buffer full): drop it
-                // and go on with the rest.
-                outcome.failed += 1;
-                start += 1;
+                start += sent as usize;
+                continue;
             }
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            let refused = run.message[start];
+            if refused.iovecs > 1 && self.gso.swap(false, Ordering::Relaxed) {
+                tracing::warn!(error = %error, "the kernel refused a segmented UDP send; sending one datagram per message from now on");
+            }
+            // The message was refused (no route, unreachable, buffer full, no GSO): drop its
+            // datagrams, as a lossy network would, and go on with the rest.
+            outcome.failed += refused.iovecs;
+            start += 1;
+        }
+        run.clear();
+    }
+}
+
+/// One message of a [`SendRun`]: a run of iovecs (datagrams) to one destination.
+#[derive(Debug, Clone, Copy, Default)]
+struct Message {
+    first_iovec: usize,
+    iovecs: usize,
+    /// Size of every datagram but possibly the last (the `UDP_SEGMENT` value).
+    segment: u16,
+    bytes: usize,
+    /// A datagram shorter than `segment` ended the message.
+    closed: bool,
+}
+
+/// Datagrams gathered for one `sendmmsg`, grouped into messages: consecutive datagrams to the
+/// same destination, all of the first one's size but the last (which may be shorter), up to
+/// [`MAX_SEGMENTS`] and [`MAX_GSO_BYTES`] per message. Without GSO each datagram is a message.
+struct SendRun {
+    names: [libc::sockaddr_in6; MAX_MMSG],
+    name_lens: [libc::socklen_t; MAX_MMSG],
+    destinations: [Option<SocketAddr>; MAX_MMSG],
+    iovecs: [libc::iovec; MAX_MMSG],
+    message: [Message; MAX_MMSG],
+    datagrams: usize,
+    messages: usize,
+}
+
+impl SendRun {
+    fn new() -> Self {
+        Self {
+            // SAFETY: an all-zero sockaddr_in6 is a valid value; it is overwritten before use.
+            names: [unsafe { std::mem::zeroed() }; MAX_MMSG],
+            name_lens: [0; MAX_MMSG],
+            destinations: [None; MAX_MMSG],
+            iovecs: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_MMSG],
+            message: [Message::default(); MAX_MMSG],
+            datagrams: 0,
+            messages: 0,
         }
     }
+
+    fn is_full(&self) -> bool {
+        self.datagrams == MAX_MMSG
+    }
+
+    fn is_empty(&self) -> bool {
+        self.datagrams == 0
+    }
+
+    fn clear(&mut self) {
+        self.datagrams = 0;
+        self.messages = 0;
+    }
+
+    /// Adds `packet` for `destination`, to the open message if `gso` allows, else to a new one.
+    fn push(&mut self, destination: SocketAddr, packet: &[u8], gso: bool) {
+        let index = self.datagrams;
+        self.iovecs[index] = libc::iovec {
+            iov_base: packet.as_ptr() as *mut libc::c_void,
+            iov_len: packet.len(),
+        };
+        self.datagrams += 1;
+        if gso && self.messages > 0 {
+            let last = self.messages - 1;
+            let open = &mut self.message[last];
+            let joins = !open.closed
+                && self.destinations[last] == Some(destination)
+                && packet.len() <= usize::from(open.segment)
+                && open.iovecs < MAX_SEGMENTS
+                && open.bytes + packet.len() <= MAX_GSO_BYTES;
+            if joins {
+                open.iovecs += 1;
+                open.bytes += packet.len();
+                open.closed = packet.len() < usize::from(open.segment);
+                return;
+            }
+        }
+        let m = self.messages;
+        self.messages += 1;
+        let name = SockAddr::from(destination);
+        // SAFETY: a socket address of either family is at most sizeof(sockaddr_in6) bytes,
+        // copied from socket2's storage into our slot.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                name.as_ptr().cast::<u8>(),
+                (&mut self.names[m] as *mut libc::sockaddr_in6).cast::<u8>(),
+                name.len() as usize,
+            );
+        }
+        self.name_lens[m] = name.len();
+        self.destinations[m] = Some(destination);
+        self.message[m] = Message {
+            first_iovec: index,
+            iovecs: 1,
+            segment: u16::try_from(packet.len()).unwrap_or(u16::MAX),
+            bytes: packet.len(),
+            // A datagram too large to be a segment never takes followers.
+            closed: packet.len() > MAX_GSO_BYTES,
+        };
+    }
+}
+
+/// The `UDP_GRO` segment size the kernel attached to a received message, or 0.
+fn gro_segment_size(header: &libc::msghdr) -> usize {
+    if header.msg_control.is_null() || header.msg_controllen == 0 {
+        return 0;
+    }
+    // SAFETY: the kernel wrote msg_controllen bytes of well-formed control messages into the
+    // buffer msg_control points at; CMSG_FIRSTHDR/CMSG_NXTHDR walk them within that length.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(header);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                return usize::try_from(size).unwrap_or(0);
+            }
+            cmsg = libc::CMSG_NXTHDR(header, cmsg);
+        }
+    }
+    0
+}
+
+fn setsockopt_int(socket: &Socket, level: libc::c_int, option: libc::c_int, value: libc::c_int) {
+    // SAFETY: passes a live c_int of the right size to setsockopt on our own socket.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+fn getsockopt_int(
+    socket: &Socket,
+    level: libc::c_int,
+    option: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the live c_int.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
 }
 
 /// Raises a socket buffer past `net.core.*mem_max` (needs CAP_NET_ADMIN; best effort).
@@ -295,6 +489,130 @@ fn normalise(addr: SocketAddr) -> SocketAddr {
 mod tests {
     use super::*;
     use crate::outbox::Outbox;
+
+    /// Receives until `want` datagrams arrived (or 2 s passed); returns them and how many
+    /// receive slots they took.
+    fn receive(socket: &UdpSocketIo, want: usize) -> (Vec<(SocketAddr, Vec<u8>)>, usize) {
+        let mut batch = RecvBatch::new(64, 65536);
+        let mut got = Vec::new();
+        let mut slots = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got.len() < want && std::time::Instant::now() < deadline {
+            match socket.recv_batch(&mut batch) {
+                Ok(_) => {
+                    let used: std::collections::BTreeSet<usize> = batch
+                        .datagrams
+                        .iter()
+                        .map(|(range, _)| range.start / batch.slot_size)
+                        .collect();
+                    slots += used.len();
+                    got.extend(batch.iter().map(|(src, p)| (src, p.to_vec())));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        (got, slots)
+    }
+
+    #[test]
+    fn runs_to_one_destination_go_out_segmented_and_come_back_split() {
+        let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        if !a.uses_gso() {
+            eprintln!("skipped: this kernel has no UDP GSO");
+            return;
+        }
+        let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+        let mut out = Outbox::default();
+        // 20 full-size datagrams and a short last one: one GSO message.
+        for i in 0..20u8 {
+            out.to_network.push_copy(Some(to_b), &[i; 1200]);
+        }
+        out.to_network.push_copy(Some(to_b), &[99; 300]);
+        let outcome = a.send_batch(&out.to_network).unwrap();
+        assert_eq!(
+            outcome,
+            SendOutcome {
+                sent: 21,
+                failed: 0
+            }
+        );
+        assert!(a.uses_gso(), "loopback accepts segmented sends");
+        let (got, slots) = receive(&b, 21);
+        assert_eq!(
+            got.len(),
+            21,
+            "every datagram arrives, split at its boundary"
+        );
+        for (i, (_, payload)) in got.iter().take(20).enumerate() {
+            assert_eq!(payload, &vec![i as u8; 1200]);
+        }
+        assert_eq!(got[20].1, vec![99u8; 300]);
+        assert!(
+            slots < 21,
+            "the receiver got them coalesced (GRO) in {slots} receives"
+        );
+    }
+
+    #[test]
+    fn a_run_breaks_at_a_new_destination_size_or_the_segment_limit() {
+        let x: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        let y: SocketAddr = "10.0.0.2:1".parse().unwrap();
+        let big = [0u8; 1000];
+        let small = [0u8; 500];
+        let mut run = SendRun::new();
+        for (to, packet) in [
+            (x, &big[..]),
+            (x, &big[..]),
+            (x, &small[..]), // shorter: joins, then closes the message
+            (x, &big[..]),   // new message
+            (y, &big[..]),   // new destination
+            (y, &small[..]),
+        ] {
+            run.push(to, packet, true);
+        }
+        let shape: Vec<(usize, u16)> = run.message[..run.messages]
+            .iter()
+            .map(|m| (m.iovecs, m.segment))
+            .collect();
+        assert_eq!(shape, vec![(3, 1000), (1, 1000), (2, 1000)]);
+
+        let mut run = SendRun::new();
+        for _ in 0..MAX_SEGMENTS + 1 {
+            run.push(x, &small, true);
+        }
+        assert_eq!(
+            run.messages, 2,
+            "at most {MAX_SEGMENTS} segments per message"
+        );
+        let mut run = SendRun::new();
+        for _ in 0..3 {
+            run.push(x, &big, false);
+        }
+        assert_eq!(run.messages, 3, "without GSO every datagram is a message");
+    }
+
+    #[test]
+    fn without_gso_every_datagram_still_arrives() {
+        let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        a.disable_gso();
+        let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+        let mut out = Outbox::default();
+        for i in 0..30u8 {
+            out.to_network.push_copy(Some(to_b), &[i; 800]);
+        }
+        assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 30);
+        let (got, _) = receive(&b, 30);
+        assert_eq!(got.len(), 30);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, (_, p))| p == &vec![i as u8; 800]));
+    }
 
     #[test]
     fn loopback_batch_round_trip() {
