@@ -22,6 +22,9 @@ use tun_rs::{DeviceBuilder, GROTable, SyncDevice, VIRTIO_NET_HDR_LEN};
 use super::{TunBatch, TunIo};
 use crate::outbox::Batch;
 
+/// Capacity of each write buffer: a coalesced 64 KiB packet behind the virtio-net header
+/// (tun-rs asks for room for the header twice).
+const COALESCE_CAPACITY: usize = 65535 + 2 * VIRTIO_NET_HDR_LEN;
 /// Fewest free packet buffers a read with offload needs: a 64 KiB segment split at 512 bytes.
 const SPLIT_ROOM: usize = 128;
 
@@ -316,7 +319,10 @@ impl TunIo for LinuxTun {
         let mut buffers = offload.lock();
         let OffloadBuffers { write, gro, .. } = &mut *buffers;
         if write.len() < packets.len() {
-            write.resize_with(packets.len(), || Vec::with_capacity(2048));
+            // tun-rs coalesces into a buffer only within its capacity (it never reallocates),
+            // so each must have room for a whole 64 KiB segment. Pages only become resident
+            // once written.
+            write.resize_with(packets.len(), || Vec::with_capacity(COALESCE_CAPACITY));
         }
         for (buffer, (_, packet)) in write.iter_mut().zip(packets.iter()) {
             buffer.clear();
