@@ -27,6 +27,8 @@ use crate::uapi::{self, UapiError};
 
 /// Datagrams read per batch from a socket.
 pub const BATCH: usize = 64;
+/// Receive slots per UDP batch (each up to 64 KiB: one datagram, or a coalesced run).
+const UDP_SLOTS: usize = 16;
 /// Packet buffers per TUN read batch: room for one 64 KiB TCP segment split at the smallest
 /// segment size the kernel offloads (about 128 pieces), plus one more such read.
 const TUN_BATCH: usize = 256;
@@ -284,7 +286,8 @@ impl<B: UdpBinder> crate::uapi_server::UapiHandler for Device<B> {
 fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
     let mut out = Outbox::with_capacity(BATCH * 2, 2048);
     let mut tun_batch = TunBatch::new(TUN_BATCH, MAX_PACKET);
-    let mut udp_batch = RecvBatch::new(BATCH, MAX_PACKET);
+    // With UDP GRO each slot may hold up to 64 datagrams, so few slots still make big batches.
+    let mut udp_batch = RecvBatch::new(UDP_SLOTS, MAX_PACKET);
     let waker = &shared.wakers[index];
     let mut generation = u64::MAX;
     let mut sockets = shared.sockets.load_full();

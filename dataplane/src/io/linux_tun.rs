@@ -25,6 +25,9 @@ use crate::outbox::Batch;
 /// Capacity of each write buffer: a coalesced 64 KiB packet behind the virtio-net header
 /// (tun-rs asks for room for the header twice).
 const COALESCE_CAPACITY: usize = 65535 + 2 * VIRTIO_NET_HDR_LEN;
+/// Packets coalesced and written per tun-rs call: more than a 64 KiB coalesced packet holds
+/// (about 45 full segments), few enough to bound the write buffers to 64 × 64 KiB.
+const WRITE_CHUNK: usize = 64;
 /// Fewest free packet buffers a read with offload needs: a 64 KiB segment split at 512 bytes.
 const SPLIT_ROOM: usize = 128;
 
@@ -318,31 +321,46 @@ impl TunIo for LinuxTun {
         };
         let mut buffers = offload.lock();
         let OffloadBuffers { write, gro, .. } = &mut *buffers;
-        stage_for_write(write, packets);
-        match self
-            .device
-            .send_multiple(gro, &mut write[..packets.len()], VIRTIO_NET_HDR_LEN)
-        {
-            Ok(_) => 0,
-            Err(_) => 1,
+        let mut failed = 0;
+        let mut pending = packets.iter().map(|(_, packet)| packet).peekable();
+        while pending.peek().is_some() {
+            let staged = stage_for_write(write, &mut pending);
+            if self
+                .device
+                .send_multiple(gro, &mut write[..staged], VIRTIO_NET_HDR_LEN)
+                .is_err()
+            {
+                failed += 1;
+            }
         }
+        failed
     }
 }
 
-/// Copies `packets` into `write` (growing it if needed), each behind room for the virtio-net
-/// header, ready for tun-rs to coalesce and write.
-fn stage_for_write(write: &mut Vec<Vec<u8>>, packets: &Batch) {
-    if write.len() < packets.len() {
+/// Copies up to [`WRITE_CHUNK`] packets from `packets` into `write` (creating its buffers the
+/// first time), each behind room for the virtio-net header, ready for tun-rs to coalesce and
+/// write. Returns how many were staged.
+fn stage_for_write<'a>(
+    write: &mut Vec<Vec<u8>>,
+    packets: &mut impl Iterator<Item = &'a [u8]>,
+) -> usize {
+    if write.len() < WRITE_CHUNK {
         // tun-rs coalesces into a buffer only within its capacity (it never reallocates), so
         // each must have room for a whole 64 KiB segment. Pages only become resident once
-        // written.
-        write.resize_with(packets.len(), || Vec::with_capacity(COALESCE_CAPACITY));
+        // written, and there are never more than WRITE_CHUNK buffers.
+        write.resize_with(WRITE_CHUNK, || Vec::with_capacity(COALESCE_CAPACITY));
     }
-    for (buffer, (_, packet)) in write.iter_mut().zip(packets.iter()) {
+    let mut staged = 0;
+    for (buffer, packet) in write.iter_mut().zip(packets) {
         buffer.clear();
         buffer.resize(VIRTIO_NET_HDR_LEN, 0);
         buffer.extend_from_slice(packet);
+        staged += 1;
+        if staged == WRITE_CHUNK {
+            break;
+        }
     }
+    staged
 }
 
 #[cfg(test)]
@@ -399,7 +417,8 @@ mod tests {
                 .push_copy(None, &tcp_segment(1 + i * 1380, i as u16, 1380, i == 39));
         }
         let mut write = Vec::new();
-        stage_for_write(&mut write, &out.to_tunnel);
+        let staged = stage_for_write(&mut write, &mut out.to_tunnel.iter().map(|(_, p)| p));
+        assert_eq!(staged, 40);
         let mut to_write = Vec::new();
         tun_rs::handle_gro(
             &mut write[..40],
@@ -412,9 +431,17 @@ mod tests {
         .unwrap();
         assert_eq!(to_write, vec![0], "40 segments of one flow make one write");
         assert_eq!(write[0].len(), VIRTIO_NET_HDR_LEN + 40 + 40 * 1380);
-        // Staging again reuses the buffers: no growth past the first batch.
+        // Staging again reuses the buffers: no growth past the first batch, and never more
+        // than a chunk at a time.
         let capacity = write[0].capacity();
-        stage_for_write(&mut write, &out.to_tunnel);
+        let mut many = out
+            .to_tunnel
+            .iter()
+            .chain(out.to_tunnel.iter())
+            .map(|(_, p)| p);
+        assert_eq!(stage_for_write(&mut write, &mut many), WRITE_CHUNK);
+        assert_eq!(stage_for_write(&mut write, &mut many), 80 - WRITE_CHUNK);
+        assert_eq!(write.len(), WRITE_CHUNK);
         assert_eq!(write[0].capacity(), capacity);
     }
 
