@@ -1,5 +1,6 @@
 //! Encapsulate and decapsulate one packet through the engine (warm session) at 64, 512 and
-//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size.
+//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size; and a batch of 64
+//! packets of 1420 bytes through the engine each way, as a worker hands them over.
 
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
@@ -88,5 +89,56 @@ fn decapsulate(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, encapsulate, decapsulate);
+/// Packets per batch in the batch benchmarks (one `recvmmsg`'s worth at the default size).
+const BATCH: usize = 64;
+
+fn batch_of_64(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dataplane/batch64");
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"warm up");
+    let packet = packet_of_size(1420);
+    let packets: Vec<&[u8]> = vec![packet.as_slice(); BATCH];
+    let mut out = Outbox::with_capacity(BATCH, 2048);
+    group.throughput(Throughput::Bytes((BATCH * 1420) as u64));
+    group.bench_function("encapsulate", |b| {
+        b.iter(|| {
+            pair.a
+                .engine
+                .handle_tunnel_packets(now, packets.iter().copied(), &mut out);
+            assert_eq!(out.to_network.len(), BATCH);
+            out.clear();
+        });
+    });
+    let from = pair.a.addr;
+    let mut sealed = Outbox::with_capacity(BATCH, 2048);
+    group.bench_function("decapsulate", |b| {
+        b.iter_batched_ref(
+            || {
+                sealed.clear();
+                pair.a
+                    .engine
+                    .handle_tunnel_packets(now, packets.iter().copied(), &mut sealed);
+                sealed
+                    .to_network
+                    .iter()
+                    .map(|(_, d)| d.to_vec())
+                    .collect::<Vec<_>>()
+            },
+            |datagrams| {
+                pair.b.engine.handle_datagrams(
+                    now,
+                    datagrams.iter().map(|d| (from, d.as_slice())),
+                    &mut out,
+                );
+                assert_eq!(out.to_tunnel.len(), BATCH);
+                out.clear();
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
+criterion_group!(benches, encapsulate, decapsulate, batch_of_64);
 criterion_main!(benches);
