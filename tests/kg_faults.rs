@@ -67,10 +67,8 @@ fn a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh() {
     let away = c.work.join("cluster-away");
     std::fs::rename(&c.dir, &away).unwrap();
     let n2 = c.node("n2");
-    let pinger = common::ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 800);
-    let out = pinger.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let got = common::ping_received(&text);
+    let (got, text) =
+        common::ping_series_received(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 800);
     assert!(
         got >= 798,
         "{} of 800 pings lost during the outage:\n{text}\n{}",

@@ -136,10 +136,8 @@ fn an_api_outage_keeps_traffic_on_the_last_good_mesh() {
     // so judged by the wall clock each node would have dropped the other.
     api.set_available(false);
     let n1 = c.node("n1");
-    let pinger = common::ping_series(&n1.ns.name, &n1.pod_ip, &c.node("n2").pod_ip, 800);
-    let out = pinger.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let got = common::ping_received(&text);
+    let (got, text) =
+        common::ping_series_received(&n1.ns.name, &n1.pod_ip, &c.node("n2").pod_ip, 800);
     assert!(
         got >= 798,
         "{} of 800 pings lost during the outage:\n{text}\n{}",

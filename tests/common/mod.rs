@@ -426,6 +426,15 @@ pub fn ping_series(ns: &str, source: &str, target: &str, count: u32) -> Child {
         .expect("ping")
 }
 
+/// Runs [`ping_series`] to the end: how many of `count` echoes were answered, and ping's output.
+pub fn ping_series_received(ns: &str, source: &str, target: &str, count: u32) -> (u32, String) {
+    let out = ping_series(ns, source, target, count)
+        .wait_with_output()
+        .expect("ping");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (ping_received(&text), text)
+}
+
 /// The `N received` of ping's summary (0 when there is none).
 pub fn ping_received(output: &str) -> u32 {
     output
