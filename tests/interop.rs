@@ -50,11 +50,13 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
     );
 
     // kilotun opens its TUN with the virtio-net header (segmentation offload) on this kernel,
-    // so the transfers below go through its split and coalesce paths.
+    // so the transfers below go through its split and coalesce paths; and with a 5,000-packet
+    // transmit queue.
     for (side, which, device) in [("left", left, &a), ("right", right, &b)] {
         if which == Impl::Kilotun {
             let details = device.ip(&["-d", "link", "show", &device.name]);
             assert!(details.contains("vnet_hdr on"), "{side}: {details}");
+            assert!(details.contains("qlen 5000"), "{side}: {details}");
         }
     }
     let took = tcp_transfer(
