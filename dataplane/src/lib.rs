@@ -12,6 +12,7 @@ pub mod config;
 pub mod device;
 pub mod engine;
 pub mod fuzzing;
+pub mod gro;
 pub mod io;
 pub mod ipip;
 pub mod key;

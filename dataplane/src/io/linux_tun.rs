@@ -5,7 +5,7 @@
 //! (`IFF_VNET_HDR` with `TUNSETOFFLOAD` for checksum and TCP segmentation, and UDP segmentation
 //! where available): one read returns up to 64 KiB of one TCP flow, which tun-rs splits into
 //! MTU-sized packets, and one write takes consecutive segments of a flow coalesced back into one
-//! (GRO). That saves a syscall and a pass through the kernel's stack per packet. Where the kernel
+//! by [`crate::gro`] (which allocates nothing per packet). That saves a syscall and a pass through the kernel's stack per packet. Where the kernel
 //! refuses, the device opens without offload and moves one packet per syscall.
 //!
 //! The device never changes its own MTU, addresses or link state after creation, so an agent
@@ -17,19 +17,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 
 use parking_lot::Mutex;
-use tun_rs::{DeviceBuilder, GROTable, SyncDevice, VIRTIO_NET_HDR_LEN};
+use tun_rs::{DeviceBuilder, SyncDevice, VIRTIO_NET_HDR_LEN};
 
 use super::{TunBatch, TunIo};
+use crate::gro::TcpCoalescer;
 use crate::outbox::Batch;
 
-/// Capacity of each write buffer: a coalesced 64 KiB packet behind the virtio-net header
-/// (tun-rs asks for room for the header twice).
-const COALESCE_CAPACITY: usize = 65535 + 2 * VIRTIO_NET_HDR_LEN;
 /// `txqueuelen` of a TUN device kilotun creates (the kernel's default for TUN is 500).
 pub const TX_QUEUE_LEN: u32 = 5000;
-/// Packets coalesced and written per tun-rs call: more than a 64 KiB coalesced packet holds
-/// (about 45 full segments), few enough to bound the write buffers to 64 × 64 KiB.
-const WRITE_CHUNK: usize = 64;
 /// Fewest free packet buffers a read with offload needs: a 64 KiB segment split at 512 bytes.
 const SPLIT_ROOM: usize = 128;
 
@@ -84,18 +79,15 @@ pub struct LinuxTun {
 struct OffloadBuffers {
     /// One raw read: the virtio-net header and up to 64 KiB of packet.
     read: Vec<u8>,
-    /// Packets to write, each behind room for the virtio-net header.
-    write: Vec<Vec<u8>>,
-    /// tun-rs's coalescing state.
-    gro: GROTable,
+    /// Packets to write, TCP segments of a flow coalesced, each behind its virtio-net header.
+    coalescer: TcpCoalescer,
 }
 
 impl OffloadBuffers {
     fn new() -> Self {
         Self {
             read: vec![0; VIRTIO_NET_HDR_LEN + 65535],
-            write: Vec::new(),
-            gro: GROTable::default(),
+            coalescer: TcpCoalescer::new(),
         }
     }
 }
@@ -328,130 +320,34 @@ impl TunIo for LinuxTun {
             return super::send_each(self, packets);
         };
         let mut buffers = offload.lock();
-        let OffloadBuffers { write, gro, .. } = &mut *buffers;
+        let coalescer = &mut buffers.coalescer;
+        coalescer.clear();
         let mut failed = 0;
-        let mut pending = packets.iter().map(|(_, packet)| packet).peekable();
-        while pending.peek().is_some() {
-            let staged = stage_for_write(write, &mut pending);
-            if self
-                .device
-                .send_multiple(gro, &mut write[..staged], VIRTIO_NET_HDR_LEN)
-                .is_err()
-            {
-                failed += 1;
+        for (_, packet) in packets.iter() {
+            if !coalescer.push(packet) {
+                failed += self.write_all(coalescer);
+                coalescer.clear();
+                // An empty round always has room.
+                let _ = coalescer.push(packet);
             }
         }
-        failed
+        failed + self.write_all(coalescer)
     }
 }
 
-/// Copies up to [`WRITE_CHUNK`] packets from `packets` into `write` (creating its buffers the
-/// first time), each behind room for the virtio-net header, ready for tun-rs to coalesce and
-/// write. Returns how many were staged.
-fn stage_for_write<'a>(
-    write: &mut Vec<Vec<u8>>,
-    packets: &mut impl Iterator<Item = &'a [u8]>,
-) -> usize {
-    if write.len() < WRITE_CHUNK {
-        // tun-rs coalesces into a buffer only within its capacity (it never reallocates), so
-        // each must have room for a whole 64 KiB segment. Pages only become resident once
-        // written, and there are never more than WRITE_CHUNK buffers.
-        write.resize_with(WRITE_CHUNK, || Vec::with_capacity(COALESCE_CAPACITY));
+impl LinuxTun {
+    /// Writes a finished round, one `write` per buffer; returns how many failed.
+    fn write_all(&self, coalescer: &mut TcpCoalescer) -> usize {
+        coalescer
+            .finish()
+            .filter(|buffer| self.device.send(buffer).is_err())
+            .count()
     }
-    let mut staged = 0;
-    for (buffer, packet) in write.iter_mut().zip(packets) {
-        buffer.clear();
-        buffer.resize(VIRTIO_NET_HDR_LEN, 0);
-        buffer.extend_from_slice(packet);
-        staged += 1;
-        if staged == WRITE_CHUNK {
-            break;
-        }
-    }
-    staged
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::Outbox;
-
-    /// The Internet checksum of `data` on top of the partial sum `sum`.
-    fn checksum(data: &[u8], mut sum: u32) -> u16 {
-        for pair in data.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
-        }
-        while sum >> 16 != 0 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        !(sum as u16)
-    }
-
-    /// An IPv4 TCP segment of one flow (ACK, PSH when `last`) with valid checksums.
-    fn tcp_segment(seq: u32, id: u16, payload: usize, last: bool) -> Vec<u8> {
-        let total = 20 + 20 + payload;
-        let mut p = vec![0u8; total];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        p[4..6].copy_from_slice(&id.to_be_bytes());
-        p[6] = 0x40; // DF
-        p[8] = 64;
-        p[9] = 6;
-        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
-        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
-        let ip = checksum(&p[..20], 0);
-        p[10..12].copy_from_slice(&ip.to_be_bytes());
-        p[20..22].copy_from_slice(&5201u16.to_be_bytes());
-        p[22..24].copy_from_slice(&40000u16.to_be_bytes());
-        p[24..28].copy_from_slice(&seq.to_be_bytes());
-        p[28..32].copy_from_slice(&1u32.to_be_bytes());
-        p[32] = 5 << 4;
-        p[33] = if last { 0x18 } else { 0x10 };
-        p[34..36].copy_from_slice(&512u16.to_be_bytes());
-        for (i, b) in p[40..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let pseudo = 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 6 + (20 + payload) as u32;
-        let tcp = checksum(&p[20..], pseudo);
-        p[36..38].copy_from_slice(&tcp.to_be_bytes());
-        p
-    }
-
-    #[test]
-    fn staged_segments_of_one_flow_coalesce_into_one_write() {
-        let mut out = Outbox::default();
-        for i in 0..40u32 {
-            out.to_tunnel
-                .push_copy(None, &tcp_segment(1 + i * 1380, i as u16, 1380, i == 39));
-        }
-        let mut write = Vec::new();
-        let staged = stage_for_write(&mut write, &mut out.to_tunnel.iter().map(|(_, p)| p));
-        assert_eq!(staged, 40);
-        let mut to_write = Vec::new();
-        tun_rs::handle_gro(
-            &mut write[..40],
-            VIRTIO_NET_HDR_LEN,
-            &mut Default::default(),
-            &mut Default::default(),
-            false,
-            &mut to_write,
-        )
-        .unwrap();
-        assert_eq!(to_write, vec![0], "40 segments of one flow make one write");
-        assert_eq!(write[0].len(), VIRTIO_NET_HDR_LEN + 40 + 40 * 1380);
-        // Staging again reuses the buffers: no growth past the first batch, and never more
-        // than a chunk at a time.
-        let capacity = write[0].capacity();
-        let mut many = out
-            .to_tunnel
-            .iter()
-            .chain(out.to_tunnel.iter())
-            .map(|(_, p)| p);
-        assert_eq!(stage_for_write(&mut write, &mut many), WRITE_CHUNK);
-        assert_eq!(stage_for_write(&mut write, &mut many), 80 - WRITE_CHUNK);
-        assert_eq!(write.len(), WRITE_CHUNK);
-        assert_eq!(write[0].capacity(), capacity);
-    }
 
     #[test]
     fn names_are_checked_like_the_kernel_does() {
