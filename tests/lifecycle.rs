@@ -129,3 +129,43 @@ fn survives_mtu_address_and_link_state_changes() {
     );
     assert!(a.is_running());
 }
+
+/// CPU time (user + system, in clock ticks) process `pid` has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+#[test]
+fn a_deleted_link_under_a_running_device_does_not_make_it_spin() {
+    if !can_run("a_deleted_link_under_a_running_device_does_not_make_it_spin") {
+        return;
+    }
+    let (_link, mut a, _b) = common::peered(Impl::Kilotun, Impl::Kilotun, 77);
+    assert!(ping_ok(&a.ns, "10.77.0.2", Duration::from_secs(10)));
+    a.ip(&["link", "del", &a.name]);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_ticks(a.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(a.pid()) - before;
+    // A worker spinning on the dead descriptor would use about 200 ticks (2 s at 100 Hz).
+    assert!(
+        used < 40,
+        "kilotun used {used} ticks of CPU in 2 s after its link was deleted"
+    );
+    if a.is_running() {
+        assert!(
+            a.wg(&["show", &a.name, "listen-port"]).trim() == "51820",
+            "the UAPI socket still answers"
+        );
+    }
+}

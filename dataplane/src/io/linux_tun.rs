@@ -292,7 +292,9 @@ impl TunIo for LinuxTun {
         let mut buffers = offload.lock();
         batch.count = 0;
         // Each read is one (possibly 64 KiB) packet; keep reading while a full split fits.
-        while batch.bufs.len() - batch.count >= SPLIT_ROOM {
+        let mut reads = 0;
+        while batch.bufs.len() - batch.count >= SPLIT_ROOM && reads < batch.bufs.len() {
+            reads += 1;
             let at = batch.count;
             match self.device.recv_multiple(
                 &mut buffers.read,
@@ -301,14 +303,15 @@ impl TunIo for LinuxTun {
                 0,
             ) {
                 Ok(n) => batch.count += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing waiting, or the device itself failed (EBADFD once deleted): stop.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error().is_some() => {
                     if batch.count == 0 {
                         return Err(e);
                     }
                     break;
                 }
-                // A read the kernel marked in a way tun-rs cannot split: that packet is lost,
-                // the queue is fine.
+                // A packet the kernel marked in a way tun-rs cannot split: that packet is lost
+                // (the read consumed it), the queue is fine.
                 Err(_) => continue,
             }
         }
