@@ -145,7 +145,7 @@ fn a_packet_that_cannot_join_closes_its_flow_so_nothing_is_reordered() {
     let mut fin = segment(false, 100, 0, false);
     fin[33] |= 0x01; // FIN: not a candidate
     let after = segment(false, 100, 100, false);
-    let out = run(&[a.clone(), fin.clone(), after.clone()]);
+    let out = run(&[a, fin, after.clone()]);
     assert_eq!(
         out.len(),
         3,
