@@ -1,6 +1,7 @@
 //! Two minutes of bidirectional traffic between kilotun and wireguard-go with a 25 s persistent
 //! keepalive: the scenario of boringtun issue #495 (sessions going one-way deaf 15-30 s after a
-//! handshake in 0.7.1). Every ping in both directions must be answered. Root only.
+//! handshake in 0.7.1). Pings in both directions must keep being answered (at most 6 of 1,200
+//! lost to the transfers' congestion). Root only.
 
 mod common;
 
@@ -68,6 +69,10 @@ fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
     }
     let (forward, backward) = (forward.join().unwrap(), backward.join().unwrap());
     eprintln!("kilotun -> wireguard-go: {forward}\nwireguard-go -> kilotun: {backward}");
-    assert!(lost(&forward) <= 1, "{forward}");
-    assert!(lost(&backward) <= 1, "{backward}");
+    // A deaf session loses 150 to 300 pings (15-30 s at 10 a second). A few can go missing
+    // for a mundane reason: the eight bulk transfers push kilotun's side at several Gbit/s
+    // into wireguard-go's side at about 0.6, so its receive queue overflows (that is how TCP
+    // finds the rate), and a ping in that queue at that moment goes with it.
+    assert!(lost(&forward) <= 6, "{forward}");
+    assert!(lost(&backward) <= 6, "{backward}");
 }
