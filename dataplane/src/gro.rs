@@ -96,8 +96,11 @@ impl TcpCoalescer {
     /// left for it: write out [`TcpCoalescer::finish`], [`TcpCoalescer::clear`], and push again.
     pub fn push(&mut self, packet: &[u8]) -> bool {
         let candidate = candidate(packet);
+        // The flow's open segment, looked up once per packet.
+        let mut existing = None;
         if let Some(c) = candidate {
-            if let Some(i) = self.open.iter().position(|o| o.tuple == c.tuple) {
+            existing = self.open.iter().position(|o| o.tuple == c.tuple);
+            if let Some(i) = existing {
                 if self.try_append(i, packet, &c) {
                     return true;
                 }
@@ -143,7 +146,7 @@ impl TcpCoalescer {
                 segments: 1,
                 closed: c.psh,
             };
-            match self.open.iter().position(|o| o.tuple == c.tuple) {
+            match existing {
                 Some(i) => self.open[i] = open,
                 None => self.open.push(open),
             }

@@ -395,6 +395,7 @@ fn gro_segment_size(header: &libc::msghdr) -> usize {
     0
 }
 
+/// Sets an int socket option, best effort.
 fn setsockopt_int(socket: &Socket, level: libc::c_int, option: libc::c_int, value: libc::c_int) {
     // SAFETY: passes a live c_int of the right size to setsockopt on our own socket.
     unsafe {
@@ -433,17 +434,12 @@ fn getsockopt_int(
 
 /// Raises a socket buffer past `net.core.*mem_max` (needs CAP_NET_ADMIN; best effort).
 fn force_buffer(socket: &Socket, option: libc::c_int) {
-    let size = SOCKET_BUFFER as libc::c_int;
-    // SAFETY: passes a live c_int of the right size to setsockopt on our own socket.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            option,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    setsockopt_int(
+        socket,
+        libc::SOL_SOCKET,
+        option,
+        SOCKET_BUFFER as libc::c_int,
+    );
 }
 
 /// Reads an IPv4 or IPv6 socket address out of a `sockaddr_storage`.
