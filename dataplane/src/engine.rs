@@ -12,7 +12,7 @@
 mod peer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -29,7 +29,7 @@ use crate::key::{PublicKey, SecretKey};
 use crate::outbox::{offset_within, Outbox};
 use crate::packet;
 use crate::stats::{DropCounters, DropReason, PeerStats};
-use peer::{new_tunn, PeerEntry, PeerShared};
+use peer::{new_tunn, PeerEntry, PeerRun, PeerShared};
 
 /// How often [`Engine::handle_timers`] should run.
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
@@ -76,6 +76,36 @@ impl State {
             routes: AllowedIps::new(),
         }
     }
+}
+
+/// What one batch carries from packet to packet: the last routes looked up and the peer of the
+/// current run, so a run of packets for one peer costs one route lookup and one update of the
+/// peer's byte counters.
+#[derive(Default)]
+struct Run<'s> {
+    /// The last destination looked up for encryption, and its peer.
+    route: Option<(IpAddr, &'s Arc<PeerEntry>)>,
+    /// The last decrypted packet's source looked up, and its peer.
+    source: Option<(IpAddr, &'s Arc<PeerEntry>)>,
+    /// The peer of the current run of packets.
+    peer: Option<PeerRun<'s>>,
+}
+
+/// Looks `address` up in `routes`, answering from `cache` when it holds the same address.
+/// A miss is not cached (it is rare, and the lookup answers it quickly).
+fn cached_lookup<'s>(
+    cache: &mut Option<(IpAddr, &'s Arc<PeerEntry>)>,
+    routes: &'s AllowedIps<Arc<PeerEntry>>,
+    address: IpAddr,
+) -> Option<&'s Arc<PeerEntry>> {
+    if let Some((cached, entry)) = *cache {
+        if cached == address {
+            return Some(entry);
+        }
+    }
+    let entry = routes.lookup(address)?;
+    *cache = Some((address, entry));
+    Some(entry)
 }
 
 /// A userspace WireGuard device's packet logic. See the module documentation.
@@ -292,6 +322,9 @@ impl Engine {
     }
 
     /// Encrypts IP packets read from the TUN device into datagrams in `out.to_network`.
+    ///
+    /// Consecutive packets for the same peer (the pieces of one offloaded segment, typically)
+    /// share one route lookup and one update of the peer's counters.
     pub fn handle_tunnel_packets<'p>(
         &self,
         now: Instant,
@@ -299,27 +332,29 @@ impl Engine {
         out: &mut Outbox,
     ) {
         let state = self.state.load();
+        let mut run = Run::default();
         for packet in packets {
-            if let Err(reason) = self.encapsulate_one(&state, now, packet, out) {
+            if let Err(reason) = self.encapsulate_one(&state, now, packet, &mut run, out) {
                 self.drops.count(reason);
             }
         }
     }
 
-    fn encapsulate_one(
+    fn encapsulate_one<'s>(
         &self,
-        state: &State,
+        state: &'s State,
         now: Instant,
         packet: &[u8],
+        run: &mut Run<'s>,
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
         let destination = packet::destination(packet).ok_or(DropReason::NotIp)?;
-        let entry = state
-            .routes
-            .lookup(destination)
-            .ok_or(DropReason::NoRoute)?;
-        let shared = &entry.shared;
-        let mut core = shared.core.lock();
+        let entry =
+            cached_lookup(&mut run.route, &state.routes, destination).ok_or(DropReason::NoRoute)?;
+        let peer = PeerRun::switch_to(&mut run.peer, entry);
+        let shared = peer.shared();
+        let mut guard = shared.core.lock();
+        let core = &mut *guard;
         let endpoint = core.endpoint.ok_or(DropReason::NoEndpoint)?;
         let tunn = core.tunn.as_mut().ok_or(DropReason::NoPrivateKey)?;
         let slot = out
@@ -329,10 +364,10 @@ impl Engine {
         match tunn.encapsulate(packet, slot) {
             TunnResult::WriteToNetwork(sent) => {
                 let (offset, len) = (offset_within(base, sent), sent.len());
-                shared.note_sent(&mut core, sent);
+                shared.note_sent(core, sent);
                 out.to_network.commit(Some(endpoint), offset, len);
-                shared.add_tx(len);
                 core.last_sent = Some(now);
+                peer.add_tx(len);
                 Ok(())
             }
             TunnResult::Err(e) => {
@@ -356,13 +391,12 @@ impl Engine {
         datagram: &[u8],
         out: &mut Outbox,
     ) {
-        let state = self.state.load();
-        if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, out) {
-            self.drops.count(reason);
-        }
+        self.handle_datagrams(now, [(from, datagram)], out);
     }
 
-    /// Handles a batch of received datagrams; see [`Engine::handle_datagram`].
+    /// Handles a batch of received datagrams; see [`Engine::handle_datagram`]. Consecutive
+    /// datagrams from the same peer share one update of the peer's counters, and their inner
+    /// packets' sources one lookup.
     pub fn handle_datagrams<'p>(
         &self,
         now: Instant,
@@ -370,20 +404,21 @@ impl Engine {
         out: &mut Outbox,
     ) {
         let state = self.state.load();
+        let mut run = Run::default();
         for (from, datagram) in datagrams {
-            if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, out) {
+            if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, &mut run, out) {
                 self.drops.count(reason);
             }
         }
     }
 
-    fn find_sender(
+    fn find_sender<'s>(
         &self,
-        state: &State,
+        state: &'s State,
         from: SocketAddr,
         datagram: &[u8],
         out: &mut Outbox,
-    ) -> Result<Arc<PeerEntry>, DropReason> {
+    ) -> Result<&'s Arc<PeerEntry>, DropReason> {
         let identity = state.identity.as_ref().ok_or(DropReason::NoPrivateKey)?;
         let mut cookie = [0u8; 64];
         let parsed =
@@ -410,11 +445,7 @@ impl Engine {
                 )
                 .map_err(|_| DropReason::HandshakeFailed)?;
                 let key = PublicKey::from_bytes(half.peer_static_public);
-                return state
-                    .peers
-                    .get(&key)
-                    .cloned()
-                    .ok_or(DropReason::UnknownPeer);
+                return state.peers.get(&key).ok_or(DropReason::UnknownPeer);
             }
             Packet::HandshakeResponse(ref r) => r.receiver_idx,
             Packet::PacketCookieReply(ref c) => c.receiver_idx,
@@ -423,22 +454,24 @@ impl Engine {
         state
             .by_index
             .get(&(index >> 8))
-            .cloned()
             .ok_or(DropReason::UnknownIndex)
     }
 
-    fn decapsulate_one(
+    fn decapsulate_one<'s>(
         &self,
-        state: &State,
+        state: &'s State,
         now: Instant,
         from: SocketAddr,
         datagram: &[u8],
+        run: &mut Run<'s>,
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
         let entry = self.find_sender(state, from, datagram, out)?;
-        let shared = &entry.shared;
         let message_type = datagram[0];
-        let mut core = shared.core.lock();
+        let peer = PeerRun::switch_to(&mut run.peer, entry);
+        let shared = peer.shared();
+        let mut guard = shared.core.lock();
+        let core = &mut *guard;
         let Some(tunn) = core.tunn.as_mut() else {
             return Err(DropReason::NoPrivateKey);
         };
@@ -449,11 +482,13 @@ impl Engine {
         let outcome = match result {
             TunnResult::WriteToTunnelV4(inner, source) => {
                 let (offset, len) = (offset_within(base, inner), inner.len());
-                Self::deliver_inner(state, shared, source.into(), offset, len, out)
+                let owner = cached_lookup(&mut run.source, &state.routes, source.into());
+                Self::deliver_inner(owner, shared, offset, len, out)
             }
             TunnResult::WriteToTunnelV6(inner, source) => {
                 let (offset, len) = (offset_within(base, inner), inner.len());
-                Self::deliver_inner(state, shared, source.into(), offset, len, out)
+                let owner = cached_lookup(&mut run.source, &state.routes, source.into());
+                Self::deliver_inner(owner, shared, offset, len, out)
             }
             TunnResult::WriteToNetwork(reply) => {
                 // A handshake response, or the keepalive confirming our initiation. Both go
@@ -478,10 +513,9 @@ impl Engine {
         };
         // The message authenticated (even if its inner packet was then refused): roam to its
         // source, count it, and note handshakes.
-        shared.add_rx(datagram.len());
         core.last_received = Some(now);
         if message_type != COOKIE_REPLY {
-            shared.set_endpoint(&mut core, from);
+            shared.set_endpoint(core, from);
         }
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.initiation_pending = false;
@@ -491,26 +525,23 @@ impl Engine {
         if replied {
             // A session just came up: send what the tunnel queued while it had none.
             core.last_sent = Some(now);
-            Self::flush_queued(&mut core, shared, out);
+            Self::flush_queued(core, shared, out);
         }
+        peer.add_rx(datagram.len());
         outcome
     }
 
-    /// Keeps the decrypted packet reserved in `out.to_tunnel` if its source is one of the
-    /// sending peer's allowed IPs (cryptokey routing's reverse-path check), else drops it.
+    /// Keeps the decrypted packet reserved in `out.to_tunnel` if the peer whose allowed IPs
+    /// hold its source (`owner`) is the one that sent it (cryptokey routing's reverse-path
+    /// check), else drops it.
     fn deliver_inner(
-        state: &State,
+        owner: Option<&Arc<PeerEntry>>,
         sender: &Arc<PeerShared>,
-        source: std::net::IpAddr,
         offset: usize,
         len: usize,
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
-        let allowed = state
-            .routes
-            .lookup(source)
-            .is_some_and(|owner| Arc::ptr_eq(&owner.shared, sender));
-        if allowed {
+        if owner.is_some_and(|owner| Arc::ptr_eq(&owner.shared, sender)) {
             out.to_tunnel.commit(None, offset, len);
             Ok(())
         } else {

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use dataplane::testing::{ip_packet, pseudo_random_bytes, EnginePair};
+use dataplane::testing::{ip_packet, pseudo_random_bytes, EnginePair, Side};
 use dataplane::{DropReason, Outbox, PeerConfig, SecretKey};
 
 fn payload_of(packet: &[u8]) -> &[u8] {
@@ -341,4 +341,128 @@ fn a_handshake_flood_engages_cookie_replies_and_a_real_peer_still_connects() {
     pair.a.engine.handle_timers(later, &mut Outbox::default());
     pair.send_b_to_a(later, b"still here");
     assert_eq!(pair.a.delivered.len(), 1);
+}
+
+/// Delivers `out`, produced by `sides[from]`, to the sides its datagrams are addressed to, and
+/// their answers back, until nothing more is sent. Each side's decrypted packets go to its
+/// `delivered`.
+fn run_wire(now: Instant, sides: &mut [&mut Side], from: usize, out: Outbox) {
+    let mut pending = std::collections::VecDeque::from([(from, out)]);
+    while let Some((sender, out)) = pending.pop_front() {
+        sides[sender]
+            .delivered
+            .extend(out.to_tunnel.iter().map(|(_, p)| p.to_vec()));
+        let source = sides[sender].addr;
+        for (to, datagram) in out.to_network.iter() {
+            let receiver = sides
+                .iter()
+                .position(|s| Some(s.addr) == to)
+                .expect("datagram to a known side");
+            let mut reply = Outbox::default();
+            sides[receiver]
+                .engine
+                .handle_datagram(now, source, datagram, &mut reply);
+            pending.push_back((receiver, reply));
+        }
+    }
+}
+
+#[test]
+fn a_batch_that_alternates_between_peers_counts_and_routes_each_packet_to_its_own_peer() {
+    let anchor = (Instant::now(), std::time::SystemTime::now());
+    let side = |n: u8| Side {
+        engine: dataplane::Engine::new(anchor, u32::from(n) << 12),
+        key: SecretKey::generate(),
+        addr: SocketAddr::from(([192, 0, 2, n], 51820)),
+        tunnel_ip: IpAddr::from([10, 0, 0, n]),
+        delivered: Vec::new(),
+    };
+    let (mut hub, mut b, mut c) = (side(1), side(2), side(3));
+    let mut hub_config = hub.config_with_peer(&b);
+    hub_config
+        .peers
+        .extend(hub.config_with_peer(&c).peers.into_iter());
+    hub.engine.apply(&hub_config);
+    b.engine.apply(&b.config_with_peer(&hub));
+    c.engine.apply(&c.config_with_peer(&hub));
+    let now = Instant::now();
+    let to = |side: &Side, text: &str| ip_packet(hub.tunnel_ip, side.tunnel_ip, text.as_bytes());
+    let (b1, c1, b2, b3, c2) = (
+        to(&b, "b1"),
+        to(&c, "c1"),
+        to(&b, "b2"),
+        to(&b, "b3"),
+        to(&c, "c2"),
+    );
+    let nowhere = ip_packet(hub.tunnel_ip, "10.9.9.9".parse().unwrap(), b"lost");
+
+    // Bring both sessions up, then send one batch that switches peers at every other packet.
+    for first in [&b1, &c1] {
+        let mut out = Outbox::default();
+        hub.engine
+            .handle_tunnel_packets(now, [first.as_slice()], &mut out);
+        run_wire(now, &mut [&mut hub, &mut b, &mut c], 0, out);
+    }
+    let before: Vec<_> = hub.engine.peer_stats();
+    let batch = [&b2, &c2, &nowhere, &b3, &b3, &c2];
+    let mut out = Outbox::default();
+    hub.engine
+        .handle_tunnel_packets(now, batch.iter().map(|p| p.as_slice()), &mut out);
+    assert_eq!(out.to_network.len(), 5, "the unroutable packet is dropped");
+    let sent_to = |side: &Side| -> u64 {
+        out.to_network
+            .iter()
+            .filter(|(to, _)| *to == Some(side.addr))
+            .map(|(_, d)| d.len() as u64)
+            .sum()
+    };
+    let after = hub.engine.peer_stats();
+    assert_eq!(after[0].tx_bytes - before[0].tx_bytes, sent_to(&b));
+    assert_eq!(after[1].tx_bytes - before[1].tx_bytes, sent_to(&c));
+    assert_eq!(hub.engine.drops().get(DropReason::NoRoute), 1);
+    run_wire(now, &mut [&mut hub, &mut b, &mut c], 0, out);
+    assert_eq!(b.delivered, vec![b1, b2, b3.clone(), b3]);
+    assert_eq!(c.delivered, vec![c1, c2.clone(), c2]);
+
+    // The other way: one batch of datagrams from B and C interleaved, one of C's carrying B's
+    // address as its source (a reverse-path violation the per-batch lookup cache must not hide).
+    let from = |side: &Side, source: IpAddr, text: &str| {
+        let mut out = Outbox::default();
+        let packet = ip_packet(source, hub.tunnel_ip, text.as_bytes());
+        side.engine
+            .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+        let (_, datagram) = out.to_network.iter().next().expect("sealed");
+        (side.addr, datagram.to_vec(), packet)
+    };
+    let incoming = [
+        from(&b, b.tunnel_ip, "from b"),
+        from(&c, b.tunnel_ip, "c posing as b"),
+        from(&c, c.tunnel_ip, "from c"),
+        from(&b, b.tunnel_ip, "from b again"),
+    ];
+    let before = hub.engine.peer_stats();
+    let mut out = Outbox::default();
+    hub.engine.handle_datagrams(
+        now,
+        incoming.iter().map(|(addr, d, _)| (*addr, d.as_slice())),
+        &mut out,
+    );
+    let delivered: Vec<_> = out.to_tunnel.iter().map(|(_, p)| p.to_vec()).collect();
+    let expected: Vec<_> = [0, 2, 3].iter().map(|&i| incoming[i].2.clone()).collect();
+    assert_eq!(delivered, expected);
+    assert_eq!(hub.engine.drops().get(DropReason::SourceNotAllowed), 1);
+    let received_from = |side: &Side| -> u64 {
+        incoming
+            .iter()
+            .filter(|(addr, _, _)| *addr == side.addr)
+            .map(|(_, d, _)| d.len() as u64)
+            .sum()
+    };
+    let after = hub.engine.peer_stats();
+    assert_eq!(after[0].rx_bytes - before[0].rx_bytes, received_from(&b));
+    assert_eq!(
+        after[1].rx_bytes - before[1].rx_bytes,
+        received_from(&c),
+        "an authenticated packet refused for its source still counts as received"
+    );
 }
