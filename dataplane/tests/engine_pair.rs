@@ -379,9 +379,7 @@ fn a_batch_that_alternates_between_peers_counts_and_routes_each_packet_to_its_ow
     };
     let (mut hub, mut b, mut c) = (side(1), side(2), side(3));
     let mut hub_config = hub.config_with_peer(&b);
-    hub_config
-        .peers
-        .extend(hub.config_with_peer(&c).peers.into_iter());
+    hub_config.peers.extend(hub.config_with_peer(&c).peers);
     hub.engine.apply(&hub_config);
     b.engine.apply(&b.config_with_peer(&hub));
     c.engine.apply(&c.config_with_peer(&hub));
