@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Impl, Link, Netns, Underlay, WgDevice};
+use common::{rss_kib, Impl, Link, Netns, Underlay, WgDevice};
 use dataplane::key::{PublicKey, SecretKey};
 
 /// How many distinct initiations the flooder cycles through (each from a fresh stranger key).
@@ -124,16 +124,6 @@ fn start_flood(
         unsafe { libc::close(fd) };
         sent
     })
-}
-
-/// Resident memory of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
 }
 
 /// Packets the raw-table counter rule `comment` has seen in `ns`.

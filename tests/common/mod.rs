@@ -38,6 +38,16 @@ pub fn which(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Resident memory of process `pid`, in KiB (`VmRSS` in `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// A short name unique to this process and call: `{prefix}{pid%10000}x{n}`, under 15 bytes.
 pub fn unique(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
