@@ -159,10 +159,17 @@ fn an_api_outage_keeps_traffic_on_the_last_good_mesh() {
     let mut n2 = api.node("n2").unwrap();
     n2["metadata"]["annotations"]["kilo.squat.ai/allowed-location-ips"] = json!("10.77.0.0/24");
     api.put_node(n2);
+    // kg retries a failed watch at most every 10 s (see `backend::backoff`), so the change
+    // arrives within about that; kube-runtime's default backoff could take a minute.
+    let back = std::time::Instant::now();
     let applied = c.wait_for(Duration::from_secs(30), |c| {
         c.node("n1").wg("allowed-ips").contains("10.77.0.0/24")
     });
     assert!(applied, "{}\n{}", c.node("n1").wg("allowed-ips"), c.logs());
+    eprintln!(
+        "after the outage, a change was applied in {:?}",
+        back.elapsed()
+    );
     assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
     // And it checks in again: n2's last-seen is fresh.
     let last_seen_age = || {

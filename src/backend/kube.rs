@@ -21,6 +21,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Config};
 use tokio::sync::watch;
 
+use super::backoff::WatchBackoff;
 use super::Snapshot;
 
 /// A connection to the Kubernetes API.
@@ -134,7 +135,7 @@ impl KubeBackend {
         tokio::spawn(async move {
             let mut pending: Option<BTreeMap<String, KubeNode>> = None;
             let mut stream = watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::random())
                 .boxed();
             while let Some(event) = stream.next().await {
                 let was_healthy = healthy.swap(event.is_ok(), Ordering::Relaxed);
@@ -185,7 +186,7 @@ impl KubeBackend {
             let mut warned = false;
             let mut pending: Option<BTreeMap<String, PeerObject>> = None;
             let mut stream = watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::random())
                 .boxed();
             while let Some(event) = stream.next().await {
                 let to_peer = |o: DynamicObject| -> Option<(String, PeerObject)> {

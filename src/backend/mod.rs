@@ -9,6 +9,7 @@ use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use tokio::sync::watch;
 
+pub mod backoff;
 pub mod file;
 pub mod kube;
 
