@@ -10,9 +10,11 @@
 //! call [`Engine::handle_timers`] every [`TIMER_TICK`].
 
 mod peer;
+mod run;
+mod timers;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -29,7 +31,8 @@ use crate::key::{PublicKey, SecretKey};
 use crate::outbox::{offset_within, Outbox};
 use crate::packet;
 use crate::stats::{DropCounters, DropReason, PeerStats};
-use peer::{new_tunn, PeerEntry, PeerRun, PeerShared};
+use peer::{new_tunn, PeerEntry, PeerShared};
+use run::{cached_lookup, PeerRun, Run};
 
 /// How often [`Engine::handle_timers`] should run.
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
@@ -76,36 +79,6 @@ impl State {
             routes: AllowedIps::new(),
         }
     }
-}
-
-/// What one batch carries from packet to packet: the last routes looked up and the peer of the
-/// current run, so a run of packets for one peer costs one route lookup and one update of the
-/// peer's byte counters.
-#[derive(Default)]
-struct Run<'s> {
-    /// The last destination looked up for encryption, and its peer.
-    route: Option<(IpAddr, &'s Arc<PeerEntry>)>,
-    /// The last decrypted packet's source looked up, and its peer.
-    source: Option<(IpAddr, &'s Arc<PeerEntry>)>,
-    /// The peer of the current run of packets.
-    peer: Option<PeerRun<'s>>,
-}
-
-/// Looks `address` up in `routes`, answering from `cache` when it holds the same address.
-/// A miss is not cached (it is rare, and the lookup answers it quickly).
-fn cached_lookup<'s>(
-    cache: &mut Option<(IpAddr, &'s Arc<PeerEntry>)>,
-    routes: &'s AllowedIps<Arc<PeerEntry>>,
-    address: IpAddr,
-) -> Option<&'s Arc<PeerEntry>> {
-    if let Some((cached, entry)) = *cache {
-        if cached == address {
-            return Some(entry);
-        }
-    }
-    let entry = routes.lookup(address)?;
-    *cache = Some((address, entry));
-    Some(entry)
 }
 
 /// A userspace WireGuard device's packet logic. See the module documentation.
@@ -571,86 +544,6 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Runs every peer's timers: handshake retries, rekeys, passive and persistent keepalives.
-    /// Call every [`TIMER_TICK`].
-    pub fn handle_timers(&self, now: Instant, out: &mut Outbox) {
-        let state = self.state.load();
-        if let Some(identity) = &state.identity {
-            let mut last = self.last_rate_reset.lock();
-            if last.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
-                identity.rate_limiter.reset_count();
-                *last = Some(now);
-            }
-        }
-        for key in &state.order {
-            let entry = &state.peers[key];
-            let shared = &entry.shared;
-            let mut core = shared.core.lock();
-            let endpoint = core.endpoint;
-            let Some(tunn) = core.tunn.as_mut() else {
-                continue;
-            };
-            let slot = out.to_network.reserve(MIN_OUTPUT);
-            let base = slot.as_ptr();
-            let sent = match tunn.update_timers(slot) {
-                TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
-                    let (offset, len) = (offset_within(base, packet), packet.len());
-                    shared.note_sent(&mut core, packet);
-                    out.to_network.commit(endpoint, offset, len);
-                    shared.add_tx(len);
-                    true
-                }
-                _ => {
-                    out.to_network.abort();
-                    false
-                }
-            };
-            if sent {
-                core.last_sent = Some(now);
-            }
-            self.persistent_keepalive(&entry.config, &mut core, shared, now, out);
-        }
-    }
-
-    fn persistent_keepalive(
-        &self,
-        config: &PeerConfig,
-        core: &mut peer::PeerCore,
-        shared: &PeerShared,
-        now: Instant,
-        out: &mut Outbox,
-    ) {
-        let interval = Duration::from_secs(u64::from(config.persistent_keepalive));
-        let Some(endpoint) = core.endpoint else {
-            return;
-        };
-        if interval.is_zero() {
-            return;
-        }
-        let last_traffic = core.last_sent.max(core.last_received);
-        let due = core.keepalive_due
-            || last_traffic.is_none_or(|at| now.saturating_duration_since(at) >= interval);
-        if !due {
-            return;
-        }
-        let Some(tunn) = core.tunn.as_mut() else {
-            return;
-        };
-        let slot = out.to_network.reserve(MIN_OUTPUT);
-        let base = slot.as_ptr();
-        match tunn.encapsulate(&[], slot) {
-            TunnResult::WriteToNetwork(packet) => {
-                let (offset, len) = (offset_within(base, packet), packet.len());
-                shared.note_sent(core, packet);
-                out.to_network.commit(Some(endpoint), offset, len);
-                shared.add_tx(len);
-            }
-            _ => out.to_network.abort(),
-        }
-        core.keepalive_due = false;
-        core.last_sent = Some(now);
     }
 }
 

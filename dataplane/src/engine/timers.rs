@@ -1,0 +1,93 @@
+//! The engine's clock-driven work: boringtun's timers (handshake retries, rekeys, passive
+//! keepalives) and persistent keepalives, run every [`TIMER_TICK`](super::TIMER_TICK).
+
+use std::time::{Duration, Instant};
+
+use boringtun::noise::TunnResult;
+
+use super::peer::{PeerCore, PeerShared};
+use super::{Engine, MIN_OUTPUT};
+use crate::config::PeerConfig;
+use crate::outbox::{offset_within, Outbox};
+
+impl Engine {
+    /// Runs every peer's timers: handshake retries, rekeys, passive and persistent keepalives.
+    /// Call every [`TIMER_TICK`].
+    pub fn handle_timers(&self, now: Instant, out: &mut Outbox) {
+        let state = self.state.load();
+        if let Some(identity) = &state.identity {
+            let mut last = self.last_rate_reset.lock();
+            if last.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+                identity.rate_limiter.reset_count();
+                *last = Some(now);
+            }
+        }
+        for key in &state.order {
+            let entry = &state.peers[key];
+            let shared = &entry.shared;
+            let mut core = shared.core.lock();
+            let endpoint = core.endpoint;
+            let Some(tunn) = core.tunn.as_mut() else {
+                continue;
+            };
+            let slot = out.to_network.reserve(MIN_OUTPUT);
+            let base = slot.as_ptr();
+            let sent = match tunn.update_timers(slot) {
+                TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
+                    let (offset, len) = (offset_within(base, packet), packet.len());
+                    shared.note_sent(&mut core, packet);
+                    out.to_network.commit(endpoint, offset, len);
+                    shared.add_tx(len);
+                    true
+                }
+                _ => {
+                    out.to_network.abort();
+                    false
+                }
+            };
+            if sent {
+                core.last_sent = Some(now);
+            }
+            self.persistent_keepalive(&entry.config, &mut core, shared, now, out);
+        }
+    }
+
+    fn persistent_keepalive(
+        &self,
+        config: &PeerConfig,
+        core: &mut PeerCore,
+        shared: &PeerShared,
+        now: Instant,
+        out: &mut Outbox,
+    ) {
+        let interval = Duration::from_secs(u64::from(config.persistent_keepalive));
+        let Some(endpoint) = core.endpoint else {
+            return;
+        };
+        if interval.is_zero() {
+            return;
+        }
+        let last_traffic = core.last_sent.max(core.last_received);
+        let due = core.keepalive_due
+            || last_traffic.is_none_or(|at| now.saturating_duration_since(at) >= interval);
+        if !due {
+            return;
+        }
+        let Some(tunn) = core.tunn.as_mut() else {
+            return;
+        };
+        let slot = out.to_network.reserve(MIN_OUTPUT);
+        let base = slot.as_ptr();
+        match tunn.encapsulate(&[], slot) {
+            TunnResult::WriteToNetwork(packet) => {
+                let (offset, len) = (offset_within(base, packet), packet.len());
+                shared.note_sent(core, packet);
+                out.to_network.commit(Some(endpoint), offset, len);
+                shared.add_tx(len);
+            }
+            _ => out.to_network.abort(),
+        }
+        core.keepalive_due = false;
+        core.last_sent = Some(now);
+    }
+}
