@@ -16,19 +16,19 @@ use control::routes::{diff, Encapsulate, Links, RouteOptions, RoutePlan};
 use control::{translate_node, translate_peer, Key, Peer, Topology, TopologyParams};
 use dataplane::{DeviceConfig, InterfaceConfig, SecretKey};
 use hickory_resolver::TokioResolver;
-use ipnet::IpNet;
 use tokio::sync::watch;
 
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
-use args::{BackendKind, Mtu, Settings};
-use ipdetect::{Candidates, Detected};
+use args::{BackendKind, Settings};
 use local::ProblemLog;
 use metrics::Metrics;
 use netlink::Netlink;
 use wireguard::WireGuard;
 
 pub mod args;
+mod cni;
 pub mod encap;
+mod host;
 pub mod http;
 pub mod ipdetect;
 pub mod iptables;
@@ -210,83 +210,6 @@ impl Agent {
         if !self.warned.insert(what, true).unwrap_or(false) {
             tracing::warn!("{message}");
         }
-    }
-
-    async fn detect(&self) -> Result<(Detected, Option<u32>)> {
-        let links = self.netlink.links().await?;
-        let addresses = self.netlink.addresses().await?;
-        let ignored_links: Vec<u32> = links
-            .iter()
-            .filter(|l| {
-                l.index == self.kilo_index
-                    || l.name == "kube-bridge"
-                    || Some(l.name.as_str()) == self.tunnel.name()
-            })
-            .map(|l| l.index)
-            .collect();
-        let ignore: Vec<IpAddr> = addresses
-            .iter()
-            .filter(|(i, _)| ignored_links.contains(i))
-            .map(|(_, n)| n.addr())
-            .collect();
-        let default_link = self.netlink.default_route_link().await?;
-        let candidates = Candidates {
-            hostname: addresses
-                .iter()
-                .filter(|(_, n)| self.hostname_ips.contains(&n.addr()))
-                .map(|(_, n)| *n)
-                .collect(),
-            default_route: addresses
-                .iter()
-                .filter(|(i, _)| Some(*i) == default_link)
-                .map(|(_, n)| *n)
-                .collect(),
-            all: addresses.iter().map(|(_, n)| *n).collect(),
-        };
-        let detected = ipdetect::choose(&candidates, &ignore, &self.s.internal_cidrs)
-            .context("no valid IP was found")?;
-        Ok((detected, default_link))
-    }
-
-    /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
-    /// as this node's gateway inside the location.
-    async fn cni_compatibility_ip(&self) -> Result<Option<IpNet>> {
-        if self.s.compatibility != control::routes::Compatibility::Cilium {
-            return Ok(None);
-        }
-        let Some(host) = self.netlink.link_by_name(encap::CILIUM_HOST).await? else {
-            return Ok(None);
-        };
-        Ok(self
-            .netlink
-            .addresses()
-            .await?
-            .into_iter()
-            .find(|(i, n)| *i == host.index && n.addr().is_ipv4())
-            .map(|(_, n)| IpNet::from(n.addr())))
-    }
-
-    async fn private_link(&self, private: Option<IpNet>) -> Result<u32> {
-        let Some(private) = private else { return Ok(0) };
-        let addresses = self.netlink.addresses().await?;
-        Ok(addresses
-            .iter()
-            .find(|(_, n)| n.addr() == private.addr())
-            .map_or(0, |(i, _)| *i))
-    }
-
-    async fn mtu(&self, default_link: Option<u32>) -> Result<u32> {
-        Ok(match self.s.mtu {
-            Mtu::Fixed(m) => m,
-            Mtu::Auto => {
-                let links = self.netlink.links().await?;
-                default_link
-                    .and_then(|i| links.iter().find(|l| l.index == i))
-                    .map_or(DEFAULT_MTU, |l| {
-                        l.mtu.saturating_sub(WIREGUARD_OVERHEAD).max(1280)
-                    })
-            }
-        })
     }
 
     /// Re-resolves the DNS names that are due; a failure keeps the last good address.
@@ -610,40 +533,6 @@ impl Agent {
             }
         }
         Ok(())
-    }
-
-    /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's (§5.2). A
-    /// missing or unreadable file is a warning, never a failure.
-    fn sync_cni(&mut self, pod_cidr: IpNet, mtu: u32) {
-        let path = self.s.args.cni_path.clone();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                self.warn_once(
-                    "cni",
-                    &format!(
-                        "cannot read the CNI configuration {}: {e}; not managing it",
-                        path.display()
-                    ),
-                );
-                return;
-            }
-        };
-        match control::cni::update_conflist(&text, pod_cidr, Some(mtu)) {
-            Ok(None) => {}
-            Ok(Some(updated)) => match write_file(&path, &updated, 0o644) {
-                Ok(()) => {
-                    tracing::info!(path = %path.display(), %pod_cidr, mtu, "CNI configuration updated")
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = format!("{e:#}"), "writing the CNI configuration failed")
-                }
-            },
-            Err(e) => self.warn_once(
-                "cni",
-                &format!("CNI configuration {}: {e}; not managing it", path.display()),
-            ),
-        }
     }
 
     /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),

@@ -1,0 +1,41 @@
+//! The CNI configuration kg keeps in step with the node (Kilo's `--cni`).
+
+use ipnet::IpNet;
+
+use super::{write_file, Agent};
+
+impl Agent {
+    /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's (§5.2). A
+    /// missing or unreadable file is a warning, never a failure.
+    pub(super) fn sync_cni(&mut self, pod_cidr: IpNet, mtu: u32) {
+        let path = self.s.args.cni_path.clone();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.warn_once(
+                    "cni",
+                    &format!(
+                        "cannot read the CNI configuration {}: {e}; not managing it",
+                        path.display()
+                    ),
+                );
+                return;
+            }
+        };
+        match control::cni::update_conflist(&text, pod_cidr, Some(mtu)) {
+            Ok(None) => {}
+            Ok(Some(updated)) => match write_file(&path, &updated, 0o644) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), %pod_cidr, mtu, "CNI configuration updated")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = format!("{e:#}"), "writing the CNI configuration failed")
+                }
+            },
+            Err(e) => self.warn_once(
+                "cni",
+                &format!("CNI configuration {}: {e}; not managing it", path.display()),
+            ),
+        }
+    }
+}
