@@ -1,0 +1,167 @@
+//! Real UDP sockets on loopback: batches, GSO runs and their fallback, GRO splitting.
+
+use super::*;
+use crate::outbox::Outbox;
+
+/// Receives until `want` datagrams arrived (or 2 s passed); returns them and how many
+/// receive slots they took.
+fn receive(socket: &UdpSocketIo, want: usize) -> (Vec<(SocketAddr, Vec<u8>)>, usize) {
+    let mut batch = RecvBatch::new(64, 65536);
+    let mut got = Vec::new();
+    let mut slots = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while got.len() < want && std::time::Instant::now() < deadline {
+        match socket.recv_batch(&mut batch) {
+            Ok(_) => {
+                let used: std::collections::BTreeSet<usize> = batch
+                    .datagrams
+                    .iter()
+                    .map(|(range, _)| range.start / batch.slot_size)
+                    .collect();
+                slots += used.len();
+                got.extend(batch.iter().map(|(src, p)| (src, p.to_vec())));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (got, slots)
+}
+
+#[test]
+fn runs_to_one_destination_go_out_segmented_and_come_back_split() {
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    if !a.uses_gso() {
+        eprintln!("skipped: this kernel has no UDP GSO");
+        return;
+    }
+    let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let mut out = Outbox::default();
+    // 20 full-size datagrams and a short last one: one GSO message.
+    for i in 0..20u8 {
+        out.to_network.push_copy(Some(to_b), &[i; 1200]);
+    }
+    out.to_network.push_copy(Some(to_b), &[99; 300]);
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    assert_eq!(
+        outcome,
+        SendOutcome {
+            sent: 21,
+            failed: 0
+        }
+    );
+    assert!(a.uses_gso(), "loopback accepts segmented sends");
+    let (got, slots) = receive(&b, 21);
+    assert_eq!(
+        got.len(),
+        21,
+        "every datagram arrives, split at its boundary"
+    );
+    for (i, (_, payload)) in got.iter().take(20).enumerate() {
+        assert_eq!(payload, &vec![i as u8; 1200]);
+    }
+    assert_eq!(got[20].1, vec![99u8; 300]);
+    assert!(
+        slots < 21,
+        "the receiver got them coalesced (GRO) in {slots} receives"
+    );
+}
+
+#[test]
+fn a_run_breaks_at_a_new_destination_size_or_the_segment_limit() {
+    let x: SocketAddr = "10.0.0.1:1".parse().unwrap();
+    let y: SocketAddr = "10.0.0.2:1".parse().unwrap();
+    let big = [0u8; 1000];
+    let small = [0u8; 500];
+    let mut run = SendRun::new();
+    for (to, packet) in [
+        (x, &big[..]),
+        (x, &big[..]),
+        (x, &small[..]), // shorter: joins, then closes the message
+        (x, &big[..]),   // new message
+        (y, &big[..]),   // new destination
+        (y, &small[..]),
+    ] {
+        run.push(to, packet, true);
+    }
+    let shape: Vec<(usize, u16)> = run.message[..run.messages]
+        .iter()
+        .map(|m| (m.iovecs, m.segment))
+        .collect();
+    assert_eq!(shape, vec![(3, 1000), (1, 1000), (2, 1000)]);
+
+    let mut run = SendRun::new();
+    for _ in 0..MAX_SEGMENTS + 1 {
+        run.push(x, &small, true);
+    }
+    assert_eq!(
+        run.messages, 2,
+        "at most {MAX_SEGMENTS} segments per message"
+    );
+    let mut run = SendRun::new();
+    for _ in 0..3 {
+        run.push(x, &big, false);
+    }
+    assert_eq!(run.messages, 3, "without GSO every datagram is a message");
+}
+
+#[test]
+fn without_gso_every_datagram_still_arrives() {
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    a.disable_gso();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let mut out = Outbox::default();
+    for i in 0..30u8 {
+        out.to_network.push_copy(Some(to_b), &[i; 800]);
+    }
+    assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 30);
+    let (got, _) = receive(&b, 30);
+    assert_eq!(got.len(), 30);
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, (_, p))| p == &vec![i as u8; 800]));
+}
+
+#[test]
+fn loopback_batch_round_trip() {
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let mut out = Outbox::default();
+    for i in 0..10u8 {
+        out.to_network.push_copy(Some(to_b), &[i; 100]);
+    }
+    // A datagram of the other family is skipped, not an error.
+    out.to_network
+        .push_copy(Some("[::1]:9".parse().unwrap()), b"skipped");
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    assert_eq!(
+        outcome,
+        SendOutcome {
+            sent: 10,
+            failed: 0
+        }
+    );
+    let mut batch = RecvBatch::new(32, 2048);
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        match b.recv_batch(&mut batch) {
+            Ok(_) => got.extend(batch.iter().map(|(src, p)| (src, p.to_vec()))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if got.len() == 10 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got.len(), 10);
+    assert_eq!(got[3].1, vec![3u8; 100]);
+    assert_eq!(got[0].0.port(), a.local_port().unwrap());
+}
