@@ -52,12 +52,16 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
     // kilotun opens its TUN with the virtio-net header (segmentation offload) on this kernel,
     // so the transfers below go through its split and coalesce paths; and with a 5,000-packet
     // transmit queue.
+    // `--no-offload` (the path of kernels without offload) opens it without the header.
     for (side, which, device) in [("left", left, &a), ("right", right, &b)] {
-        if which == Impl::Kilotun {
-            let details = device.ip(&["-d", "link", "show", &device.name]);
-            assert!(details.contains("vnet_hdr on"), "{side}: {details}");
-            assert!(details.contains("qlen 5000"), "{side}: {details}");
-        }
+        let header = match which {
+            Impl::Kilotun => "vnet_hdr on",
+            Impl::KilotunWithoutOffload => "vnet_hdr off",
+            Impl::WireguardGo => continue,
+        };
+        let details = device.ip(&["-d", "link", "show", &device.name]);
+        assert!(details.contains(header), "{side}: {details}");
+        assert!(details.contains("qlen 5000"), "{side}: {details}");
     }
     let took = tcp_transfer(
         &link.left,
@@ -92,6 +96,16 @@ fn kilotun_with_kilotun_over_ipv6() {
         Impl::Kilotun,
         Underlay::V6,
         "kilotun_with_kilotun_over_ipv6",
+    );
+}
+
+#[test]
+fn kilotun_without_offload_with_kilotun_with_offload() {
+    interop(
+        Impl::KilotunWithoutOffload,
+        Impl::Kilotun,
+        Underlay::V4,
+        "kilotun_without_offload_with_kilotun_with_offload",
     );
 }
 

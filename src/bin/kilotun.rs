@@ -30,6 +30,10 @@ struct Args {
     /// Worker threads (default: number of cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Open the TUN device without segmentation offload: one packet per read and write, as on
+    /// kernels that lack it (for a kernel whose offload misbehaves).
+    #[arg(long)]
+    no_offload: bool,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, default_value = "info", env = "LOG_LEVEL")]
     log_level: String,
@@ -177,7 +181,12 @@ fn bring_up(args: &Args) -> Result<Up> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let (queues, existed) = match LinuxTun::open_offloaded(name, threads) {
+    let opened = if args.no_offload {
+        LinuxTun::open(name, threads)
+    } else {
+        LinuxTun::open_offloaded(name, threads)
+    };
+    let (queues, existed) = match opened {
         Ok(opened) => opened,
         Err(e) => {
             let _ = std::fs::remove_file(&path);

@@ -188,6 +188,8 @@ impl Link {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Impl {
     Kilotun,
+    /// kilotun with `--no-offload`: the path kernels without TUN offload take.
+    KilotunWithoutOffload,
     WireguardGo,
 }
 
@@ -210,6 +212,9 @@ impl WgDevice {
         let name = unique("wg");
         let child = match which {
             Impl::Kilotun => ns.spawn(&[kilotun_bin(), "-f", "--threads", "2", &name]),
+            Impl::KilotunWithoutOffload => {
+                ns.spawn(&[kilotun_bin(), "-f", "--threads", "2", "--no-offload", &name])
+            }
             Impl::WireguardGo => ns.spawn(&["wireguard-go", "-f", &name]),
         };
         let socket = format!("/var/run/wireguard/{name}.sock");
