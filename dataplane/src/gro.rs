@@ -17,9 +17,12 @@ pub const ROUND: usize = 64;
 /// Largest IP packet (IPv4 total length, IPv6 payload length).
 const MAX_IP: usize = 65_535;
 
+/// virtio-net header flag: the kernel completes the checksum from `csum_start`.
 const NEEDS_CSUM: u8 = 1;
+/// virtio-net header GSO types: a TCP/IPv4 or TCP/IPv6 super-packet.
 const GSO_TCPV4: u8 = 1;
 const GSO_TCPV6: u8 = 4;
+/// TCP flags a coalesced packet may carry (ACK always; PSH only on the last segment).
 const TCP_ACK: u8 = 0x10;
 const TCP_PSH: u8 = 0x08;
 
