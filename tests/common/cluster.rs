@@ -143,6 +143,9 @@ impl Drop for KgNode {
         if let Some(etc) = self.etc.take() {
             let _ = fs::remove_dir_all(etc);
         }
+        // A kg killed with SIGKILL (and never restarted) leaves its UAPI socket behind in the
+        // shared directory.
+        let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", self.iface));
     }
 }
 
