@@ -8,10 +8,8 @@ use std::time::Instant;
 use boringtun::noise::Tunn;
 use parking_lot::Mutex;
 
+use super::HANDSHAKE_INITIATION;
 use crate::config::PeerConfig;
-
-/// WireGuard's message type 1.
-const HANDSHAKE_INITIATION: u8 = 1;
 use crate::key::SecretKey;
 
 /// State that survives configuration changes as long as the peer's keys do.
