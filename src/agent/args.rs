@@ -63,6 +63,9 @@ pub struct KgArgs {
     /// Add FORWARD ACCEPT rules for pod CIDRs.
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub iptables_forward_rules: bool,
+    /// Which iptables back end to write to: auto (the one the host's rules are already in), legacy or nft.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: super::xtables::BackendMode,
     /// Path to kubeconfig.
     #[arg(long, default_value = "")]
     pub kubeconfig: String,

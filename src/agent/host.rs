@@ -7,13 +7,17 @@ use anyhow::{Context, Result};
 use ipnet::IpNet;
 
 use super::args::Mtu;
-use super::ipdetect::{self, Candidates, Detected};
+use super::ipdetect::{self, Candidates, Detected, Exclusions};
 use super::{encap, Agent, DEFAULT_MTU, WIREGUARD_OVERHEAD};
 
 impl Agent {
-    /// Chooses this node's IP among the host's addresses, ignoring kg's own links; also
-    /// returns the default route's link.
-    pub(super) async fn detect(&self) -> Result<(Detected, Option<u32>)> {
+    /// Chooses this node's IP among the host's addresses, ignoring kg's own links, the pod
+    /// CIDRs of `local` (this node's object) and the Kilo subnet, and preferring the Node's
+    /// `InternalIP` after the hostname's addresses; also returns the default route's link.
+    pub(super) async fn detect(
+        &self,
+        local: Option<&k8s_openapi::api::core::v1::Node>,
+    ) -> Result<(Detected, Option<u32>)> {
         let links = self.netlink.links().await?;
         let addresses = self.netlink.addresses().await?;
         let ignored_links: Vec<u32> = links
@@ -25,16 +29,38 @@ impl Agent {
             })
             .map(|l| l.index)
             .collect();
-        let ignore: Vec<IpAddr> = addresses
-            .iter()
-            .filter(|(i, _)| ignored_links.contains(i))
-            .map(|(_, n)| n.addr())
+        let spec = local.and_then(|n| n.spec.as_ref());
+        let pod_cidrs = spec
+            .and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.and_then(|s| s.pod_cidr.clone()))
+            .filter_map(|c| c.parse::<IpNet>().ok());
+        let exclude = Exclusions {
+            addresses: addresses
+                .iter()
+                .filter(|(i, _)| ignored_links.contains(i))
+                .map(|(_, n)| n.addr())
+                .collect(),
+            networks: pod_cidrs.chain([self.s.subnet]).collect(),
+        };
+        let node_internal: Vec<IpAddr> = local
+            .and_then(|n| n.status.as_ref()?.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse().ok())
             .collect();
         let default_link = self.netlink.default_route_link().await?;
         let candidates = Candidates {
             hostname: addresses
                 .iter()
                 .filter(|(_, n)| self.hostname_ips.contains(&n.addr()))
+                .map(|(_, n)| *n)
+                .collect(),
+            node_internal: addresses
+                .iter()
+                .filter(|(_, n)| node_internal.contains(&n.addr()))
                 .map(|(_, n)| *n)
                 .collect(),
             default_route: addresses
@@ -44,7 +70,7 @@ impl Agent {
                 .collect(),
             all: addresses.iter().map(|(_, n)| *n).collect(),
         };
-        let detected = ipdetect::choose(&candidates, &ignore, &self.s.internal_cidrs)
+        let detected = ipdetect::choose(&candidates, &exclude, &self.s.internal_cidrs)
             .context("no valid IP was found")?;
         Ok((detected, default_link))
     }

@@ -1,5 +1,8 @@
-//! Private and public IP auto-detection (§4.12): candidates from the hostname, the default-route
-//! interface and every interface, chosen in that order. The choice is a pure function.
+//! Private and public IP auto-detection, in Kilo's order: candidates from the hostname, then the
+//! Node's own `InternalIP` addresses (Kilo #367), the default-route interface and every
+//! interface. Addresses inside this node's pod CIDR or the Kilo subnet are never chosen: they
+//! belong to the pod bridge or the tunnel, and a mesh built on them never forms. The choice is
+//! a pure function.
 
 use std::net::IpAddr;
 
@@ -11,6 +14,8 @@ use ipnet::IpNet;
 pub struct Candidates {
     /// Local addresses the hostname resolves to.
     pub hostname: Vec<IpNet>,
+    /// Local addresses the Node lists as `InternalIP` in `status.addresses`.
+    pub node_internal: Vec<IpNet>,
     /// Addresses on the default route's interface.
     pub default_route: Vec<IpNet>,
     /// Addresses on every interface.
@@ -26,12 +31,25 @@ pub struct Detected {
     pub public: IpNet,
 }
 
-/// Picks the private and public IPs. `ignore` holds addresses on the Kilo, tunnel and
-/// `kube-bridge` links; `internal_cidrs` (`--internal-cidr`) restricts private candidates.
-pub fn choose(c: &Candidates, ignore: &[IpAddr], internal_cidrs: &[IpNet]) -> Option<Detected> {
-    let usable = |n: &&IpNet| !is_unusable(n.addr()) && !ignore.contains(&n.addr());
+/// What detection must leave out.
+#[derive(Debug, Clone, Default)]
+pub struct Exclusions {
+    /// Addresses on the Kilo, tunnel and `kube-bridge` links.
+    pub addresses: Vec<IpAddr>,
+    /// Networks whose addresses are never the node's: its pod CIDRs and the Kilo subnet.
+    pub networks: Vec<IpNet>,
+}
+
+/// Picks the private and public IPs, leaving out `exclude`; `internal_cidrs`
+/// (`--internal-cidr`) restricts private candidates.
+pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) -> Option<Detected> {
+    let usable = |n: &&IpNet| {
+        !is_unusable(n.addr())
+            && !exclude.addresses.contains(&n.addr())
+            && !exclude.networks.iter().any(|x| x.contains(&n.addr()))
+    };
     let pick = |public: bool| -> Option<IpNet> {
-        [&c.hostname, &c.default_route, &c.all]
+        [&c.hostname, &c.node_internal, &c.default_route, &c.all]
             .into_iter()
             .find_map(|pool| {
                 let mut pool: Vec<IpNet> = pool
@@ -69,7 +87,7 @@ mod tests {
             default_route: nets(&["10.0.0.5/8", "203.0.113.5/24"]),
             all: nets(&["127.0.0.1/8", "172.16.0.1/12"]),
         };
-        let d = choose(&c, &[], &[]).unwrap();
+        let d = choose(&c, &Exclusions::default(), &[]).unwrap();
         assert_eq!(d.private, Some("192.168.1.5/24".parse().unwrap()));
         assert_eq!(d.public, "203.0.113.5/24".parse().unwrap());
     }
@@ -80,7 +98,7 @@ mod tests {
             default_route: nets(&["192.168.10.2/24"]),
             ..Default::default()
         };
-        let d = choose(&c, &[], &[]).unwrap();
+        let d = choose(&c, &Exclusions::default(), &[]).unwrap();
         assert_eq!(Some(d.public), d.private);
     }
 
@@ -98,18 +116,55 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let d = choose(&c, &["10.4.0.1".parse().unwrap()], &[]).unwrap();
+        let ignore = Exclusions {
+            addresses: vec!["10.4.0.1".parse().unwrap()],
+            networks: vec![],
+        };
+        let d = choose(&c, &ignore, &[]).unwrap();
         assert_eq!(
             d.private,
             Some("10.19.0.23/16".parse().unwrap()),
             "numeric order"
         );
-        let d = choose(&c, &[], &nets(&["192.168.0.0/16"])).unwrap();
+        let d = choose(&c, &Exclusions::default(), &nets(&["192.168.0.0/16"])).unwrap();
         assert_eq!(
             d.private,
             Some("192.168.7.7/24".parse().unwrap()),
             "--internal-cidr"
         );
-        assert!(choose(&Candidates::default(), &[], &[]).is_none());
+        assert!(choose(&Candidates::default(), &Exclusions::default(), &[]).is_none());
+    }
+
+    /// A namespace without a default route, whose only other address is its pod bridge's:
+    /// the pod bridge and the Kilo subnet are never the node's IP.
+    #[test]
+    fn addresses_in_the_pod_cidr_or_the_kilo_subnet_are_never_chosen() {
+        let c = Candidates {
+            all: nets(&["10.42.1.1/24", "10.4.0.3/16", "192.168.10.1/24"]),
+            ..Default::default()
+        };
+        let exclude = Exclusions {
+            addresses: vec![],
+            networks: nets(&["10.42.1.0/24", "10.4.0.0/16"]),
+        };
+        let d = choose(&c, &exclude, &[]).unwrap();
+        assert_eq!(d.private, Some("192.168.10.1/24".parse().unwrap()));
+        let only_pods = Candidates {
+            all: nets(&["10.42.1.1/24"]),
+            ..Default::default()
+        };
+        assert!(choose(&only_pods, &exclude, &[]).is_none());
+    }
+
+    #[test]
+    fn the_nodes_internal_ip_comes_before_the_default_route() {
+        let c = Candidates {
+            hostname: vec![],
+            node_internal: nets(&["192.168.20.4/24"]),
+            default_route: nets(&["10.0.0.5/8"]),
+            all: nets(&["10.0.0.5/8", "192.168.20.4/24"]),
+        };
+        let d = choose(&c, &Exclusions::default(), &[]).unwrap();
+        assert_eq!(d.private, Some("192.168.20.4/24".parse().unwrap()));
     }
 }

@@ -1,6 +1,6 @@
 //! Applies Kilo's iptables rules with `iptables-restore --noflush`, one atomic transaction per
 //! table and family, changing only what differs from `iptables -S`. Works with the nft and legacy
-//! back ends alike (whichever `iptables` is).
+//! back ends alike: [`super::xtables`] picks which commands run.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -14,18 +14,15 @@ use control::iptables::{
 /// The built-in chains kg inserts rules into.
 const BUILTIN: [(&str, &str); 2] = [("nat", "POSTROUTING"), ("filter", "FORWARD")];
 
-fn tools(v6: bool) -> (&'static str, &'static str) {
-    if v6 {
-        ("ip6tables", "ip6tables-restore")
-    } else {
-        ("iptables", "iptables-restore")
-    }
+fn tools(v6: bool) -> (String, String) {
+    let commands = super::xtables::commands(v6);
+    (commands.list, commands.restore)
 }
 
 /// `iptables -t TABLE -S CHAIN` as specs (without `-A CHAIN`); `None` when the chain is missing.
 fn list(v6: bool, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
     let (bin, _) = tools(v6);
-    let out = Command::new(bin)
+    let out = Command::new(&bin)
         .args(["-w", "5", "-t", table, "-S", chain])
         .stdin(Stdio::null())
         .output()
@@ -44,7 +41,7 @@ fn list(v6: bool, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
 
 fn restore(v6: bool, script: &str) -> Result<()> {
     let (_, bin) = tools(v6);
-    let mut child = Command::new(bin)
+    let mut child = Command::new(&bin)
         .args(["-w", "5", "--noflush"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod state;
 pub mod wireguard;
+pub mod xtables;
 
 /// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
 pub const CHECK_IN_PERIOD: Duration = Duration::from_secs(30);
@@ -170,6 +171,8 @@ impl Agent {
             Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
             _ => s.hostname.parse::<IpAddr>().into_iter().collect(),
         };
+        xtables::select(s.args.iptables_backend)?;
+        let ip6tables = iptables::v6_available();
         let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, "kg started");
         Ok(Self {
@@ -189,7 +192,7 @@ impl Agent {
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
-            ip6tables: iptables::v6_available(),
+            ip6tables,
             tunnel,
             readiness: Default::default(),
             patch_failed: false,
@@ -281,9 +284,9 @@ impl Agent {
             }
         }
 
-        let (detected, default_link) = self.detect().await?;
-        let empty = BTreeMap::new();
         let local_object = snapshot.nodes.get(&hostname);
+        let (detected, default_link) = self.detect(local_object).await?;
+        let empty = BTreeMap::new();
         let local_annotations = local_object
             .and_then(|o| o.metadata.annotations.as_ref())
             .unwrap_or(&empty);

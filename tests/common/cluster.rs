@@ -453,6 +453,20 @@ impl Cluster {
         node.child = Some(child);
     }
 
+    /// Runs `command` as node `i`'s kg (for a kg started some other way, such as in a
+    /// container): its output goes to the node's log, and stopping the node signals it.
+    pub fn start_kg_command(&mut self, i: usize, mut command: Command) {
+        let node = &mut self.nodes[i];
+        let log = fs::File::create(&node.log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawning kg");
+        node.child = Some(child);
+    }
+
     pub fn node(&self, name: &str) -> &KgNode {
         self.nodes.iter().find(|n| n.name == name).unwrap()
     }

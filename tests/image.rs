@@ -1,0 +1,646 @@
+//! The container image the manifests run, built by `image/build.sh` and run by a real container
+//! runtime (podman over runc) the way the DaemonSet runs it: the host network of a test node's
+//! namespace, `NET_ADMIN` and `NET_RAW`, `/dev/net/tun`, the DaemonSet's own command and
+//! arguments, and the host directories it mounts. Needs root; CI installs the tools.
+//!
+//! The image is built once per run of this test binary (or taken from `KILOTUN_IMAGE_ARCHIVE`),
+//! and a second time by the reproducibility test.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::cluster::{Cluster, NodeSpec};
+use common::{unique, which};
+use serde::Deserialize as _;
+use serde_yaml::Value;
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// True when this test can build and run images; otherwise says why it is skipped.
+fn can_run(test: &str) -> bool {
+    if !common::can_run(test) {
+        return false;
+    }
+    let missing: Vec<&str> = ["podman", "runc", "skopeo"]
+        .into_iter()
+        .filter(|t| !which(t))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("skipped {test}: needs {missing:?} (.ci/run installs them)");
+        return false;
+    }
+    true
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Builds the image into `out` with `image/build.sh` and returns the archive's path.
+fn build_image(out: &Path) -> PathBuf {
+    let result = Command::new("bash")
+        .arg(Path::new(REPO).join("image/build.sh"))
+        .arg(out)
+        .output()
+        .expect("running image/build.sh");
+    assert!(
+        result.status.success(),
+        "image/build.sh failed:\n{}",
+        text(&result)
+    );
+    out.to_path_buf()
+}
+
+/// The image archive under test, built once.
+fn archive() -> &'static Path {
+    static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
+    ARCHIVE.get_or_init(|| match std::env::var_os("KILOTUN_IMAGE_ARCHIVE") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            build_image(&Path::new(REPO).join(format!("target/image/kilotun-{VERSION}.oci.tar")))
+        }
+    })
+}
+
+fn skopeo_digest(archive: &Path) -> String {
+    let out = Command::new("skopeo")
+        .args(["inspect", "--format", "{{.Digest}}"])
+        .arg(format!("oci-archive:{}", archive.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A private podman: its own storage, run root and configuration, removed on drop, with the
+/// image loaded. Configured for hosts like CI's: runc (crun fails on its cgroup layout),
+/// cgroupfs, file events, and explicit nofile and nproc limits (podman's defaults raise them
+/// past what the host lets runc set).
+struct Podman {
+    dir: PathBuf,
+    image: String,
+}
+
+impl Podman {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(unique("podman"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ncgroups = \"no-conmon\"\n\
+             default_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n\
+             [engine]\nevents_logger = \"file\"\ncgroup_manager = \"cgroupfs\"\nruntime = \"runc\"\n",
+        )
+        .unwrap();
+        let mut podman = Self {
+            dir,
+            image: String::new(),
+        };
+        let out = podman
+            .command()
+            .args(["load", "--quiet", "--input"])
+            .arg(archive())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman load: {}", text(&out));
+        // "Loaded image: NAME" (or "Loaded image(s): NAME").
+        podman.image = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.split_once(": ").map(|(_, name)| name.trim().to_string()))
+            .expect("podman load names the image");
+        podman
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new("podman");
+        command
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--root")
+            .arg(self.dir.join("storage"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"))
+            .args(["--storage-driver", "vfs"]);
+        command
+    }
+
+    /// `podman run --rm` with the DaemonSet's security context: host network of `netns`,
+    /// `NET_ADMIN` and `NET_RAW` added, and a relative cgroup parent.
+    fn run_in(&self, netns: &str, name: &str) -> Command {
+        self.run_with_caps(netns, name, "NET_ADMIN,NET_RAW")
+    }
+
+    /// [`Podman::run_in`] with other added capabilities.
+    fn run_with_caps(&self, netns: &str, name: &str, caps: &str) -> Command {
+        let mut command = self.command();
+        command
+            .args(["run", "--rm", "--name", name])
+            .arg(format!("--network=ns:/run/netns/{netns}"))
+            .args(["--cap-add", caps])
+            .args(["--cgroup-parent", "kilotun-test"]);
+        command
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.command().args(["rm", "--all", "--force"]).output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The DaemonSet and the CNI ConfigMap of `manifests/kilo-kubeadm.yaml`.
+struct Manifest {
+    daemonset: Value,
+    cni_config: String,
+}
+
+impl Manifest {
+    fn load() -> Self {
+        let text = fs::read_to_string(Path::new(REPO).join("manifests/kilo-kubeadm.yaml")).unwrap();
+        let mut daemonset = None;
+        let mut cni_config = None;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = Value::deserialize(doc).unwrap();
+            match value["kind"].as_str() {
+                Some("DaemonSet") => daemonset = Some(value),
+                Some("ConfigMap") => {
+                    cni_config = value["data"]["cni-conf.json"].as_str().map(str::to_string)
+                }
+                _ => {}
+            }
+        }
+        Self {
+            daemonset: daemonset.expect("a DaemonSet"),
+            cni_config: cni_config.expect("the CNI ConfigMap"),
+        }
+    }
+
+    fn pod_spec(&self) -> &Value {
+        &self.daemonset["spec"]["template"]["spec"]
+    }
+
+    fn strings(value: &Value) -> Vec<String> {
+        value
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The install-cni init container's command and its environment (the ConfigMap's
+    /// conflist for the variable taken from it).
+    fn install_cni(&self) -> (Vec<String>, Vec<(String, String)>) {
+        let init = &self.pod_spec()["initContainers"][0];
+        assert_eq!(init["name"].as_str(), Some("install-cni"));
+        let env = init["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let name = e["name"].as_str().unwrap().to_string();
+                let value = match e["value"].as_str() {
+                    Some(v) => v.to_string(),
+                    None => self.cni_config.clone(),
+                };
+                (name, value)
+            })
+            .collect();
+        (Self::strings(&init["command"]), env)
+    }
+
+    /// The kg container's command and arguments, with `$(NODE_NAME)` expanded as the kubelet
+    /// does and the kubeconfig flag left out (these nodes use the file backend).
+    fn kg_command(&self, node: &str) -> Vec<String> {
+        let kg = &self.pod_spec()["containers"][0];
+        let mut argv = Self::strings(&kg["command"]);
+        argv.extend(
+            Self::strings(&kg["args"])
+                .into_iter()
+                .filter(|a| !a.starts_with("--kubeconfig"))
+                .map(|a| a.replace("$(NODE_NAME)", node)),
+        );
+        argv
+    }
+
+    fn image(&self) -> String {
+        self.pod_spec()["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+}
+
+/// Every file the manifests and README promise is in the image, with the right entrypoint,
+/// platform and layers; a second build of the same commit has the same digest.
+#[test]
+fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
+    if !can_run("the_image_holds_the_contract_and_rebuilds_to_the_same_digest") {
+        return;
+    }
+    let archive = archive();
+    let out = Command::new("skopeo")
+        .args(["inspect", "--config"])
+        .arg(format!("oci-archive:{}", archive.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["os"], "linux");
+    assert_eq!(config["architecture"], "amd64");
+    assert_eq!(config["config"]["Entrypoint"][0], "/usr/local/bin/kg");
+    let layers = config["rootfs"]["diff_ids"].as_array().unwrap().len();
+    assert_eq!(layers, 2, "a Debian layer and kilotun's: {config}");
+
+    // The files, listed from the layers themselves.
+    let unpacked = std::env::temp_dir().join(unique("oci"));
+    fs::create_dir_all(&unpacked).unwrap();
+    common::run(&[
+        "tar",
+        "-xf",
+        archive.to_str().unwrap(),
+        "-C",
+        unpacked.to_str().unwrap(),
+    ]);
+    let blob = |digest: &str| {
+        unpacked
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(unpacked.join("index.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &fs::read(blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    let mut files = String::new();
+    for layer in manifest["layers"].as_array().unwrap() {
+        let path = blob(layer["digest"].as_str().unwrap());
+        files += &common::run(&["tar", "-tvzf", path.to_str().unwrap()]);
+    }
+    let _ = fs::remove_dir_all(&unpacked);
+    let has = |path: &str| {
+        let want = path.trim_start_matches('/');
+        files.lines().any(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .is_some_and(|p| p.trim_start_matches("./").trim_end_matches('/') == want)
+        })
+    };
+    for path in [
+        "/usr/local/bin/kg",
+        "/usr/local/bin/kgctl",
+        "/usr/local/bin/kilotun",
+        "/bin/sh",
+        "/bin/cp",
+        "/opt/cni/bin/bridge",
+        "/opt/cni/bin/host-local",
+        "/opt/cni/bin/loopback",
+        "/opt/cni/bin/portmap",
+        "/usr/sbin/iptables-legacy",
+        "/usr/sbin/iptables-nft",
+        "/usr/sbin/iptables-legacy-restore",
+        "/usr/sbin/iptables-nft-restore",
+        "/usr/sbin/ip6tables-legacy",
+        "/usr/sbin/ip6tables-nft-restore",
+        "/usr/sbin/iptables",
+        "/usr/sbin/iptables-restore",
+        "/usr/sbin/ip6tables",
+        "/usr/bin/dot",
+        "/usr/lib/x86_64-linux-gnu/graphviz/config6a",
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/kilotun/debian-packages.txt",
+    ] {
+        assert!(has(path), "{path} is missing from the image:\n{files}");
+    }
+    // Nothing a package manager or a compiler would bring.
+    for path in [
+        "/usr/bin/apt-get",
+        "/usr/bin/dpkg",
+        "/usr/bin/perl",
+        "/bin/bash",
+    ] {
+        assert!(!has(path), "{path} should not be in the image");
+    }
+
+    // The same commit built again: the same digest.
+    let again = build_image(&std::env::temp_dir().join(format!("{}.oci.tar", unique("again"))));
+    let (first, second) = (skopeo_digest(archive), skopeo_digest(&again));
+    let _ = fs::remove_file(&again);
+    assert_eq!(first, second, "two builds of the same commit differ");
+}
+
+/// Every manifest names the image the build produces (Kubernetes reads the short name
+/// `kilotun:<version>` as `docker.io/library/kilotun:<version>`, the name in the archive).
+#[test]
+fn the_manifests_run_the_image_the_build_writes() {
+    assert_eq!(Manifest::load().image(), format!("kilotun:{VERSION}"));
+    let mut seen = 0;
+    for entry in fs::read_dir(Path::new(REPO).join("manifests")).unwrap() {
+        let path = entry.unwrap().path();
+        for line in fs::read_to_string(&path).unwrap().lines() {
+            let Some(image) = line.trim().strip_prefix("image: ") else {
+                continue;
+            };
+            if image.contains("kilotun") {
+                assert_eq!(image, format!("kilotun:{VERSION}"), "{}", path.display());
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(
+        seen, 5,
+        "kubeadm and k3s (kg and install-cni each) and the webhook"
+    );
+    let build = fs::read_to_string(Path::new(REPO).join("image/build.sh")).unwrap();
+    assert!(build.contains("docker.io/library/kilotun:$version"));
+}
+
+/// Runs the install-cni init container's exact command against temporary host directories and
+/// checks what it left there.
+fn install_cni(podman: &Podman, netns: &str, host: &Path) {
+    let (command, env) = Manifest::load().install_cni();
+    let bin = host.join("opt/cni/bin");
+    let conf = host.join("etc/cni/net.d");
+    fs::create_dir_all(&bin).unwrap();
+    fs::create_dir_all(&conf).unwrap();
+    fs::write(conf.join("99-stale.conf"), "{}").unwrap();
+    let mut run = podman.run_in(netns, &unique("cni"));
+    run.arg("-v")
+        .arg(format!("{}:/host/opt/cni/bin", bin.display()))
+        .arg("-v")
+        .arg(format!("{}:/host/etc/cni/net.d", conf.display()));
+    for (name, value) in env {
+        run.arg("-e").arg(format!("{name}={value}"));
+    }
+    let out = run
+        .arg("--entrypoint")
+        .arg(&command[0])
+        .arg(&podman.image)
+        .args(&command[1..])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install-cni failed: {}", text(&out));
+    for plugin in ["bridge", "host-local", "loopback", "portmap"] {
+        let path = bin.join(plugin);
+        let mode = fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions();
+        assert!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o111 != 0,
+            "{plugin} is not executable"
+        );
+    }
+    let entries: Vec<_> = fs::read_dir(&conf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        entries,
+        vec!["10-kilo.conflist".to_string()],
+        "the stale file is removed"
+    );
+    let conflist: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(conf.join("10-kilo.conflist")).unwrap()).unwrap();
+    assert_eq!(conflist["plugins"][0]["type"], "bridge");
+}
+
+#[test]
+fn the_install_cni_init_container_installs_the_plugins_and_the_conflist() {
+    if !can_run("the_install_cni_init_container_installs_the_plugins_and_the_conflist") {
+        return;
+    }
+    let podman = Podman::new();
+    let ns = common::Netns::new();
+    let host = std::env::temp_dir().join(unique("cnihost"));
+    install_cni(&podman, &ns.name, &host);
+    let _ = fs::remove_dir_all(&host);
+}
+
+/// Two nodes, each kg in a container with the DaemonSet's command, arguments and mounts (file
+/// backend): they mesh and their pods reach each other; `wg show` on the host reads each
+/// containerized engine through the shared `/var/run/wireguard`; each container writes its
+/// KILO chains into the iptables back end its host's rules are in (legacy on one, nft on the
+/// other); the CNI plugins and conflist come from the init container and kg keeps the conflist
+/// on the node's pod CIDR; `/graph?format=svg` renders inside the container.
+#[test]
+fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
+    if !can_run("two_containerized_nodes_mesh_as_the_daemonset_runs_them") {
+        return;
+    }
+    let podman = Podman::new();
+    let manifest = Manifest::load();
+    let mut cluster = Cluster::new(&["east", "west"]);
+    let backends = ["legacy", "nft"];
+    // The DaemonSet's hostPath volume is FileOrCreate.
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open("/run/xtables.lock")
+        .unwrap();
+    let mut names = Vec::new();
+    for (i, (node, location)) in [("c1", "east"), ("c2", "west")].into_iter().enumerate() {
+        let index = cluster.add_node(
+            &NodeSpec {
+                name: node,
+                location,
+                annotations: &[],
+            },
+            i as u8 + 1,
+        );
+        let ns = cluster.nodes[index].ns.name.clone();
+        // The host's existing rules: one, in the back end this node's host uses.
+        cluster.nodes[index].ns.run(&[
+            &format!("iptables-{}", backends[i]),
+            "-A",
+            "INPUT",
+            "-s",
+            &format!("192.0.2.{}/32", i + 1),
+            "-j",
+            "ACCEPT",
+        ]);
+        let host = cluster.work.join(format!("{node}-host"));
+        install_cni(&podman, &ns, &host);
+        let kilo_dir = host.join("var/lib/kilo");
+        fs::create_dir_all(&kilo_dir).unwrap();
+        let container = unique("kg");
+        let argv = manifest.kg_command(node);
+        let mut run = podman.run_in(&ns, &container);
+        run.arg("-e")
+            .arg(format!("NODE_NAME={node}"))
+            .arg("-v")
+            .arg("/dev/net/tun:/dev/net/tun")
+            .arg("-v")
+            .arg(format!(
+                "{}:/etc/cni/net.d",
+                host.join("etc/cni/net.d").display()
+            ))
+            .arg("-v")
+            .arg(format!("{}:/var/lib/kilo", kilo_dir.display()))
+            .arg("-v")
+            .arg("/var/run/wireguard:/var/run/wireguard")
+            .arg("-v")
+            .arg("/run/xtables.lock:/run/xtables.lock")
+            .arg("-v")
+            .arg(format!("{0}:{0}", cluster.dir.display()))
+            .arg("--entrypoint")
+            .arg(&argv[0])
+            .arg(&podman.image)
+            .args(&argv[1..])
+            .arg("--backend=file")
+            .arg(format!("--cluster-dir={}", cluster.dir.display()))
+            .arg(format!("--interface={}", cluster.nodes[index].iface));
+        cluster.start_kg_command(index, run);
+        names.push(container);
+    }
+    let meshed = cluster.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
+    assert!(
+        meshed,
+        "{:?}\n{}",
+        cluster.all_pods_reachable(),
+        cluster.logs()
+    );
+
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        // `wg show` on the host, through the socket the container created.
+        let peers = node.wg("peers");
+        assert_eq!(
+            peers.lines().count(),
+            1,
+            "{}: {peers}\n{}",
+            node.name,
+            node.log_text()
+        );
+        // The key file kg wrote through the mount is private.
+        let key = cluster
+            .work
+            .join(format!("{}-host/var/lib/kilo/key", node.name));
+        let mode = fs::metadata(&key).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        // KILO-NAT is in the host's back end, and only there.
+        let (used, other) = if i == 0 {
+            ("legacy", "nft")
+        } else {
+            ("nft", "legacy")
+        };
+        let listed = |backend: &str| {
+            node.ns
+                .output(&[
+                    &format!("iptables-{backend}"),
+                    "-t",
+                    "nat",
+                    "-S",
+                    "KILO-NAT",
+                ])
+                .status
+                .success()
+        };
+        assert!(
+            listed(used),
+            "{}: KILO-NAT not in {used}\n{}",
+            node.name,
+            node.log_text()
+        );
+        assert!(!listed(other), "{}: KILO-NAT also in {other}", node.name);
+        // The image's plain `iptables` reads the same back end.
+        let exec = podman
+            .command()
+            .args(["exec", &names[i], "iptables", "-t", "nat", "-S", "KILO-NAT"])
+            .output()
+            .unwrap();
+        assert!(exec.status.success(), "{}: {}", node.name, text(&exec));
+        // kg keeps the installed conflist on this node's pod CIDR.
+        let conflist = cluster
+            .work
+            .join(format!("{}-host/etc/cni/net.d/10-kilo.conflist", node.name));
+        let pod_cidr = format!("10.42.{}.0/24", i + 1);
+        let kept = cluster.wait_for(Duration::from_secs(10), |_| {
+            fs::read_to_string(&conflist).is_ok_and(|t| t.contains(&pod_cidr))
+        });
+        assert!(kept, "{}: {:?}", node.name, fs::read_to_string(&conflist));
+        // Graphviz inside the container.
+        let (status, svg) = node.http_get("/graph?format=svg");
+        assert_eq!(status, 200, "{svg}");
+        assert!(
+            svg.contains("<svg") && svg.contains("c1") && svg.contains("c2"),
+            "{svg}"
+        );
+    }
+}
+
+/// The DaemonSet without `/dev/net/tun`, or without `NET_ADMIN`: kg says what is missing in
+/// one line and exits non-zero, with no stack trace.
+#[test]
+fn without_tun_or_net_admin_kg_exits_with_one_line() {
+    if !can_run("without_tun_or_net_admin_kg_exits_with_one_line") {
+        return;
+    }
+    let podman = Podman::new();
+    let manifest = Manifest::load();
+    let cluster = Cluster::new(&["east"]);
+    let ns = common::Netns::new();
+    fs::write(
+        cluster.dir.join("n1.yaml"),
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\nspec:\n  podCIDR: 10.42.1.0/24\n",
+    )
+    .unwrap();
+    for (case, caps, with_tun) in [
+        ("no-tun", "NET_ADMIN,NET_RAW", false),
+        ("no-net-admin", "NET_RAW", true),
+    ] {
+        let keys = cluster.work.join(case);
+        fs::create_dir_all(&keys).unwrap();
+        let argv = manifest.kg_command("n1");
+        let mut run = podman.run_with_caps(&ns.name, &unique("bad"), caps);
+        if with_tun {
+            run.args(["-v", "/dev/net/tun:/dev/net/tun"]);
+        }
+        run.arg("-v")
+            .arg(format!("{}:/var/lib/kilo", keys.display()))
+            .arg("-v")
+            .arg(format!("{0}:{0}", cluster.dir.display()))
+            .arg("--entrypoint")
+            .arg(&argv[0])
+            .arg(&podman.image)
+            .args(&argv[1..])
+            .arg("--backend=file")
+            .arg(format!("--cluster-dir={}", cluster.dir.display()))
+            .arg(format!("--interface={}", unique("kg")))
+            .arg("--cni=false")
+            .arg("--log-level=warn");
+        let out = run.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{case}: kg exited 0:\n{stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{case}: one line expected:\n{stderr}");
+        assert!(lines[0].starts_with("kg: "), "{case}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("backtrace"),
+            "{case}: {stderr}"
+        );
+        let expected = if with_tun {
+            "NET_ADMIN"
+        } else {
+            "/dev/net/tun"
+        };
+        assert!(
+            lines[0].contains(expected),
+            "{case}: should name {expected}: {stderr}"
+        );
+    }
+}
