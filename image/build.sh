@@ -14,7 +14,9 @@
 #
 # Environment: KILOTUN_IMAGE_NAME (default kilotun:<version>), DEBIAN_MIRROR (default the
 # mirror apt already uses), SOURCE_DATE_EPOCH (default the commit time of HEAD),
-# KILOTUN_IMAGE_KEEP (set: keep the work directory, to look at a failed build).
+# KILOTUN_IMAGE_KEEP (set: keep the work directory, to look at a failed build), KILOTUN_BIN_DIR
+# (take kg, kgctl and kilotun from there instead of building them: the tests pass the ones
+# `cargo test --release` built, which differ from `cargo build`'s by dev-dependency features).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,9 +61,14 @@ cleanup() {
 trap cleanup EXIT
 
 # 1. The binaries.
-log "cargo build --release (kg, kgctl, kilotun)"
-cargo build --release --locked --bin kg --bin kgctl --bin kilotun >&2
-bins=$repo/target/release
+if [ -n "${KILOTUN_BIN_DIR:-}" ]; then
+  bins=$KILOTUN_BIN_DIR
+  log "binaries from $bins"
+else
+  log "cargo build --release (kg, kgctl, kilotun)"
+  cargo build --release --locked --bin kg --bin kgctl --bin kilotun >&2
+  bins=$repo/target/release
+fi
 # Set only now: some crates' build scripts watch it, and the binaries should be the ones
 # `cargo test --release` already built.
 export SOURCE_DATE_EPOCH=$epoch
@@ -210,7 +217,22 @@ b config \
   "$ctr"
 b commit --quiet --timestamp "$SOURCE_DATE_EPOCH" --format oci "$ctr" "$name" >/dev/null
 rm -f "$out"
-b push --quiet "$name" "oci-archive:$out:$name"
+b push --quiet "$name" "oci-archive:$work/plain.tar:$name"
+
+# containerd (`ctr images import`, which `kind load image-archive` and `k3s ctr` run) names an
+# imported OCI image after the index's io.containerd.image.name annotation, and drops a full
+# name in org.opencontainers.image.ref.name unless told a prefix: add the former, then pack
+# the archive again in a fixed order with fixed times and owners.
+mkdir "$work/archive"
+tar -xf "$work/plain.tar" -C "$work/archive"
+grep -q '"annotations":{"org.opencontainers.image.ref.name"' "$work/archive/index.json" || {
+  echo "image/build.sh: unexpected index.json from buildah: $(cat "$work/archive/index.json")" >&2
+  exit 1
+}
+sed -i "s|\"annotations\":{|\"annotations\":{\"io.containerd.image.name\":\"$name\",|" "$work/archive/index.json"
+tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner --format=posix \
+  --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+  -cf "$out" -C "$work/archive" .
 
 digest=$(skopeo inspect --format '{{.Digest}}' "oci-archive:$out")
 unpacked=$(( $(du -sk "$root" | cut -f1) + $(du -sk "$bin_root" | cut -f1) ))

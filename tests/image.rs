@@ -48,9 +48,12 @@ fn text(out: &Output) -> String {
 
 /// Builds the image into `out` with `image/build.sh` and returns the archive's path.
 fn build_image(out: &Path) -> PathBuf {
+    // The binaries this test run was built with, so the image holds exactly what was tested.
+    let bins = Path::new(env!("CARGO_BIN_EXE_kg")).parent().unwrap();
     let result = Command::new("bash")
         .arg(Path::new(REPO).join("image/build.sh"))
         .arg(out)
+        .env("KILOTUN_BIN_DIR", bins)
         .output()
         .expect("running image/build.sh");
     assert!(
@@ -643,4 +646,83 @@ fn without_tun_or_net_admin_kg_exits_with_one_line() {
             "{case}: should name {expected}: {stderr}"
         );
     }
+}
+
+/// What `kind load image-archive` and `k3s ctr images import` run: containerd's import of the
+/// archive, with kind's flags, names the image as the manifests ask for it.
+#[test]
+fn containerd_imports_the_archive_under_the_manifests_name() {
+    if !can_run("containerd_imports_the_archive_under_the_manifests_name") {
+        return;
+    }
+    if !which("containerd") || !which("ctr") {
+        eprintln!("skipped containerd_imports_the_archive_under_the_manifests_name: needs containerd (.ci/run installs it)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(unique("containerd"));
+    fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    // Only what an import needs: no CRI plugin (nothing here runs a kubelet).
+    fs::write(
+        &config,
+        "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n",
+    )
+    .unwrap();
+    let socket = dir.join("containerd.sock");
+    let mut daemon = Command::new("containerd")
+        .arg("--config")
+        .arg(&config)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--address")
+        .arg(&socket)
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(dir.join("containerd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let ctr = |args: &[&str]| {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut up = false;
+    for _ in 0..100 {
+        if ctr(&["version"]).status.success() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let imported = up.then(|| {
+        ctr(&[
+            "images",
+            "import",
+            "--all-platforms",
+            "--digests",
+            "--snapshotter",
+            "native",
+            archive().to_str().unwrap(),
+        ])
+    });
+    let listed = ctr(&["images", "list", "--quiet"]);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let log = fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+    let _ = fs::remove_dir_all(&dir);
+    assert!(up, "containerd did not start:\n{log}");
+    let imported = imported.unwrap();
+    assert!(imported.status.success(), "ctr import: {}", text(&imported));
+    let names = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        names
+            .lines()
+            .any(|l| l == format!("docker.io/library/kilotun:{VERSION}")),
+        "containerd names: {names}"
+    );
 }
