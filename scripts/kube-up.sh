@@ -27,6 +27,9 @@
 #                           scripts/kube-apiserver.sh prints, building it if needed)
 #   KUBE_ADMISSION_PLUGINS  --enable-admission-plugins (default below)
 #   KUBE_READY_TIMEOUT      seconds to wait for /readyz (default 60)
+#   KUBE_APISERVER_EXTRA_FLAGS  more kube-apiserver flags, split on whitespace (e.g.
+#                           --watch-cache=false, so watches are served by etcd and see its
+#                           compactions as 410 Gone)
 #
 # DIR/env exports APISERVER_URL, APISERVER_PORT, ADMIN_TOKEN, KUBECONFIG, KUBE_CA_FILE, ETCD_URL,
 # ETCD_PORT, ETCD_PID, APISERVER_PID, KUBE_BIN_DIR and KUBECTL.
@@ -81,6 +84,16 @@ port_used() {
 	awk -v h="$hex" 'FNR > 1 && substr($2, length($2) - 4) == h { found = 1 } END { exit !found }' \
 		"${tables[@]}"
 }
+# True if a socket listens on local TCP port $1 (state 0A). A port given explicitly (a restart on
+# the same ports) only needs this to be false: connections the killed server left in TIME_WAIT
+# do not stop etcd or kube-apiserver from binding it (both set SO_REUSEADDR).
+port_listening() {
+	local hex f tables=()
+	hex=$(printf ':%04X' "$1")
+	for f in /proc/net/tcp /proc/net/tcp6; do [[ -r $f ]] && tables+=("$f"); done
+	awk -v h="$hex" 'FNR > 1 && substr($2, length($2) - 4) == h && $4 == "0A" { found = 1 } END { exit !found }' \
+		"${tables[@]}"
+}
 # A random free port in 10000-31999: below Linux's ephemeral range (32768+), so outgoing
 # connections do not take it between the pick and the bind. Ports listed in $taken are skipped.
 taken=" "
@@ -105,7 +118,7 @@ apiserver_port=${APISERVER_PORT:-}
 [[ -n $apiserver_port ]] || apiserver_port=$(pick_port) || die "no free port for kube-apiserver"
 for p in "$etcd_port" "$etcd_peer_port" "$apiserver_port"; do
 	if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then die "bad port '$p'"; fi
-	! port_used "$p" || die "port $p is in use"
+	! port_listening "$p" || die "port $p is in use"
 done
 
 ########################################################################################################
@@ -234,6 +247,7 @@ setsid "$bin/kube-apiserver" \
 	--enable-admission-plugins="$admission" \
 	--disable-admission-plugins=TaintNodesByCondition,StorageObjectInUseProtection \
 	--profiling=false \
+	${KUBE_APISERVER_EXTRA_FLAGS:-} \
 	</dev/null >"$dir/logs/kube-apiserver.log" 2>&1 &
 apiserver_pid=$!
 started+=("$apiserver_pid")

@@ -465,3 +465,47 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Address detection on hosts where the pod bridge would look like the node's address: a node
+/// with no default route (the pod bridge, `10.42.1.1`, sorts before the underlay) publishes its
+/// underlay address, never one inside its pod CIDR; a node whose Node lists an `InternalIP`
+/// publishes that one rather than the first address of its default route's link (Kilo #367).
+#[test]
+fn detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip() {
+    if !common::can_run("detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east"], &[("n1", "east"), ("n2", "east")]);
+    // n1: no default route, so no link is preferred and every address is a candidate.
+    c.nodes[0].ns.run(&["ip", "route", "del", "default"]);
+    // n2: a second underlay address, listed by the Node as its InternalIP.
+    c.nodes[1]
+        .ns
+        .run(&["ip", "addr", "add", "192.168.10.50/24", "dev", "eth0"]);
+    let path = c.dir.join("n2.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "{yaml}status:\n  addresses:\n    - type: InternalIP\n      address: 192.168.10.50\n"
+        ),
+    )
+    .unwrap();
+    c.start_kg(0, &["--encapsulate=never"]);
+    c.start_kg(1, &["--encapsulate=never"]);
+    let published = c.wait_for(Duration::from_secs(20), |c| {
+        c.annotations("n1")
+            .contains_key("kilo.squat.ai/internal-ip")
+            && c.annotations("n2")
+                .contains_key("kilo.squat.ai/internal-ip")
+    });
+    assert!(published, "{}", c.logs());
+    let n1 = c.annotations("n1");
+    assert_eq!(n1["kilo.squat.ai/internal-ip"], "192.168.10.1/24", "{n1:?}");
+    assert_eq!(n1["kilo.squat.ai/endpoint"], "192.168.10.1:51820", "{n1:?}");
+    let n2 = c.annotations("n2");
+    assert_eq!(
+        n2["kilo.squat.ai/internal-ip"], "192.168.10.50/24",
+        "{n2:?}"
+    );
+}

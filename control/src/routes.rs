@@ -307,7 +307,18 @@ impl Planner<'_> {
             }
         }
         for p in &t.peers {
+            // A host route to the Peer's own endpoint would swallow the tunnel's packets to it.
+            // Kilo's multi-cluster setup makes such Peers: `kgctl showconf node --as-peer`
+            // lists a leader's private IP, which is usually its endpoint too.
+            let endpoint_ip = p
+                .public_key
+                .as_ref()
+                .and_then(|k| t.effective_endpoint(p.endpoint.as_ref(), k, p.persistent_keepalive))
+                .and_then(|e| e.ip());
             for net in &p.allowed_ips {
+                if endpoint_ip.is_some_and(|ip| net.trunc() == host_net(ip)) {
+                    continue;
+                }
                 self.kilo_route(*net, None);
             }
         }

@@ -418,13 +418,24 @@ impl Cluster {
 
     /// [`Cluster::start_kg`] with extra environment variables.
     pub fn start_kg_with_env(&mut self, i: usize, extra: &[&str], env: &[(&str, String)]) {
+        self.start_kg_wrapped(i, &[], extra, env);
+    }
+
+    /// [`Cluster::start_kg_with_env`] with kg run through `wrapper` inside the namespace
+    /// (`ip netns exec <ns> <wrapper...> kg ...`); the wrapper must exec kg in place.
+    pub fn start_kg_wrapped(
+        &mut self,
+        i: usize,
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) {
         let node = &mut self.nodes[i];
         let log = fs::File::create(&node.log).unwrap();
         let key = self.work.join("keys").join(&node.name);
-        let mut args: Vec<String> = vec![
-            "netns".into(),
-            "exec".into(),
-            node.ns.name.clone(),
+        let mut args: Vec<String> = vec!["netns".into(), "exec".into(), node.ns.name.clone()];
+        args.extend(wrapper.iter().map(|s| s.to_string()));
+        args.extend([
             kg_bin().into(),
             "--backend=file".into(),
             format!("--cluster-dir={}", self.dir.display()),
@@ -439,7 +450,7 @@ impl Cluster {
             "--resync-period=2s".into(),
             "--threads=1".into(),
             "--log-level=debug".into(),
-        ];
+        ]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new("ip")
             .args(&args)

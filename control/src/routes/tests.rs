@@ -143,6 +143,28 @@ fn leader_routes_other_segments_through_wireguard() {
 }
 
 #[test]
+fn a_peers_own_endpoint_is_not_routed_into_the_tunnel() {
+    // Another cluster's leader as a Peer (Kilo's multi-cluster setup): its private IP, which is
+    // also its endpoint, is among its allowed IPs.
+    let mut peers = f1_peers();
+    peers[1].allowed_ips = vec![
+        "10.6.0.0/24".parse().unwrap(),
+        "192.168.9.9/32".parse().unwrap(),
+    ];
+    peers[1].endpoint = Some(crate::ip::Endpoint::parse("192.168.9.9:51820").unwrap());
+    let t = Topology::new(&f1_nodes(), &peers, &f1_params("b", Granularity::Location)).unwrap();
+    let routes = show(&t.route_plan(&options(true, Encapsulate::Always)));
+    assert!(
+        routes.contains(&"10.6.0.0/24 dev 1 src 192.168.0.1".to_string()),
+        "{routes:?}"
+    );
+    assert!(
+        routes.iter().all(|r| !r.starts_with("192.168.9.9/32")),
+        "{routes:?}"
+    );
+}
+
+#[test]
 fn leader_without_encapsulation_routes_its_location_directly() {
     let plan = topology("b", Granularity::Location).route_plan(&options(true, Encapsulate::Never));
     assert!(show(&plan)
