@@ -84,6 +84,7 @@ mod tests {
     fn the_hostname_pool_wins_then_the_default_route() {
         let c = Candidates {
             hostname: nets(&["192.168.1.5/24"]),
+            node_internal: nets(&["192.168.2.5/24"]),
             default_route: nets(&["10.0.0.5/8", "203.0.113.5/24"]),
             all: nets(&["127.0.0.1/8", "172.16.0.1/12"]),
         };
