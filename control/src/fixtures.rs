@@ -131,3 +131,42 @@ pub fn synthetic_cluster(count: usize, locations: usize) -> Vec<Node> {
         })
         .collect()
 }
+
+/// `node` as the Kubernetes object kg reads (Kilo's annotations, `spec.podCIDR`), at
+/// `resourceVersion` `resource_version`; translating it gives `node` back.
+pub fn kube_node(node: &Node, resource_version: u64) -> k8s_openapi::api::core::v1::Node {
+    use crate::node::annotation as a;
+    use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let mut annotations = std::collections::BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        annotations.insert(k.to_string(), v);
+    };
+    if let Some(e) = &node.endpoint {
+        put(a::ENDPOINT, e.to_string());
+    }
+    if let Some(ip) = node.internal_ip {
+        put(a::INTERNAL_IP, ip.to_string());
+    }
+    if let Some(k) = node.key {
+        put(a::KEY, k.to_string());
+    }
+    put(a::LAST_SEEN, node.last_seen.to_string());
+    put(a::LOCATION, node.location.clone());
+    if node.leader {
+        put(a::LEADER, String::new());
+    }
+    KubeNode {
+        metadata: ObjectMeta {
+            name: Some(node.name.clone()),
+            resource_version: Some(resource_version.to_string()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            pod_cidr: node.subnet.map(|s| s.to_string()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}

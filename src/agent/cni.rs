@@ -2,9 +2,10 @@
 
 use ipnet::IpNet;
 
+use super::shells::{Engine, Firewall, Kernel};
 use super::{write_file, Agent};
 
-impl Agent {
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's (§5.2). A
     /// missing or unreadable file is a warning, never a failure.
     pub(super) fn sync_cni(&mut self, pod_cidr: IpNet, mtu: u32) {

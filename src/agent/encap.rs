@@ -15,7 +15,7 @@ use control::Topology;
 use dataplane::ipip::{IpipTable, UserspaceIpip, IPIP_OVERHEAD};
 use ipnet::IpNet;
 
-use super::netlink::Netlink;
+use super::shells::Kernel;
 
 /// The kernel's IPIP fallback device.
 pub const KERNEL_IPIP: &str = "tunl0";
@@ -49,8 +49,8 @@ pub enum Tunnel {
 
 impl Tunnel {
     /// Picks the tunnel for `--encapsulate` and `--compatibility`, creating what is needed.
-    pub async fn choose(
-        netlink: &Netlink,
+    pub async fn choose<N: Kernel>(
+        netlink: &N,
         encapsulate: Encapsulate,
         compatibility: Compatibility,
     ) -> Result<Self> {
@@ -104,9 +104,9 @@ impl Tunnel {
 
     /// Sets the link up (and, for links kg owns, its MTU and address: the first IP of the pod
     /// CIDR, as Kilo puts on `tunl0`). Returns its index, or `None` when the link is missing.
-    pub async fn prepare(
+    pub async fn prepare<N: Kernel>(
         &self,
-        netlink: &Netlink,
+        netlink: &N,
         pod_cidr: IpNet,
         private_mtu: Option<u32>,
     ) -> Result<Option<u32>> {

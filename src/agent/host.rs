@@ -1,5 +1,7 @@
 //! What kg reads from the host for its own node: the IP to publish (Kilo's detection order),
-//! the default route's link, the private IP's link, `cilium_host`'s address and the MTU.
+//! the default route's link, the private IP's link, `cilium_host`'s address and the MTU. The
+//! host is listed once per resync (or kernel notification) into a [`HostView`]; everything
+//! else is computed from that view.
 
 use std::net::IpAddr;
 
@@ -8,16 +10,105 @@ use ipnet::IpNet;
 
 use super::args::Mtu;
 use super::ipdetect::{self, Candidates, Detected, Exclusions};
+use super::netlink::Link;
+use super::shells::{Engine, Firewall, Kernel};
 use super::{encap, Agent, DEFAULT_MTU, WIREGUARD_OVERHEAD};
 
-impl Agent {
-    /// Chooses this node's IP among the host's addresses, ignoring kg's own links, the pod
-    /// CIDRs of `local` (this node's object) and the Kilo subnet, and preferring the Node's
-    /// `InternalIP` after the hostname's addresses; also returns the default route's link.
-    pub(super) async fn detect(
-        &self,
-        local: Option<&k8s_openapi::api::core::v1::Node>,
-    ) -> Result<(Detected, Option<u32>)> {
+/// What detection takes from this node's own Node object: the read is repeated when they change.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(super) struct DetectionInputs {
+    /// `spec.podCIDR` and `spec.podCIDRs`: the pod bridge's addresses are never the node's.
+    pub pod_cidrs: Vec<IpNet>,
+    /// The `InternalIP` addresses of `status.addresses` (Kilo #367).
+    pub internal_ips: Vec<IpAddr>,
+}
+
+impl DetectionInputs {
+    /// The inputs of `node` (none without a Node object yet).
+    pub(super) fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
+        let spec = node.and_then(|n| n.spec.as_ref());
+        let mut pod_cidrs: Vec<IpNet> = spec
+            .and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.and_then(|s| s.pod_cidr.clone()))
+            .filter_map(|c| c.parse::<IpNet>().ok())
+            .collect();
+        pod_cidrs.sort();
+        pod_cidrs.dedup();
+        let internal_ips = node
+            .and_then(|n| n.status.as_ref()?.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect();
+        Self {
+            pod_cidrs,
+            internal_ips,
+        }
+    }
+}
+
+/// The host as last listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct HostView {
+    /// The node's IPs, chosen among the host's addresses.
+    pub detected: Detected,
+    /// The default route's link.
+    pub default_link: Option<u32>,
+    /// Every link.
+    pub links: Vec<Link>,
+    /// Every address with its link.
+    pub addresses: Vec<(u32, IpNet)>,
+}
+
+impl HostView {
+    /// The index of the link holding the private IP `private` (0 when there is none).
+    pub(super) fn private_link(&self, private: Option<IpNet>) -> u32 {
+        let Some(private) = private else { return 0 };
+        self.addresses
+            .iter()
+            .find(|(_, n)| n.addr() == private.addr())
+            .map_or(0, |(i, _)| *i)
+    }
+
+    /// The link with index `index`.
+    pub(super) fn link(&self, index: u32) -> Option<&Link> {
+        self.links.iter().find(|l| l.index == index)
+    }
+
+    /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
+    /// as this node's gateway inside the location.
+    pub(super) fn cilium_host_ip(&self) -> Option<IpNet> {
+        let host = self.links.iter().find(|l| l.name == encap::CILIUM_HOST)?;
+        self.addresses
+            .iter()
+            .find(|(i, n)| *i == host.index && n.addr().is_ipv4())
+            .map(|(_, n)| IpNet::from(n.addr()))
+    }
+
+    /// The WireGuard link's MTU: `--mtu`, or with `auto` the default route's link's minus
+    /// WireGuard's overhead, never under 1280 (1420 when the default route's link is unknown).
+    pub(super) fn mtu(&self, mtu: Mtu) -> u32 {
+        match mtu {
+            Mtu::Fixed(m) => m,
+            Mtu::Auto => self
+                .default_link
+                .and_then(|i| self.link(i))
+                .map_or(DEFAULT_MTU, |l| {
+                    l.mtu.saturating_sub(WIREGUARD_OVERHEAD).max(1280)
+                }),
+        }
+    }
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// Lists the host's links, addresses and default route, and chooses this node's IP among
+    /// its addresses, ignoring kg's own links, the pod CIDRs of `local` (this node's object)
+    /// and the Kilo subnet, and preferring the Node's `InternalIP` after the hostname's
+    /// addresses.
+    pub(super) async fn read_host(&self, local: &DetectionInputs) -> Result<HostView> {
         let links = self.netlink.links().await?;
         let addresses = self.netlink.addresses().await?;
         let ignored_links: Vec<u32> = links
@@ -29,28 +120,20 @@ impl Agent {
             })
             .map(|l| l.index)
             .collect();
-        let spec = local.and_then(|n| n.spec.as_ref());
-        let pod_cidrs = spec
-            .and_then(|s| s.pod_cidrs.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .chain(spec.and_then(|s| s.pod_cidr.clone()))
-            .filter_map(|c| c.parse::<IpNet>().ok());
         let exclude = Exclusions {
             addresses: addresses
                 .iter()
                 .filter(|(i, _)| ignored_links.contains(i))
                 .map(|(_, n)| n.addr())
                 .collect(),
-            networks: pod_cidrs.chain([self.s.subnet]).collect(),
+            networks: local
+                .pod_cidrs
+                .iter()
+                .copied()
+                .chain([self.s.subnet])
+                .collect(),
         };
-        let node_internal: Vec<IpAddr> = local
-            .and_then(|n| n.status.as_ref()?.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-            .filter_map(|a| a.address.parse().ok())
-            .collect();
+        let node_internal = &local.internal_ips;
         let default_link = self.netlink.default_route_link().await?;
         let candidates = Candidates {
             hostname: addresses
@@ -72,50 +155,11 @@ impl Agent {
         };
         let detected = ipdetect::choose(&candidates, &exclude, &self.s.internal_cidrs)
             .context("no valid IP was found")?;
-        Ok((detected, default_link))
-    }
-
-    /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
-    /// as this node's gateway inside the location.
-    pub(super) async fn cni_compatibility_ip(&self) -> Result<Option<IpNet>> {
-        if self.s.compatibility != control::routes::Compatibility::Cilium {
-            return Ok(None);
-        }
-        let Some(host) = self.netlink.link_by_name(encap::CILIUM_HOST).await? else {
-            return Ok(None);
-        };
-        Ok(self
-            .netlink
-            .addresses()
-            .await?
-            .into_iter()
-            .find(|(i, n)| *i == host.index && n.addr().is_ipv4())
-            .map(|(_, n)| IpNet::from(n.addr())))
-    }
-
-    /// The index of the link holding the private IP `private` (0 when there is none).
-    pub(super) async fn private_link(&self, private: Option<IpNet>) -> Result<u32> {
-        let Some(private) = private else { return Ok(0) };
-        let addresses = self.netlink.addresses().await?;
-        Ok(addresses
-            .iter()
-            .find(|(_, n)| n.addr() == private.addr())
-            .map_or(0, |(i, _)| *i))
-    }
-
-    /// The WireGuard link's MTU: `--mtu`, or with `auto` the default route's link's minus
-    /// WireGuard's overhead, never under 1280 (1420 when the default route's link is unknown).
-    pub(super) async fn mtu(&self, default_link: Option<u32>) -> Result<u32> {
-        Ok(match self.s.mtu {
-            Mtu::Fixed(m) => m,
-            Mtu::Auto => {
-                let links = self.netlink.links().await?;
-                default_link
-                    .and_then(|i| links.iter().find(|l| l.index == i))
-                    .map_or(DEFAULT_MTU, |l| {
-                        l.mtu.saturating_sub(WIREGUARD_OVERHEAD).max(1280)
-                    })
-            }
+        Ok(HostView {
+            detected,
+            default_link,
+            links,
+            addresses,
         })
     }
 }

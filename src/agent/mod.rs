@@ -10,10 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use control::dns::{Answer, DnsBook};
-use control::nat::discover_nat_endpoints;
-use control::node::{annotation, Node, WrittenAnnotations};
-use control::routes::{diff, Encapsulate, Links, RouteOptions, RoutePlan};
-use control::{translate_node, translate_peer, Key, Peer, Topology, TopologyParams};
+use control::node::annotation;
+use control::routes::{diff, RoutePlan};
+use control::Key;
 use dataplane::{DeviceConfig, InterfaceConfig, SecretKey};
 use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
@@ -23,8 +22,10 @@ use args::{BackendKind, Settings};
 use local::ProblemLog;
 use metrics::Metrics;
 use netlink::Netlink;
+use shells::{Engine, Firewall, Iptables, Kernel};
 use wireguard::WireGuard;
 
+mod apply;
 pub mod args;
 mod cni;
 pub mod encap;
@@ -32,11 +33,15 @@ mod host;
 pub mod http;
 pub mod ipdetect;
 pub mod iptables;
+mod kernel_watch;
 pub mod keyfile;
 pub mod local;
 pub mod metrics;
 pub mod netlink;
+mod reconcile;
+pub mod shells;
 pub mod state;
+pub mod twins;
 pub mod wireguard;
 pub mod xtables;
 
@@ -48,6 +53,8 @@ pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEFAULT_MTU: u32 = 1420;
 /// WireGuard's overhead, subtracted by `--mtu=auto`.
 pub const WIREGUARD_OVERHEAD: u32 = 80;
+/// How long kg lets a burst of kernel notifications settle before listing the host again.
+pub const KERNEL_SETTLE: Duration = Duration::from_millis(200);
 
 /// Maps Kilo's `--log-level` to a tracing filter.
 pub fn log_filter(level: &str) -> Option<&'static str> {
@@ -68,14 +75,40 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// The running agent.
-pub struct Agent {
+/// What woke the reconcile loop. Only the resync timer and the kernel's own notifications list
+/// the host again; anything else is compared against what kg last read and applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A Node or Peer changed in the backend.
+    Event,
+    /// A DNS name is due for re-resolution.
+    Dns,
+    /// `--resync-period` elapsed: everything is listed and compared again.
+    Resync,
+    /// The check-in period elapsed: `last-seen` is refreshed.
+    CheckIn,
+    /// The kernel reported a change to addresses, protocol-static routes or rules.
+    Kernel,
+}
+
+impl Trigger {
+    /// True when this reconcile lists the host (links, addresses, routes, rules, iptables, the
+    /// device) instead of trusting what kg last read and applied.
+    pub fn lists_the_host(self) -> bool {
+        matches!(self, Self::Resync | Self::Kernel)
+    }
+}
+
+/// The running agent, over the kernel `N`, the firewall `F` and the WireGuard device `W` (the
+/// host's by default; in-memory twins in tests and benchmarks).
+pub struct Agent<N = Netlink, F = Iptables, W = WireGuard> {
     s: Settings,
     key: SecretKey,
     public: Key,
     backend: Backend,
-    netlink: Netlink,
-    wg: Arc<WireGuard>,
+    netlink: N,
+    firewall: F,
+    wg: Arc<W>,
     kilo_index: u32,
     resolver: Option<TokioResolver>,
     dns: DnsBook,
@@ -92,13 +125,24 @@ pub struct Agent {
     tunnel: encap::Tunnel,
     readiness: control::readiness::ReadinessClock,
     patch_failed: bool,
+    /// The stages' last outputs, compared with the next ones.
+    memo: reconcile::Memo,
+}
+
+/// The shells an [`Agent`] is built on.
+pub struct Shells<N, F, W> {
+    /// Links, addresses, routes and rules.
+    pub kernel: N,
+    /// iptables.
+    pub firewall: F,
+    /// The WireGuard device.
+    pub engine: W,
 }
 
 impl Agent {
     /// Loads the key, connects the backend, creates or finds the interface.
     pub async fn start(s: Settings) -> Result<Self> {
         let key = keyfile::load_or_generate(&s.args.key_file)?;
-        let public = Key(*key.public_key().as_bytes());
         let backend = match s.args.backend {
             BackendKind::File => {
                 let backend = FileBackend::open(Path::new(&s.args.cluster_dir))?;
@@ -121,6 +165,46 @@ impl Agent {
         } else {
             WireGuard::uapi(&s.args.interface, &s.args.socket_dir)?
         };
+        // Restore the peers of the last run before anything else: after a crash the persistent
+        // link still has its addresses and routes, so traffic flows again as soon as the peers
+        // are back, without waiting for the backend.
+        let restored = match state::load(&s.args.key_file, &key) {
+            Ok(restored) => restored,
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "ignoring the saved state of the last run"
+                );
+                None
+            }
+        };
+        // The iptables back end is the host's: chosen once, before the first rule is read.
+        xtables::select(s.args.iptables_backend)?;
+        let shells = Shells {
+            kernel: netlink,
+            firewall: Iptables,
+            engine: wg,
+        };
+        Self::with_shells(s, key, backend, shells, restored).await
+    }
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// Builds the agent on `shells`: finds the interface, sets the key and port (and the
+    /// `restored` peers of the last run), picks the tunnel.
+    pub async fn with_shells(
+        s: Settings,
+        key: SecretKey,
+        backend: Backend,
+        shells: Shells<N, F, W>,
+        restored: Option<DeviceConfig>,
+    ) -> Result<Self> {
+        let Shells {
+            kernel: netlink,
+            firewall,
+            engine: wg,
+        } = shells;
+        let public = Key(*key.public_key().as_bytes());
         let kilo_index = netlink
             .link_by_name(&s.args.interface)
             .await?
@@ -135,20 +219,10 @@ impl Agent {
             },
             peers: Vec::new(),
         })?;
-        // Restore the peers of the last run before anything else: after a crash the persistent
-        // link still has its addresses and routes, so traffic flows again as soon as the peers
-        // are back, without waiting for the backend.
-        match state::load(&s.args.key_file, &key) {
-            Ok(Some(restored)) => {
-                let peers = restored.peers.len();
-                wg.apply(&restored)?;
-                tracing::info!(peers, "restored the WireGuard peers of the last run");
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(
-                error = format!("{e:#}"),
-                "ignoring the saved state of the last run"
-            ),
+        if let Some(restored) = restored {
+            let peers = restored.peers.len();
+            wg.apply(&restored)?;
+            tracing::info!(peers, "restored the WireGuard peers of the last run");
         }
         let resolver = match TokioResolver::builder_tokio() {
             Ok(mut builder) => {
@@ -171,17 +245,18 @@ impl Agent {
             Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
             _ => s.hostname.parse::<IpAddr>().into_iter().collect(),
         };
-        xtables::select(s.args.iptables_backend)?;
-        let ip6tables = iptables::v6_available();
         let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, "kg started");
         Ok(Self {
             dns: DnsBook::new(s.resync),
+            memo: reconcile::Memo::new(&s.args.topology_label),
+            ip6tables: firewall.v6_available(),
             s,
             key,
             public,
             backend,
             netlink,
+            firewall,
             wg: Arc::new(wg),
             kilo_index,
             resolver,
@@ -192,7 +267,6 @@ impl Agent {
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
-            ip6tables,
             tunnel,
             readiness: Default::default(),
             patch_failed: false,
@@ -215,13 +289,18 @@ impl Agent {
         }
     }
 
-    /// Re-resolves the DNS names that are due; a failure keeps the last good address.
-    async fn resolve_due(&mut self) {
+    /// Re-resolves the DNS names that are due; a failure keeps the last good address. True
+    /// when an address changed.
+    async fn resolve_due(&mut self) -> bool {
         let now = Instant::now();
         let due = self.dns.due(now);
+        if due.is_empty() {
+            return false;
+        }
         let Some(resolver) = self.resolver.clone() else {
-            return;
+            return false;
         };
+        let mut changed = false;
         let lookups =
             due.into_iter().map(|name| {
                 let resolver = resolver.clone();
@@ -245,6 +324,7 @@ impl Agent {
             let error = result.as_ref().err().cloned();
             match self.dns.record(&name, result, Instant::now()) {
                 Answer::Changed { old, new } => {
+                    changed = true;
                     tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
                 }
                 Answer::Failed { kept } => {
@@ -254,296 +334,18 @@ impl Agent {
                 Answer::Unchanged | Answer::Untracked => {}
             }
         }
+        changed
     }
+}
 
-    /// One full reconcile: translate, resolve, compute, apply, publish.
-    pub async fn reconcile(&mut self, snapshot: &Snapshot, check_in: bool) -> Result<()> {
-        self.metrics.reconciles.inc();
-        let now_unix = unix_now();
-        let hostname = self.s.hostname.clone();
-
-        let mut nodes: Vec<Node> = Vec::with_capacity(snapshot.nodes.len());
-        for (name, object) in &snapshot.nodes {
-            let (node, problems) = translate_node(object, &self.s.args.topology_label);
-            for line in self.problems.fresh(name, &problems) {
-                tracing::warn!("bad annotation on node {line}");
-            }
-            nodes.push(node);
-        }
-        let mut peers: Vec<Peer> = Vec::with_capacity(snapshot.peers.len());
-        for (name, object) in &snapshot.peers {
-            let lines = match object.validate() {
-                Ok(()) => {
-                    peers.push(translate_peer(object));
-                    Vec::new()
-                }
-                Err(e) => vec![format!("{name}: {e}; ignoring this Peer")],
-            };
-            for line in self.problems.fresh_lines(&format!("peer/{name}"), lines) {
-                tracing::warn!("bad Peer {line}");
-            }
-        }
-
-        let local_object = snapshot.nodes.get(&hostname);
-        let (detected, default_link) = self.detect(local_object).await?;
-        let empty = BTreeMap::new();
-        let local_annotations = local_object
-            .and_then(|o| o.metadata.annotations.as_ref())
-            .unwrap_or(&empty);
-        let index = match nodes.iter().position(|n| n.name == hostname) {
-            Some(i) => i,
-            None => {
-                nodes.push(Node {
-                    name: hostname.clone(),
-                    ..Default::default()
-                });
-                nodes.len() - 1
-            }
-        };
-        {
-            let local = &mut nodes[index];
-            local::fill_local(
-                local,
-                local_annotations,
-                &detected,
-                self.s.args.prioritise_private_addresses,
-                self.s.args.port,
-            );
-            local.key = Some(self.public);
-            local.last_seen = now_unix;
-            local.granularity = Some(self.s.granularity);
-            local.discovered_endpoints = self.discovered.clone();
-        }
-        let local = nodes[index].clone();
-
-        // DNS endpoints: track every name in use, resolve what is due, fill in addresses.
-        let names: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| n.endpoint.as_ref()?.dns_name().map(str::to_string))
-            .chain(
-                peers
-                    .iter()
-                    .filter_map(|p| p.endpoint.as_ref()?.dns_name().map(str::to_string)),
-            )
-            .collect();
-        self.dns
-            .track(names.iter().map(String::as_str), Instant::now());
-        self.resolve_due().await;
-        for e in nodes
-            .iter_mut()
-            .filter_map(|n| n.endpoint.as_mut())
-            .chain(peers.iter_mut().filter_map(|p| p.endpoint.as_mut()))
-        {
-            self.dns.fill(e);
-        }
-
-        let healthy = self.backend.healthy() && !self.patch_failed;
-        let was_frozen = self.readiness.is_frozen();
-        let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
-        self.readiness.observe(now_unix, healthy, grace);
-        if self.readiness.is_frozen() != was_frozen {
-            if was_frozen {
-                tracing::info!("the backend is reachable again; judging check-ins by the clock");
-            } else {
-                tracing::warn!("the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
-            }
-        }
-        let readiness_now = self.readiness.now(now_unix);
-        let ready_nodes: Vec<Node> = nodes
-            .into_iter()
-            .filter(|n| n.is_ready(readiness_now))
-            .collect();
-        let ready_peers: Vec<Peer> = peers.into_iter().filter(Peer::is_ready).collect();
-        self.metrics.nodes.set(ready_nodes.len() as i64);
-        self.metrics.peers.set(ready_peers.len() as i64);
-
-        let topology = if ready_nodes.iter().any(|n| n.name == hostname) {
-            let params = TopologyParams {
-                granularity: self.s.granularity,
-                hostname: hostname.clone(),
-                port: local.endpoint.as_ref().map_or(self.s.args.port, |e| e.port),
-                subnet: self.s.subnet,
-                persistent_keepalive: local.persistent_keepalive,
-            };
-            Some(Topology::new(&ready_nodes, &ready_peers, &params)?)
-        } else {
-            self.warn_once("local-not-ready", &format!("node {hostname} is not ready (it needs spec.podCIDR); not configuring the mesh yet"));
-            None
-        };
-
-        if let Some(t) = &topology {
-            *self.graph.lock() = Some(t.dot());
-            for d in &t.dropped {
-                for line in self.problems.fresh_lines(
-                    &format!("dropped/{}/{}", d.owner, d.cidr),
-                    vec![format!("{}: {} dropped: {}", d.owner, d.cidr, d.reason)],
-                ) {
-                    tracing::warn!("{line}");
-                }
-            }
-            self.apply(t, &ready_nodes, &ready_peers, default_link)
-                .await?;
-        }
-
-        let current_last_seen = local_annotations
-            .get(annotation::LAST_SEEN)
-            .and_then(|v| v.parse::<i64>().ok());
-        let last_seen = match current_last_seen {
-            Some(v) if !check_in && now_unix - v < CHECK_IN_PERIOD.as_secs() as i64 => v,
-            _ => now_unix,
-        };
-        let written = WrittenAnnotations {
-            endpoint: local.endpoint.clone(),
-            internal_ip: local.internal_ip,
-            key: self.public,
-            last_seen,
-            wireguard_ip: topology
-                .as_ref()
-                .filter(|t| t.leader)
-                .map(|t| t.wireguard_cidr),
-            discovered_endpoints: self.discovered.clone(),
-            granularity: self.s.granularity,
-            cni_compatibility_ip: self.cni_compatibility_ip().await?,
-        };
-        let changes = local::annotation_changes(local_annotations, &written);
-        if !changes.is_empty() {
-            let patched = self.backend.patch_annotations(&hostname, &changes).await;
-            self.patch_failed = patched.is_err();
-            patched?;
-        }
-        Ok(())
-    }
-
-    async fn apply(
-        &mut self,
-        t: &Topology,
-        nodes: &[Node],
-        peers: &[Peer],
-        default_link: Option<u32>,
-    ) -> Result<()> {
-        let kilo = self.kilo_index;
-        let mtu = self.mtu(default_link).await?;
-        let link = self
-            .netlink
-            .links()
-            .await?
-            .into_iter()
-            .find(|l| l.index == kilo);
-        if link.as_ref().is_some_and(|l| l.mtu != mtu) {
-            self.netlink.set_mtu(kilo, mtu).await?;
-        }
-        if self.s.args.cni {
-            self.sync_cni(t.subnet, mtu);
-        }
-        self.metrics.leader.set(i64::from(t.leader));
-        let desired = if t.leader {
-            crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
-        } else {
-            DeviceConfig {
-                interface: InterfaceConfig {
-                    private_key: Some(self.key.clone()),
-                    listen_port: t.port,
-                    fwmark: 0,
-                },
-                peers: Vec::new(),
-            }
-        };
-        if self.wg.apply(&desired)? {
-            tracing::info!(
-                leader = t.leader,
-                peers = desired.peers.len(),
-                "WireGuard configuration applied"
-            );
-            if let Err(e) = state::save(&self.s.args.key_file, &desired) {
-                tracing::warn!(
-                    error = format!("{e:#}"),
-                    "saving the WireGuard state failed"
-                );
-            }
-        }
-        if t.leader {
-            self.netlink
-                .set_address(kilo, Some(t.wireguard_cidr))
-                .await?;
-        } else {
-            self.netlink.set_address(kilo, None).await?;
-        }
-        if link.as_ref().is_none_or(|l| l.up != t.leader) {
-            self.netlink.set_up(kilo, t.leader).await?;
-        }
-
-        self.discovered = discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers);
-
-        let private = self.private_link(t.private_ip).await?;
-        let private_mtu = self
-            .netlink
-            .links()
-            .await?
-            .iter()
-            .find(|l| l.index == private && private != 0)
-            .map(|l| l.mtu);
-        let tunnel = self
-            .tunnel
-            .prepare(&self.netlink, t.subnet, private_mtu)
-            .await?;
-        let encapsulate = match (self.tunnel.name(), tunnel) {
-            (Some(_), Some(_)) => self.s.encapsulate,
-            (Some(name), None) => {
-                let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
-                self.warn_once("tunnel-missing", &message);
-                Encapsulate::Never
-            }
-            (None, _) => Encapsulate::Never,
-        };
-        let options = RouteOptions {
-            kilo_name: self.s.args.interface.clone(),
-            links: Links {
-                kilo,
-                private,
-                tunnel: tunnel.unwrap_or(0),
-            },
-            local: self.s.args.local,
-            encapsulate,
-            compatibility: self.s.compatibility,
-        };
-        let plan = t.route_plan(&options);
-        if let Some(index) = tunnel {
-            self.tunnel.update(&plan, index, t);
-        }
-        let observed = self.netlink.observe().await?;
-        let ops = diff(&plan, &observed, &self.owned, kilo);
-        if !ops.is_empty() {
-            tracing::debug!(changes = ops.len(), "reconciling routes");
-        }
-        let errors = self.netlink.apply(&ops).await;
-        for e in &errors {
-            tracing::warn!(error = format!("{e:#}"), "route change failed");
-        }
-        self.owned = plan;
-        let rules = t.iptables_rules(&control::iptables::IptablesOptions {
-            cni: self.s.args.cni,
-            forward_rules: self.s.args.iptables_forward_rules,
-            service_cidrs: self.s.service_cidrs.clone(),
-            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
-        });
-        let v6 = self.ip6tables;
-        match tokio::task::spawn_blocking(move || iptables::reconcile(&rules, v6)).await? {
-            Ok(true) => tracing::debug!("iptables rules reconciled"),
-            Ok(false) => {}
-            Err(e) => {
-                self.metrics.error("apply");
-                tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
-            }
-        }
-        Ok(())
-    }
-
+impl Agent {
     /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),
     /// and the engine.
     pub async fn shut_down(self) {
         if self.s.args.clean_up {
             let v6 = self.ip6tables;
-            match tokio::task::spawn_blocking(move || iptables::clean_up(v6)).await {
+            let firewall = self.firewall;
+            match tokio::task::spawn_blocking(move || firewall.clean_up(v6)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(error = format!("{e:#}"), "removing iptables rules failed")
@@ -617,20 +419,23 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut resync_timer = tokio::time::interval(resync);
     let mut check_in_timer = tokio::time::interval(CHECK_IN_PERIOD);
     let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
+    let mut kernel_changes = kernel_watch::watch_changes(KERNEL_SETTLE)?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
-        let mut check_in = false;
-        tokio::select! {
+        let trigger = tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
-            changed = snapshots.changed() => if changed.is_err() { break },
-            _ = resync_timer.tick() => {}
-            _ = check_in_timer.tick() => check_in = true,
-            _ = dns_timer.tick() => if !agent.dns_due() { continue },
-        }
-        let snapshot = snapshots.borrow_and_update().clone();
-        tracing::trace!(check_in, "reconcile");
-        if let Err(e) = agent.reconcile(&snapshot, check_in).await {
+            changed = snapshots.changed() => if changed.is_err() { break } else { Trigger::Event },
+            _ = resync_timer.tick() => Trigger::Resync,
+            _ = check_in_timer.tick() => Trigger::CheckIn,
+            Some(()) = kernel_changes.recv() => Trigger::Kernel,
+            _ = dns_timer.tick() => if agent.dns_due() { Trigger::Dns } else { continue },
+        };
+        // Only what changed is taken from the snapshot, under the channel's lock and before
+        // any await: the backend, writing the next event, never finds it shared and copies it.
+        agent.ingest(&snapshots.borrow_and_update());
+        tracing::trace!(?trigger, "reconcile");
+        if let Err(e) = agent.settle(trigger).await {
             agent.metrics.error("apply");
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");
         }

@@ -41,7 +41,7 @@ struct Signature {
 #[derive(Debug, Clone)]
 struct FileEntry {
     signature: Signature,
-    nodes: Vec<KubeNode>,
+    nodes: Vec<Arc<KubeNode>>,
     peers: Vec<PeerObject>,
 }
 
@@ -128,10 +128,10 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
     }
     for object in objects {
         match object.get("kind").and_then(Value::as_str) {
-            Some("Node") => entry.nodes.push(
+            Some("Node") => entry.nodes.push(Arc::new(
                 serde_json::from_value(object.clone())
                     .with_context(|| format!("Node {:?}", name_of(object).unwrap_or("?")))?,
-            ),
+            )),
             Some("Peer") => entry.peers.push(
                 serde_json::from_value(object.clone())
                     .with_context(|| format!("Peer {:?}", name_of(object).unwrap_or("?")))?,
@@ -311,26 +311,31 @@ impl FileBackend {
         if !changed {
             return false;
         }
-        let mut snapshot = Snapshot::default();
+        let mut nodes: BTreeMap<String, Arc<KubeNode>> = BTreeMap::new();
+        let mut peers: BTreeMap<String, PeerObject> = BTreeMap::new();
         for (path, entry) in files.iter() {
             for node in &entry.nodes {
                 let name = node.metadata.name.clone().unwrap_or_default();
-                if snapshot.nodes.contains_key(&name) {
+                if nodes.contains_key(&name) {
                     tracing::warn!(file = %path.display(), node = %name, "node defined twice; the first file (by name) wins");
                     continue;
                 }
-                snapshot.nodes.insert(name, node.clone());
+                nodes.insert(name, Arc::clone(node));
             }
             for peer in &entry.peers {
                 let name = peer.metadata.name.clone().unwrap_or_default();
-                snapshot.peers.entry(name).or_insert_with(|| peer.clone());
+                peers.entry(name).or_insert_with(|| peer.clone());
             }
         }
-        drop(files);
-        let differs = **self.tx.borrow() != snapshot;
+        // Still under the files lock: two scans never publish from the same base, so the
+        // change log's revisions stay in order.
+        let mut snapshot = Snapshot::clone(&self.tx.borrow());
+        let nodes_changed = snapshot.replace_nodes(nodes);
+        let differs = snapshot.replace_peers(peers) || nodes_changed;
         if differs {
             self.tx.send_replace(Arc::new(snapshot));
         }
+        drop(files);
         differs
     }
 

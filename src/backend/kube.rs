@@ -133,7 +133,7 @@ impl KubeBackend {
         let listed = self.listed.clone();
         let healthy = self.healthy.clone();
         tokio::spawn(async move {
-            let mut pending: Option<BTreeMap<String, KubeNode>> = None;
+            let mut pending: Option<BTreeMap<String, Arc<KubeNode>>> = None;
             let mut stream = watcher::watcher(api, watcher::Config::default())
                 .backoff(WatchBackoff::random())
                 .boxed();
@@ -143,30 +143,32 @@ impl KubeBackend {
                     Ok(Event::Init) => pending = Some(BTreeMap::new()),
                     Ok(Event::InitApply(node)) => {
                         if let Some(p) = pending.as_mut() {
-                            p.insert(node.metadata.name.clone().unwrap_or_default(), strip(node));
+                            let name = node.metadata.name.clone().unwrap_or_default();
+                            p.insert(name, Arc::new(strip(node)));
                         }
                     }
                     Ok(Event::InitDone) => {
                         if let Some(nodes) = pending.take() {
-                            tx.send_modify(|s| Arc::make_mut(s).nodes = nodes);
+                            tx.send_if_modified(|s| Arc::make_mut(s).replace_nodes(nodes));
                         }
                         listed.send_replace(true);
                     }
+                    // Compared before anything is cloned: an identical object (a re-sent event)
+                    // wakes nobody.
                     Ok(Event::Apply(node)) => {
                         let name = node.metadata.name.clone().unwrap_or_default();
                         let node = strip(node);
                         tx.send_if_modified(|s| {
-                            if s.nodes.get(&name) == Some(&node) {
+                            if s.nodes.get(&name).is_some_and(|old| **old == node) {
                                 return false;
                             }
-                            Arc::make_mut(s).nodes.insert(name, node);
-                            true
+                            Arc::make_mut(s).put_node(&name, node)
                         });
                     }
                     Ok(Event::Delete(node)) => {
                         let name = node.metadata.name.unwrap_or_default();
-                        tx.send_modify(|s| {
-                            Arc::make_mut(s).nodes.remove(&name);
+                        tx.send_if_modified(|s| {
+                            s.nodes.contains_key(&name) && Arc::make_mut(s).remove_node(&name)
                         });
                     }
                     // Once per outage at warn; the watcher's backoff retries are debug.
@@ -210,20 +212,23 @@ impl KubeBackend {
                     Ok(Event::InitDone) => {
                         warned = false;
                         if let Some(peers) = pending.take() {
-                            tx.send_modify(|s| Arc::make_mut(s).peers = peers);
+                            tx.send_if_modified(|s| {
+                                s.peers != peers && Arc::make_mut(s).replace_peers(peers)
+                            });
                         }
                     }
                     Ok(Event::Apply(o)) => {
                         if let Some((name, peer)) = to_peer(o) {
-                            tx.send_modify(|s| {
-                                Arc::make_mut(s).peers.insert(name, peer);
+                            tx.send_if_modified(|s| {
+                                s.peers.get(&name) != Some(&peer)
+                                    && Arc::make_mut(s).put_peer(&name, Some(peer))
                             });
                         }
                     }
                     Ok(Event::Delete(o)) => {
                         let name = o.metadata.name.unwrap_or_default();
-                        tx.send_modify(|s| {
-                            Arc::make_mut(s).peers.remove(&name);
+                        tx.send_if_modified(|s| {
+                            s.peers.contains_key(&name) && Arc::make_mut(s).put_peer(&name, None)
                         });
                     }
                     Err(e) => {

@@ -1,7 +1,7 @@
 //! Where Nodes and Peers come from and where kg writes its own Node's annotations: the
 //! Kubernetes API or a directory of object files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -13,13 +13,155 @@ pub mod backoff;
 pub mod file;
 pub mod kube;
 
+#[cfg(test)]
+mod tests;
+
 /// Everything the backend holds, as last seen.
-#[derive(Debug, Clone, PartialEq, Default)]
+///
+/// Nodes are shared (`Arc`): an update replaces one entry, so cloning a snapshot or keeping a
+/// Node's last version costs no copy of the object, and an unchanged Node is the same pointer
+/// from one snapshot to the next.
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// Nodes by name.
-    pub nodes: BTreeMap<String, KubeNode>,
+    pub nodes: BTreeMap<String, Arc<KubeNode>>,
     /// Peers by name.
     pub peers: BTreeMap<String, PeerObject>,
+    /// Which Nodes changed, so a reader can catch up on those alone.
+    pub changes: ChangeLog,
+}
+
+impl Snapshot {
+    /// Sets Node `name` to `node`; false (nothing recorded) when it is already that.
+    pub fn put_node(&mut self, name: &str, node: KubeNode) -> bool {
+        if self.nodes.get(name).is_some_and(|old| **old == node) {
+            return false;
+        }
+        self.nodes.insert(name.to_string(), Arc::new(node));
+        self.changes.node(name);
+        true
+    }
+
+    /// Removes Node `name`; false when there was none.
+    pub fn remove_node(&mut self, name: &str) -> bool {
+        let removed = self.nodes.remove(name).is_some();
+        if removed {
+            self.changes.node(name);
+        }
+        removed
+    }
+
+    /// Replaces every Node (a re-list), keeping the shared object of each Node that is
+    /// unchanged so readers see only the real changes. False when nothing changed.
+    pub fn replace_nodes(&mut self, nodes: BTreeMap<String, Arc<KubeNode>>) -> bool {
+        let mut changed = false;
+        let old = std::mem::take(&mut self.nodes);
+        for name in old.keys().filter(|n| !nodes.contains_key(*n)) {
+            self.changes.node(name);
+            changed = true;
+        }
+        for (name, node) in nodes {
+            match old.get(&name) {
+                Some(kept) if Arc::ptr_eq(kept, &node) || **kept == *node => {
+                    self.nodes.insert(name, Arc::clone(kept));
+                }
+                _ => {
+                    self.changes.node(&name);
+                    self.nodes.insert(name, node);
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    /// Replaces every Peer; false when they are the same.
+    pub fn replace_peers(&mut self, peers: BTreeMap<String, PeerObject>) -> bool {
+        if self.peers == peers {
+            return false;
+        }
+        self.peers = peers;
+        self.changes.peer();
+        true
+    }
+
+    /// Sets (`Some`) or removes (`None`) Peer `name`; false when nothing changed.
+    pub fn put_peer(&mut self, name: &str, peer: Option<PeerObject>) -> bool {
+        let changed = match peer {
+            Some(p) if self.peers.get(name) != Some(&p) => {
+                self.peers.insert(name.to_string(), p);
+                true
+            }
+            Some(_) => false,
+            None => self.peers.remove(name).is_some(),
+        };
+        if changed {
+            self.changes.peer();
+        }
+        changed
+    }
+}
+
+/// How many Node changes a [`ChangeLog`] remembers; a reader further behind walks every Node.
+pub const CHANGE_LOG_LENGTH: usize = 1024;
+
+/// The names of the Nodes changed (added, updated or removed), each with the revision it was
+/// recorded at, so a reader that processed revision `r` catches up on the names after `r`
+/// instead of comparing every Node. Replacing every Node at once (a re-list) is a reset: readers
+/// behind it walk everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeLog {
+    revision: u64,
+    reset_at: u64,
+    forgotten: u64,
+    peers: u64,
+    entries: VecDeque<(u64, String)>,
+}
+
+impl ChangeLog {
+    /// The revision of the last change.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The revision of the last Peer change (Peers are few: readers compare them all).
+    pub fn peer_revision(&self) -> u64 {
+        self.peers
+    }
+
+    /// Records that Node `name` changed.
+    pub fn node(&mut self, name: &str) {
+        self.revision += 1;
+        if self.entries.len() == CHANGE_LOG_LENGTH {
+            if let Some((r, _)) = self.entries.pop_front() {
+                self.forgotten = r;
+            }
+        }
+        self.entries.push_back((self.revision, name.to_string()));
+    }
+
+    /// Records that every Node may have changed.
+    pub fn reset(&mut self) {
+        self.revision += 1;
+        self.reset_at = self.revision;
+        self.entries.clear();
+    }
+
+    /// Records that the Peers changed.
+    pub fn peer(&mut self) {
+        self.revision += 1;
+        self.peers = self.revision;
+    }
+
+    /// The Nodes changed after revision `seen`, or `None` when the log does not reach back that
+    /// far (or a reset came after it): the reader must compare every Node.
+    pub fn since(&self, seen: u64) -> Option<impl Iterator<Item = &str>> {
+        if seen < self.reset_at || seen < self.forgotten || seen > self.revision {
+            return None;
+        }
+        let first = self.entries.partition_point(|(r, _)| *r <= seen);
+        Some(self.entries.range(first..).map(|(_, name)| name.as_str()))
+    }
 }
 
 /// A running backend.

@@ -40,8 +40,8 @@ fn kube_node(name: &str, location: &str, ip: u8, extra: &[(&str, &str)]) -> Kube
 fn snapshot() -> Snapshot {
     let mut s = Snapshot::default();
     for (name, loc, ip) in [("a", "east", 1), ("b", "east", 2), ("c", "west", 3)] {
-        s.nodes.insert(
-            name.into(),
+        s.put_node(
+            name,
             kube_node(name, loc, ip, &[(a::WIREGUARD_IP, "10.7.0.1/16")]),
         );
     }
@@ -52,7 +52,7 @@ fn snapshot() -> Snapshot {
         .as_mut()
         .unwrap()
         .insert(a::LAST_SEEN.into(), "5".into());
-    s.nodes.insert("d".into(), stale);
+    s.put_node("d", stale);
     let peer: control::PeerObject = serde_yaml::from_str(
         "metadata: {name: laptop}\nspec: {allowedIPs: [10.5.0.1/32], publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, persistentKeepalive: 10}",
     )

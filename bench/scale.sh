@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# kg at scale (issue #14): a real Kubernetes API server (v1.20.2, scripts/kube-up.sh) with N ready
+# Nodes in 100 locations and their check-in churn (each Node's last-seen patched every 30 s, N/30
+# patches a second), and one kg (leader of its own location, so it peers with all 100) in a
+# network namespace. Prints kg's CPU (its own and its iptables children's) per event and in % of
+# a core under churn, its idle CPU, its RSS, and the change-to-engine latency of a remote Node's
+# location change (median of 5).
+#
+#   sudo bench/scale.sh N [KG_BINARY]     # default N=1000, KG_BINARY=target/release/kg
+#
+# Everything (etcd, the API server, the load driver, kg) runs inside one network namespace, on
+# its loopback. Needs root, python3, wg, openssl, curl; KUBE_BIN_DIR or the cache of
+# scripts/kube-apiserver.sh for the control-plane binaries.
+set -euo pipefail
+
+n=${1:-1000}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kg=${2:-${CARGO_TARGET_DIR:-$root/target}/release/kg}
+[[ -x $kg ]] || {
+	echo "scale.sh: $kg missing (cargo build --release --bin kg)" >&2
+	exit 1
+}
+iface=kgscale0
+ns=kgscale-$$
+work=$(mktemp -d /tmp/kg-scale.XXXXXX)
+churn_window=${CHURN_WINDOW:-30}
+idle_window=${IDLE_WINDOW:-20}
+kg_pid=
+churn_pid=
+
+cleanup() {
+	set +e
+	[[ -n $churn_pid ]] && kill "$churn_pid" 2>/dev/null && wait "$churn_pid" 2>/dev/null
+	[[ -n $kg_pid ]] && kill "$kg_pid" 2>/dev/null && wait "$kg_pid" 2>/dev/null
+	ip netns exec "$ns" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
+	ip netns del "$ns" 2>/dev/null
+	rm -f "/var/run/wireguard/$iface.sock"
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+in_ns() { ip netns exec "$ns" "$@"; }
+
+ip netns add "$ns"
+in_ns ip link set lo up
+# A veth whose far end stays outside: the node's "eth0", with the default route (IP detection).
+ip link add "kgs$$" type veth peer name eth0 netns "$ns"
+in_ns ip addr add 192.168.77.1/24 dev eth0
+in_ns ip link set eth0 up
+in_ns ip route add default dev eth0
+
+env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)
+# shellcheck disable=SC1090
+. "$env_file"
+# `ip netns exec` and `env` exec in place: a background driver's or kg's $! is its own pid.
+driver() {
+	ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
+		KUBE_CA_FILE="$KUBE_CA_FILE" python3 "$root/bench/scale_driver.py" "$@"
+}
+
+start=$SECONDS
+driver create "$n"
+echo "created $n Nodes in $((SECONDS - start)) s" >&2
+
+ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
+	KUBE_CA_FILE="$KUBE_CA_FILE" python3 "$root/bench/scale_driver.py" churn "$n" "$work/patches" &
+churn_pid=$!
+
+ip netns exec "$ns" "$kg" --backend=kubernetes --kubeconfig="$KUBECONFIG" --hostname=kg-bench \
+	--interface="$iface" --key-file="$work/key" --encapsulate=never --cni=false --mtu=1420 \
+	--listen=127.0.0.1:11070 --log-level=warn >"$work/kg.log" 2>&1 &
+kg_pid=$!
+
+# Wait until kg peers with every location, then let it settle.
+for ((i = 0; i < 600; i++)); do
+	kill -0 "$kg_pid" 2>/dev/null || {
+		echo "scale.sh: kg exited" >&2
+		tail -n 20 "$work/kg.log" >&2
+		exit 1
+	}
+	peers=$( (in_ns wg show "$iface" peers 2>/dev/null || true) | wc -l)
+	((peers >= 100)) && break
+	sleep 0.5
+done
+((peers >= 100)) || {
+	echo "scale.sh: kg has $peers peers after 300 s" >&2
+	tail -n 20 "$work/kg.log" >&2
+	exit 1
+}
+pid=$kg_pid
+rss() { awk '/^VmRSS/ { print int($2 / 1024) }' "/proc/$pid/status"; }
+rss_start=$(rss)
+sleep 10
+
+# kg's CPU time, its own threads and the children it waited for (iptables), in clock ticks.
+ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat"; }
+hz=$(getconf CLK_TCK)
+patches() { cat "$work/patches"; }
+
+t0=$(ticks)
+p0=$(patches)
+s0=$(date +%s.%N)
+sleep "$churn_window"
+t1=$(ticks)
+p1=$(patches)
+s1=$(date +%s.%N)
+
+latencies=$(driver move "$n" "$iface" 5 | sort -n)
+median=$(echo "$latencies" | sed -n 3p)
+rss_churn=$(rss)
+
+kill "$churn_pid"
+wait "$churn_pid" 2>/dev/null || true
+churn_pid=
+sleep 2
+i0=$(ticks)
+sleep "$idle_window"
+i1=$(ticks)
+
+awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" \
+	-v i0="$i0" -v i1="$i1" -v idle="$idle_window" -v r0="$rss_start" -v r1="$rss_churn" \
+	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v kg="$kg" 'BEGIN {
+	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
+	printf "kg %s, %d nodes, 100 locations\n", kg, n
+	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
+		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
+	printf "idle: kg CPU %.2f s in %d s = %.2f%% of a core\n", (i1 - i0) / hz, idle, 100 * (i1 - i0) / hz / idle
+	printf "RSS: %d MB once meshed, %d MB after the churn window\n", r0, r1
+	printf "location change to engine: median %s ms (%s)\n", med, lat
+}'

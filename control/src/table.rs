@@ -1,0 +1,217 @@
+//! The cluster's Nodes as kg last translated them, kept up to date one object at a time.
+//!
+//! In a Kilo cluster every node patches its `last-seen` annotation every 30 s, so at 5,000 nodes
+//! some 167 Node updates a second arrive that change nothing but a check-in time (the churn
+//! behind Kilo issues #135 and #304). The table re-translates only the object that changed
+//! (same `resourceVersion`, or the same object where there is none, is skipped), treats
+//! readiness as a value derived from the translation and the readiness clock, and raises its
+//! `changed` flag only when something the mesh depends on moved: a Node added or removed, a
+//! translated field other than `last_seen`, or a readiness flip. Check-ins that expire are found
+//! through a deadline index, so time passing costs nothing until a deadline is reached.
+//!
+//! Pure: no I/O; the readiness time comes in as an argument.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
+use crate::node::{translate_node, AnnotationProblem, Node, READY_WINDOW_SECS};
+
+#[derive(Debug, Clone)]
+struct Entry {
+    object: Arc<KubeNode>,
+    node: Node,
+    ready: bool,
+}
+
+/// Every Node's translation and readiness, updated per object.
+#[derive(Debug, Clone)]
+pub struct NodeTable {
+    topology_label: String,
+    entries: BTreeMap<String, Entry>,
+    /// `(last_seen + READY_WINDOW_SECS, name)` of every ready Node: it stops being ready then.
+    deadlines: BTreeSet<(i64, String)>,
+    now: i64,
+    changed: bool,
+}
+
+/// True when `a` and `b` differ in more than `last_seen` (`b` is borrowed mutably only to
+/// compare without a copy; it is left as it was).
+pub fn differs_beyond_check_in(a: &Node, b: &mut Node) -> bool {
+    let last_seen = std::mem::replace(&mut b.last_seen, a.last_seen);
+    let differs = a != b;
+    b.last_seen = last_seen;
+    differs
+}
+
+/// True when `object` is known to be the same Node as `old` without translating it.
+fn same_object(old: &Arc<KubeNode>, object: &Arc<KubeNode>) -> bool {
+    if Arc::ptr_eq(old, object) {
+        return true;
+    }
+    match (
+        &old.metadata.resource_version,
+        &object.metadata.resource_version,
+    ) {
+        (Some(a), Some(b)) => a == b,
+        _ => **old == **object,
+    }
+}
+
+impl NodeTable {
+    /// An empty table translating with `topology_label` (`--topology-label`).
+    pub fn new(topology_label: &str) -> Self {
+        Self {
+            topology_label: topology_label.to_string(),
+            entries: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            now: 0,
+            changed: false,
+        }
+    }
+
+    /// Brings Node `name` to `object` (`None`: it is gone). Returns the Node's annotation
+    /// problems when it was translated again, `None` when nothing was translated.
+    pub fn update(
+        &mut self,
+        name: &str,
+        object: Option<&Arc<KubeNode>>,
+    ) -> Option<Vec<AnnotationProblem>> {
+        let Some(object) = object else {
+            if let Some(old) = self.entries.remove(name) {
+                self.forget_deadline(name, &old);
+                self.changed = true;
+            }
+            return None;
+        };
+        if let Some(old) = self.entries.get(name) {
+            if same_object(&old.object, object) {
+                return None;
+            }
+        }
+        let (mut node, problems) = translate_node(object, &self.topology_label);
+        let ready = node.is_ready(self.now);
+        match self.entries.remove(name) {
+            Some(old) => {
+                self.forget_deadline(name, &old);
+                if old.ready != ready || differs_beyond_check_in(&old.node, &mut node) {
+                    self.changed = true;
+                }
+            }
+            None => self.changed = true,
+        }
+        if ready {
+            self.deadlines.insert((deadline(&node), name.to_string()));
+        }
+        self.entries.insert(
+            name.to_string(),
+            Entry {
+                object: Arc::clone(object),
+                node,
+                ready,
+            },
+        );
+        Some(problems)
+    }
+
+    /// Brings the whole table to `objects` (after a re-list, or when a reader fell behind):
+    /// every name is visited, but only changed objects are translated again. Returns the
+    /// problems of each Node translated again.
+    pub fn sync(
+        &mut self,
+        objects: &BTreeMap<String, Arc<KubeNode>>,
+    ) -> Vec<(String, Vec<AnnotationProblem>)> {
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|n| !objects.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.update(&name, None);
+        }
+        objects
+            .iter()
+            .filter_map(|(name, object)| Some((name.clone(), self.update(name, Some(object))?)))
+            .collect()
+    }
+
+    /// Moves the readiness time to `now`: Nodes whose check-in is now too old stop being ready.
+    /// Costs nothing until the earliest deadline is reached; a clock that went backwards makes
+    /// every Node judged again.
+    pub fn advance(&mut self, now: i64) {
+        if now < self.now {
+            self.rejudge(now);
+            return;
+        }
+        self.now = now;
+        while let Some((deadline, _)) = self.deadlines.first() {
+            if *deadline > now {
+                break;
+            }
+            let Some((_, name)) = self.deadlines.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.entries.get_mut(&name) {
+                entry.ready = false;
+                self.changed = true;
+            }
+        }
+    }
+
+    /// Judges every Node's readiness again at `now`.
+    pub fn rejudge(&mut self, now: i64) {
+        self.now = now;
+        self.deadlines.clear();
+        for (name, entry) in &mut self.entries {
+            let ready = entry.node.is_ready(now);
+            if ready != entry.ready {
+                entry.ready = ready;
+                self.changed = true;
+            }
+            if ready {
+                self.deadlines.insert((deadline(&entry.node), name.clone()));
+            }
+        }
+    }
+
+    /// True when something the mesh depends on changed since the last call; clears the flag.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Node `name`'s translation.
+    pub fn get(&self, name: &str) -> Option<&Node> {
+        self.entries.get(name).map(|e| &e.node)
+    }
+
+    /// Every Node by name, with its readiness at the current readiness time.
+    pub fn iter(&self) -> impl Iterator<Item = (&Node, bool)> {
+        self.entries.values().map(|e| (&e.node, e.ready))
+    }
+
+    /// How many Nodes the table holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the table holds no Node.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn forget_deadline(&mut self, name: &str, old: &Entry) {
+        if old.ready {
+            self.deadlines
+                .remove(&(deadline(&old.node), name.to_string()));
+        }
+    }
+}
+
+fn deadline(node: &Node) -> i64 {
+    node.last_seen.saturating_add(READY_WINDOW_SECS)
+}
+
+#[cfg(test)]
+mod tests;

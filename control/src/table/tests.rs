@@ -1,0 +1,151 @@
+//! The node table: per-object translation, readiness flips, and the `changed` flag.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::fixtures::{kube_node, synthetic_cluster, NOW};
+use crate::node::{annotation, DEFAULT_TOPOLOGY_LABEL};
+
+fn table(nodes: &[Node]) -> NodeTable {
+    let mut t = NodeTable::new(DEFAULT_TOPOLOGY_LABEL);
+    t.advance(NOW);
+    for (i, n) in nodes.iter().enumerate() {
+        t.update(&n.name, Some(&Arc::new(kube_node(n, i as u64 + 1))));
+    }
+    t
+}
+
+fn with_last_seen(node: &Node, last_seen: i64, rv: u64) -> Arc<KubeNode> {
+    let mut node = node.clone();
+    node.last_seen = last_seen;
+    Arc::new(kube_node(&node, rv))
+}
+
+#[test]
+fn translations_match_translate_node_and_new_nodes_are_changes() {
+    let nodes = synthetic_cluster(20, 4);
+    let mut t = table(&nodes);
+    assert!(t.take_changed(), "nodes were added");
+    assert!(!t.take_changed(), "the flag is cleared once taken");
+    assert_eq!(t.len(), 20);
+    for (n, (translated, ready)) in nodes.iter().zip(t.iter()) {
+        assert_eq!(translated, n);
+        assert!(ready);
+    }
+}
+
+#[test]
+fn a_check_in_that_flips_no_readiness_is_no_change() {
+    let nodes = synthetic_cluster(10, 2);
+    let mut t = table(&nodes);
+    t.take_changed();
+    let problems = t.update(
+        &nodes[3].name,
+        Some(&with_last_seen(&nodes[3], NOW + 30, 100)),
+    );
+    assert_eq!(problems, Some(vec![]), "the new object was translated");
+    assert!(!t.take_changed());
+    assert_eq!(t.get(&nodes[3].name).unwrap().last_seen, NOW + 30);
+    // The same resourceVersion again is not even translated.
+    let again = with_last_seen(&nodes[3], NOW + 31, 100);
+    assert_eq!(t.update(&nodes[3].name, Some(&again)), None);
+    assert_eq!(t.get(&nodes[3].name).unwrap().last_seen, NOW + 30);
+}
+
+#[test]
+fn a_changed_location_or_a_removed_node_is_a_change() {
+    let nodes = synthetic_cluster(10, 2);
+    let mut t = table(&nodes);
+    t.take_changed();
+    let mut moved = nodes[4].clone();
+    moved.location = "elsewhere".into();
+    t.update(&moved.name, Some(&Arc::new(kube_node(&moved, 200))));
+    assert!(t.take_changed());
+    assert_eq!(t.get(&moved.name).unwrap().location, "elsewhere");
+    t.update(&moved.name, None);
+    assert!(t.take_changed());
+    assert!(t.get(&moved.name).is_none());
+    t.update(&moved.name, None);
+    assert!(!t.take_changed(), "removing an absent node changes nothing");
+}
+
+#[test]
+fn check_ins_expire_at_their_deadline_and_come_back_with_a_new_one() {
+    let nodes = synthetic_cluster(3, 1);
+    let mut t = table(&nodes);
+    t.update(
+        &nodes[1].name,
+        Some(&with_last_seen(&nodes[1], NOW + 20, 50)),
+    );
+    t.take_changed();
+    t.advance(NOW + READY_WINDOW_SECS - 1);
+    assert!(!t.take_changed(), "every check-in is still young enough");
+    t.advance(NOW + READY_WINDOW_SECS);
+    assert!(t.take_changed(), "nodes 0 and 2 expired");
+    let ready: Vec<bool> = t.iter().map(|(_, r)| r).collect();
+    assert_eq!(ready, [false, true, false]);
+    t.advance(NOW + READY_WINDOW_SECS + 20);
+    assert!(t.take_changed(), "node 1 expired");
+    t.update(
+        &nodes[0].name,
+        Some(&with_last_seen(&nodes[0], NOW + 100, 51)),
+    );
+    assert!(t.take_changed(), "node 0 checked in again: ready");
+    assert!(t.iter().next().unwrap().1);
+}
+
+#[test]
+fn a_clock_that_goes_back_judges_every_node_again() {
+    let nodes = synthetic_cluster(2, 1);
+    let mut t = table(&nodes);
+    t.advance(NOW + 100);
+    assert!(t.take_changed());
+    assert!(t.iter().all(|(_, r)| !r));
+    t.advance(NOW);
+    assert!(t.take_changed());
+    assert!(t.iter().all(|(_, r)| r));
+}
+
+#[test]
+fn objects_without_resource_version_are_compared_whole() {
+    let nodes = synthetic_cluster(2, 1);
+    let mut t = NodeTable::new(DEFAULT_TOPOLOGY_LABEL);
+    t.advance(NOW);
+    let mut object = kube_node(&nodes[0], 1);
+    object.metadata.resource_version = None;
+    t.update(&nodes[0].name, Some(&Arc::new(object.clone())));
+    assert_eq!(
+        t.update(&nodes[0].name, Some(&Arc::new(object.clone()))),
+        None
+    );
+    object
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(annotation::LOCATION.into(), "moved".into());
+    assert!(t.update(&nodes[0].name, Some(&Arc::new(object))).is_some());
+    assert_eq!(t.get(&nodes[0].name).unwrap().location, "moved");
+}
+
+#[test]
+fn sync_removes_what_is_gone_and_translates_only_what_changed() {
+    let nodes = synthetic_cluster(5, 1);
+    let mut t = table(&nodes);
+    t.take_changed();
+    let mut objects: BTreeMap<String, Arc<KubeNode>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), Arc::new(kube_node(n, i as u64 + 1))))
+        .collect();
+    objects.remove(&nodes[0].name);
+    objects.insert(
+        nodes[1].name.clone(),
+        with_last_seen(&nodes[1], NOW + 5, 99),
+    );
+    let translated = t.sync(&objects);
+    assert_eq!(translated.len(), 1, "only node 1 changed");
+    assert_eq!(translated[0].0, nodes[1].name);
+    assert!(t.take_changed(), "node 0 is gone");
+    assert_eq!(t.len(), 4);
+}

@@ -1,0 +1,218 @@
+//! Applies a topology to the host: the link's MTU, address and state, the CNI configuration,
+//! the WireGuard device, the tunnel, the routes and rules, and iptables. Each part is compared
+//! as a value against what kg last applied (and, for routes, against the kernel state kg last
+//! observed plus its own changes); only a part that differs is written. A full reconcile
+//! (resync, kernel notification) compares against freshly listed state instead, so
+//! anything changed behind kg's back comes back within one resync.
+
+use anyhow::Result;
+use control::iptables::{IptablesOptions, RuleSet};
+use control::nat::discover_nat_endpoints;
+use control::node::Node;
+use control::routes::{apply_ops, diff, Encapsulate, Links, RouteOptions, RoutePlan};
+use control::{Peer, Topology};
+use dataplane::{DeviceConfig, InterfaceConfig};
+use ipnet::IpNet;
+
+use super::shells::{Engine, Firewall, Kernel};
+use super::{state, Agent};
+
+/// What the tunnel was prepared for: the pod CIDR and the private link's MTU.
+type TunnelInputs = (IpNet, Option<u32>);
+
+/// What kg last applied to the host, part by part (`None`: unknown, apply it).
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    wg: Option<DeviceConfig>,
+    address: Option<Option<IpNet>>,
+    cni: Option<(IpNet, u32)>,
+    /// The tunnel's inputs (pod CIDR, private link's MTU) and the link it gave.
+    tunnel: Option<(TunnelInputs, Option<u32>)>,
+    /// The kernel's routes and rules as last observed, with kg's changes since.
+    kernel_routes: Option<RoutePlan>,
+    rules: Option<RuleSet>,
+}
+
+impl Applied {
+    /// False when some part failed last time and must be applied again.
+    pub(super) fn complete(&self) -> bool {
+        self.kernel_routes.is_some() && self.rules.is_some()
+    }
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// Brings the host to `t`. `nodes` and `peers` are the ready ones (for NAT discovery).
+    pub(super) async fn apply(
+        &mut self,
+        t: &Topology,
+        nodes: &[Node],
+        peers: &[Peer],
+        full: bool,
+    ) -> Result<()> {
+        if full {
+            self.memo.applied = Applied::default();
+        }
+        let kilo = self.kilo_index;
+        let host = self
+            .memo
+            .host
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let mtu = host.mtu(self.s.mtu);
+        let link = host.links.iter_mut().find(|l| l.index == kilo);
+        if let Some(link) = link.filter(|l| l.mtu != mtu) {
+            self.netlink.set_mtu(kilo, mtu).await?;
+            link.mtu = mtu;
+        }
+        if self.s.args.cni && self.memo.applied.cni != Some((t.subnet, mtu)) {
+            self.sync_cni(t.subnet, mtu);
+            self.memo.applied.cni = Some((t.subnet, mtu));
+        }
+        self.metrics.leader.set(i64::from(t.leader));
+        let desired = if t.leader {
+            crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
+        } else {
+            DeviceConfig {
+                interface: InterfaceConfig {
+                    private_key: Some(self.key.clone()),
+                    listen_port: t.port,
+                    fwmark: 0,
+                },
+                peers: Vec::new(),
+            }
+        };
+        if self.memo.applied.wg.as_ref() != Some(&desired) {
+            if self.wg.apply(&desired)? {
+                tracing::info!(
+                    leader = t.leader,
+                    peers = desired.peers.len(),
+                    "WireGuard configuration applied"
+                );
+                if let Err(e) = state::save(&self.s.args.key_file, &desired) {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "saving the WireGuard state failed"
+                    );
+                }
+            }
+            self.memo.applied.wg = Some(desired);
+        }
+        let address = t.leader.then_some(t.wireguard_cidr);
+        if self.memo.applied.address != Some(address) {
+            self.netlink.set_address(kilo, address).await?;
+            self.memo.applied.address = Some(address);
+        }
+        let host = self.memo.host.as_mut().expect("listed above");
+        match host.links.iter_mut().find(|l| l.index == kilo) {
+            Some(link) if link.up == t.leader => {}
+            link => {
+                self.netlink.set_up(kilo, t.leader).await?;
+                if let Some(link) = link {
+                    link.up = t.leader;
+                }
+            }
+        }
+
+        if full {
+            self.discovered = discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers);
+        }
+
+        let host = self.memo.host.as_ref().expect("listed above");
+        let private = host.private_link(t.private_ip);
+        let private_mtu = host.link(private).filter(|_| private != 0).map(|l| l.mtu);
+        let inputs = (t.subnet, private_mtu);
+        let tunnel = match self.memo.applied.tunnel {
+            Some((applied, Some(index))) if applied == inputs => Some(index),
+            _ => {
+                let index = self
+                    .tunnel
+                    .prepare(&self.netlink, t.subnet, private_mtu)
+                    .await?;
+                self.memo.applied.tunnel = Some((inputs, index));
+                index
+            }
+        };
+        let encapsulate = match (self.tunnel.name(), tunnel) {
+            (Some(_), Some(_)) => self.s.encapsulate,
+            (Some(name), None) => {
+                let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
+                self.warn_once("tunnel-missing", &message);
+                Encapsulate::Never
+            }
+            (None, _) => Encapsulate::Never,
+        };
+        let options = RouteOptions {
+            kilo_name: self.s.args.interface.clone(),
+            links: Links {
+                kilo,
+                private,
+                tunnel: tunnel.unwrap_or(0),
+            },
+            local: self.s.args.local,
+            encapsulate,
+            compatibility: self.s.compatibility,
+        };
+        let plan = t.route_plan(&options);
+        if let Some(index) = tunnel {
+            self.tunnel.update(&plan, index, t);
+        }
+        self.apply_routes(plan).await?;
+        let rules = t.iptables_rules(&IptablesOptions {
+            cni: self.s.args.cni,
+            forward_rules: self.s.args.iptables_forward_rules,
+            service_cidrs: self.s.service_cidrs.clone(),
+            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
+        });
+        self.apply_rules(rules).await?;
+        Ok(())
+    }
+
+    /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
+    /// them (after a full reconcile's reset, or a failed change).
+    async fn apply_routes(&mut self, plan: RoutePlan) -> Result<()> {
+        let kilo = self.kilo_index;
+        if self.memo.applied.kernel_routes.is_some() && plan == self.owned {
+            return Ok(());
+        }
+        let observed = match self.memo.applied.kernel_routes.take() {
+            Some(known) => known,
+            None => self.netlink.observe().await?,
+        };
+        let ops = diff(&plan, &observed, &self.owned, kilo);
+        if !ops.is_empty() {
+            tracing::debug!(changes = ops.len(), "reconciling routes");
+        }
+        let errors = self.netlink.apply(&ops).await;
+        for e in &errors {
+            tracing::warn!(error = format!("{e:#}"), "route change failed");
+        }
+        if errors.is_empty() {
+            self.memo.applied.kernel_routes = Some(apply_ops(&observed, &ops));
+        }
+        self.owned = plan;
+        Ok(())
+    }
+
+    /// Takes iptables to `rules` unless they are the rules last applied.
+    async fn apply_rules(&mut self, rules: RuleSet) -> Result<()> {
+        if self.memo.applied.rules.as_ref() == Some(&rules) {
+            return Ok(());
+        }
+        let v6 = self.ip6tables;
+        let firewall = self.firewall.clone();
+        let wanted = rules.clone();
+        match tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, v6)).await? {
+            Ok(changed) => {
+                if changed {
+                    tracing::debug!("iptables rules reconciled");
+                }
+                self.memo.applied.rules = Some(rules);
+            }
+            Err(e) => {
+                self.metrics.error("apply");
+                tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! Kernel change notifications: kg lists the host again when the kernel reports that an
+//! address, a protocol-static route or a policy rule changed, instead of listing it on every
+//! backend event. Links are left to the resync.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use netlink_packet_route::route::RouteProtocol;
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::constants::{
+    RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV4_RULE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE,
+};
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::sys::{AsyncSocket, SocketAddr};
+use tokio::sync::mpsc;
+
+/// `RTNLGRP_IPV6_RULE` (19) as a legacy group bit, which rtnetlink does not name.
+const RTMGRP_IPV6_RULE: u32 = 1 << (19 - 1);
+
+/// True for the notifications that may concern kg: any address or rule change, and changes to
+/// protocol-static routes (kg's, or an administrator's that kg may have to replace).
+fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
+    match &message.payload {
+        NetlinkPayload::InnerMessage(inner) => match inner {
+            RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
+                r.header.protocol == RouteProtocol::Static
+            }
+            RouteNetlinkMessage::NewAddress(_)
+            | RouteNetlinkMessage::DelAddress(_)
+            | RouteNetlinkMessage::NewRule(_)
+            | RouteNetlinkMessage::DelRule(_) => true,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Subscribes to the kernel's address, route and rule notifications. The receiver gets one
+/// message per burst: after a relevant notification, further ones are swallowed for `settle`.
+pub(super) fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
+    let (mut connection, _handle, mut messages) =
+        rtnetlink::new_connection().context("opening rtnetlink for notifications")?;
+    let groups = RTMGRP_IPV4_IFADDR
+        | RTMGRP_IPV6_IFADDR
+        | RTMGRP_IPV4_ROUTE
+        | RTMGRP_IPV6_ROUTE
+        | RTMGRP_IPV4_RULE
+        | RTMGRP_IPV6_RULE;
+    connection
+        .socket_mut()
+        .socket_mut()
+        .bind(&SocketAddr::new(0, groups))
+        .context("subscribing to rtnetlink notifications")?;
+    tokio::spawn(connection);
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        while let Some((message, _)) = messages.next().await {
+            if !relevant(&message) {
+                continue;
+            }
+            let settled = tokio::time::sleep(settle);
+            tokio::pin!(settled);
+            loop {
+                tokio::select! {
+                    _ = &mut settled => break,
+                    next = messages.next() => if next.is_none() { return },
+                }
+            }
+            if tx.try_send(()).is_err() && tx.is_closed() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}

@@ -1,0 +1,355 @@
+//! The reconcile pipeline, one stage after another, each output a plain value compared with
+//! the last one: the backend's changed objects → the node table (translation and readiness) →
+//! the local node → the topology → the desired host state ([`super::apply`]) → the annotations
+//! kg publishes. A stage whose output equals the last one ends the reconcile there, so a Node
+//! update that moves only a `last-seen` (the steady churn of every Kilo cluster) stops after the
+//! table and touches neither the kernel nor iptables nor WireGuard. Resyncs and
+//! kernel notifications list the host again and run every stage.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use control::node::{Node, WrittenAnnotations};
+use control::table::{differs_beyond_check_in, NodeTable};
+use control::{translate_peer, Peer, Topology, TopologyParams};
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
+use super::apply::Applied;
+use super::host::{DetectionInputs, HostView};
+use super::shells::{Engine, Firewall, Kernel};
+use super::{local, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
+use crate::backend::Snapshot;
+
+/// What the stages produced last time.
+pub(super) struct Memo {
+    /// Every Node, translated.
+    table: NodeTable,
+    /// The snapshot revision the table was brought to (`None`: never).
+    revision: Option<u64>,
+    /// The Peer revision `peers` was translated at.
+    peer_revision: Option<u64>,
+    /// The valid Peers, translated.
+    peers: Vec<Peer>,
+    /// True when the Peers changed since the mesh was last computed.
+    peers_changed: bool,
+    /// The host as last listed.
+    pub(super) host: Option<HostView>,
+    /// The local Node's object, as last ingested.
+    local_object: Option<Arc<KubeNode>>,
+    /// What the host was last read with from the local Node's object.
+    detection: DetectionInputs,
+    /// The local node the mesh was last computed with.
+    local: Option<Node>,
+    /// The last topology (`None` while the local node is not ready).
+    pub(super) topology: Option<Topology>,
+    /// True once a mesh was computed and applied without error.
+    settled: bool,
+    /// What was last applied to the host.
+    pub(super) applied: Applied,
+}
+
+impl Memo {
+    /// Nothing computed yet.
+    pub(super) fn new(topology_label: &str) -> Self {
+        Self {
+            table: NodeTable::new(topology_label),
+            revision: None,
+            peer_revision: None,
+            peers: Vec::new(),
+            peers_changed: false,
+            host: None,
+            local_object: None,
+            detection: DetectionInputs::default(),
+            local: None,
+            topology: None,
+            settled: false,
+            applied: Applied::default(),
+        }
+    }
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// One reconcile after `trigger`: [`Agent::ingest`] `snapshot`, then [`Agent::settle`].
+    pub async fn reconcile(&mut self, snapshot: &Snapshot, trigger: Trigger) -> Result<()> {
+        self.ingest(snapshot);
+        self.settle(trigger).await
+    }
+
+    /// Carries what [`Agent::ingest`] took in (and the time passed) through as many stages as
+    /// it changes.
+    pub async fn settle(&mut self, trigger: Trigger) -> Result<()> {
+        self.metrics.reconciles.inc();
+        let now_unix = unix_now();
+        let detection = DetectionInputs::of(self.memo.local_object.as_deref());
+        let full = trigger.lists_the_host()
+            || self.memo.host.is_none()
+            || self.memo.detection != detection;
+        let healthy = self.backend.healthy() && !self.patch_failed;
+        let was_frozen = self.readiness.is_frozen();
+        let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
+        self.readiness.observe(now_unix, healthy, grace);
+        if self.readiness.is_frozen() != was_frozen {
+            if was_frozen {
+                tracing::info!("the backend is reachable again; judging check-ins by the clock");
+            } else {
+                tracing::warn!("the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
+            }
+        }
+        let readiness_now = self.readiness.now(now_unix);
+        self.memo.table.advance(readiness_now);
+        if full {
+            self.memo.host = Some(self.read_host(&detection).await?);
+            self.memo.detection = detection;
+        }
+
+        let empty = BTreeMap::new();
+        let local_object = self.memo.local_object.clone();
+        let local_annotations = local_object
+            .as_ref()
+            .and_then(|o| o.metadata.annotations.as_ref())
+            .unwrap_or(&empty);
+        let mut local = self.local_node(local_annotations, now_unix)?;
+        let local_changed = match &self.memo.local {
+            Some(last) => differs_beyond_check_in(last, &mut local),
+            None => true,
+        };
+        let nodes_changed = self.memo.table.take_changed();
+        let peers_changed = std::mem::take(&mut self.memo.peers_changed);
+        if full || nodes_changed || peers_changed || local_changed {
+            self.track_dns_names(&local);
+        }
+        let dns_changed = self.resolve_due().await;
+
+        let mesh_changed = full || nodes_changed || peers_changed || local_changed || dns_changed;
+        if mesh_changed || !self.memo.settled {
+            self.memo.local = Some(local.clone());
+            self.memo.settled = false;
+            self.mesh(&local, readiness_now, full).await?;
+            self.memo.settled = true;
+        }
+        self.publish(
+            local_annotations,
+            &local,
+            now_unix,
+            trigger == Trigger::CheckIn,
+        )
+        .await
+    }
+
+    /// Takes in what changed in `snapshot`: brings the node table to it, through the change
+    /// log when it reaches back to the last revision seen (else every Node is compared), and
+    /// re-translates the Peers when they changed. Costs in proportion to the changes and keeps
+    /// nothing of `snapshot` but the shared objects, so the backend never has to copy a
+    /// snapshot a reader still holds.
+    pub fn ingest(&mut self, snapshot: &Snapshot) {
+        self.memo.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
+        let table = &mut self.memo.table;
+        let mut translated = Vec::new();
+        match self.memo.revision.and_then(|r| snapshot.changes.since(r)) {
+            Some(names) => {
+                for name in names {
+                    let object = snapshot.nodes.get(name);
+                    if let Some(problems) = table.update(name, object) {
+                        translated.push((name.to_string(), problems));
+                    }
+                }
+            }
+            None => translated = table.sync(&snapshot.nodes),
+        }
+        self.memo.revision = Some(snapshot.changes.revision());
+        for (name, problems) in translated {
+            for line in self.problems.fresh(&name, &problems) {
+                tracing::warn!("bad annotation on node {line}");
+            }
+        }
+        let peer_revision = snapshot.changes.peer_revision();
+        if self.memo.peer_revision == Some(peer_revision) {
+            return;
+        }
+        self.memo.peer_revision = Some(peer_revision);
+        let mut peers: Vec<Peer> = Vec::with_capacity(snapshot.peers.len());
+        for (name, object) in &snapshot.peers {
+            let lines = match object.validate() {
+                Ok(()) => {
+                    peers.push(translate_peer(object));
+                    Vec::new()
+                }
+                Err(e) => vec![format!("{name}: {e}; ignoring this Peer")],
+            };
+            for line in self.problems.fresh_lines(&format!("peer/{name}"), lines) {
+                tracing::warn!("bad Peer {line}");
+            }
+        }
+        if peers != self.memo.peers {
+            self.memo.peers = peers;
+            self.memo.peers_changed = true;
+        }
+    }
+
+    /// The local node: its translation, filled in from the host and kg's own state.
+    fn local_node(&self, annotations: &BTreeMap<String, String>, now_unix: i64) -> Result<Node> {
+        let host = self
+            .memo
+            .host
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let mut local = self
+            .memo
+            .table
+            .get(&self.s.hostname)
+            .cloned()
+            .unwrap_or(Node {
+                name: self.s.hostname.clone(),
+                ..Default::default()
+            });
+        local::fill_local(
+            &mut local,
+            annotations,
+            &host.detected,
+            self.s.args.prioritise_private_addresses,
+            self.s.args.port,
+        );
+        local.key = Some(self.public);
+        local.last_seen = now_unix;
+        local.granularity = Some(self.s.granularity);
+        local.discovered_endpoints = self.discovered.clone();
+        Ok(local)
+    }
+
+    /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.
+    fn track_dns_names(&mut self, local: &Node) {
+        let hostname = &self.s.hostname;
+        let names: Vec<String> = self
+            .memo
+            .table
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.name != *hostname)
+            .chain(std::iter::once(local))
+            .filter_map(|n| n.endpoint.as_ref()?.dns_name().map(str::to_string))
+            .chain(
+                self.memo
+                    .peers
+                    .iter()
+                    .filter_map(|p| p.endpoint.as_ref()?.dns_name().map(str::to_string)),
+            )
+            .collect();
+        self.dns
+            .track(names.iter().map(String::as_str), Instant::now());
+    }
+
+    /// Computes the topology from the ready Nodes and Peers and, when it differs from the last
+    /// one (or on a full reconcile), applies it to the host.
+    async fn mesh(&mut self, local: &Node, readiness_now: i64, full: bool) -> Result<()> {
+        let hostname = self.s.hostname.clone();
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut local_listed = false;
+        for (node, ready) in self.memo.table.iter() {
+            if node.name == hostname {
+                local_listed = true;
+                nodes.push(local.clone());
+            } else if ready {
+                nodes.push(node.clone());
+            }
+        }
+        if !local_listed {
+            nodes.push(local.clone());
+        }
+        let mut peers = self.memo.peers.clone();
+        for e in nodes
+            .iter_mut()
+            .filter_map(|n| n.endpoint.as_mut())
+            .chain(peers.iter_mut().filter_map(|p| p.endpoint.as_mut()))
+        {
+            self.dns.fill(e);
+        }
+        nodes.retain(|n| n.name != hostname || n.is_ready(readiness_now));
+        peers.retain(Peer::is_ready);
+        self.metrics.nodes.set(nodes.len() as i64);
+        self.metrics.peers.set(peers.len() as i64);
+
+        let local_ready = nodes.iter().any(|n| n.name == hostname);
+        if !local_ready {
+            self.warn_once("local-not-ready", &format!("node {hostname} is not ready (it needs spec.podCIDR); not configuring the mesh yet"));
+            self.memo.topology = None;
+            return Ok(());
+        }
+        let params = TopologyParams {
+            granularity: self.s.granularity,
+            hostname: hostname.clone(),
+            port: local.endpoint.as_ref().map_or(self.s.args.port, |e| e.port),
+            subnet: self.s.subnet,
+            persistent_keepalive: local.persistent_keepalive,
+        };
+        let t = Topology::new(&nodes, &peers, &params)?;
+        let same = self.memo.topology.as_ref() == Some(&t);
+        if !same {
+            *self.graph.lock() = Some(t.dot());
+            for d in &t.dropped {
+                for line in self.problems.fresh_lines(
+                    &format!("dropped/{}/{}", d.owner, d.cidr),
+                    vec![format!("{}: {} dropped: {}", d.owner, d.cidr, d.reason)],
+                ) {
+                    tracing::warn!("{line}");
+                }
+            }
+        }
+        if full || !same || !self.memo.applied.complete() {
+            // Forget the topology until it is applied: a failure retries on the next event.
+            self.memo.topology = None;
+            self.apply(&t, &nodes, &peers, full).await?;
+        }
+        self.memo.topology = Some(t);
+        Ok(())
+    }
+
+    /// Publishes the local node's annotations where they differ from the backend's.
+    async fn publish(
+        &mut self,
+        local_annotations: &BTreeMap<String, String>,
+        local: &Node,
+        now_unix: i64,
+        check_in: bool,
+    ) -> Result<()> {
+        let current_last_seen = local_annotations
+            .get(control::node::annotation::LAST_SEEN)
+            .and_then(|v| v.parse::<i64>().ok());
+        let last_seen = match current_last_seen {
+            Some(v) if !check_in && now_unix - v < CHECK_IN_PERIOD.as_secs() as i64 => v,
+            _ => now_unix,
+        };
+        let cni_compatibility_ip = match self.s.compatibility {
+            control::routes::Compatibility::Cilium => {
+                self.memo.host.as_ref().and_then(HostView::cilium_host_ip)
+            }
+            _ => None,
+        };
+        let written = WrittenAnnotations {
+            endpoint: local.endpoint.clone(),
+            internal_ip: local.internal_ip,
+            key: self.public,
+            last_seen,
+            wireguard_ip: self
+                .memo
+                .topology
+                .as_ref()
+                .filter(|t| t.leader)
+                .map(|t| t.wireguard_cidr),
+            discovered_endpoints: self.discovered.clone(),
+            granularity: self.s.granularity,
+            cni_compatibility_ip,
+        };
+        let changes = local::annotation_changes(local_annotations, &written);
+        if !changes.is_empty() {
+            let patched = self
+                .backend
+                .patch_annotations(&self.s.hostname, &changes)
+                .await;
+            self.patch_failed = patched.is_err();
+            patched?;
+        }
+        Ok(())
+    }
+}

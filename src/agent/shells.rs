@@ -1,0 +1,126 @@
+//! The three shells kg changes the host through, as small traits: the kernel's links, addresses,
+//! routes and rules ([`Kernel`], rtnetlink in [`Netlink`]), the firewall ([`Firewall`],
+//! `iptables-restore` in [`Iptables`]) and the WireGuard device ([`Engine`], [`WireGuard`]).
+//! [`super::twins`] holds in-memory twins of each that count what they are asked to do.
+
+use std::future::Future;
+
+use anyhow::Result;
+use control::iptables::RuleSet;
+use control::nat::DevicePeer;
+use control::routes::{RouteOp, RoutePlan};
+use dataplane::DeviceConfig;
+use ipnet::IpNet;
+
+use super::iptables;
+use super::netlink::{Link, Netlink};
+use super::wireguard::WireGuard;
+
+/// Links, addresses, routes and policy rules.
+pub trait Kernel: Send + Sync {
+    /// Every link.
+    fn links(&self) -> impl Future<Output = Result<Vec<Link>>> + Send;
+    /// Every address, with its link index.
+    fn addresses(&self) -> impl Future<Output = Result<Vec<(u32, IpNet)>>> + Send;
+    /// The link of the first default route, if any.
+    fn default_route_link(&self) -> impl Future<Output = Result<Option<u32>>> + Send;
+    /// The link called `name`.
+    fn link_by_name(&self, name: &str) -> impl Future<Output = Result<Option<Link>>> + Send {
+        async move { Ok(self.links().await?.into_iter().find(|l| l.name == name)) }
+    }
+    /// Makes sure the kernel IPIP link `name` exists.
+    fn add_ipip(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes a link.
+    fn delete_link(&self, index: u32) -> impl Future<Output = Result<()>> + Send;
+    /// Sets a link's MTU.
+    fn set_mtu(&self, index: u32, mtu: u32) -> impl Future<Output = Result<()>> + Send;
+    /// Brings a link up or down.
+    fn set_up(&self, index: u32, up: bool) -> impl Future<Output = Result<()>> + Send;
+    /// Makes `want` the only address of the link (`None`: remove all).
+    fn set_address(
+        &self,
+        index: u32,
+        want: Option<IpNet>,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// kg's routes and rules as the kernel has them.
+    fn observe(&self) -> impl Future<Output = Result<RoutePlan>> + Send;
+    /// Applies route and rule changes in order, collecting failures.
+    fn apply(&self, ops: &[RouteOp]) -> impl Future<Output = Vec<anyhow::Error>> + Send;
+}
+
+impl Kernel for Netlink {
+    async fn links(&self) -> Result<Vec<Link>> {
+        Netlink::links(self).await
+    }
+    async fn addresses(&self) -> Result<Vec<(u32, IpNet)>> {
+        Netlink::addresses(self).await
+    }
+    async fn default_route_link(&self) -> Result<Option<u32>> {
+        Netlink::default_route_link(self).await
+    }
+    async fn add_ipip(&self, name: &str) -> Result<()> {
+        Netlink::add_ipip(self, name).await
+    }
+    async fn delete_link(&self, index: u32) -> Result<()> {
+        Netlink::delete_link(self, index).await
+    }
+    async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        Netlink::set_mtu(self, index, mtu).await
+    }
+    async fn set_up(&self, index: u32, up: bool) -> Result<()> {
+        Netlink::set_up(self, index, up).await
+    }
+    async fn set_address(&self, index: u32, want: Option<IpNet>) -> Result<()> {
+        Netlink::set_address(self, index, want).await
+    }
+    async fn observe(&self) -> Result<RoutePlan> {
+        Netlink::observe(self).await
+    }
+    async fn apply(&self, ops: &[RouteOp]) -> Vec<anyhow::Error> {
+        Netlink::apply(self, ops).await
+    }
+}
+
+/// Kilo's iptables rules. Calls block (the real one runs child processes).
+pub trait Firewall: Clone + Send + Sync + 'static {
+    /// Brings both families to `rules`; true when something was changed.
+    fn reconcile(&self, rules: &RuleSet, v6_available: bool) -> Result<bool>;
+    /// Removes every rule and chain kg added.
+    fn clean_up(&self, v6_available: bool) -> Result<()>;
+    /// True when the IPv6 family can be managed here.
+    fn v6_available(&self) -> bool;
+}
+
+/// The host's `iptables`/`iptables-restore` (nft or legacy back end alike).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Iptables;
+
+impl Firewall for Iptables {
+    fn reconcile(&self, rules: &RuleSet, v6_available: bool) -> Result<bool> {
+        iptables::reconcile(rules, v6_available)
+    }
+    fn clean_up(&self, v6_available: bool) -> Result<()> {
+        iptables::clean_up(v6_available)
+    }
+    fn v6_available(&self) -> bool {
+        iptables::v6_available()
+    }
+}
+
+/// The WireGuard device.
+pub trait Engine: Send + Sync {
+    /// Makes the device's configuration `desired`, changing only what differs; true when
+    /// something changed.
+    fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
+    /// The device's peers as NAT discovery needs them.
+    fn device_peers(&self) -> Result<Vec<DevicePeer>>;
+}
+
+impl Engine for WireGuard {
+    fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
+        WireGuard::apply(self, desired)
+    }
+    fn device_peers(&self) -> Result<Vec<DevicePeer>> {
+        WireGuard::device_peers(self)
+    }
+}

@@ -1,0 +1,302 @@
+//! In-memory twins of the shells ([`super::shells`]) for tests and benchmarks: each holds the
+//! state the real one would change on the host and counts every call, split into reads (a
+//! netlink dump, `iptables -S`, a UAPI `get`) and writes.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use control::iptables::RuleSet;
+use control::nat::DevicePeer;
+use control::routes::{apply_ops, RouteOp, RoutePlan};
+use dataplane::DeviceConfig;
+use ipnet::IpNet;
+use parking_lot::Mutex;
+
+use super::netlink::Link;
+use super::shells::{Engine, Firewall, Kernel};
+
+/// What a twin was asked to do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Calls {
+    /// Calls that read state (a dump, a listing, a `get`).
+    pub reads: u64,
+    /// Calls that change state.
+    pub writes: u64,
+}
+
+#[derive(Debug, Default)]
+struct KernelState {
+    links: Vec<Link>,
+    addresses: Vec<(u32, IpNet)>,
+    default_link: Option<u32>,
+    routes: RoutePlan,
+    calls: Calls,
+}
+
+/// An in-memory kernel: links, addresses, a default route, kg's routes and rules.
+#[derive(Debug, Clone, Default)]
+pub struct MemKernel {
+    state: Arc<Mutex<KernelState>>,
+}
+
+impl MemKernel {
+    /// A kernel with `links`, `addresses` and the default route over `default_link`.
+    pub fn new(links: Vec<Link>, addresses: Vec<(u32, IpNet)>, default_link: Option<u32>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(KernelState {
+                links,
+                addresses,
+                default_link,
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Calls {
+        self.state.lock().calls
+    }
+
+    /// kg's routes and rules as this kernel holds them.
+    pub fn routes(&self) -> RoutePlan {
+        self.state.lock().routes.clone()
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&KernelState) -> T) -> T {
+        let mut s = self.state.lock();
+        s.calls.reads += 1;
+        f(&s)
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&mut KernelState) -> T) -> T {
+        let mut s = self.state.lock();
+        s.calls.writes += 1;
+        f(&mut s)
+    }
+
+    fn link_mut(s: &mut KernelState, index: u32) -> Result<&mut Link> {
+        s.links
+            .iter_mut()
+            .find(|l| l.index == index)
+            .ok_or_else(|| anyhow::anyhow!("no link {index}"))
+    }
+}
+
+impl Kernel for MemKernel {
+    async fn links(&self) -> Result<Vec<Link>> {
+        Ok(self.read(|s| s.links.clone()))
+    }
+    async fn addresses(&self) -> Result<Vec<(u32, IpNet)>> {
+        Ok(self.read(|s| s.addresses.clone()))
+    }
+    async fn default_route_link(&self) -> Result<Option<u32>> {
+        Ok(self.read(|s| s.default_link))
+    }
+    async fn add_ipip(&self, name: &str) -> Result<()> {
+        anyhow::bail!("this kernel has no IPIP (creating {name})")
+    }
+    async fn delete_link(&self, index: u32) -> Result<()> {
+        self.write(|s| s.links.retain(|l| l.index != index));
+        Ok(())
+    }
+    async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        self.write(|s| Self::link_mut(s, index).map(|l| l.mtu = mtu))
+    }
+    async fn set_up(&self, index: u32, up: bool) -> Result<()> {
+        self.write(|s| Self::link_mut(s, index).map(|l| l.up = up))
+    }
+    async fn set_address(&self, index: u32, want: Option<IpNet>) -> Result<()> {
+        // Like the real one: a listing, then a write only when the link's addresses differ.
+        let have: Vec<IpNet> = self.read(|s| {
+            s.addresses
+                .iter()
+                .filter(|(i, _)| *i == index)
+                .map(|(_, n)| *n)
+                .collect()
+        });
+        if have != want.into_iter().collect::<Vec<_>>() {
+            self.write(|s| {
+                s.addresses.retain(|(i, _)| *i != index);
+                s.addresses.extend(want.map(|n| (index, n)));
+            });
+        }
+        Ok(())
+    }
+    async fn observe(&self) -> Result<RoutePlan> {
+        Ok(self.read(|s| s.routes.clone()))
+    }
+    async fn apply(&self, ops: &[RouteOp]) -> Vec<anyhow::Error> {
+        for op in ops {
+            self.write(|s| s.routes = apply_ops(&s.routes, std::slice::from_ref(op)));
+        }
+        Vec::new()
+    }
+}
+
+/// An in-memory firewall: the rules last reconciled, and how often it was called (each call of
+/// the real one runs `iptables` children).
+#[derive(Debug, Clone, Default)]
+pub struct MemFirewall {
+    state: Arc<Mutex<(Option<RuleSet>, Calls)>>,
+}
+
+impl MemFirewall {
+    /// The calls so far: every reconcile reads (lists the chains); one that changes rules also
+    /// writes.
+    pub fn calls(&self) -> Calls {
+        self.state.lock().1
+    }
+
+    /// The rules last reconciled.
+    pub fn rules(&self) -> Option<RuleSet> {
+        self.state.lock().0.clone()
+    }
+}
+
+impl Firewall for MemFirewall {
+    fn reconcile(&self, rules: &RuleSet, _v6_available: bool) -> Result<bool> {
+        let mut s = self.state.lock();
+        s.1.reads += 1;
+        let changed = s.0.as_ref() != Some(rules);
+        if changed {
+            s.1.writes += 1;
+            s.0 = Some(rules.clone());
+        }
+        Ok(changed)
+    }
+    fn clean_up(&self, _v6_available: bool) -> Result<()> {
+        let mut s = self.state.lock();
+        s.1.writes += 1;
+        s.0 = None;
+        Ok(())
+    }
+    fn v6_available(&self) -> bool {
+        true
+    }
+}
+
+/// An in-memory WireGuard device: its configuration and how often it was read or changed.
+#[derive(Debug, Clone, Default)]
+pub struct MemEngine {
+    state: Arc<Mutex<(DeviceConfig, Calls)>>,
+}
+
+impl MemEngine {
+    /// The calls so far: every `apply` reads the configuration; one that changes it writes.
+    pub fn calls(&self) -> Calls {
+        self.state.lock().1
+    }
+
+    /// The device's configuration.
+    pub fn config(&self) -> DeviceConfig {
+        self.state.lock().0.clone()
+    }
+}
+
+impl Engine for MemEngine {
+    fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
+        let mut s = self.state.lock();
+        s.1.reads += 1;
+        if s.0 == *desired {
+            return Ok(false);
+        }
+        s.1.writes += 1;
+        s.0 = desired.clone();
+        Ok(true)
+    }
+    fn device_peers(&self) -> Result<Vec<DevicePeer>> {
+        let mut s = self.state.lock();
+        s.1.reads += 1;
+        Ok(s.0
+            .peers
+            .iter()
+            .map(|p| DevicePeer {
+                public_key: control::Key(*p.public_key.as_bytes()),
+                endpoint: p.endpoint,
+                has_handshake: false,
+            })
+            .collect())
+    }
+}
+
+impl MemKernel {
+    /// A host with a loopback, `eth0` (192.168.0.10/24, the default route, MTU 1500) and the
+    /// WireGuard link `interface` (down, MTU 1420).
+    pub fn host(interface: &str) -> Self {
+        let link = |index, name: &str, mtu, up| Link {
+            index,
+            name: name.to_string(),
+            mtu,
+            up,
+        };
+        Self::new(
+            vec![
+                link(1, "lo", 65536, true),
+                link(2, "eth0", 1500, true),
+                link(3, interface, 1420, false),
+            ],
+            vec![
+                (1, "127.0.0.1/8".parse().expect("CIDR")),
+                (2, "192.168.0.10/24".parse().expect("CIDR")),
+            ],
+            Some(2),
+        )
+    }
+
+    /// Replaces kg's routes and rules, as someone else changing the kernel would.
+    pub fn set_routes(&self, routes: RoutePlan) {
+        self.state.lock().routes = routes;
+    }
+}
+
+/// An agent on in-memory twins, and the twins, to count what it does.
+pub struct TwinAgent {
+    /// The agent.
+    pub agent: super::Agent<MemKernel, MemFirewall, MemEngine>,
+    /// Its kernel.
+    pub kernel: MemKernel,
+    /// Its firewall.
+    pub firewall: MemFirewall,
+    /// Its WireGuard device.
+    pub engine: MemEngine,
+}
+
+impl TwinAgent {
+    /// Starts an agent with `kg` flags `args` (which must use `--backend=file`, whose
+    /// directory it may write its Node into) on a fresh kernel ([`MemKernel::host`]), firewall
+    /// and device.
+    pub async fn start(args: &[&str]) -> Result<Self> {
+        use clap::Parser as _;
+        let settings =
+            super::args::KgArgs::try_parse_from(std::iter::once("kg").chain(args.iter().copied()))?
+                .settings()?;
+        let backend = crate::backend::Backend::File(crate::backend::file::FileBackend::open(
+            std::path::Path::new(&settings.args.cluster_dir),
+        )?);
+        let kernel = MemKernel::host(&settings.args.interface);
+        let firewall = MemFirewall::default();
+        let engine = MemEngine::default();
+        let shells = super::Shells {
+            kernel: kernel.clone(),
+            firewall: firewall.clone(),
+            engine: engine.clone(),
+        };
+        let key = dataplane::SecretKey::generate();
+        let agent = super::Agent::with_shells(settings, key, backend, shells, None).await?;
+        Ok(Self {
+            agent,
+            kernel,
+            firewall,
+            engine,
+        })
+    }
+
+    /// Every twin's calls: kernel, firewall, device.
+    pub fn calls(&self) -> [Calls; 3] {
+        [
+            self.kernel.calls(),
+            self.firewall.calls(),
+            self.engine.calls(),
+        ]
+    }
+}

@@ -1,0 +1,235 @@
+//! Counting test (issue #14): kg on in-memory twins of the kernel, iptables and the WireGuard
+//! device, in a cluster of 1,000 ready Nodes in 100 locations. 1,000 Node updates that move
+//! only `last-seen` make no call at all to any of them (no netlink dump or write, no iptables
+//! child, no device read or change); a real change writes without listing the host; a resync
+//! lists the host and restores what was changed behind kg's back. Needs no root.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use control::fixtures::{kube_node, synthetic_cluster};
+use control::node::annotation;
+use control::routes::RoutePlan;
+use kilotun::agent::twins::{Calls, TwinAgent};
+use kilotun::agent::Trigger;
+use kilotun::backend::Snapshot;
+
+const NODES: usize = 1000;
+const LOCATIONS: usize = 100;
+const LOCAL: &str = "node-00000";
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+struct Fixture {
+    twin: TwinAgent,
+    snapshot: Snapshot,
+    dir: std::path::PathBuf,
+    rv: u64,
+}
+
+impl Fixture {
+    async fn start(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "kilotun-{test}-{}-{}",
+            std::process::id(),
+            unix_now()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cluster_dir = format!("--cluster-dir={}", dir.display());
+        let key_file = format!("--key-file={}", dir.join("key").display());
+        let twin = TwinAgent::start(&[
+            "--backend=file",
+            &cluster_dir,
+            &key_file,
+            "--hostname",
+            LOCAL,
+            "--encapsulate=never",
+            "--cni=false",
+            "--mtu=1420",
+        ])
+        .await
+        .unwrap();
+        let now = unix_now();
+        let mut snapshot = Snapshot::default();
+        let mut rv = 0;
+        for mut node in synthetic_cluster(NODES, LOCATIONS) {
+            node.last_seen = now;
+            rv += 1;
+            let name = node.name.clone();
+            snapshot.put_node(&name, kube_node(&node, rv));
+        }
+        let mut f = Self {
+            twin,
+            snapshot,
+            dir,
+            rv,
+        };
+        f.reconcile(Trigger::Resync).await;
+        // What kg published about itself comes back as an update of its own Node.
+        let published = f.annotations_written();
+        f.update(LOCAL, |n| {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .extend(published)
+        });
+        f.reconcile(Trigger::Event).await;
+        f
+    }
+
+    fn annotations_written(&self) -> std::collections::BTreeMap<String, String> {
+        let text = std::fs::read_to_string(self.dir.join(format!("{LOCAL}.yaml"))).unwrap();
+        let node: k8s_openapi::api::core::v1::Node = serde_yaml::from_str(&text).unwrap();
+        node.metadata.annotations.unwrap_or_default()
+    }
+
+    async fn reconcile(&mut self, trigger: Trigger) {
+        let snapshot = self.snapshot.clone();
+        self.twin.agent.reconcile(&snapshot, trigger).await.unwrap();
+    }
+
+    /// Changes Node `name` as the API server would: a new object with a new resourceVersion.
+    fn update(&mut self, name: &str, change: impl FnOnce(&mut k8s_openapi::api::core::v1::Node)) {
+        let mut node = (*self.snapshot.nodes[name]).clone();
+        change(&mut node);
+        self.rv += 1;
+        node.metadata.resource_version = Some(self.rv.to_string());
+        self.snapshot.put_node(name, node);
+    }
+
+    fn set_annotation(&mut self, name: &str, key: &str, value: String) {
+        self.update(name, |n| {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.to_string(), value);
+        });
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn delta(after: [Calls; 3], before: [Calls; 3]) -> [(u64, u64); 3] {
+    [0, 1, 2].map(|i| {
+        (
+            after[i].reads - before[i].reads,
+            after[i].writes - before[i].writes,
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_seen_updates_make_no_os_call_and_real_changes_write_without_listing() {
+    let mut f = Fixture::start("quiet").await;
+    let engine = f.twin.engine.config();
+    assert_eq!(
+        engine.peers.len(),
+        LOCATIONS - 1,
+        "kg leads its location and peers with the other 99"
+    );
+    let routes = f.twin.kernel.routes();
+    assert!(!routes.routes.is_empty());
+    assert!(f.twin.firewall.rules().is_some());
+    let published = std::fs::metadata(f.dir.join(format!("{LOCAL}.yaml")))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let before = f.twin.calls();
+    let now = unix_now();
+    for i in 0..1000 {
+        let name = format!("node-{:05}", 1 + i % (NODES - 1));
+        f.set_annotation(
+            &name,
+            annotation::LAST_SEEN,
+            (now + 1 + i as i64 / 100).to_string(),
+        );
+        f.reconcile(Trigger::Event).await;
+    }
+    assert_eq!(
+        delta(f.twin.calls(), before),
+        [(0, 0); 3],
+        "kernel, firewall and device (reads, writes) after 1,000 check-ins"
+    );
+    assert_eq!(f.twin.engine.config(), engine);
+    let still = std::fs::metadata(f.dir.join(format!("{LOCAL}.yaml")))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(still, published, "no annotation patch either");
+    // The check-in timer refreshes last-seen only: it lists nothing either.
+    let before = f.twin.calls();
+    f.reconcile(Trigger::CheckIn).await;
+    assert_eq!(delta(f.twin.calls(), before), [(0, 0); 3], "a check-in");
+
+    // A real change: a node leaves its location for a new one, which kg now peers with (named
+    // to sort last, so no segment's WireGuard IP moves and kg's own address stays).
+    let before = f.twin.calls();
+    f.set_annotation("node-00150", annotation::LOCATION, "zz-new".into());
+    f.reconcile(Trigger::Event).await;
+    let [kernel, firewall, device] = delta(f.twin.calls(), before);
+    assert_eq!(
+        f.twin.engine.config().peers.len(),
+        LOCATIONS,
+        "a new segment"
+    );
+    assert_eq!(device, (1, 1), "one device change");
+    assert_eq!(
+        kernel.0, 0,
+        "routes compared with what kg applied, not listed"
+    );
+    assert!(kernel.1 > 0, "the new segment's routes were written");
+    assert_eq!(
+        firewall.0, 1,
+        "the rules changed, so iptables was reconciled once"
+    );
+
+    // Someone deletes kg's routes: an event does not notice (kg trusts what it applied), the
+    // next resync lists the kernel and puts them back.
+    let wanted = f.twin.kernel.routes();
+    f.twin.kernel.set_routes(RoutePlan::default());
+    f.set_annotation("node-00001", annotation::LAST_SEEN, (now + 20).to_string());
+    f.reconcile(Trigger::Event).await;
+    assert!(f.twin.kernel.routes().routes.is_empty());
+    let before = f.twin.calls();
+    f.reconcile(Trigger::Resync).await;
+    assert_eq!(f.twin.kernel.routes(), wanted, "restored within one resync");
+    let [kernel, firewall, device] = delta(f.twin.calls(), before);
+    assert!(kernel.0 > 0, "a resync lists the host");
+    assert_eq!(firewall, (1, 0), "iptables listed, nothing to change");
+    assert_eq!(device.1, 0, "the device already had this configuration");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_flips_and_removals_reach_the_device() {
+    let mut f = Fixture::start("flips").await;
+    // A location leader's check-in goes stale: that location's other nodes take over, so the
+    // device changes (its endpoint and allowed IPs).
+    let before = f.twin.engine.config();
+    f.set_annotation("node-00007", annotation::LAST_SEEN, "5".into());
+    f.reconcile(Trigger::Event).await;
+    let after = f.twin.engine.config();
+    assert_ne!(after, before, "a readiness flip is a change");
+    // Removing every node of location 8 removes its peer.
+    let names: Vec<String> = f
+        .snapshot
+        .nodes
+        .keys()
+        .filter(|n| n.ends_with('8') && n[5..].parse::<usize>().unwrap() % LOCATIONS == 8)
+        .cloned()
+        .collect();
+    assert_eq!(names.len(), NODES / LOCATIONS);
+    for name in &names {
+        f.snapshot.remove_node(name);
+    }
+    f.reconcile(Trigger::Event).await;
+    assert_eq!(f.twin.engine.config().peers.len(), LOCATIONS - 2);
+}
