@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kg at scale (issue #14): a real Kubernetes API server (v1.20.2, scripts/kube-up.sh) with N ready
+# kg at scale: a real Kubernetes API server (v1.20.2, scripts/kube-up.sh) with N ready
 # Nodes in 100 locations and their check-in churn (each Node's last-seen patched every 30 s, N/30
 # patches a second), and one kg (leader of its own location, so it peers with all 100) in a
 # network namespace. Prints kg's CPU (its own and its iptables children's) per event and in % of

@@ -1,4 +1,4 @@
-"""Load for bench/scale.sh (issue #14): N ready Kilo Nodes on a Kubernetes API server, their
+"""Load for bench/scale.sh: N ready Kilo Nodes on a Kubernetes API server, their
 check-in churn (each Node's kilo.squat.ai/last-seen patched every 30 s, so N/30 patches a
 second), and the change-to-engine latency of a remote Node's location change.
 

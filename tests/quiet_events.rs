@@ -1,4 +1,4 @@
-//! Counting test (issue #14): kg on in-memory twins of the kernel, iptables and the WireGuard
+//! Counting test: kg on in-memory twins of the kernel, iptables and the WireGuard
 //! device, in a cluster of 1,000 ready Nodes in 100 locations. 1,000 Node updates that move
 //! only `last-seen` make no call at all to any of them (no netlink dump or write, no iptables
 //! child, no device read or change); a real change writes without listing the host; a resync

@@ -1,4 +1,4 @@
-//! The per-event cost of a Node update that moves only `last-seen` (issue #14), at 1,000 and
+//! The per-event cost of a Node update that moves only `last-seen`, at 1,000 and
 //! 5,000 Nodes in locations of 10:
 //!
 //! - `after`: kg's whole reconcile for one such event, on in-memory twins of the kernel,
