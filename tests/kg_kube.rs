@@ -1,5 +1,9 @@
-//! End-to-end on the Kubernetes backend: `kg` in a network namespace talks to an in-process
-//! fake API server (real HTTP list/watch/patch) in the same namespace.
+//! End-to-end on the Kubernetes backend against the project's in-process fake API server (real
+//! HTTP list/watch/patch) in a node's namespace. The fake stays here only for what a real API
+//! server cannot be made to do on cue: count every request kg sends (so the check-in load is
+//! exactly one patch per node per 30 s) and answer 503 to everything during an outage while its
+//! watches are cut. Everything else runs against a real kube-apiserver in `tests/real_kube.rs`
+//! and `tests/kube_backend.rs`.
 
 mod common;
 
@@ -96,12 +100,27 @@ fn kg_publishes_its_node_and_configures_peers_from_the_api() {
             })
             .collect()
     };
+    // Every patch kg sends for n1, whatever it changes: the API load.
+    let all = |api: &FakeKube| {
+        api.patches()
+            .iter()
+            .filter(|(name, _)| name == "n1")
+            .count()
+    };
     let first = seen(&api);
+    let patches_before = all(&api);
     let checked_in = c.wait_for(Duration::from_secs(40), |_| {
         let now = seen(&api);
         now.len() > first.len() && now.last() != first.last()
     });
     assert!(checked_in, "last-seen patches: {:?}", seen(&api));
+    // Kilo's load and no more: in a settled mesh, the check-in is the only patch in 30 s.
+    assert_eq!(
+        all(&api),
+        patches_before + 1,
+        "patches: {:?}",
+        api.patches()
+    );
 }
 
 /// A Node object for the fake API server: `name` in `region`, pod CIDR `10.42.<index>.0/24`.

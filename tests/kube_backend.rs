@@ -1,5 +1,6 @@
-//! The Kubernetes backend against an in-process fake API server over real HTTP: list, watch,
-//! merge patch, and a Peer CRD that is missing at first. No root needed.
+//! The Kubernetes backend against a real kube-apiserver (see `tests/common/real_kube.rs`),
+//! authenticated as the `kilo` ServiceAccount of `manifests/rbac.yaml`: the initial list, watch
+//! events, merge patches of kg's own annotations, and a Peer CRD that is missing at first.
 
 mod common;
 
@@ -7,16 +8,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fake_kube::FakeKube;
+use common::real_kube::RealKube;
 use kilotun::backend::kube::{client_config, KubeBackend};
 use kilotun::backend::Snapshot;
-use serde_json::json;
 use tokio::sync::watch;
 
-fn node(name: &str, pod_cidr: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Node",
-           "metadata": {"name": name, "annotations": {"kilo.squat.ai/location": "east"}},
-           "spec": {"podCIDR": pod_cidr}})
+fn node(name: &str, pod_cidr: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  annotations:\n    kilo.squat.ai/location: east\nspec:\n  podCIDR: {pod_cidr}\n"
+    )
 }
 
 async fn wait_for(
@@ -24,7 +24,7 @@ async fn wait_for(
     what: &str,
     check: impl Fn(&Snapshot) -> bool,
 ) -> Arc<Snapshot> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let snapshot = rx.borrow_and_update().clone();
         if check(&snapshot) {
@@ -39,10 +39,22 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_and_peers_are_watched_and_annotations_patched() {
-    let api = FakeKube::start();
-    api.put_node(node("n1", "10.42.1.0/24"));
-    api.put_node(node("n2", "10.42.2.0/24"));
-    let config = client_config("", &api.url).await.unwrap();
+    let test = "nodes_and_peers_are_watched_and_annotations_patched";
+    let Some(kube) = RealKube::start(test) else {
+        return;
+    };
+    // The manifests' ServiceAccount and ClusterRole, but no Peer CRD yet.
+    kube.apply_manifest("rbac.yaml");
+    kube.apply(&node("n1", "10.42.1.0/24"));
+    kube.apply(&node("n2", "10.42.2.0/24"));
+    let kubeconfig = kube.dir.join("kilo.kubeconfig");
+    kube.write_kubeconfig(
+        &kubeconfig,
+        &kube.service_account_token("kube-system", "kilo"),
+    );
+    let config = client_config(kubeconfig.to_str().unwrap(), "")
+        .await
+        .unwrap();
     let backend = KubeBackend::start(config).unwrap();
     let mut rx = backend.subscribe();
 
@@ -54,13 +66,13 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
         Some("10.42.2.0/24")
     );
 
-    // Watch events: a new node, a changed node, a deleted node.
-    api.put_node(node("n3", "10.42.3.0/24"));
+    // Watch events: a new node, a deleted node.
+    kube.apply(&node("n3", "10.42.3.0/24"));
     wait_for(&mut rx, "n3 to be added", |s| s.nodes.contains_key("n3")).await;
-    api.delete_node("n2");
+    kube.kubectl(&["delete", "node", "n2"]);
     wait_for(&mut rx, "n2 to be deleted", |s| !s.nodes.contains_key("n2")).await;
 
-    // Patching our own annotations: set and remove, seen back through the watch.
+    // Patching our own annotations: set and remove, stored and seen back through the watch.
     let changes = BTreeMap::from([
         (
             "kilo.squat.ai/key".to_string(),
@@ -69,7 +81,7 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
         ("kilo.squat.ai/location".to_string(), None),
     ]);
     backend.patch_annotations("n1", &changes).await.unwrap();
-    let stored = api.node("n1").unwrap();
+    let stored = kube.get(&["node", "n1"]);
     assert_eq!(
         stored["metadata"]["annotations"]["kilo.squat.ai/key"],
         "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
@@ -77,7 +89,6 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
     assert!(stored["metadata"]["annotations"]
         .get("kilo.squat.ai/location")
         .is_none());
-    assert_eq!(api.patches().len(), 1);
     wait_for(&mut rx, "the patch to come back through the watch", |s| {
         s.nodes["n1"]
             .metadata
@@ -90,10 +101,21 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
     .await;
 
     // The CRD gets installed later: Peers appear without a restart.
-    api.install_peer_crd();
-    api.put_peer(json!({"apiVersion": "kilo.squat.ai/v1alpha1", "kind": "Peer", "metadata": {"name": "laptop"},
-                        "spec": {"allowedIPs": ["10.5.0.1/32"], "publicKey": "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-                                 "persistentKeepalive": 10}}));
+    kube.apply_manifest("crds.yaml");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let peer = "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: laptop\nspec:\n  allowedIPs:\n  - 10.5.0.1/32\n  publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n  persistentKeepalive: 10\n";
+    // The CRD is served a moment after it is created.
+    while !kube
+        .kubectl_output(&["apply", "-f", "-"], Some(peer))
+        .status
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Peer CRD is not served"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let snap = wait_for(&mut rx, "the Peer after the CRD appeared", |s| {
         s.peers.contains_key("laptop")
     })
