@@ -29,6 +29,22 @@ struct KubeCluster {
 const KG_FLAGS: &[&str] = &["--backend=kubernetes", "--encapsulate=never"];
 
 impl KubeCluster {
+    /// n1 and n2 in east, n3 in west, each running kg with [`KG_FLAGS`], returned once every
+    /// node reaches every pod (the test fails if that takes over 60 s).
+    fn meshed_east_west(test: &str) -> Option<Self> {
+        let mut k = Self::new(
+            test,
+            "",
+            &["east", "west"],
+            &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        )?;
+        for i in 0..3 {
+            k.start(i, &[]);
+        }
+        k.assert_meshed(60);
+        Some(k)
+    }
+
     /// The API server (with `apiserver_flags`), the Peer CRD and `manifests/rbac.yaml`, then the
     /// namespaces of `nodes` (`(name, location)`, numbered from 1), a relay into each, and their
     /// Node objects. No kg runs yet.
@@ -272,49 +288,18 @@ fn three_nodes_in_two_locations_mesh_as_the_kilo_service_account() {
     );
     // The leader's HTTP server, from the non-leader n2 through the leader's WireGuard IP.
     let n2 = &k.c.node("n2").ns;
-    let (status, health) = http_get(n2, "10.4.0.1:1107", "/health");
+    let (status, health) = common::http_get(n2, "10.4.0.1:1107", "/health");
     assert_eq!(status, 200, "{health}\n{}", k.c.logs());
-    let (status, metrics) = http_get(n2, "10.4.0.1:1107", "/metrics");
+    let (status, metrics) = common::http_get(n2, "10.4.0.1:1107", "/metrics");
     assert!(
         status == 200 && metrics.contains("kilo_"),
         "{status} {metrics}"
     );
-    let (status, graph) = http_get(n2, "10.4.0.1:1107", "/graph?format=dot");
+    let (status, graph) = common::http_get(n2, "10.4.0.1:1107", "/graph?format=dot");
     assert!(
         status == 200 && graph.starts_with("digraph kilo {"),
         "{status} {graph}"
     );
-}
-
-/// `GET path` against `addr` from inside `ns`: (status, body).
-fn http_get(ns: &common::Netns, addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let request = format!("GET {path} HTTP/1.0\r\nHost: kg\r\n\r\n");
-    let addr = addr.to_string();
-    let answer = ns
-        .in_ns(move || {
-            let addr: std::net::SocketAddr = addr.parse().unwrap();
-            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            stream.write_all(request.as_bytes())?;
-            let mut bytes = Vec::new();
-            stream.read_to_end(&mut bytes)?;
-            Ok::<_, std::io::Error>(bytes)
-        })
-        .join()
-        .unwrap()
-        .unwrap_or_default();
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[test]
@@ -368,18 +353,11 @@ fn full_granularity_meshes_directly_and_resyncs_change_nothing() {
 
 #[test]
 fn allowed_location_ips_route_an_address_and_withdraw_it() {
-    let Some(mut k) = KubeCluster::new(
-        "allowed_location_ips_route_an_address_and_withdraw_it",
-        "",
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    ) else {
+    let Some(k) =
+        KubeCluster::meshed_east_west("allowed_location_ips_route_an_address_and_withdraw_it")
+    else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &[]);
-    }
-    k.assert_meshed(60);
     // An address in west that is no pod's (on a port-less bridge: this kernel has no dummy
     // links): reachable only once west's Node advertises it.
     let n3 = k.c.node("n3");
@@ -485,18 +463,10 @@ fn peers(c: &Cluster, node: &str) -> Vec<String> {
 
 #[test]
 fn a_location_change_reaches_the_engines_quickly() {
-    let Some(mut k) = KubeCluster::new(
-        "a_location_change_reaches_the_engines_quickly",
-        "",
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    ) else {
+    let Some(k) = KubeCluster::meshed_east_west("a_location_change_reaches_the_engines_quickly")
+    else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &[]);
-    }
-    k.assert_meshed(60);
     // n3, alone in west, peers with one leader per other location: n2 moving between east
     // and a location of its own changes n3's peer count between 1 and 2.
     assert_eq!(peers(&k.c, "n3").len(), 1, "{}", k.c.logs());
@@ -860,18 +830,11 @@ fn base64_file(path: &std::path::Path) -> String {
 
 #[test]
 fn an_external_peer_from_kgctl_showconf_reaches_every_pod() {
-    let Some(mut k) = KubeCluster::new(
-        "an_external_peer_from_kgctl_showconf_reaches_every_pod",
-        "",
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    ) else {
+    let Some(k) =
+        KubeCluster::meshed_east_west("an_external_peer_from_kgctl_showconf_reaches_every_pod")
+    else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &[]);
-    }
-    k.assert_meshed(60);
     // A laptop on east's segment: its own WireGuard device, a Peer created through the API,
     // and the configuration `kgctl showconf peer` prints from the API's Nodes.
     let ns = common::Netns::new();
@@ -915,18 +878,10 @@ fn an_external_peer_from_kgctl_showconf_reaches_every_pod() {
 
 #[test]
 fn kgctl_connect_joins_from_outside_through_the_api() {
-    let Some(mut k) = KubeCluster::new(
-        "kgctl_connect_joins_from_outside_through_the_api",
-        "",
-        &["east", "west"],
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-    ) else {
+    let Some(k) = KubeCluster::meshed_east_west("kgctl_connect_joins_from_outside_through_the_api")
+    else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &[]);
-    }
-    k.assert_meshed(60);
     // A machine outside the cluster, with a user's (admin) kubeconfig: kgctl creates its Peer
     // through the API and deletes it on SIGTERM.
     let laptop = common::Netns::new();

@@ -86,32 +86,7 @@ impl KgNode {
 impl KgNode {
     /// `GET path` against kg's HTTP server (`:1107`) from inside the node: (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        use std::io::{Read, Write};
-        let request = format!("GET {path} HTTP/1.0\r\nHost: kg\r\n\r\n");
-        let answer = self
-            .ns
-            .in_ns(move || {
-                let mut stream = std::net::TcpStream::connect("127.0.0.1:1107")?;
-                stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-                stream.write_all(request.as_bytes())?;
-                let mut bytes = Vec::new();
-                stream.read_to_end(&mut bytes)?;
-                Ok::<_, std::io::Error>(bytes)
-            })
-            .join()
-            .unwrap()
-            .unwrap_or_default();
-        let text = String::from_utf8_lossy(&answer).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
+        super::http_get(&self.ns, "127.0.0.1:1107", path)
     }
 
     /// Makes the node resolve names through `nameserver` (`ip netns exec` bind-mounts it).

@@ -459,3 +459,34 @@ pub fn ping_received(output: &str) -> u32 {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// `GET path` against `addr` from inside `ns`: (status, body).
+pub fn http_get(ns: &Netns, addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let request = format!("GET {path} HTTP/1.0\r\nHost: kg\r\n\r\n");
+    let addr = addr.to_string();
+    let answer = ns
+        .in_ns(move || {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            stream.write_all(request.as_bytes())?;
+            let mut bytes = Vec::new();
+            stream.read_to_end(&mut bytes)?;
+            Ok::<_, std::io::Error>(bytes)
+        })
+        .join()
+        .unwrap()
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
