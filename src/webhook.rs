@@ -27,6 +27,7 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
 use crate::agent::http::listen_addr;
+use crate::agent::metrics::{encode_registry, Format, ProcessCollector};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -113,12 +114,17 @@ struct WebhookState {
 impl WebhookState {
     fn new() -> Self {
         let requests = Family::<ResultLabel, Counter>::default();
+        // Every result from the start, at 0, so rates over them have a series at once.
+        for result in ["allowed", "denied", "invalid"] {
+            requests.get_or_create(&ResultLabel { result }).inc_by(0);
+        }
         let mut registry = Registry::default();
         registry.register(
             "kilo_peer_validation_requests",
             "Peer validation requests by result: allowed, denied or invalid",
             requests.clone(),
         );
+        registry.register_collector(Box::new(ProcessCollector));
         Self { requests, registry }
     }
 
@@ -152,19 +158,14 @@ async fn validate(
     }
 }
 
-async fn metrics(State(state): State<Arc<WebhookState>>) -> Response {
-    let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
-        Ok(()) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+/// `/metrics`: OpenMetrics when the scraper asks for it, the 0.0.4 text format otherwise.
+async fn metrics(State(state): State<Arc<WebhookState>>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    (
+        [(header::CONTENT_TYPE, format.content_type())],
+        encode_registry(&state.registry, format),
+    )
+        .into_response()
 }
 
 /// Reads a PEM certificate chain and private key into a TLS server configuration.

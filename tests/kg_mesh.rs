@@ -229,7 +229,7 @@ fn full_granularity_builds_a_direct_mesh() {
     }
     let peer_series = metrics
         .lines()
-        .filter(|l| l.starts_with("kilotun_peer_receive_bytes{"))
+        .filter(|l| l.starts_with("wireguard_received_bytes_total{"))
         .count();
     assert_eq!(peer_series, 3, "{metrics}");
     let (status, dot) = n1.http_get("/graph?format=dot");

@@ -68,7 +68,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.sync_cni(t.subnet, mtu);
             self.memo.applied.cni = Some((t.subnet, mtu));
         }
-        self.metrics.leader.set(i64::from(t.leader));
+        self.metrics.set_leader(t.leader, &t.location);
         let desired = if t.leader {
             crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
         } else {

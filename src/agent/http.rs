@@ -2,18 +2,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
 use serde::Deserialize;
 
-use super::metrics::Metrics;
+use super::metrics::{Format, Metrics, WireGuardScrape};
 use super::wireguard::WireGuard;
 
 /// What the handlers read.
@@ -63,23 +62,35 @@ async fn index() -> Html<&'static str> {
     Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li></ul></body></html>\n")
 }
 
-async fn metrics(State(state): State<HttpState>) -> Response {
+/// `/metrics`: OpenMetrics when the scraper asks for it, the 0.0.4 text format otherwise.
+async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let format = Format::negotiate(accept.as_deref());
     let wg = Arc::clone(&state.wg);
-    let (peers, drops) = tokio::task::spawn_blocking(move || {
-        let peers = wg.read().map(|(_, stats)| stats).unwrap_or_default();
-        (peers, wg.drops())
+    let metrics = Arc::clone(&state.metrics);
+    let body = tokio::task::spawn_blocking(move || {
+        let scrape = match wg.read() {
+            Ok((config, peers)) => Some(WireGuardScrape::new(
+                wg.interface(),
+                &config,
+                peers,
+                wg.is_embedded().then(|| wg.drops()),
+            )),
+            Err(e) => {
+                tracing::debug!(error = format!("{e:#}"), "reading the device for /metrics");
+                None
+            }
+        };
+        metrics.render(scrape, format)
     })
-    .await
-    .unwrap_or_default();
-    let body = state.metrics.render(&peers, &drops, SystemTime::now());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    .await;
+    match body {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
 }
 
 /// `/graph` query parameters.

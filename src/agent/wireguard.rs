@@ -22,11 +22,15 @@ pub enum WireGuard {
         device: Arc<Device<LinuxUdpBinder>>,
         /// Its UAPI socket server (so `wg show` works).
         server: Option<UapiServer>,
+        /// The interface name.
+        interface: String,
     },
     /// Another process's device, driven through its UAPI socket.
     Uapi {
         /// The socket path.
         path: PathBuf,
+        /// The interface name.
+        interface: String,
     },
 }
 
@@ -64,6 +68,7 @@ impl WireGuard {
         Ok(Self::Embedded {
             device,
             server: Some(server),
+            interface: name.to_string(),
         })
     }
 
@@ -73,7 +78,23 @@ impl WireGuard {
         if !path.exists() {
             bail!("--create-interface=false but no userspace WireGuard device serves {} (start kilotun or wireguard-go first)", path.display());
         }
-        Ok(Self::Uapi { path })
+        Ok(Self::Uapi {
+            path,
+            interface: name.to_string(),
+        })
+    }
+
+    /// The interface's name (the `interface` label of the WireGuard metrics).
+    pub fn interface(&self) -> &str {
+        match self {
+            Self::Embedded { interface, .. } | Self::Uapi { interface, .. } => interface,
+        }
+    }
+
+    /// True for the engine inside kg, whose own counters (handshakes, failures, roaming, drops)
+    /// are known; a device over UAPI reports only what `wg show` does.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self, Self::Embedded { .. })
     }
 
     /// The device's configuration and live peer state.
@@ -82,7 +103,7 @@ impl WireGuard {
             Self::Embedded { device, .. } => {
                 Ok((device.engine().config(), device.engine().peer_stats()))
             }
-            Self::Uapi { path } => {
+            Self::Uapi { path, .. } => {
                 let answer = exchange(path, "get=1\n\n")?;
                 dataplane::uapi::parse_get(&answer)
                     .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
@@ -104,7 +125,7 @@ impl WireGuard {
                     .context("configuring the embedded engine")?;
                 Ok(true)
             }
-            Self::Uapi { path } => {
+            Self::Uapi { path, .. } => {
                 let (current, _) = self.read()?;
                 let Some(body) = dataplane::uapi_diff::set_request(&current, desired) else {
                     return Ok(false);
@@ -155,7 +176,7 @@ impl WireGuard {
     /// kg attached to after a restart counts as its own).
     pub fn shutdown(self, delete_link: bool) -> bool {
         match self {
-            Self::Embedded { device, server } => {
+            Self::Embedded { device, server, .. } => {
                 drop(server);
                 if let Ok(device) = Arc::try_unwrap(device) {
                     device.shutdown();
