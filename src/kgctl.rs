@@ -1,4 +1,4 @@
-//! `kgctl`: the topology computed client-side from a backend snapshot (§7.2), printed as a graph or
+//! `kgctl`: the topology computed client-side from a backend snapshot, printed as a graph or
 //! as WireGuard configurations. Everything but reading the backend is a pure function of the
 //! snapshot, so it is tested without I/O.
 
@@ -82,7 +82,7 @@ pub struct View {
     pub granularity: Granularity,
 }
 
-/// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules, §7.2).
+/// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules).
 pub fn view(
     snapshot: &Snapshot,
     granularity: &str,
@@ -235,7 +235,7 @@ impl Output {
     }
 }
 
-/// `--kubeconfig`, else `$KUBECONFIG` if that file exists, else `~/.kube/config` (§7.2).
+/// `--kubeconfig`, else `$KUBECONFIG` if that file exists, else `~/.kube/config`.
 pub fn kubeconfig_path(args: &KgctlArgs) -> String {
     if !args.kubeconfig.is_empty() {
         return args.kubeconfig.clone();

@@ -1,5 +1,5 @@
 //! `kg webhook`: validates Peers for the API server (AdmissionReview `admission.k8s.io/v1` over
-//! HTTPS, `POST /validate`), with the same checks kg applies when it reads them (§7.4). Metrics
+//! HTTPS, `POST /validate`), with the same checks kg applies when it reads them. Metrics
 //! and `/health` are served over plain HTTP on `--listen-metrics`.
 
 use std::path::{Path, PathBuf};

@@ -68,8 +68,14 @@ for _ in $(seq 60); do
   if ip netns exec "$(ns n2)" ping -c 1 -W 1 10.42.4.1 >/dev/null 2>&1; then break; fi
   sleep 0.5
 done
-echo "== kgctl graph (render with: circo -Tsvg)"
-"$kgctl" --backend=file --cluster-dir="$dir" graph
+echo "== kgctl graph"
+"$kgctl" --backend=file --cluster-dir="$dir" graph | tee "$work/mesh.dot"
+if command -v circo >/dev/null; then
+  circo -Tsvg "$work/mesh.dot" >"$root/mesh.svg"
+  echo "== the mesh as a picture: $root/mesh.svg"
+else
+  echo "== install graphviz to draw the mesh (circo -Tsvg)"
+fi
 echo "== wg show kilo-n1 (leader of east)"
 ip netns exec "$(ns n1)" wg show kilo-n1
 echo "== ping from n2 (east, not a leader) to n4's pod address (west)"

@@ -192,7 +192,7 @@ fn full_granularity_builds_a_direct_mesh() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(churn(&c), before, "{}", c.logs());
 
-    // No private key in any log, metric or graph (issue 5's secrets rule).
+    // No private key in any log, metric or graph.
     for n in &c.nodes {
         let key = std::fs::read_to_string(c.work.join("keys").join(&n.name)).unwrap();
         let key = key.trim();

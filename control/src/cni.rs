@@ -1,4 +1,4 @@
-//! The CNI conflist kg keeps in step with the node (§5.2): every plugin's IPAM range is the
+//! The CNI conflist kg keeps in step with the node: every plugin's IPAM range is the
 //! node's pod CIDR, and (unlike Kilo, which leaves 1420) every plugin's `mtu` follows `--mtu`.
 
 use std::collections::BTreeMap;

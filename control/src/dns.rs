@@ -1,4 +1,4 @@
-//! The DNS re-resolution schedule for endpoints given as names (DDNS, §4.13), as a pure state
+//! The DNS re-resolution schedule for endpoints given as names (DDNS), as a pure state
 //! machine: the agent asks what is due, resolves it, and records the answer.
 //!
 //! Unlike Kilo, Peer names are re-resolved like node names, every refresh period; a failed lookup

@@ -1,4 +1,4 @@
-//! Cluster fixtures shared by tests and benchmarks: Kilo's fixture F1 (§9.2) and a generator of
+//! Cluster fixtures shared by tests and benchmarks: Kilo's fixture F1 and a generator of
 //! large synthetic clusters.
 
 use ipnet::IpNet;

@@ -1,4 +1,4 @@
-//! The topology as a Graphviz DOT graph, drawn the way Kilo's `kgctl graph` draws it (§7.3):
+//! The topology as a Graphviz DOT graph, drawn the way Kilo's `kgctl graph` draws it:
 //! one dashed cluster per segment with its leader ranked first, leader-to-member edges, an edge
 //! between every pair of leaders, and Peers in their own cluster joined to every leader.
 

@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 ///
 /// IPv4 is private in 10/8, 172.16/12 and 192.168/16 (everything else, CGNAT included, is public).
 /// IPv6 is private in the unique-local range fc00::/7; Kilo checks only fd00::/16, a quirk fixed
-/// here (§11).
+/// here.
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => !v4.is_private(),

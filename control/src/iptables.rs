@@ -1,4 +1,4 @@
-//! The iptables rules Kilo installs (§5.1), as data: the `KILO-NAT` chain (owned entirely, so it
+//! The iptables rules Kilo installs, as data: the `KILO-NAT` chain (owned entirely, so it
 //! is rewritten as a whole) and the rules kg inserts into built-in chains, in the `-S` form
 //! iptables prints them, so the kernel's state can be compared line by line.
 
@@ -104,7 +104,7 @@ impl RuleSet {
 }
 
 impl Topology {
-    /// Kilo's iptables rules for this node (§5.1), without the IPIP ones.
+    /// Kilo's iptables rules for this node, without the IPIP ones.
     pub fn iptables_rules(&self, o: &IptablesOptions) -> RuleSet {
         let mut r = RuleSet::default();
         if o.cni {
@@ -185,7 +185,7 @@ impl Topology {
         r
     }
 
-    /// The IPIP rules (§5.1, `pkg/encapsulation/ipip.go`): `INPUT` sends protocol 4 to
+    /// The IPIP rules (`pkg/encapsulation/ipip.go`): `INPUT` sends protocol 4 to
     /// `KILO-IPIP`, which accepts the private IPs of the local location; the rest is dropped.
     /// They guard the kernel's `tunl0` and the userspace IPIP socket alike, since both receive
     /// after `INPUT`.

@@ -3,8 +3,6 @@
 //! Nothing in this crate does I/O or reads the clock: Kubernetes objects, DNS answers, device
 //! state and `now` come in as arguments; topology, WireGuard configurations, route plans and
 //! annotation values go out as data. The agent (`kg`) supplies the I/O.
-//!
-//! Section numbers (§) refer to the written description of Kilo's behaviour the project follows.
 
 pub mod cni;
 pub mod dns;

@@ -1,4 +1,4 @@
-//! NAT endpoint discovery (§4.8): what the live WireGuard device learned about roaming peers.
+//! NAT endpoint discovery: what the live WireGuard device learned about roaming peers.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -257,7 +257,7 @@ impl Reader<'_> {
     }
 }
 
-/// Translates a Kubernetes Node with Kilo's rules (§1). Bad values never fail the node: each is
+/// Translates a Kubernetes Node with Kilo's rules. Bad values never fail the node: each is
 /// reported as an [`AnnotationProblem`] and treated as Kilo treats it (mostly: as absent).
 pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<AnnotationProblem>) {
     let empty = BTreeMap::new();
@@ -425,7 +425,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
 }
 
 impl Node {
-    /// Kilo's readiness (§3.3): a usable endpoint, a key, a pod CIDR and a check-in younger than
+    /// Kilo's readiness: a usable endpoint, a key, a pod CIDR and a check-in younger than
     /// 60 s at `now_unix`. The internal IP is not required.
     pub fn is_ready(&self, now_unix: i64) -> bool {
         self.endpoint.as_ref().is_some_and(Endpoint::is_ready)

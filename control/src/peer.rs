@@ -1,5 +1,5 @@
 //! Kilo's Peer custom resource (`kilo.squat.ai/v1alpha1`, cluster-scoped): its wire form,
-//! validation (§7.1) and translation into a [`Peer`].
+//! validation and translation into a [`Peer`].
 
 use std::net::IpAddr;
 
@@ -115,7 +115,7 @@ pub enum PeerError {
 }
 
 impl PeerObject {
-    /// Kilo's `Validate` (§7.1): every rule, first failure reported. (Kilo treats a bad preshared
+    /// Kilo's `Validate`: every rule, first failure reported. (Kilo treats a bad preshared
     /// key as absent in translation; validation here rejects it, which the webhook reports.)
     pub fn validate(&self) -> Result<(), PeerError> {
         let spec = &self.spec;

@@ -1,4 +1,4 @@
-//! The routes and policy rules a node needs (§4.10), as data, and a pure diff against what the
+//! The routes and policy rules a node needs, as data, and a pure diff against what the
 //! kernel has.
 
 use std::collections::BTreeSet;
@@ -82,7 +82,7 @@ pub struct Route {
     pub onlink: bool,
 }
 
-/// A policy rule Kilo installs; only these four fields are set (§4.10.3).
+/// A policy rule Kilo installs; only these four fields are set.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rule {
     /// `from`.
@@ -355,7 +355,7 @@ impl Planner<'_> {
 }
 
 impl Topology {
-    /// The routes and rules this node needs (§4.10).
+    /// The routes and rules this node needs.
     pub fn route_plan(&self, options: &RouteOptions) -> RoutePlan {
         let mut p = Planner {
             t: self,
@@ -372,7 +372,7 @@ impl Topology {
 }
 
 impl Topology {
-    /// The routes a Peer running `kgctl connect` needs on its WireGuard link `link` (§4.10.4):
+    /// The routes a Peer running `kgctl connect` needs on its WireGuard link `link`:
     /// each segment's pod CIDRs, private IPs and allowed location IPs via its WireGuard IP, the
     /// WireGuard IPs themselves, the other Peers' allowed IPs, and `extra` CIDRs via the first
     /// segment. Unlike Kilo, a private IP that is also the segment's endpoint is not routed into

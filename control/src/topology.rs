@@ -1,4 +1,4 @@
-//! Kilo's topology (§4): nodes grouped into segments, a leader per segment, WireGuard IPs
+//! Kilo's topology: nodes grouped into segments, a leader per segment, WireGuard IPs
 //! allocated in segment order, and the allowed IPs each segment and Peer is reached by.
 //!
 //! Everything here is a pure function of its inputs, so every node computes the same answer
@@ -44,9 +44,9 @@ pub struct Segment {
     pub persistent_keepalive: u16,
     /// The leader's WireGuard IP.
     pub wireguard_ip: IpAddr,
-    /// Pod CIDRs and private /32s of every member, then the WireGuard IP /32 (§4.5).
+    /// Pod CIDRs and private /32s of every member, then the WireGuard IP /32.
     pub allowed_ips: Vec<IpNet>,
-    /// allowed-location-ips of every member, de-duplicated, sorted, filtered (§4.6).
+    /// allowed-location-ips of every member, de-duplicated, sorted, filtered.
     pub allowed_location_ips: Vec<IpNet>,
 }
 
@@ -137,7 +137,7 @@ pub struct Topology {
     pub dropped: Vec<Dropped>,
 }
 
-/// The segment key of `node` (§4.2).
+/// The segment key of `node`.
 pub fn segment_key(node: &Node, granularity: Granularity) -> String {
     match granularity {
         Granularity::Location if node.internal_ip.is_some() => {
@@ -147,7 +147,7 @@ pub fn segment_key(node: &Node, granularity: Granularity) -> String {
     }
 }
 
-/// Kilo's leader rule (§4.3) over nodes in the given order: the first annotated node with a
+/// Kilo's leader rule over nodes in the given order: the first annotated node with a
 /// public endpoint, else the first annotated node, else the first public one, else index 0.
 pub fn find_leader(nodes: &[&Node]) -> usize {
     let public = |n: &Node| {
@@ -165,7 +165,7 @@ pub fn find_leader(nodes: &[&Node]) -> usize {
     nodes.iter().position(|n| public(n)).unwrap_or(0)
 }
 
-/// Kilo's `deduplicatePeerIPs` (§4.7): in the given order, a CIDR (compared as written) already
+/// Kilo's `deduplicatePeerIPs`: in the given order, a CIDR (compared as written) already
 /// claimed by an earlier peer, or earlier in the same peer, is dropped.
 pub fn deduplicate_peer_ips(peers: &[Peer]) -> (Vec<Peer>, Vec<Dropped>) {
     let mut seen = BTreeSet::new();
@@ -198,7 +198,7 @@ fn intersect(a: &IpNet, b: &IpNet) -> bool {
 }
 
 impl Topology {
-    /// Computes the topology from the ready `nodes` and `peers` (§4). Nodes' DNS endpoints should
+    /// Computes the topology from the ready `nodes` and `peers`. Nodes' DNS endpoints should
     /// already carry their resolution.
     pub fn new(
         nodes: &[Node],
@@ -305,7 +305,7 @@ impl Topology {
         Ok(t)
     }
 
-    /// Kilo's `filterAllowedLocationIPs` (§4.6) for segment `index`.
+    /// Kilo's `filterAllowedLocationIPs` for segment `index`.
     fn filter_allowed_location_ips(&mut self, candidates: &[IpNet], index: usize) -> Vec<IpNet> {
         let mut kept = Vec::with_capacity(candidates.len());
         let owner = self.segments[index].key.clone();
@@ -353,7 +353,7 @@ impl Topology {
         self.segments.iter().find(|s| s.key == self.location)
     }
 
-    /// The endpoint to use for a target (§4.8): its discovered endpoint when the target's
+    /// The endpoint to use for a target: its discovered endpoint when the target's
     /// keepalive is non-zero and one is known, else its configured endpoint.
     pub fn effective_endpoint(
         &self,

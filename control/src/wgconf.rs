@@ -1,4 +1,4 @@
-//! WireGuard configurations derived from a [`Topology`] (§4.9): what a leader applies, what a
+//! WireGuard configurations derived from a [`Topology`]: what a leader applies, what a
 //! Peer is given, what a node looks like as a Peer, and Kilo's INI rendering.
 
 use std::collections::BTreeSet;
@@ -35,7 +35,7 @@ pub struct Conf {
 }
 
 /// Canonicalises `ips` and drops any prefix in `claimed`, claiming the rest. This is the fix for
-/// Kilo's host-bit CIDRs (§4.9.4), and it guarantees no prefix is routed to two peers.
+/// Kilo's host-bit CIDRs, and it guarantees no prefix is routed to two peers.
 fn claim(ips: impl IntoIterator<Item = IpNet>, claimed: &mut BTreeSet<IpNet>) -> Vec<IpNet> {
     ips.into_iter()
         .map(|n| n.trunc())
@@ -86,7 +86,7 @@ impl Topology {
         }
     }
 
-    /// What the local leader applies (§4.9.1): one peer per other segment, then one per Peer,
+    /// What the local leader applies: one peer per other segment, then one per Peer,
     /// all with the local keepalive. Entries whose key is `local_key` or already listed are
     /// skipped, so the device never gets itself or a duplicate as a peer.
     pub fn conf(&self, local_key: Option<&Key>) -> Conf {
@@ -118,7 +118,7 @@ impl Topology {
         }
     }
 
-    /// What the Peer called `name` is given (§4.9.2): every segment (with the Peer's own
+    /// What the Peer called `name` is given: every segment (with the Peer's own
     /// keepalive and preshared key), then every other Peer.
     pub fn peer_conf(&self, name: &str) -> Conf {
         let me = self.peers.iter().find(|p| p.name == name);
@@ -139,7 +139,7 @@ impl Topology {
         }
     }
 
-    /// The local segment as one WireGuard peer (§4.9.3): its allowed IPs without the
+    /// The local segment as one WireGuard peer: its allowed IPs without the
     /// allowed-location-ips, the leader's key and endpoint.
     pub fn as_peer(&self) -> Option<WgPeer> {
         let s = self.local_segment()?;
@@ -154,7 +154,7 @@ impl Topology {
 }
 
 impl Conf {
-    /// Kilo's INI rendering (§4.9.5). `private_key` (base64) goes in `[Interface]` when given.
+    /// Kilo's INI rendering. `private_key` (base64) goes in `[Interface]` when given.
     pub fn to_ini(&self, private_key: Option<&str>) -> String {
         let mut out = String::new();
         if self.listen_port.is_some() || private_key.is_some() {

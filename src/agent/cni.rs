@@ -6,7 +6,7 @@ use super::shells::{Engine, Firewall, Kernel};
 use super::{write_file, Agent};
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's (§5.2). A
+    /// Keeps the CNI conflist's IPAM range on the pod CIDR and its MTU on the link's. A
     /// missing or unreadable file is a warning, never a failure.
     pub(super) fn sync_cni(&mut self, pod_cidr: IpNet, mtu: u32) {
         let path = self.s.args.cni_path.clone();

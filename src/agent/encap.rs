@@ -1,4 +1,4 @@
-//! Encapsulation inside a location (§4.11): which tunnel link carries traffic between a
+//! Encapsulation inside a location: which tunnel link carries traffic between a
 //! location's nodes, how kg sets it up, and, for the userspace path, which gateway each
 //! destination goes to.
 //!

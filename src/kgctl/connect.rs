@@ -1,4 +1,4 @@
-//! `kgctl connect`: joins this machine to the mesh as a Peer (§7.3), through kilotun's own
+//! `kgctl connect`: joins this machine to the mesh as a Peer, through kilotun's own
 //! userspace engine, so it works where the wireguard kernel module is missing. It registers the
 //! Peer if needed, creates the TUN device (with a UAPI socket, so `wg show` works), and keeps
 //! the WireGuard configuration and routes in step with the cluster every resync period.

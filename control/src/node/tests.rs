@@ -1,4 +1,4 @@
-//! Kilo's `TestTranslateNode` and `TestReady` vectors (§9.8), plus the written formats.
+//! Kilo's `TestTranslateNode` and `TestReady` vectors, plus the written formats.
 
 use super::*;
 use k8s_openapi::api::core::v1::NodeSpec;
