@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use crate::routes::Withheld;
 use crate::topology::Topology;
 
 /// Quotes `text` as a DOT string.
@@ -108,6 +109,44 @@ impl Topology {
         out.push_str("}\n");
         out
     }
+
+    /// [`Topology::dot`] with the CIDRs withheld on this node (see
+    /// [`Topology::guarded_route_plan`]) marked: a red note per CIDR, joined to its owner.
+    pub fn dot_with_withheld(&self, withheld: &[Withheld]) -> String {
+        let mut out = self.dot();
+        if withheld.is_empty() {
+            return out;
+        }
+        out.truncate(out.len() - "}\n".len());
+        for w in withheld {
+            let owner = match w.owner.split_once(' ') {
+                Some(("location", key)) => self
+                    .segments
+                    .iter()
+                    .find(|s| s.key == key)
+                    .map_or(key, |s| s.leader_member().name.as_str()),
+                Some((_, name)) => name,
+                None => w.owner.as_str(),
+            };
+            let id = quote(&format!("withheld {} {}", w.owner, w.cidr));
+            let label = format!(
+                "not routed on {}:\n{} {}\ncontains connected {}",
+                self.hostname, w.field, w.cidr, w.connected
+            );
+            let _ = writeln!(
+                out,
+                "\t{id} [label={}, shape=note, color=red, fontcolor=red];",
+                quote(&label)
+            );
+            let _ = writeln!(
+                out,
+                "\t{} -> {id} [style=dotted, color=red, arrowhead=none];",
+                quote(owner)
+            );
+        }
+        out.push_str("}\n");
+        out
+    }
 }
 
 #[cfg(test)]
@@ -140,5 +179,22 @@ mod tests {
         );
         assert!(dot.contains("\t\"d\" -> \"a\" [dir=both, style=dashed];"));
         assert!(dot.ends_with("}\n"));
+    }
+
+    #[test]
+    fn withheld_cidrs_are_marked_on_their_owner() {
+        use crate::routes::{Withheld, FIELD_ALLOWED_LOCATION_IPS};
+        let params = f1_params("c", Granularity::Location);
+        let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();
+        assert_eq!(t.dot_with_withheld(&[]), t.dot());
+        let dot = t.dot_with_withheld(&[Withheld {
+            owner: "node b".into(),
+            field: FIELD_ALLOWED_LOCATION_IPS,
+            cidr: "192.168.178.3/32".parse().unwrap(),
+            connected: "192.168.178.3/32".parse().unwrap(),
+        }]);
+        assert!(dot.starts_with(t.dot().trim_end_matches("}\n")), "{dot}");
+        assert!(dot.contains("\t\"withheld node b 192.168.178.3/32\" [label=\"not routed on c:\\nkilo.squat.ai/allowed-location-ips 192.168.178.3/32\\ncontains connected 192.168.178.3/32\", shape=note, color=red, fontcolor=red];\n"), "{dot}");
+        assert!(dot.contains("\t\"b\" -> \"withheld node b 192.168.178.3/32\" [style=dotted, color=red, arrowhead=none];\n}\n"), "{dot}");
     }
 }

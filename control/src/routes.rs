@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::ip::host_net;
-use crate::topology::{Member, Topology};
+use crate::topology::{Member, Segment, Topology};
 
 /// Kilo's policy-routing table.
 pub const KILO_TABLE: u32 = 1107;
@@ -153,13 +153,88 @@ impl RoutePlan {
     }
 }
 
+/// The annotation naming a node's allowed location IPs.
+pub const FIELD_ALLOWED_LOCATION_IPS: &str = "kilo.squat.ai/allowed-location-ips";
+/// The Node field holding its pod CIDR.
+pub const FIELD_POD_CIDR: &str = "spec.podCIDR";
+/// The annotation holding a node's internal (private) IP.
+pub const FIELD_INTERNAL_IP: &str = "kilo.squat.ai/internal-ip";
+/// The Peer field holding its allowed IPs.
+pub const FIELD_PEER_ALLOWED_IPS: &str = "spec.allowedIPs";
+
+/// A CIDR kg does not route on this node because it contains or equals one of the node's
+/// directly connected networks: the route would replace (or cover) the kernel's own route to
+/// that network and cut the node off its neighbours. A more specific CIDR inside a connected
+/// network (a /32 behind another node, as Kilo's `allowed-location-ips` for one host) is
+/// routed as usual.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Withheld {
+    /// `node <name>`, `location <key>` or `peer <name>`.
+    pub owner: String,
+    /// The annotation or field the CIDR comes from (one of the `FIELD_*` constants).
+    pub field: &'static str,
+    /// The CIDR (canonical).
+    pub cidr: IpNet,
+    /// The connected network it contains or equals.
+    pub connected: IpNet,
+}
+
+impl std::fmt::Display for Withheld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} contains this node's connected network {}; not routing it into the mesh on this node",
+            self.owner, self.field, self.cidr, self.connected
+        )
+    }
+}
+
+/// The owner of an allowed location IP of segment `s`: the first member annotated with it,
+/// else the segment.
+fn location_ip_owner(s: &Segment, net: &IpNet) -> String {
+    s.members
+        .iter()
+        .find(|m| {
+            m.allowed_location_ips
+                .iter()
+                .any(|n| n.trunc() == net.trunc())
+        })
+        .map_or_else(
+            || format!("location {}", s.key),
+            |m| format!("node {}", m.name),
+        )
+}
+
 struct Planner<'a> {
     t: &'a Topology,
     o: &'a RouteOptions,
+    /// This node's directly connected networks (canonical).
+    connected: &'a [IpNet],
     plan: RoutePlan,
+    withheld: BTreeSet<Withheld>,
 }
 
 impl Planner<'_> {
+    /// True (and recorded) when `cidr` contains or equals a connected network of this node.
+    fn withholds(
+        &mut self,
+        cidr: IpNet,
+        owner: impl FnOnce() -> String,
+        field: &'static str,
+    ) -> bool {
+        let cidr = cidr.trunc();
+        let Some(connected) = self.connected.iter().find(|n| cidr.contains(*n)) else {
+            return false;
+        };
+        self.withheld.insert(Withheld {
+            owner: owner(),
+            field,
+            cidr,
+            connected: *connected,
+        });
+        true
+    }
+
     /// The local private IP as route source, when it is of the destination's family.
     fn source_for(&self, dst: &IpNet) -> Option<IpAddr> {
         let own = self.t.private_ip?.addr();
@@ -218,7 +293,9 @@ impl Planner<'_> {
                 continue;
             }
             let gw = self.o.compatibility.gateway(m);
-            self.private_route(m.pod_cidr, gw);
+            if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
+                self.private_route(m.pod_cidr, gw);
+            }
             let crosses = match self.o.encapsulate {
                 Encapsulate::Always => true,
                 Encapsulate::CrossSubnet => self.t.private_ip.is_some_and(|n| !n.contains(&ip)),
@@ -264,18 +341,31 @@ impl Planner<'_> {
                 continue;
             }
             for m in &s.members {
-                self.private_route(m.pod_cidr, gw);
+                if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
+                    self.private_route(m.pod_cidr, gw);
+                }
             }
-            for ip in s.private_ips() {
-                self.private_route(host_net(ip), gw);
+            for m in &s.members {
+                let Some(ip) = m.private_ip.map(|n| host_net(n.addr())) else {
+                    continue;
+                };
+                if !self.withholds(ip, || format!("node {}", m.name), FIELD_INTERNAL_IP) {
+                    self.private_route(ip, gw);
+                }
             }
             for net in &s.allowed_location_ips {
-                self.private_route(*net, gw);
+                let owner = || location_ip_owner(s, net);
+                if !self.withholds(*net, owner, FIELD_ALLOWED_LOCATION_IPS) {
+                    self.private_route(*net, gw);
+                }
             }
         }
         for p in &t.peers {
             for net in &p.allowed_ips {
-                self.private_route(*net, gw);
+                let owner = || format!("peer {}", p.name);
+                if !self.withholds(*net, owner, FIELD_PEER_ALLOWED_IPS) {
+                    self.private_route(*net, gw);
+                }
             }
         }
     }
@@ -295,15 +385,23 @@ impl Planner<'_> {
                 .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)
                 .and_then(|e| e.ip());
             for m in &s.members {
-                self.kilo_route(m.pod_cidr, Some(s.wireguard_ip));
+                let owner = || format!("node {}", m.name);
+                if !self.withholds(m.pod_cidr, owner, FIELD_POD_CIDR) {
+                    self.kilo_route(m.pod_cidr, Some(s.wireguard_ip));
+                }
                 if let Some(ip) = m.private_ip.map(|n| n.addr()) {
-                    if Some(ip) != endpoint_ip {
+                    if Some(ip) != endpoint_ip
+                        && !self.withholds(host_net(ip), owner, FIELD_INTERNAL_IP)
+                    {
                         self.kilo_route(host_net(ip), Some(s.wireguard_ip));
                     }
                 }
             }
             for net in &s.allowed_location_ips {
-                self.kilo_route(*net, Some(s.wireguard_ip));
+                let owner = || location_ip_owner(s, net);
+                if !self.withholds(*net, owner, FIELD_ALLOWED_LOCATION_IPS) {
+                    self.kilo_route(*net, Some(s.wireguard_ip));
+                }
             }
         }
         for p in &t.peers {
@@ -319,7 +417,10 @@ impl Planner<'_> {
                 if endpoint_ip.is_some_and(|ip| net.trunc() == host_net(ip)) {
                     continue;
                 }
-                self.kilo_route(*net, None);
+                let owner = || format!("peer {}", p.name);
+                if !self.withholds(*net, owner, FIELD_PEER_ALLOWED_IPS) {
+                    self.kilo_route(*net, None);
+                }
             }
         }
     }
@@ -355,19 +456,34 @@ impl Planner<'_> {
 }
 
 impl Topology {
-    /// The routes and rules this node needs.
+    /// The routes and rules this node needs, on a node with no connected network to guard.
     pub fn route_plan(&self, options: &RouteOptions) -> RoutePlan {
+        self.guarded_route_plan(options, &[]).0
+    }
+
+    /// The routes and rules this node needs, given its directly connected networks
+    /// (`connected`, kg's own links left out), and the CIDRs withheld because they contain or
+    /// equal one of them (sorted, de-duplicated). Other nodes, not on those networks, still
+    /// route them to their location.
+    pub fn guarded_route_plan(
+        &self,
+        options: &RouteOptions,
+        connected: &[IpNet],
+    ) -> (RoutePlan, Vec<Withheld>) {
+        let connected: Vec<IpNet> = connected.iter().map(IpNet::trunc).collect();
         let mut p = Planner {
             t: self,
             o: options,
+            connected: &connected,
             plan: RoutePlan::default(),
+            withheld: BTreeSet::new(),
         };
         if self.leader {
             p.leader();
         } else {
             p.non_leader();
         }
-        p.plan
+        (p.plan, p.withheld.into_iter().collect())
     }
 }
 

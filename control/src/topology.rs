@@ -25,6 +25,9 @@ pub struct Member {
     pub private_ip: Option<IpNet>,
     /// Its CNI compatibility IP (Cilium), if published.
     pub cni_compatibility_ip: Option<IpAddr>,
+    /// Its own `allowed-location-ips` (before the segment's filtering), to name it as their
+    /// owner.
+    pub allowed_location_ips: Vec<IpNet>,
 }
 
 /// A group of nodes reached through one WireGuard peer: its leader.
@@ -260,6 +263,7 @@ impl Topology {
                     pod_cidr,
                     private_ip: node.internal_ip,
                     cni_compatibility_ip: node.cni_compatibility_ip.map(|n| n.addr()),
+                    allowed_location_ips: node.allowed_location_ips.clone(),
                 });
                 for (k, addr) in &node.discovered_endpoints {
                     t.discovered_endpoints.entry(*k).or_insert(*addr);

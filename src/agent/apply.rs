@@ -9,7 +9,7 @@ use anyhow::Result;
 use control::iptables::{IptablesOptions, RuleSet};
 use control::nat::discover_nat_endpoints;
 use control::node::Node;
-use control::routes::{apply_ops, diff, Encapsulate, Links, RouteOptions, RoutePlan};
+use control::routes::{apply_ops, diff, Encapsulate, Links, RouteOptions, RoutePlan, Withheld};
 use control::{Peer, Topology};
 use dataplane::{DeviceConfig, InterfaceConfig};
 use ipnet::IpNet;
@@ -152,7 +152,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             encapsulate,
             compatibility: self.s.compatibility,
         };
-        let plan = t.route_plan(&options);
+        let own: Vec<u32> = [Some(kilo), tunnel].into_iter().flatten().collect();
+        let connected = self
+            .memo
+            .host
+            .as_ref()
+            .expect("listed above")
+            .connected_networks(&own);
+        let (plan, withheld) = t.guarded_route_plan(&options, &connected);
+        self.report_withheld(t, &withheld);
         if let Some(index) = tunnel {
             self.tunnel.update(&plan, index, t);
         }
@@ -165,6 +173,20 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         });
         self.apply_rules(rules).await?;
         Ok(())
+    }
+
+    /// Says once, at warning level, which CIDRs are not routed on this node because they
+    /// contain or equal one of its connected networks, and counts them in
+    /// `kilotun_withheld_cidrs`; `/graph` marks them.
+    fn report_withheld(&mut self, t: &Topology, withheld: &[Withheld]) {
+        let before = self.metrics.withheld_cidrs.set(withheld.len() as i64);
+        if before != 0 || !withheld.is_empty() {
+            *self.graph.lock() = Some(t.dot_with_withheld(withheld));
+        }
+        let lines = withheld.iter().map(ToString::to_string).collect();
+        for line in self.problems.fresh_lines("withheld routes", lines) {
+            tracing::warn!("{line}");
+        }
     }
 
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know

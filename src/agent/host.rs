@@ -78,6 +78,29 @@ impl HostView {
         self.links.iter().find(|l| l.index == index)
     }
 
+    /// The networks this node is directly connected to: the network of every address that
+    /// gives the kernel a connected route (canonical, de-duplicated), leaving out kg's own links
+    /// `own` (the WireGuard link, the tunnel), `lo`, loopback and link-local addresses, and
+    /// host addresses (`/32`, `/128`: no connected route, only a local one, which no route of
+    /// kg's overrides; kube-proxy's `kube-ipvs0` holds every Service IP so). The routes kg
+    /// installs must never replace or cover these networks.
+    pub(super) fn connected_networks(&self, own: &[u32]) -> Vec<IpNet> {
+        let mut nets: Vec<IpNet> = self
+            .addresses
+            .iter()
+            .filter(|(i, _)| !own.contains(i) && self.link(*i).is_none_or(|l| l.name != "lo"))
+            .map(|(_, n)| n.trunc())
+            .filter(|n| n.prefix_len() < n.max_prefix_len())
+            .filter(|n| match n.addr() {
+                IpAddr::V4(a) => !a.is_loopback() && !a.is_link_local(),
+                IpAddr::V6(a) => !a.is_loopback() && !a.is_unicast_link_local(),
+            })
+            .collect();
+        nets.sort();
+        nets.dedup();
+        nets
+    }
+
     /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
     /// as this node's gateway inside the location.
     pub(super) fn cilium_host_ip(&self) -> Option<IpNet> {
@@ -161,5 +184,60 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             links,
             addresses,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            mtu: 1500,
+            up: true,
+        }
+    }
+
+    #[test]
+    fn connected_networks_leave_out_kgs_links_loopback_link_local_and_host_addresses() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let host = HostView {
+            detected: Detected {
+                private: Some(net("192.168.10.1/24")),
+                public: net("192.168.10.1/24"),
+            },
+            default_link: Some(2),
+            links: vec![
+                link(1, "lo"),
+                link(2, "eth0"),
+                link(3, "kilo0"),
+                link(4, "tunl0"),
+                link(5, "kube-ipvs0"),
+                link(6, "pods0"),
+            ],
+            addresses: vec![
+                (1, net("127.0.0.1/8")),
+                (1, net("::1/128")),
+                (2, net("192.168.10.1/24")),
+                (2, net("192.168.10.9/24")),
+                (2, net("169.254.3.1/16")),
+                (2, net("fe80::1/64")),
+                (2, net("2001:db8::1/64")),
+                (3, net("10.4.0.1/16")),
+                (4, net("10.42.1.1/32")),
+                (5, net("10.96.0.1/32")),
+                (6, net("10.42.1.1/24")),
+            ],
+        };
+        assert_eq!(
+            host.connected_networks(&[3, 4]),
+            [
+                net("10.42.1.0/24"),
+                net("192.168.10.0/24"),
+                net("2001:db8::/64")
+            ]
+        );
     }
 }

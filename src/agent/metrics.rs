@@ -476,6 +476,9 @@ pub struct Metrics {
     pub reconciles: Counter,
     /// `kilotun_dns_resolution_failures_total`.
     pub dns_failures: Counter,
+    /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
+    /// one of its connected networks.
+    pub withheld_cidrs: Gauge,
     /// The node's location, for the `kilotun_location` info metric.
     location: std::sync::Arc<LocationCollector>,
 }
@@ -506,6 +509,7 @@ impl Metrics {
             peers: Gauge::default(),
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
+            withheld_cidrs: Gauge::default(),
             location: Default::default(),
             wireguard: Default::default(),
             rendering: Mutex::new(()),
@@ -532,6 +536,11 @@ impl Metrics {
             "kilotun_dns_resolution_failures",
             "DNS endpoint lookups that failed",
             m.dns_failures.clone(),
+        );
+        registry.register(
+            "kilotun_withheld_cidrs",
+            "CIDRs not routed into the mesh on this node because they contain or equal one of its directly connected networks",
+            m.withheld_cidrs.clone(),
         );
         registry.register_collector(Box::new(std::sync::Arc::clone(&m.location)));
         registry.register_collector(Box::new(std::sync::Arc::clone(&m.wireguard)));
@@ -631,6 +640,7 @@ mod tests {
                 "kilo_peers 0".into(),
                 "kilotun_location_info{location=\"east\"} 1".into(),
                 "kilotun_dns_resolution_failures_total 0".into(),
+                "kilotun_withheld_cidrs 0".into(),
                 format!("wireguard_sent_bytes_total{exporter} 200"),
                 format!("wireguard_received_bytes_total{exporter} 100"),
                 format!("wireguard_latest_handshake_seconds{exporter} 1700000000"),

@@ -293,6 +293,14 @@ impl Cluster {
         self.add_node_in(ns, ip, spec, index)
     }
 
+    /// Like [`Cluster::add_node`], but plugged into the bridge of `segment` whatever the
+    /// node's Kilo location: nodes of several locations on one L2 subnet.
+    pub fn add_node_on(&mut self, spec: &NodeSpec<'_>, segment: &str, index: u8) -> usize {
+        let ns = Netns::new();
+        let ip = self.attach(&ns, segment, index);
+        self.add_node_in(ns, ip, spec, index)
+    }
+
     /// Like [`Cluster::add_node`], but on another subnet (`192.168.<octet>.<index>/24`) of the
     /// same location's bridge: the router routes between the location's subnets.
     pub fn add_node_in_subnet(&mut self, spec: &NodeSpec<'_>, index: u8, octet: u8) -> usize {
