@@ -278,25 +278,9 @@ fn iptables_rules_work_on_the_legacy_backend() {
     let mut c = Cluster::new(&["east"]);
     c.add_node(&node("n1", "east"), 1);
     c.add_node(&node("n2", "east"), 2);
-    let bin = c.work.join("legacy-bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for tool in [
-        "iptables",
-        "iptables-restore",
-        "iptables-save",
-        "ip6tables",
-        "ip6tables-restore",
-        "ip6tables-save",
-    ] {
-        std::os::unix::fs::symlink("/usr/sbin/xtables-legacy-multi", bin.join(tool)).unwrap();
-    }
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // Fresh namespaces hold no rules, so kg would pick nft by itself: the flag forces legacy.
     for i in 0..2 {
-        c.start_kg_with_env(i, &[], &[("PATH", path.clone())]);
+        c.start_kg(i, &["--iptables-backend=legacy"]);
     }
     let ruled = c.wait_for(Duration::from_secs(20), |c| {
         let chain = text(c.node("n2"), &["iptables-legacy", "-S", "KILO-IPIP"]);

@@ -22,6 +22,9 @@ use super::shells::{Engine, Firewall, Kernel};
 use super::{local, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
+/// Annotations to set (`Some`) or remove (`None`), as sent to the backend.
+type AnnotationPatch = BTreeMap<String, Option<String>>;
+
 /// What the stages produced last time.
 pub(super) struct Memo {
     /// Every Node, translated.
@@ -40,6 +43,8 @@ pub(super) struct Memo {
     local_object: Option<Arc<KubeNode>>,
     /// What the host was last read with from the local Node's object.
     detection: DetectionInputs,
+    /// The local Node's annotations as seen when kg last patched them, and that patch.
+    last_patch: Option<(BTreeMap<String, String>, AnnotationPatch)>,
     /// The local node the mesh was last computed with.
     local: Option<Node>,
     /// The last topology (`None` while the local node is not ready).
@@ -62,6 +67,7 @@ impl Memo {
             host: None,
             local_object: None,
             detection: DetectionInputs::default(),
+            last_patch: None,
             local: None,
             topology: None,
             settled: false,
@@ -342,13 +348,21 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             cni_compatibility_ip,
         };
         let changes = local::annotation_changes(local_annotations, &written);
-        if !changes.is_empty() {
+        // The same patch again, before the backend has shown the Node since the last one
+        // (the watch is a moment behind the patch): sending it would double the API load.
+        let repeated = self
+            .memo
+            .last_patch
+            .as_ref()
+            .is_some_and(|(seen, sent)| seen == local_annotations && *sent == changes);
+        if !changes.is_empty() && !repeated {
             let patched = self
                 .backend
                 .patch_annotations(&self.s.hostname, &changes)
                 .await;
             self.patch_failed = patched.is_err();
             patched?;
+            self.memo.last_patch = Some((local_annotations.clone(), changes));
         }
         Ok(())
     }
