@@ -6,8 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,33 +32,6 @@ impl Drop for Prometheus {
     }
 }
 
-/// A plain HTTP/1.0 GET to `addr` from inside `ns`: (status, headers, body).
-fn get(ns: &Netns, addr: &str, path: &str, accept: Option<&str>) -> (u16, String, String) {
-    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
-    let request = format!("GET {path} HTTP/1.0\r\nHost: test\r\n{accept}\r\n");
-    let addr = addr.to_string();
-    let answer = ns
-        .in_ns(move || {
-            let mut stream = TcpStream::connect(addr)?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            stream.write_all(request.as_bytes())?;
-            let mut bytes = Vec::new();
-            stream.read_to_end(&mut bytes)?;
-            Ok::<_, std::io::Error>(bytes)
-        })
-        .join()
-        .unwrap()
-        .unwrap_or_default();
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, headers.to_ascii_lowercase(), body.to_string())
-}
-
 /// Percent-encodes a query parameter value.
 fn encode(value: &str) -> String {
     value
@@ -75,7 +47,8 @@ fn encode(value: &str) -> String {
 
 /// `GET /api/v1/<path>` on Prometheus: the `data` of a successful answer, or why not.
 fn api(router: &Netns, path: &str) -> Result<Value, String> {
-    let (status, _, body) = get(router, PROMETHEUS, &format!("/api/v1/{path}"), None);
+    let (status, _, body) =
+        common::http_get_accepting(router, PROMETHEUS, &format!("/api/v1/{path}"), None);
     let answer: Value =
         serde_json::from_str(&body).map_err(|e| format!("HTTP {status} {e}: {body}"))?;
     if answer["status"] != "success" {
@@ -142,7 +115,8 @@ fn prometheus_scrapes_every_kg_and_every_dashboard_query_returns_data() {
     // kg's own answer in each format: 0.0.4 by default, which promtool lints clean; OpenMetrics
     // when asked (promtool cannot read it; Prometheus's scrapes below parse it).
     let n1 = c.node("n1");
-    let (status, headers, text) = get(&n1.ns, "127.0.0.1:1107", "/metrics", None);
+    let (status, headers, text) =
+        common::http_get_accepting(&n1.ns, "127.0.0.1:1107", "/metrics", None);
     assert_eq!(status, 200, "{text}");
     assert!(
         headers.contains("content-type: text/plain; version=0.0.4"),
@@ -159,7 +133,8 @@ fn prometheus_scrapes_every_kg_and_every_dashboard_query_returns_data() {
     if let Err(problems) = promtool_check(&text) {
         panic!("promtool check metrics on the 0.0.4 format:\n{problems}\n{text}");
     }
-    let (status, headers, om) = get(&n1.ns, "127.0.0.1:1107", "/metrics", Some(OPENMETRICS));
+    let (status, headers, om) =
+        common::http_get_accepting(&n1.ns, "127.0.0.1:1107", "/metrics", Some(OPENMETRICS));
     assert_eq!(status, 200, "{om}");
     assert!(
         headers.contains("content-type: application/openmetrics-text; version=1.0.0"),

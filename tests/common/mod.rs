@@ -462,13 +462,25 @@ pub fn ping_received(output: &str) -> u32 {
 
 /// `GET path` against `addr` from inside `ns`: (status, body).
 pub fn http_get(ns: &Netns, addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let request = format!("GET {path} HTTP/1.0\r\nHost: kg\r\n\r\n");
+    let (status, _, body) = http_get_accepting(ns, addr, path, None);
+    (status, body)
+}
+
+/// `GET path` against `addr` from inside `ns`, with an `Accept` header when given:
+/// (status, headers in lower case, body).
+pub fn http_get_accepting(
+    ns: &Netns,
+    addr: &str,
+    path: &str,
+    accept: Option<&str>,
+) -> (u16, String, String) {
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    let request = format!("GET {path} HTTP/1.0\r\nHost: kg\r\n{accept}\r\n");
     let addr = addr.to_string();
     let answer = ns
         .in_ns(move || {
-            let addr: std::net::SocketAddr = addr.parse().unwrap();
-            let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            let addr: SocketAddr = addr.parse().unwrap();
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
             stream.set_read_timeout(Some(Duration::from_secs(10)))?;
             stream.write_all(request.as_bytes())?;
             let mut bytes = Vec::new();
@@ -484,9 +496,6 @@ pub fn http_get(ns: &Netns, addr: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, headers.to_ascii_lowercase(), body.to_string())
 }
