@@ -246,6 +246,29 @@ impl Manifest {
     }
 }
 
+/// Finishes `run` as the DaemonSet's kg container for `node` on the file backend: the cluster
+/// directory mounted at its own path, the manifest's command and arguments, and the interface
+/// `iface` (unique per test: `/var/run/wireguard` is shared).
+fn daemonset_kg(
+    run: &mut Command,
+    podman: &Podman,
+    manifest: &Manifest,
+    node: &str,
+    cluster_dir: &Path,
+    iface: &str,
+) {
+    let argv = manifest.kg_command(node);
+    run.arg("-v")
+        .arg(format!("{0}:{0}", cluster_dir.display()))
+        .arg("--entrypoint")
+        .arg(&argv[0])
+        .arg(&podman.image)
+        .args(&argv[1..])
+        .arg("--backend=file")
+        .arg(format!("--cluster-dir={}", cluster_dir.display()))
+        .arg(format!("--interface={iface}"));
+}
+
 /// Every file the manifests and README promise is in the image, with the right entrypoint,
 /// platform and layers; a second build of the same commit has the same digest.
 #[test]
@@ -479,7 +502,6 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
         let kilo_dir = host.join("var/lib/kilo");
         fs::create_dir_all(&kilo_dir).unwrap();
         let container = unique("kg");
-        let argv = manifest.kg_command(node);
         let mut run = podman.run_in(&ns, &container);
         run.arg("-e")
             .arg(format!("NODE_NAME={node}"))
@@ -495,16 +517,15 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
             .arg("-v")
             .arg("/var/run/wireguard:/var/run/wireguard")
             .arg("-v")
-            .arg("/run/xtables.lock:/run/xtables.lock")
-            .arg("-v")
-            .arg(format!("{0}:{0}", cluster.dir.display()))
-            .arg("--entrypoint")
-            .arg(&argv[0])
-            .arg(&podman.image)
-            .args(&argv[1..])
-            .arg("--backend=file")
-            .arg(format!("--cluster-dir={}", cluster.dir.display()))
-            .arg(format!("--interface={}", cluster.nodes[index].iface));
+            .arg("/run/xtables.lock:/run/xtables.lock");
+        daemonset_kg(
+            &mut run,
+            &podman,
+            &manifest,
+            node,
+            &cluster.dir,
+            &cluster.nodes[index].iface,
+        );
         cluster.start_kg_command(index, run);
         names.push(container);
     }
@@ -608,24 +629,21 @@ fn without_tun_or_net_admin_kg_exits_with_one_line() {
     ] {
         let keys = cluster.work.join(case);
         fs::create_dir_all(&keys).unwrap();
-        let argv = manifest.kg_command("n1");
         let mut run = podman.run_with_caps(&ns.name, &unique("bad"), caps);
         if with_tun {
             run.args(["-v", "/dev/net/tun:/dev/net/tun"]);
         }
         run.arg("-v")
-            .arg(format!("{}:/var/lib/kilo", keys.display()))
-            .arg("-v")
-            .arg(format!("{0}:{0}", cluster.dir.display()))
-            .arg("--entrypoint")
-            .arg(&argv[0])
-            .arg(&podman.image)
-            .args(&argv[1..])
-            .arg("--backend=file")
-            .arg(format!("--cluster-dir={}", cluster.dir.display()))
-            .arg(format!("--interface={}", unique("kg")))
-            .arg("--cni=false")
-            .arg("--log-level=warn");
+            .arg(format!("{}:/var/lib/kilo", keys.display()));
+        daemonset_kg(
+            &mut run,
+            &podman,
+            &manifest,
+            "n1",
+            &cluster.dir,
+            &unique("kg"),
+        );
+        run.arg("--cni=false").arg("--log-level=warn");
         let out = run.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{case}: kg exited 0:\n{stderr}");
