@@ -32,13 +32,15 @@ impl KubeCluster {
     /// n1 and n2 in east, n3 in west, each running kg with [`KG_FLAGS`], returned once every
     /// node reaches every pod (the test fails if that takes over 60 s).
     fn meshed_east_west(test: &str) -> Option<Self> {
-        let mut k = Self::new(
-            test,
-            "",
-            &["east", "west"],
-            &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-        )?;
-        for i in 0..3 {
+        Self::meshed(test, "", &[("n1", "east"), ("n2", "east"), ("n3", "west")])
+    }
+
+    /// `nodes` in locations east and west on an API server with `apiserver_flags`, each
+    /// running kg with [`KG_FLAGS`], returned once every node reaches every pod (the test fails
+    /// if that takes over 60 s).
+    fn meshed(test: &str, apiserver_flags: &str, nodes: &[(&str, &str)]) -> Option<Self> {
+        let mut k = Self::new(test, apiserver_flags, &["east", "west"], nodes)?;
+        for i in 0..nodes.len() {
             k.start(i, &[]);
         }
         k.assert_meshed(60);
@@ -508,17 +510,13 @@ fn a_location_change_reaches_the_engines_quickly() {
 
 #[test]
 fn an_api_server_outage_keeps_pings_flowing_and_changes_land_after_it() {
-    let Some(mut k) = KubeCluster::new(
+    let Some(k) = KubeCluster::meshed(
         "an_api_server_outage_keeps_pings_flowing_and_changes_land_after_it",
         "",
-        &["east", "west"],
         &[("n1", "east"), ("n2", "west")],
     ) else {
         return;
     };
-    k.start(0, &[]);
-    k.start(1, &[]);
-    k.assert_meshed(60);
 
     // kube-apiserver is SIGKILLed and stays away for 60 s (600 pings, 100 ms apart).
     k.kube.kill_apiserver();
@@ -570,17 +568,13 @@ fn a_compacted_watch_relists_without_touching_wireguard() {
     // With the watch cache off, watches are served by etcd directly, so a compaction past a
     // watch's resourceVersion answers its resumption with 410 Gone (with the cache on, the API
     // server keeps its own window of events and etcd's compaction does not show).
-    let Some(mut k) = KubeCluster::new(
+    let Some(k) = KubeCluster::meshed(
         "a_compacted_watch_relists_without_touching_wireguard",
         "--watch-cache=false",
-        &["east", "west"],
         &[("n1", "east"), ("n2", "west")],
     ) else {
         return;
     };
-    k.start(0, &[]);
-    k.start(1, &[]);
-    k.assert_meshed(60);
     let n1 = k.c.node("n1");
     // Handshakes first: if the relist reset the peers, their handshake times would change.
     let before_peers = n1.wg("peers");
