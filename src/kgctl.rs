@@ -50,6 +50,8 @@ pub enum Command {
     Showconf(ShowconfArgs),
     /// Join the mesh as a Peer, with kilotun's userspace engine (no kernel module needed).
     Connect(connect::ConnectArgs),
+    /// Say what is wrong with a node's links, routes and annotations, and what to do.
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 /// `kgctl showconf`.
@@ -287,6 +289,7 @@ pub fn now_unix() -> i64 {
 }
 
 pub mod connect;
+pub mod diagnose;
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 //! annotation values go out as data. The agent (`kg`) supplies the I/O.
 
 pub mod cni;
+pub mod diagnosis;
 pub mod dns;
 pub mod fixtures;
 pub mod fuzzing;
@@ -17,6 +18,7 @@ pub mod node;
 pub mod peer;
 pub mod readiness;
 pub mod routes;
+pub mod status;
 pub mod table;
 pub mod topology;
 pub mod wgconf;

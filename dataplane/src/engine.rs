@@ -30,7 +30,7 @@ use crate::config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};
 use crate::key::{PublicKey, SecretKey};
 use crate::outbox::{offset_within, Outbox};
 use crate::packet;
-use crate::stats::{DropCounters, DropReason, PeerStats};
+use crate::stats::{DropCounters, DropReason, PeerStats, RejectedHandshake, RejectedHandshakes};
 use peer::{new_tunn, PeerEntry, PeerShared};
 use run::{cached_lookup, PeerRun, Run};
 
@@ -88,6 +88,7 @@ pub struct Engine {
     apply_lock: Mutex<()>,
     next_index: AtomicU32,
     drops: DropCounters,
+    rejected: RejectedHandshakes,
     last_rate_reset: Mutex<Option<Instant>>,
     /// Pairs a monotonic instant with wall-clock time to report handshakes as wall-clock times.
     clock_anchor: (Instant, SystemTime),
@@ -112,6 +113,7 @@ impl Engine {
             apply_lock: Mutex::new(()),
             next_index: AtomicU32::new(first_index & 0x00ff_ffff),
             drops: DropCounters::default(),
+            rejected: RejectedHandshakes::default(),
             last_rate_reset: Mutex::new(None),
             clock_anchor: anchor,
         }
@@ -286,6 +288,11 @@ impl Engine {
         &self.drops
     }
 
+    /// The last handshakes refused, per reason and source address.
+    pub fn rejected_handshakes(&self) -> Vec<RejectedHandshake> {
+        self.rejected.snapshot()
+    }
+
     fn wall_time(&self, at: Instant) -> SystemTime {
         let (mono, wall) = self.clock_anchor;
         match at.checked_duration_since(mono) {
@@ -381,6 +388,14 @@ impl Engine {
         for (from, datagram) in datagrams {
             if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, &mut run, out) {
                 self.drops.count(reason);
+                if matches!(reason, DropReason::InvalidMac | DropReason::HandshakeFailed) {
+                    self.rejected.record(RejectedHandshake {
+                        reason,
+                        from,
+                        public_key: None,
+                        at: SystemTime::now(),
+                    });
+                }
             }
         }
     }
@@ -418,7 +433,15 @@ impl Engine {
                 )
                 .map_err(|_| DropReason::HandshakeFailed)?;
                 let key = PublicKey::from_bytes(half.peer_static_public);
-                return state.peers.get(&key).ok_or(DropReason::UnknownPeer);
+                return state.peers.get(&key).ok_or_else(|| {
+                    self.rejected.record(RejectedHandshake {
+                        reason: DropReason::UnknownPeer,
+                        from,
+                        public_key: Some(key),
+                        at: SystemTime::now(),
+                    });
+                    DropReason::UnknownPeer
+                });
             }
             Packet::HandshakeResponse(ref r) => r.receiver_idx,
             Packet::PacketCookieReply(ref c) => c.receiver_idx,

@@ -28,4 +28,4 @@ pub use config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};
 pub use engine::Engine;
 pub use key::{KeyError, PublicKey, SecretKey};
 pub use outbox::Outbox;
-pub use stats::{DropReason, PeerStats};
+pub use stats::{DropReason, PeerStats, RejectedHandshake};

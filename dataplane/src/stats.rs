@@ -1,8 +1,10 @@
 //! Counters: packets dropped by reason, and per-peer statistics.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
+
+use parking_lot::Mutex;
 
 use crate::key::PublicKey;
 
@@ -132,4 +134,108 @@ pub struct PeerStats {
     pub handshake_failures: u64,
     /// Times the endpoint in use moved from one address to another.
     pub endpoint_changes: u64,
+}
+
+/// A handshake message this device refused: why, where it came from and, when the sender was
+/// not a configured peer, the public key it claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedHandshake {
+    /// [`DropReason::InvalidMac`], [`DropReason::UnknownPeer`] or [`DropReason::HandshakeFailed`].
+    pub reason: DropReason,
+    /// The datagram's source.
+    pub from: SocketAddr,
+    /// The sender's static public key, when it could be decrypted (unknown peers).
+    pub public_key: Option<PublicKey>,
+    /// When the last such message arrived.
+    pub at: SystemTime,
+}
+
+/// How many distinct (reason, source address) pairs [`RejectedHandshakes`] remembers.
+pub const REJECTED_HANDSHAKES_KEPT: usize = 16;
+
+/// The last refused handshake per reason and source address, a few of them: enough to name
+/// which endpoint holds a wrong key, without a per-packet log. Recording never waits: a
+/// contended lock skips the record (the counters still count every drop).
+#[derive(Debug, Default)]
+pub struct RejectedHandshakes {
+    last: Mutex<Vec<RejectedHandshake>>,
+}
+
+impl RejectedHandshakes {
+    /// Remembers `rejected`, replacing the entry of the same reason and source address; the
+    /// oldest entry goes when [`REJECTED_HANDSHAKES_KEPT`] are held.
+    pub fn record(&self, rejected: RejectedHandshake) {
+        let Some(mut last) = self.last.try_lock() else {
+            return;
+        };
+        let same = |r: &RejectedHandshake| -> (DropReason, IpAddr) { (r.reason, r.from.ip()) };
+        if let Some(slot) = last.iter_mut().find(|r| same(r) == same(&rejected)) {
+            *slot = rejected;
+            return;
+        }
+        if last.len() == REJECTED_HANDSHAKES_KEPT {
+            if let Some(oldest) = last
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| r.at)
+                .map(|(i, _)| i)
+            {
+                last.remove(oldest);
+            }
+        }
+        last.push(rejected);
+    }
+
+    /// What is remembered, oldest first.
+    pub fn snapshot(&self) -> Vec<RejectedHandshake> {
+        let mut out = self.last.lock().clone();
+        out.sort_by_key(|r| r.at);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rejected(reason: DropReason, from: &str, secs: u64) -> RejectedHandshake {
+        RejectedHandshake {
+            reason,
+            from: from.parse().unwrap(),
+            public_key: None,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn one_entry_per_reason_and_source_address() {
+        let log = RejectedHandshakes::default();
+        log.record(rejected(DropReason::InvalidMac, "192.0.2.1:51820", 1));
+        log.record(rejected(DropReason::InvalidMac, "192.0.2.1:40000", 2));
+        log.record(rejected(DropReason::UnknownPeer, "192.0.2.1:51820", 3));
+        let got = log.snapshot();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[0].from,
+            "192.0.2.1:40000".parse().unwrap(),
+            "replaced, not added"
+        );
+        assert_eq!(got[1].reason, DropReason::UnknownPeer);
+    }
+
+    #[test]
+    fn the_oldest_goes_when_full() {
+        let log = RejectedHandshakes::default();
+        for i in 0..=REJECTED_HANDSHAKES_KEPT as u64 {
+            log.record(rejected(
+                DropReason::InvalidMac,
+                &format!("192.0.2.{}:1", i + 1),
+                100 + i,
+            ));
+        }
+        let got = log.snapshot();
+        assert_eq!(got.len(), REJECTED_HANDSHAKES_KEPT);
+        assert!(got.iter().all(|r| r.from.ip().to_string() != "192.0.2.1"));
+    }
 }

@@ -171,7 +171,29 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             service_cidrs: self.s.service_cidrs.clone(),
             ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
         });
-        self.apply_rules(rules).await?;
+        self.apply_rules(rules.clone()).await?;
+        let mtu = self
+            .memo
+            .host
+            .as_ref()
+            .and_then(|h| h.link(kilo))
+            .map_or(0, |l| l.mtu);
+        let owned = self.owned.clone();
+        let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
+        let withheld = withheld.iter().map(ToString::to_string).collect();
+        self.status.update(|p| {
+            p.node = self.s.hostname.clone();
+            p.interface = self.s.args.interface.clone();
+            p.granularity = self.s.granularity.as_str().to_string();
+            p.topology = Some(std::sync::Arc::new(t.clone()));
+            p.encapsulate = encapsulate;
+            p.tunnel = tunnel_name;
+            p.mtu = mtu;
+            p.kilo_index = kilo;
+            p.plan = owned;
+            p.rules = Some(rules);
+        });
+        self.status.update(|p| p.withheld = withheld);
         Ok(())
     }
 
@@ -206,6 +228,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         let errors = self.netlink.apply(&ops).await;
         for e in &errors {
+            self.status.error(format!("route change failed: {e:#}"));
             tracing::warn!(error = format!("{e:#}"), "route change failed");
         }
         if errors.is_empty() {
@@ -232,6 +255,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
             Err(e) => {
                 self.metrics.error("apply");
+                self.status
+                    .error(format!("applying iptables rules failed: {e:#}"));
                 tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
             }
         }

@@ -1,4 +1,5 @@
-//! kg's HTTP endpoints on `--listen` (Kilo's paths): `/health`, `/metrics` and `/graph`.
+//! kg's HTTP endpoints on `--listen`: Kilo's `/health`, `/metrics` and `/graph`, and kilotun's
+//! `/status` (this node as kg sees it, JSON, read by `kgctl diagnose`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use super::metrics::{Format, Metrics, WireGuardScrape};
+use super::status::StatusBoard;
 use super::wireguard::WireGuard;
 
 /// What the handlers read.
@@ -24,6 +26,8 @@ pub struct HttpState {
     pub wg: Arc<WireGuard>,
     /// The DOT graph of the last topology, once there is one.
     pub graph: Arc<Mutex<Option<String>>>,
+    /// What kg last applied, for `/status`.
+    pub status: Arc<StatusBoard>,
 }
 
 /// Parses Go's listen form: `:1107` means every interface.
@@ -49,6 +53,7 @@ pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .route("/graph", get(graph))
+        .route("/status", get(status))
         .with_state(state);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -59,7 +64,7 @@ pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
 }
 
 async fn index() -> Html<&'static str> {
-    Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li></ul></body></html>\n")
+    Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li><li><a href=\"/status\">/status</a></li></ul></body></html>\n")
 }
 
 /// `/metrics`: OpenMetrics when the scraper asks for it, the 0.0.4 text format otherwise.
@@ -89,6 +94,21 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> Response
     .await;
     match body {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `/status` query parameters.
+#[derive(Debug, Deserialize)]
+pub struct StatusQuery {
+    /// `true`: also probe the paths to the peers (takes a few seconds).
+    probe: Option<bool>,
+}
+
+async fn status(State(state): State<HttpState>, Query(q): Query<StatusQuery>) -> Response {
+    let status = super::status::collect(&state.status, &state.wg, q.probe.unwrap_or(false)).await;
+    match serde_json::to_string_pretty(&status) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
 }

@@ -154,6 +154,32 @@ pub fn reconcile(rules: &RuleSet, v6_available: bool) -> Result<bool> {
     Ok(changed)
 }
 
+/// What [`reconcile`] would change to reach `rules`, one line per command, naming the tool and
+/// table (`iptables -t nat -I POSTROUTING 1 …`); empty when the host has every rule.
+pub fn drift(rules: &RuleSet, v6_available: bool) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for (v6, family) in [(false, &rules.v4), (true, &rules.v6)] {
+        if v6 && !v6_available {
+            continue;
+        }
+        let tool = if v6 { "ip6tables" } else { "iptables" };
+        let mut table = "";
+        for line in plan(v6, family)?.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = if t == "nat" { "nat" } else { "filter" };
+            } else if let Some(chain) = line.strip_prefix(':') {
+                let chain = chain.split_whitespace().next().unwrap_or_default();
+                lines.push(format!(
+                    "{tool} -t {table}: chain {chain} is missing or differs"
+                ));
+            } else if line != "COMMIT" {
+                lines.push(format!("{tool} -t {table} {line}"));
+            }
+        }
+    }
+    Ok(lines)
+}
+
 /// True when `ip6tables` can list the nat table here.
 pub fn v6_available() -> bool {
     list(true, "nat", "POSTROUTING").is_ok_and(|l| l.is_some())

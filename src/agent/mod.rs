@@ -38,9 +38,11 @@ pub mod keyfile;
 pub mod local;
 pub mod metrics;
 pub mod netlink;
+pub mod probe;
 mod reconcile;
 pub mod shells;
 pub mod state;
+pub mod status;
 pub mod twins;
 pub mod wireguard;
 pub mod xtables;
@@ -121,6 +123,8 @@ pub struct Agent<N = Netlink, F = Iptables, W = WireGuard> {
     pub metrics: Arc<Metrics>,
     /// The DOT graph of the last topology, for `/graph`.
     pub graph: Arc<parking_lot::Mutex<Option<String>>>,
+    /// What kg last applied, for `/status`.
+    pub status: Arc<status::StatusBoard>,
     ip6tables: bool,
     tunnel: encap::Tunnel,
     readiness: control::readiness::ReadinessClock,
@@ -267,6 +271,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
+            status: Arc::new(status::StatusBoard::default()),
             tunnel,
             readiness: Default::default(),
             patch_failed: false,
@@ -412,9 +417,10 @@ pub async fn run(settings: Settings) -> Result<()> {
         metrics: Arc::clone(&agent.metrics),
         wg: Arc::clone(&agent.wg),
         graph: Arc::clone(&agent.graph),
+        status: Arc::clone(&agent.status),
     };
     let bound = http::serve(&listen, state).await?;
-    tracing::info!(address = %bound, "serving /health, /metrics and /graph");
+    tracing::info!(address = %bound, "serving /health, /metrics, /graph and /status");
     let mut snapshots = agent.subscribe();
     let mut resync_timer = tokio::time::interval(resync);
     let mut check_in_timer = tokio::time::interval(CHECK_IN_PERIOD);
@@ -437,6 +443,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         tracing::trace!(?trigger, "reconcile");
         if let Err(e) = agent.settle(trigger).await {
             agent.metrics.error("apply");
+            agent.status.error(format!("reconcile failed: {e:#}"));
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");
         }
     }

@@ -158,6 +158,14 @@ impl WireGuard {
         }
     }
 
+    /// The last handshakes the embedded engine refused (none known over UAPI).
+    pub fn rejected_handshakes(&self) -> Vec<dataplane::RejectedHandshake> {
+        match self {
+            Self::Embedded { device, .. } => device.engine().rejected_handshakes(),
+            Self::Uapi { .. } => Vec::new(),
+        }
+    }
+
     /// Peers as NAT discovery needs them.
     pub fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         let (_, stats) = self.read()?;

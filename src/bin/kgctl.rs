@@ -1,5 +1,5 @@
-//! `kgctl`: inspect a Kilo mesh (graph, WireGuard configurations) from the Kubernetes API or a
-//! cluster directory.
+//! `kgctl`: inspect a Kilo mesh (graph, WireGuard configurations, diagnosis) from the Kubernetes
+//! API or a cluster directory.
 
 use std::process::ExitCode;
 
@@ -34,7 +34,16 @@ fn main() -> ExitCode {
         let show = match &args.command {
             Command::Connect(connect) => {
                 kgctl::connect::run(&args, connect).await?;
-                return Ok((String::new(), String::new()));
+                return Ok((String::new(), String::new(), ExitCode::SUCCESS));
+            }
+            Command::Diagnose(diagnose) => {
+                let (out, wrong) = kgctl::diagnose::run(&args, diagnose).await?;
+                let code = if wrong {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                };
+                return Ok((out, String::new(), code));
             }
             Command::Graph => None,
             Command::Showconf(show) => Some(show),
@@ -46,16 +55,17 @@ fn main() -> ExitCode {
             &args.topology_label,
             kgctl::now_unix(),
         )?;
-        match show {
-            None => Ok((kgctl::graph(&view)?, String::new())),
-            Some(show) => kgctl::showconf(&view, show, args.port),
-        }
+        let (out, err) = match show {
+            None => (kgctl::graph(&view)?, String::new()),
+            Some(show) => kgctl::showconf(&view, show, args.port)?,
+        };
+        anyhow::Ok((out, err, ExitCode::SUCCESS))
     });
     match result {
-        Ok((out, err)) => {
+        Ok((out, err, code)) => {
             print!("{out}");
             eprint!("{err}");
-            ExitCode::SUCCESS
+            code
         }
         Err(e) => {
             eprintln!("kgctl: {e:#}");

@@ -558,13 +558,26 @@ impl Laptop {
     /// `10.5.0.<host>/32`, keepalive `keepalive` s) into the cluster directory, and configures
     /// its device from `kgctl showconf peer`, with a route to the pods over the device.
     pub fn join(cluster: &Cluster, name: &str, segment: &str, host: u8, keepalive: u32) -> Self {
+        Self::join_announcing(cluster, name, segment, host, keepalive, None)
+    }
+
+    /// [`Laptop::join`], with the Peer announcing `announced` as its public key instead of the
+    /// device's own (a wrong key, as a stale or mistyped Peer has).
+    pub fn join_announcing(
+        cluster: &Cluster,
+        name: &str,
+        segment: &str,
+        host: u8,
+        keepalive: u32,
+        announced: Option<&str>,
+    ) -> Self {
         let ns = Netns::new();
         cluster.attach(&ns, segment, host);
         let device = WgDevice::start(&ns, Impl::Kilotun);
         let ip = format!("10.5.0.{host}");
         let peer_yaml = format!(
             "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n  - {ip}/32\n  publicKey: {}\n  persistentKeepalive: {keepalive}\n",
-            device.public_key
+            announced.unwrap_or(&device.public_key)
         );
         fs::write(cluster.dir.join(format!("{name}.yaml")), peer_yaml).unwrap();
         let dir = format!("--cluster-dir={}", cluster.dir.display());

@@ -1,0 +1,157 @@
+//! What kg reports about its own node at `/status`, as plain values: the node's place in the
+//! mesh, each WireGuard peer's live state, the engine's drops and refused handshakes, what the
+//! kernel and iptables lack against what kg installs, and (when asked) the result of probing
+//! the paths to its peers. `kgctl diagnose` reads it and judges it (see `crate::diagnosis`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// One node as its kg sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node's name.
+    pub node: String,
+    /// Its segment key (`location:<name>` or `node:<name>`); empty while it is not ready.
+    pub location: String,
+    /// True when it leads its segment.
+    pub leader: bool,
+    /// `--mesh-granularity`.
+    pub granularity: String,
+    /// The WireGuard interface.
+    pub interface: String,
+    /// The WireGuard interface's MTU.
+    pub mtu: u32,
+    /// The WireGuard listen port.
+    pub port: u16,
+    /// `--encapsulate` as in effect (`never` when the tunnel link is missing).
+    pub encapsulate: String,
+    /// The IPIP link inside the location, when there is one.
+    pub tunnel: Option<String>,
+    /// The WireGuard peers, in configuration order.
+    pub peers: Vec<PeerStatus>,
+    /// Packets the engine dropped, by reason (empty for a device driven over UAPI).
+    pub drops: BTreeMap<String, u64>,
+    /// The last handshakes the engine refused.
+    pub rejected_handshakes: Vec<RejectedHandshakeStatus>,
+    /// Routes, rules and iptables rules kg installs that the host lacks (or has wrong), one line
+    /// each; `None` when they could not be listed.
+    pub drift: Option<Vec<String>>,
+    /// Why the last check of the host failed, when it did.
+    pub drift_error: Option<String>,
+    /// CIDRs not routed on this node because they cover one of its connected networks.
+    pub withheld: Vec<String>,
+    /// Errors of recent reconciles, oldest first (a few).
+    pub errors: Vec<String>,
+    /// Path probes, when asked for (`/status?probe=true`).
+    pub probes: Option<Probes>,
+}
+
+/// What the peer of a WireGuard configuration stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerKind {
+    /// A segment of the mesh (a location, or one node in full granularity), through its leader.
+    Segment,
+    /// A Peer object.
+    Peer,
+}
+
+/// One WireGuard peer's configuration and live state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// A segment or a Peer object.
+    pub kind: PeerKind,
+    /// The segment key or the Peer's name.
+    pub name: String,
+    /// The node that leads the segment (empty for Peers).
+    pub leader: String,
+    /// The peer's public key (base64).
+    pub public_key: String,
+    /// The endpoint kg configured (announced, or discovered behind NAT).
+    pub configured_endpoint: Option<String>,
+    /// The endpoint in use now: learned from the last authenticated packet.
+    pub endpoint: Option<String>,
+    /// The keepalive interval kg configured, in seconds (0: off).
+    pub persistent_keepalive: u16,
+    /// Unix time of the last completed handshake.
+    pub last_handshake_unix: Option<i64>,
+    /// Handshakes completed.
+    pub handshakes: u64,
+    /// Handshakes that failed (unanswered or refused).
+    pub handshake_failures: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// A refused handshake (see `dataplane::RejectedHandshake`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedHandshakeStatus {
+    /// `invalid_mac`, `unknown_peer` or `handshake_failed`.
+    pub reason: String,
+    /// The source address of the last one.
+    pub from: String,
+    /// The public key the sender claimed, for `unknown_peer`.
+    pub public_key: Option<String>,
+    /// Unix time of the last one.
+    pub at_unix: i64,
+}
+
+/// The results of probing the paths to this node's peers.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Probes {
+    /// One per WireGuard peer with an endpoint.
+    pub path_mtu: Vec<MtuProbe>,
+    /// One per other node of the location reached through IPIP.
+    pub ipip: Vec<IpipProbe>,
+}
+
+/// Whether packets of the size WireGuard sends reach a peer's endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MtuProbe {
+    /// The peer's name (as in [`PeerStatus::name`]).
+    pub peer: String,
+    /// The endpoint's address.
+    pub endpoint: IpAddr,
+    /// The largest datagram WireGuard sends to it: the interface's MTU plus WireGuard's,
+    /// UDP's and IP's headers.
+    pub needed: u32,
+    /// What the probe found.
+    pub outcome: MtuOutcome,
+}
+
+/// The outcome of an [`MtuProbe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum MtuOutcome {
+    /// A packet of the needed size, not to be fragmented, was answered.
+    Fits,
+    /// The path (a local link, or a router that said so) carries at most `path_mtu` bytes.
+    Smaller {
+        /// The path MTU the kernel learnt.
+        path_mtu: u32,
+    },
+    /// Small packets are answered and packets of the needed size vanish without an ICMP
+    /// "fragmentation needed": a path-MTU black hole.
+    BlackHole,
+    /// The endpoint does not answer ICMP echo at all: nothing can be said.
+    NoAnswer,
+}
+
+/// Whether IP protocol 4 passes between this node and another of its location.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpipProbe {
+    /// The other node.
+    pub node: String,
+    /// Its private IP (the outer destination).
+    pub private_ip: IpAddr,
+    /// The address probed through the tunnel (its pod CIDR's gateway).
+    pub target: IpAddr,
+    /// True when its private IP answered a plain ICMP echo.
+    pub plain: bool,
+    /// True when `target` answered through the IPIP link.
+    pub encapsulated: bool,
+}

@@ -1,0 +1,397 @@
+//! `/status`: this node as kg sees it, for `kgctl diagnose`. The reconcile loop publishes what
+//! it applied (a plain value, replaced after each apply); a request reads the engine's live
+//! state, lists the kernel and iptables once to compare them with what kg installs, and, with
+//! `probe=true`, probes the paths to the peers. Nothing here runs unless asked.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use control::iptables::RuleSet;
+use control::routes::{diff, Encapsulate, RouteOp, RoutePlan};
+use control::status::{NodeStatus, PeerKind, PeerStatus, Probes, RejectedHandshakeStatus};
+use control::Topology;
+use parking_lot::Mutex;
+
+use super::netlink::Netlink;
+use super::probe;
+use super::wireguard::WireGuard;
+
+/// How many reconcile errors `/status` keeps.
+pub const ERRORS_KEPT: usize = 8;
+/// At most this many peers are probed in one request.
+pub const PROBED_PEERS: usize = 64;
+
+/// What the reconcile loop last applied, as `/status` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    /// The node's name.
+    pub node: String,
+    /// The WireGuard interface.
+    pub interface: String,
+    /// `--mesh-granularity`.
+    pub granularity: String,
+    /// The last topology applied (`None` while the node is not ready).
+    pub topology: Option<Arc<Topology>>,
+    /// `--encapsulate` in effect.
+    pub encapsulate: Encapsulate,
+    /// The tunnel link's name, when there is one.
+    pub tunnel: Option<String>,
+    /// The WireGuard interface's MTU.
+    pub mtu: u32,
+    /// The WireGuard interface's index.
+    pub kilo_index: u32,
+    /// The routes and rules kg installs.
+    pub plan: RoutePlan,
+    /// The iptables rules kg installs (`None` before the first apply).
+    pub rules: Option<RuleSet>,
+    /// The CIDRs withheld from routing, described.
+    pub withheld: Vec<String>,
+    /// Recent reconcile errors, oldest first.
+    pub errors: VecDeque<String>,
+}
+
+/// The published value, shared by the reconcile loop (writer) and the HTTP server (reader).
+#[derive(Debug, Default)]
+pub struct StatusBoard(Mutex<Published>);
+
+impl StatusBoard {
+    /// Changes the published value in place.
+    pub fn update(&self, change: impl FnOnce(&mut Published)) {
+        change(&mut self.0.lock());
+    }
+
+    /// Records a reconcile error, keeping the last [`ERRORS_KEPT`].
+    pub fn error(&self, message: String) {
+        let mut published = self.0.lock();
+        if published.errors.len() == ERRORS_KEPT {
+            published.errors.pop_front();
+        }
+        published.errors.push_back(message);
+    }
+
+    /// A copy of the published value.
+    pub fn snapshot(&self) -> Published {
+        self.0.lock().clone()
+    }
+}
+
+/// Describes a route or rule change as the `ip` command would.
+pub fn describe(op: &RouteOp, names: &BTreeMap<u32, String>) -> String {
+    let dev = |index: u32| {
+        names
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| format!("#{index}"))
+    };
+    match op {
+        RouteOp::ReplaceRoute(r) | RouteOp::DeleteRoute(r) => {
+            let verb = if matches!(op, RouteOp::ReplaceRoute(_)) {
+                "missing or different: ip route replace"
+            } else {
+                "unexpected: ip route del"
+            };
+            let mut line = format!("{verb} {}", r.dst);
+            if let Some(gw) = r.gateway {
+                line.push_str(&format!(" via {gw}"));
+            }
+            line.push_str(&format!(" dev {}", dev(r.link)));
+            if let Some(src) = r.src {
+                line.push_str(&format!(" src {src}"));
+            }
+            if r.onlink {
+                line.push_str(" onlink");
+            }
+            if r.table != 254 {
+                line.push_str(&format!(" table {}", r.table));
+            }
+            line
+        }
+        RouteOp::AddRule(rule) | RouteOp::DeleteRule(rule) => {
+            let verb = if matches!(op, RouteOp::AddRule(_)) {
+                "missing: ip rule add"
+            } else {
+                "unexpected: ip rule del"
+            };
+            let mut line = verb.to_string();
+            if let Some(src) = rule.src {
+                line.push_str(&format!(" from {src}"));
+            }
+            if let Some(dst) = rule.dst {
+                line.push_str(&format!(" to {dst}"));
+            }
+            if let Some(iif) = &rule.iif {
+                line.push_str(&format!(" iif {iif}"));
+            }
+            line.push_str(&format!(" lookup {}", rule.table));
+            line
+        }
+    }
+}
+
+/// Unix seconds of `at`.
+fn unix(at: std::time::SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Names each WireGuard peer of `t` by its public key: (kind, name, leader).
+fn peer_names(t: &Topology) -> BTreeMap<String, (PeerKind, String, String)> {
+    let mut names = BTreeMap::new();
+    for s in t.segments.iter().filter(|s| s.key != t.location) {
+        names.insert(
+            s.public_key.to_string(),
+            (
+                PeerKind::Segment,
+                s.key.clone(),
+                s.leader_member().name.clone(),
+            ),
+        );
+    }
+    for p in &t.peers {
+        if let Some(key) = p.public_key {
+            names.insert(
+                key.to_string(),
+                (PeerKind::Peer, p.name.clone(), String::new()),
+            );
+        }
+    }
+    names
+}
+
+/// Lists the kernel's routes and rules and iptables, and says what differs from `published`.
+async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
+    let netlink = Netlink::connect()?;
+    let observed = netlink.observe().await?;
+    let names: BTreeMap<u32, String> = netlink
+        .links()
+        .await?
+        .into_iter()
+        .map(|l| (l.index, l.name))
+        .collect();
+    let ops = diff(
+        &published.plan,
+        &observed,
+        &published.plan,
+        published.kilo_index,
+    );
+    let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
+    if let Some(rules) = published.rules.clone() {
+        let firewall = tokio::task::spawn_blocking(move || {
+            super::iptables::drift(&rules, super::iptables::v6_available())
+        })
+        .await??;
+        lines.extend(firewall);
+    }
+    Ok(lines)
+}
+
+/// The probes of `/status?probe=true`: the path MTU to every peer's endpoint and IPIP to every
+/// other node of the location that is reached through the tunnel. Runs the probes in parallel.
+fn run_probes(published: &Published, peers: &[PeerStatus]) -> Probes {
+    let mut mtu_targets: Vec<(String, IpAddr)> = peers
+        .iter()
+        .filter_map(|p| {
+            let endpoint = p.endpoint.as_ref().or(p.configured_endpoint.as_ref())?;
+            let ip = endpoint.parse::<std::net::SocketAddr>().ok()?.ip();
+            Some((p.name.clone(), ip))
+        })
+        .collect();
+    mtu_targets.truncate(PROBED_PEERS);
+    let mut ipip_targets = Vec::new();
+    if let (Some(t), Some(_), true) = (
+        published.topology.as_deref(),
+        &published.tunnel,
+        published.encapsulate != Encapsulate::Never,
+    ) {
+        let local_private = t.private_ip;
+        if let Some(own) = t.segments.iter().find(|s| s.key == t.location) {
+            for m in own.members.iter().filter(|m| m.name != t.hostname) {
+                let Some(private) = m.private_ip else {
+                    continue;
+                };
+                let same_subnet = local_private.is_some_and(|l| l.contains(&private.addr()));
+                if published.encapsulate == Encapsulate::CrossSubnet && same_subnet {
+                    continue;
+                }
+                let Some(target) = m.pod_cidr.hosts().next() else {
+                    continue;
+                };
+                ipip_targets.push((m.name.clone(), private.addr(), target));
+            }
+        }
+    }
+    ipip_targets.truncate(PROBED_PEERS);
+    let mtu = published.mtu;
+    std::thread::scope(|scope| {
+        let mtu_runs: Vec<_> = mtu_targets
+            .iter()
+            .enumerate()
+            .map(|(i, (name, ip))| {
+                let needed = mtu + probe::WIREGUARD_DATA_OVERHEAD + probe::ip_header(*ip);
+                scope.spawn(move || probe::path_mtu(name, *ip, needed, (i as u16) * 8))
+            })
+            .collect();
+        let ipip_runs: Vec<_> = ipip_targets
+            .iter()
+            .enumerate()
+            .map(|(i, (name, private, target))| {
+                scope.spawn(move || probe::ipip(name, *private, *target, 1024 + (i as u16) * 8))
+            })
+            .collect();
+        Probes {
+            path_mtu: mtu_runs.into_iter().filter_map(|h| h.join().ok()).collect(),
+            ipip: ipip_runs
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .collect(),
+        }
+    })
+}
+
+/// This node's status: the published value, the engine's live state, the drift of the host
+/// and, with `probe`, the path probes.
+pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> NodeStatus {
+    let published = board.snapshot();
+    let names = published
+        .topology
+        .as_deref()
+        .map(peer_names)
+        .unwrap_or_default();
+    let engine = Arc::clone(wg);
+    let read = tokio::task::spawn_blocking(move || {
+        (engine.read(), engine.drops(), engine.rejected_handshakes())
+    })
+    .await;
+    let mut status = NodeStatus {
+        node: published.node.clone(),
+        location: published
+            .topology
+            .as_ref()
+            .map(|t| t.location.clone())
+            .unwrap_or_default(),
+        leader: published.topology.as_ref().is_some_and(|t| t.leader),
+        granularity: published.granularity.clone(),
+        interface: published.interface.clone(),
+        mtu: published.mtu,
+        port: published.topology.as_ref().map_or(0, |t| t.port),
+        encapsulate: match published.encapsulate {
+            Encapsulate::Never => "never",
+            Encapsulate::CrossSubnet => "crosssubnet",
+            Encapsulate::Always => "always",
+        }
+        .to_string(),
+        tunnel: published.tunnel.clone(),
+        withheld: published.withheld.clone(),
+        errors: published.errors.iter().cloned().collect(),
+        ..Default::default()
+    };
+    match read {
+        Ok((Ok((config, stats)), drops, rejected)) => {
+            for s in stats {
+                let key = control::Key(*s.public_key.as_bytes()).to_string();
+                let configured = config.peers.iter().find(|p| p.public_key == s.public_key);
+                let (kind, name, leader) = names.get(&key).cloned().unwrap_or((
+                    PeerKind::Peer,
+                    String::new(),
+                    String::new(),
+                ));
+                status.peers.push(PeerStatus {
+                    kind,
+                    name,
+                    leader,
+                    public_key: key,
+                    configured_endpoint: configured.and_then(|p| p.endpoint).map(|e| e.to_string()),
+                    endpoint: s.endpoint.map(|e| e.to_string()),
+                    persistent_keepalive: configured.map_or(0, |p| p.persistent_keepalive),
+                    last_handshake_unix: s.last_handshake.map(unix),
+                    handshakes: s.handshakes,
+                    handshake_failures: s.handshake_failures,
+                    rx_bytes: s.rx_bytes,
+                    tx_bytes: s.tx_bytes,
+                });
+            }
+            status.drops = drops
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(r, n)| (r.name().to_string(), n))
+                .collect();
+            status.rejected_handshakes = rejected
+                .into_iter()
+                .map(|r| RejectedHandshakeStatus {
+                    reason: r.reason.name().to_string(),
+                    from: r.from.to_string(),
+                    public_key: r
+                        .public_key
+                        .map(|k| control::Key(*k.as_bytes()).to_string()),
+                    at_unix: unix(r.at),
+                })
+                .collect();
+        }
+        Ok((Err(e), _, _)) => status
+            .errors
+            .push(format!("reading the WireGuard device: {e:#}")),
+        Err(e) => status
+            .errors
+            .push(format!("reading the WireGuard device: {e}")),
+    }
+    match drift(&published).await {
+        Ok(lines) => status.drift = Some(lines),
+        Err(e) => status.drift_error = Some(format!("{e:#}")),
+    }
+    if probe {
+        let peers = status.peers.clone();
+        let publishedc = published.clone();
+        status.probes = tokio::task::spawn_blocking(move || run_probes(&publishedc, &peers))
+            .await
+            .ok();
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use control::routes::{Route, Rule};
+
+    #[test]
+    fn describes_changes_as_ip_commands() {
+        let names = BTreeMap::from([(5, "kilo0".to_string())]);
+        let route = Route {
+            table: 1107,
+            dst: "10.42.3.0/24".parse().unwrap(),
+            gateway: Some("10.4.0.2".parse().unwrap()),
+            link: 5,
+            src: None,
+            onlink: true,
+        };
+        assert_eq!(
+            describe(&RouteOp::ReplaceRoute(route.clone()), &names),
+            "missing or different: ip route replace 10.42.3.0/24 via 10.4.0.2 dev kilo0 onlink table 1107"
+        );
+        let rule = Rule {
+            src: None,
+            dst: Some("192.168.10.2/32".parse().unwrap()),
+            iif: Some("kilo0".into()),
+            table: 1107,
+        };
+        assert_eq!(
+            describe(&RouteOp::AddRule(rule), &names),
+            "missing: ip rule add to 192.168.10.2/32 iif kilo0 lookup 1107"
+        );
+        let unnamed = Route { link: 9, ..route };
+        assert!(describe(&RouteOp::DeleteRoute(unnamed), &names).contains("dev #9"));
+    }
+
+    #[test]
+    fn errors_keep_the_last_few() {
+        let board = StatusBoard::default();
+        for i in 0..ERRORS_KEPT + 3 {
+            board.error(format!("e{i}"));
+        }
+        let errors = board.snapshot().errors;
+        assert_eq!(errors.len(), ERRORS_KEPT);
+        assert_eq!(errors.front().unwrap(), "e3");
+    }
+}

@@ -1,0 +1,273 @@
+//! `kgctl diagnose [NODE]`: reads the cluster from the backend and the node's own view from its
+//! kg (`/status` on kg's `--listen` port, with path probes), judges both with
+//! `control::diagnosis`, and says in plain words what is wrong and what to do. Exits non-zero
+//! when anything is wrong; `-o json` prints the findings (and the node's status) as JSON.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use control::diagnosis::{cluster_findings, has_problems, node_findings, Finding, Severity};
+use control::status::NodeStatus;
+use control::translate_node;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{view, KgctlArgs};
+
+/// How long kgctl waits for kg's `/status` (the probes take a few seconds).
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `kgctl diagnose`.
+#[derive(Debug, Args)]
+pub struct DiagnoseArgs {
+    /// The node to diagnose (default: this machine, by its hostname).
+    pub node: Option<String>,
+    /// kg's HTTP address (default: 127.0.0.1 for this machine, else the node's internal IP,
+    /// or its endpoint's address, on --kg-port).
+    #[arg(long)]
+    pub kg_url: Option<String>,
+    /// kg's `--listen` port.
+    #[arg(long, default_value_t = 1107)]
+    pub kg_port: u16,
+    /// Probe the paths to the node's peers (path MTU, IPIP); `--probe=false` skips it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub probe: bool,
+    /// Output format: text or json.
+    #[arg(short = 'o', long, default_value = "text")]
+    pub output: String,
+}
+
+/// What `-o json` prints.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The node diagnosed.
+    pub node: String,
+    /// Where its kg was asked.
+    pub kg_url: String,
+    /// What its kg reported (`None` when it could not be reached).
+    pub status: Option<NodeStatus>,
+    /// Everything found, problems first.
+    pub findings: Vec<Finding>,
+    /// How many findings are problems.
+    pub problems: usize,
+}
+
+/// Runs `kgctl diagnose`: (stdout, true when something is wrong).
+pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
+    let json = match d.output.as_str() {
+        "text" => false,
+        "json" => true,
+        other => bail!("-o {other:?} is not one of text, json"),
+    };
+    let snapshot = super::snapshot(args).await?;
+    let now = super::now_unix();
+    let all: Vec<control::Node> = snapshot
+        .nodes
+        .values()
+        .map(|n| translate_node(n, &args.topology_label).0)
+        .collect();
+    let v = view(&snapshot, &args.mesh_granularity, &args.topology_label, now)?;
+    let topology = v.topology(None, args.port).ok();
+    let mut findings = cluster_findings(&all, &v.peers, topology.as_ref(), now);
+
+    let (node, local) = match &d.node {
+        Some(n) => (n.clone(), false),
+        None => (
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("reading this machine's hostname (name the node)")?
+                .trim()
+                .to_string(),
+            true,
+        ),
+    };
+    let url = match &d.kg_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None if local => format!("http://127.0.0.1:{}", d.kg_port),
+        None => {
+            let n = all
+                .iter()
+                .find(|n| n.name == node)
+                .with_context(|| format!("no node {node:?} in the cluster"))?;
+            let ip = n
+                .internal_ip
+                .map(|i| i.addr())
+                .or_else(|| n.endpoint.as_ref().and_then(|e| e.ip()))
+                .with_context(|| format!("node {node:?} has no internal IP or endpoint address to reach its kg at; pass --kg-url"))?;
+            format!("http://{}", std::net::SocketAddr::new(ip, d.kg_port))
+        }
+    };
+    let path = format!("/status?probe={}", d.probe);
+    let status = match get_json::<NodeStatus>(&url, &path).await {
+        Ok(status) => {
+            findings.extend(node_findings(&status, &all, now));
+            Some(status)
+        }
+        Err(e) => {
+            findings.push(Finding {
+                severity: Severity::Problem,
+                check: "kg".into(),
+                subject: format!("node {node}"),
+                message: format!("kg could not be asked at {url}: {e:#}"),
+                advice: format!("check that kg runs on the node and that TCP {} (kg's --listen) is reachable from here, or pass --kg-url", d.kg_port),
+            });
+            None
+        }
+    };
+    findings.sort_by_key(|f| f.severity);
+    let wrong = has_problems(&findings);
+    let report = Report {
+        node,
+        kg_url: url,
+        problems: findings
+            .iter()
+            .filter(|f| f.severity == Severity::Problem)
+            .count(),
+        status,
+        findings,
+    };
+    let out = if json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        render_text(&report)
+    };
+    Ok((out, wrong))
+}
+
+/// The report as text: a heading, then one block per finding.
+pub fn render_text(r: &Report) -> String {
+    let mut out = match &r.status {
+        Some(s) if !s.location.is_empty() => format!(
+            "node {} ({}, {}), kg at {}\n",
+            r.node,
+            s.location,
+            if s.leader { "leader" } else { "not the leader" },
+            r.kg_url
+        ),
+        _ => format!("node {}, kg at {}\n", r.node, r.kg_url),
+    };
+    for f in &r.findings {
+        let label = match f.severity {
+            Severity::Problem => "PROBLEM",
+            Severity::Warning => "WARNING",
+            Severity::Info => "INFO",
+        };
+        out.push_str(&format!("\n{label:<8} {}: {}\n", f.check, f.subject));
+        for line in f.message.lines() {
+            out.push_str(&format!("         {line}\n"));
+        }
+        if !f.advice.is_empty() {
+            out.push_str(&format!("         what to do: {}\n", f.advice));
+        }
+    }
+    let warnings = r
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warning)
+        .count();
+    out.push_str(&format!(
+        "\n{} problem(s), {warnings} warning(s)\n",
+        r.problems
+    ));
+    out
+}
+
+/// `GET url+path` (plain HTTP/1.1, `Connection: close`), decoded from JSON.
+async fn get_json<T: serde::de::DeserializeOwned>(url: &str, path: &str) -> Result<T> {
+    let authority = url
+        .strip_prefix("http://")
+        .with_context(|| format!("{url:?}: only http:// URLs are supported"))?;
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(authority)
+            .await
+            .with_context(|| format!("connecting to {authority}"))?;
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        anyhow::Ok(raw)
+    };
+    let raw = tokio::time::timeout(STATUS_TIMEOUT, exchange)
+        .await
+        .with_context(|| format!("no answer within {} s", STATUS_TIMEOUT.as_secs()))??;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("the answer is not HTTP")?;
+    let status_line = head.lines().next().unwrap_or_default();
+    if !status_line.contains(" 200") {
+        bail!("{path} answered {status_line:?} (is this kilotun's kg? Kilo's kg has no /status)");
+    }
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)?
+    } else {
+        body.to_string()
+    };
+    serde_json::from_str(&body).with_context(|| format!("{path}: not a kilotun status"))
+}
+
+/// Joins an HTTP/1.1 chunked body.
+fn dechunk(mut body: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").context("a chunk without a size")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .context("a chunk size that is not hexadecimal")?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).context("a chunk shorter than its size")?);
+        body = rest.get(size + 2..).unwrap_or("");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_chunks() {
+        assert_eq!(
+            dechunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n").unwrap(),
+            "Wikipedia"
+        );
+        assert!(dechunk("zz\r\n").is_err());
+    }
+
+    #[test]
+    fn text_names_each_finding_and_counts_problems() {
+        let report = Report {
+            node: "n1".into(),
+            kg_url: "http://127.0.0.1:1107".into(),
+            status: None,
+            findings: vec![
+                Finding {
+                    severity: Severity::Problem,
+                    check: "ipip".into(),
+                    subject: "node n2".into(),
+                    message: "IP protocol 4 is blocked".into(),
+                    advice: "allow it".into(),
+                },
+                Finding {
+                    severity: Severity::Info,
+                    check: "leader".into(),
+                    subject: "location:east".into(),
+                    message: "n1 leads".into(),
+                    advice: String::new(),
+                },
+            ],
+            problems: 1,
+        };
+        let text = render_text(&report);
+        assert!(text.contains("PROBLEM  ipip: node n2\n         IP protocol 4 is blocked\n         what to do: allow it\n"), "{text}");
+        assert!(text.contains("INFO     leader: location:east"), "{text}");
+        assert!(text.ends_with("1 problem(s), 0 warning(s)\n"), "{text}");
+    }
+}
