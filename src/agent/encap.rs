@@ -69,6 +69,19 @@ impl Tunnel {
                     owned: false,
                 });
             }
+            // A tunl0 of kg's own next to Cilium makes the kernel detect TX recursion: wait for
+            // Cilium's link instead, routing without encapsulation until it appears.
+            Compatibility::Cilium if netlink.has_ipip().await? => {
+                tracing::warn!("--compatibility=cilium: Cilium's {CILIUM_TUNNEL} does not exist; kg does not create {KERNEL_IPIP} next to Cilium (the kernel would detect TX recursion). Run Cilium with enable-ipip-termination=true so it creates {CILIUM_TUNNEL}; until then traffic inside the location is not encapsulated, and the WireGuard mesh between locations is unaffected");
+                return Ok(Self::Kernel {
+                    name: CILIUM_TUNNEL,
+                    owned: false,
+                });
+            }
+            Compatibility::Cilium => {
+                tracing::info!("--compatibility=cilium: the kernel has no IPIP; encapsulating inside locations with kilotun's userspace IPIP ({USERSPACE_IPIP})");
+                return Ok(Self::Userspace(UserspaceIpip::start(USERSPACE_IPIP)?));
+            }
             _ => {}
         }
         match netlink.add_ipip(KERNEL_IPIP).await {
@@ -152,5 +165,110 @@ impl Tunnel {
             .map(|s| s.private_ips().collect())
             .unwrap_or_default();
         device.set_table(IpipTable::new(routes, sources));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::netlink::Link;
+    use crate::agent::twins::MemKernel;
+
+    fn host() -> MemKernel {
+        let eth0 = Link {
+            index: 2,
+            name: "eth0".into(),
+            mtu: 1500,
+            up: true,
+        };
+        MemKernel::new(vec![eth0], Vec::new(), Some(2))
+    }
+
+    // This machine's kernel has no IPIP, so the kernel-with-IPIP side of the Cilium decision
+    // is shown on the in-memory twin of the kernel.
+    #[tokio::test]
+    async fn cilium_without_its_tunnel_never_gets_a_tunl0_of_kg() {
+        let kernel = host().with_ipip();
+        let before = kernel.link_names();
+        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
+            .await
+            .unwrap();
+        assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
+        assert!(matches!(tunnel, Tunnel::Kernel { owned: false, .. }));
+        assert_eq!(kernel.link_names(), before, "no link created");
+        assert_eq!(kernel.calls().writes, 0);
+        // Until Cilium creates its link, the tunnel is missing: routes go unencapsulated.
+        let index = tunnel
+            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500))
+            .await
+            .unwrap();
+        assert_eq!(index, None);
+    }
+
+    #[tokio::test]
+    async fn cilium_with_its_tunnel_uses_it() {
+        let kernel = MemKernel::new(
+            vec![Link {
+                index: 7,
+                name: CILIUM_TUNNEL.into(),
+                mtu: 1480,
+                up: false,
+            }],
+            Vec::new(),
+            None,
+        )
+        .with_ipip();
+        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
+            .await
+            .unwrap();
+        assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
+        let index = tunnel
+            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500))
+            .await
+            .unwrap();
+        assert_eq!(index, Some(7));
+        assert_eq!(
+            kernel.link_names(),
+            [CILIUM_TUNNEL, KERNEL_IPIP],
+            "no link created"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_cilium_the_kernels_ipip_is_used_where_it_exists() {
+        let kernel = host().with_ipip();
+        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Ipip)
+            .await
+            .unwrap();
+        assert_eq!(tunnel.name(), Some(KERNEL_IPIP));
+        assert!(matches!(tunnel, Tunnel::Kernel { owned: true, .. }));
+    }
+
+    #[tokio::test]
+    async fn cilium_on_a_kernel_without_ipip_uses_the_userspace_device() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping cilium_on_a_kernel_without_ipip_uses_the_userspace_device: the userspace IPIP device needs root");
+            return;
+        }
+        let kernel = host();
+        // The userspace device is a real TUN link: create it in a namespace of its own.
+        let tunnel = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // SAFETY: unshare on this thread only, which then exits.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            runtime.block_on(async {
+                let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
+                    .await
+                    .unwrap();
+                (tunnel.name().map(str::to_string), kernel.calls().writes)
+            })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(tunnel, (Some(USERSPACE_IPIP.to_string()), 0));
     }
 }

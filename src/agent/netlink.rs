@@ -120,6 +120,23 @@ impl Netlink {
         }
     }
 
+    /// True when the kernel has IPIP, loaded or loadable: its fallback device `tunl0` exists,
+    /// the `ipip` module is loaded, or the running kernel's module list has it. Creates nothing.
+    pub async fn has_ipip(&self) -> Result<bool> {
+        if self.link_by_name("tunl0").await?.is_some()
+            || std::path::Path::new("/sys/module/ipip").exists()
+        {
+            return Ok(true);
+        }
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let modules = format!("/lib/modules/{}/modules", release.trim());
+        let listed = |file: &str| {
+            std::fs::read_to_string(format!("{modules}.{file}"))
+                .is_ok_and(|list| list.lines().any(|l| l.contains("/ipip.ko")))
+        };
+        Ok(listed("dep") || listed("builtin"))
+    }
+
     /// Deletes a link.
     pub async fn delete_link(&self, index: u32) -> Result<()> {
         self.handle

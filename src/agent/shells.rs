@@ -30,6 +30,8 @@ pub trait Kernel: Send + Sync {
     }
     /// Makes sure the kernel IPIP link `name` exists.
     fn add_ipip(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// True when the kernel has IPIP (loaded or loadable), without creating anything.
+    fn has_ipip(&self) -> impl Future<Output = Result<bool>> + Send;
     /// Deletes a link.
     fn delete_link(&self, index: u32) -> impl Future<Output = Result<()>> + Send;
     /// Sets a link's MTU.
@@ -60,6 +62,9 @@ impl Kernel for Netlink {
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         Netlink::add_ipip(self, name).await
+    }
+    async fn has_ipip(&self) -> Result<bool> {
+        Netlink::has_ipip(self).await
     }
     async fn delete_link(&self, index: u32) -> Result<()> {
         Netlink::delete_link(self, index).await

@@ -31,6 +31,8 @@ struct KernelState {
     default_link: Option<u32>,
     routes: RoutePlan,
     calls: Calls,
+    /// The kernel has IPIP: `add_ipip` creates the link.
+    ipip: bool,
 }
 
 /// An in-memory kernel: links, addresses, a default route, kg's routes and rules.
@@ -50,6 +52,33 @@ impl MemKernel {
                 ..Default::default()
             })),
         }
+    }
+
+    /// Gives this kernel IPIP: `tunl0` exists, as the loaded module makes it, and `add_ipip`
+    /// creates links.
+    pub fn with_ipip(self) -> Self {
+        {
+            let mut s = self.state.lock();
+            s.ipip = true;
+            let index = s.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
+            s.links.push(Link {
+                index,
+                name: "tunl0".into(),
+                mtu: 1480,
+                up: false,
+            });
+        }
+        self
+    }
+
+    /// Names of the links this kernel has.
+    pub fn link_names(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .links
+            .iter()
+            .map(|l| l.name.clone())
+            .collect()
     }
 
     /// The calls so far.
@@ -93,7 +122,24 @@ impl Kernel for MemKernel {
         Ok(self.read(|s| s.default_link))
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
-        anyhow::bail!("this kernel has no IPIP (creating {name})")
+        if !self.read(|s| s.ipip) {
+            anyhow::bail!("this kernel has no IPIP (creating {name})")
+        }
+        self.write(|s| {
+            if !s.links.iter().any(|l| l.name == name) {
+                let index = s.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
+                s.links.push(Link {
+                    index,
+                    name: name.to_string(),
+                    mtu: 1480,
+                    up: false,
+                });
+            }
+        });
+        Ok(())
+    }
+    async fn has_ipip(&self) -> Result<bool> {
+        Ok(self.read(|s| s.ipip))
     }
     async fn delete_link(&self, index: u32) -> Result<()> {
         self.write(|s| s.links.retain(|l| l.index != index));
