@@ -142,3 +142,130 @@ fn allowed_location_ips_on_the_wrong_location_never_take_down_the_shared_subnet(
         assert!(gone, "{node}:\n{}", routes(&c, node));
     }
 }
+
+/// The Peer `gateway`, claiming `allowed` (no endpoint, a key nobody holds), in the cluster
+/// directory.
+fn write_peer(c: &Cluster, name: &str, allowed: &[&str]) {
+    let key = common::run(&["sh", "-c", "wg genkey | wg pubkey"]);
+    let ips: String = allowed.iter().map(|a| format!("  - {a}\n")).collect();
+    std::fs::write(
+        c.dir.join(format!("peer-{name}.yaml")),
+        format!(
+            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n{ips}  publicKey: {}\n",
+            key.trim()
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
+    if !common::can_run("an_endpoint_inside_a_peers_allowed_ips_still_handshakes") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n3", "west")]);
+    // A Peer claims west's whole underlay subnet, n3's endpoint among it, before kg starts.
+    write_peer(&c, "gateway", &["192.168.20.0/24"]);
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let endpoint = c.node("n3").ip.clone();
+    let table = routes(&c, "n1");
+    assert!(
+        table.lines().any(|l| l.starts_with("192.168.20.0/24 dev ")),
+        "the Peer's CIDR is routed into the tunnel: {table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&format!("{endpoint} via 192.168.10.254 dev eth0"))),
+        "n3's endpoint keeps to the underlay: {table}"
+    );
+    let needle = format!("WireGuard endpoint {endpoint} of node n3 is inside 192.168.20.0/24");
+    let warned = |c: &Cluster| {
+        c.node("n1")
+            .log_text()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(&needle))
+            .count()
+    };
+    // The log is written a moment after the route.
+    assert!(
+        c.wait_for(Duration::from_secs(10), |c| warned(c) > 0),
+        "{}",
+        c.node("n1").log_text()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(warned(&c), 1, "said once: {}", c.node("n1").log_text());
+    // The handshake completes: n1 has a recent one with n3.
+    let handshakes = c.node("n1").wg("latest-handshakes");
+    assert!(
+        handshakes.lines().any(|l| !l.trim_end().ends_with("\t0")),
+        "{handshakes}"
+    );
+}
+
+#[test]
+fn overlapping_allowed_location_ips_route_alike_on_every_node() {
+    if !common::can_run("overlapping_allowed_location_ips_route_alike_on_every_node") {
+        return;
+    }
+    let mut c = Cluster::new(&["x", "y", "z"]);
+    let specs = [
+        ("n1", "x", "10.9.0.0/24"),
+        ("n2", "y", "10.9.0.0/16"),
+        ("n3", "z", ""),
+    ];
+    for (i, (name, location, claim)) in specs.iter().enumerate() {
+        let annotations: &[(&str, &str)] = if claim.is_empty() {
+            &[]
+        } else {
+            &[(ALLOWED_LOCATION_IPS, claim)]
+        };
+        let spec = NodeSpec {
+            name,
+            location,
+            annotations,
+        };
+        c.add_node(&spec, i as u8 + 1);
+    }
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never", "--resync-period=1s"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    // Kilo's rule, the same on every node: location x's /24 gives way to y's /16, which every
+    // node but y's routes to y.
+    let claim_routes = |node: &str| -> Vec<String> {
+        routes(&c, node)
+            .lines()
+            .filter(|l| l.starts_with("10.9."))
+            .map(|l| l.split(" proto").next().unwrap_or(l).to_string())
+            .collect()
+    };
+    let via_y = |node: &str| -> Vec<String> {
+        let dev = &c.node(node).iface;
+        vec![format!("10.9.0.0/16 via 10.4.0.2 dev {dev}")]
+    };
+    for _ in 0..3 {
+        assert_eq!(claim_routes("n1"), via_y("n1"), "{}", c.logs());
+        assert_eq!(claim_routes("n3"), via_y("n3"), "{}", c.logs());
+        assert!(claim_routes("n2").is_empty(), "{}", c.logs());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for node in ["n1", "n2", "n3"] {
+        let named = c
+            .node(node)
+            .log_text()
+            .lines()
+            .filter(|l| {
+                l.contains(" WARN ")
+                    && l.contains("location:x: 10.9.0.0/24 dropped")
+                    && l.contains("10.9.0.0/16 of location:y")
+            })
+            .count();
+        assert_eq!(named, 1, "{node}: {}", c.node(node).log_text());
+    }
+}

@@ -455,6 +455,111 @@ impl Planner<'_> {
     }
 }
 
+/// A WireGuard peer's endpoint that a route into the tunnel covers, and the host route that
+/// keeps the tunnel's own packets to it on the underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bypass {
+    /// The node or Peer reached at the endpoint.
+    pub owner: String,
+    /// The endpoint's address.
+    pub endpoint: IpAddr,
+    /// The tunnel route that covers it.
+    pub covered_by: IpNet,
+    /// The host route added: the endpoint through the underlay route the host has for it.
+    pub route: Route,
+}
+
+impl std::fmt::Display for Bypass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the WireGuard endpoint {} of {} is inside {}, which is routed into the tunnel; WireGuard's packets to it keep to the underlay through a host route",
+            self.endpoint, self.owner, self.covered_by
+        )
+    }
+}
+
+impl Topology {
+    /// The endpoints this node's WireGuard peers are reached at (the discovered one for a peer
+    /// behind NAT), with who is there. Only a leader has peers.
+    pub fn peer_endpoints(&self) -> Vec<(String, IpAddr)> {
+        if !self.leader {
+            return Vec::new();
+        }
+        let segments = self
+            .segments
+            .iter()
+            .filter(|s| s.key != self.location)
+            .filter_map(|s| {
+                let ip = self
+                    .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)?
+                    .ip()?;
+                Some((format!("node {}", s.leader_member().name), ip))
+            });
+        let peers = self.peers.iter().filter_map(|p| {
+            let key = p.public_key.as_ref()?;
+            let ip = self
+                .effective_endpoint(p.endpoint.as_ref(), key, p.persistent_keepalive)?
+                .ip()?;
+            Some((format!("peer {}", p.name), ip))
+        });
+        segments.chain(peers).collect()
+    }
+
+    /// Keeps WireGuard's own packets out of the tunnel: for every peer endpoint that a route of
+    /// `plan` on the WireGuard link `kilo` covers (allowed IPs that include another peer's
+    /// endpoint), adds a host route to the endpoint through the best of `underlay`, the host's
+    /// other main-table routes (longest prefix of the same family). The longest prefix wins
+    /// over the tunnel route, only for that address, and nothing else of Kilo's routing changes.
+    /// Returns what was added.
+    pub fn bypass_endpoints(
+        &self,
+        plan: &mut RoutePlan,
+        kilo: u32,
+        underlay: &[Route],
+    ) -> Vec<Bypass> {
+        let mut added = Vec::new();
+        for (owner, endpoint) in self.peer_endpoints() {
+            let host = host_net(endpoint);
+            let Some(tunnel) = plan
+                .routes
+                .iter()
+                .filter(|r| r.table == MAIN_TABLE && r.link == kilo)
+                .find(|r| r.dst.contains(&endpoint))
+                .map(|r| r.dst)
+            else {
+                continue;
+            };
+            let Some(via) = underlay
+                .iter()
+                .filter(|r| r.link != kilo && r.dst.contains(&endpoint))
+                .max_by_key(|r| r.dst.prefix_len())
+            else {
+                continue;
+            };
+            let route = Route {
+                table: MAIN_TABLE,
+                dst: host,
+                gateway: via.gateway,
+                link: via.link,
+                src: None,
+                onlink: via.gateway.is_some(),
+            };
+            // A tunnel route to exactly the endpoint gives way to it.
+            plan.routes
+                .retain(|r| !(r.table == MAIN_TABLE && r.dst == host && r.link == kilo));
+            plan.insert_route(route.clone());
+            added.push(Bypass {
+                owner,
+                endpoint,
+                covered_by: tunnel,
+                route,
+            });
+        }
+        added
+    }
+}
+
 impl Topology {
     /// The routes and rules this node needs, on a node with no connected network to guard.
     pub fn route_plan(&self, options: &RouteOptions) -> RoutePlan {

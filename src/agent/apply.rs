@@ -9,7 +9,9 @@ use anyhow::Result;
 use control::iptables::{IptablesOptions, RuleSet};
 use control::nat::discover_nat_endpoints;
 use control::node::Node;
-use control::routes::{apply_ops, diff, Encapsulate, Links, RouteOptions, RoutePlan, Withheld};
+use control::routes::{
+    apply_ops, diff, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld,
+};
 use control::{Peer, Topology};
 use dataplane::{DeviceConfig, InterfaceConfig};
 use ipnet::IpNet;
@@ -159,8 +161,31 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .as_ref()
             .expect("listed above")
             .connected_networks(&own);
-        let (plan, withheld) = t.guarded_route_plan(&options, &connected);
+        let (mut plan, withheld) = t.guarded_route_plan(&options, &connected);
         self.report_withheld(t, &withheld);
+        // The host's own routes: what the kernel has in main, less kg's.
+        let underlay: Vec<Route> = self
+            .memo
+            .host
+            .as_ref()
+            .expect("listed above")
+            .main_routes
+            .iter()
+            .filter(|r| !own.contains(&r.link))
+            .filter(|r| {
+                !self
+                    .owned
+                    .routes
+                    .iter()
+                    .any(|o| o.table == r.table && o.dst == r.dst && o.link == r.link)
+            })
+            .cloned()
+            .collect();
+        let bypasses = t.bypass_endpoints(&mut plan, kilo, &underlay);
+        let lines = bypasses.iter().map(ToString::to_string).collect();
+        for line in self.problems.fresh_lines("endpoint bypasses", lines) {
+            tracing::warn!("{line}");
+        }
         if let Some(index) = tunnel {
             self.tunnel.update(&plan, index, t);
         }

@@ -61,6 +61,8 @@ pub(super) struct HostView {
     pub links: Vec<Link>,
     /// Every address with its link.
     pub addresses: Vec<(u32, IpNet)>,
+    /// The main table's unicast routes, kg's among them.
+    pub main_routes: Vec<control::routes::Route>,
 }
 
 impl HostView {
@@ -157,7 +159,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 .collect(),
         };
         let node_internal = &local.internal_ips;
-        let default_link = self.netlink.default_route_link().await?;
+        let main_routes = self.netlink.main_routes().await?;
+        let default_link = main_routes
+            .iter()
+            .find(|r| r.dst.prefix_len() == 0)
+            .map(|r| r.link);
         let candidates = Candidates {
             hostname: addresses
                 .iter()
@@ -183,6 +189,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             default_link,
             links,
             addresses,
+            main_routes,
         })
     }
 }
@@ -230,6 +237,7 @@ mod tests {
                 (5, net("10.96.0.1/32")),
                 (6, net("10.42.1.1/24")),
             ],
+            main_routes: Vec::new(),
         };
         assert_eq!(
             host.connected_networks(&[3, 4]),

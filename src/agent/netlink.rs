@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
@@ -214,8 +214,10 @@ impl Netlink {
         Ok(())
     }
 
-    /// The link of the first default route, if any.
-    pub async fn default_route_link(&self) -> Result<Option<u32>> {
+    /// The main table's unicast routes, IPv4 then IPv6 (every protocol: the host's own and
+    /// kg's alike).
+    pub async fn main_routes(&self) -> Result<Vec<Route>> {
+        let mut out = Vec::new();
         for v6 in [false, true] {
             let msg = if v6 {
                 RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
@@ -231,21 +233,14 @@ impl Netlink {
                 .try_collect()
                 .await
                 .context("listing routes")?;
-            let found = routes.iter().find_map(|route| {
-                let default =
-                    route.header.destination_prefix_length == 0 && table_of(route) == MAIN_TABLE;
-                default.then(|| {
-                    route.attributes.iter().find_map(|a| match a {
-                        RouteAttribute::Oif(i) => Some(*i),
-                        _ => None,
-                    })
-                })?
-            });
-            if found.is_some() {
-                return Ok(found);
-            }
+            out.extend(
+                routes
+                    .iter()
+                    .filter(|r| table_of(r) == MAIN_TABLE && r.header.kind == RouteType::Unicast)
+                    .filter_map(parse_default_or_route),
+            );
         }
-        Ok(None)
+        Ok(out)
     }
 
     /// The kernel's protocol-static routes in the main and Kilo tables, and its Kilo-table rules.
@@ -394,6 +389,32 @@ fn table_of(route: &RouteMessage) -> u32 {
             _ => None,
         })
         .unwrap_or(u32::from(route.header.table))
+}
+
+/// [`parse_route`] for a main-table route, where a default route has no destination attribute.
+fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
+    if route.header.destination_prefix_length == 0 {
+        let mut r = Route {
+            table: MAIN_TABLE,
+            dst: match route.header.address_family {
+                AddressFamily::Inet6 => "::/0".parse().ok()?,
+                _ => "0.0.0.0/0".parse().ok()?,
+            },
+            gateway: None,
+            link: 0,
+            src: None,
+            onlink: route.header.flags.contains(RouteFlags::Onlink),
+        };
+        for attr in &route.attributes {
+            match attr {
+                RouteAttribute::Gateway(a) => r.gateway = route_address(a),
+                RouteAttribute::Oif(i) => r.link = *i,
+                _ => {}
+            }
+        }
+        return Some(r);
+    }
+    parse_route(route, MAIN_TABLE)
 }
 
 fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {

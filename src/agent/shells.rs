@@ -8,7 +8,7 @@ use std::future::Future;
 use anyhow::Result;
 use control::iptables::RuleSet;
 use control::nat::DevicePeer;
-use control::routes::{RouteOp, RoutePlan};
+use control::routes::{Route, RouteOp, RoutePlan};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
@@ -22,8 +22,8 @@ pub trait Kernel: Send + Sync {
     fn links(&self) -> impl Future<Output = Result<Vec<Link>>> + Send;
     /// Every address, with its link index.
     fn addresses(&self) -> impl Future<Output = Result<Vec<(u32, IpNet)>>> + Send;
-    /// The link of the first default route, if any.
-    fn default_route_link(&self) -> impl Future<Output = Result<Option<u32>>> + Send;
+    /// The main table's unicast routes (the host's and kg's), IPv4 first.
+    fn main_routes(&self) -> impl Future<Output = Result<Vec<Route>>> + Send;
     /// The link called `name`.
     fn link_by_name(&self, name: &str) -> impl Future<Output = Result<Option<Link>>> + Send {
         async move { Ok(self.links().await?.into_iter().find(|l| l.name == name)) }
@@ -57,8 +57,8 @@ impl Kernel for Netlink {
     async fn addresses(&self) -> Result<Vec<(u32, IpNet)>> {
         Netlink::addresses(self).await
     }
-    async fn default_route_link(&self) -> Result<Option<u32>> {
-        Netlink::default_route_link(self).await
+    async fn main_routes(&self) -> Result<Vec<Route>> {
+        Netlink::main_routes(self).await
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         Netlink::add_ipip(self, name).await

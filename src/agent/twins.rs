@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use control::iptables::RuleSet;
 use control::nat::DevicePeer;
-use control::routes::{apply_ops, RouteOp, RoutePlan};
+use control::routes::{apply_ops, Route, RouteOp, RoutePlan, MAIN_TABLE};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 use parking_lot::Mutex;
@@ -118,8 +118,27 @@ impl Kernel for MemKernel {
     async fn addresses(&self) -> Result<Vec<(u32, IpNet)>> {
         Ok(self.read(|s| s.addresses.clone()))
     }
-    async fn default_route_link(&self) -> Result<Option<u32>> {
-        Ok(self.read(|s| s.default_link))
+    async fn main_routes(&self) -> Result<Vec<Route>> {
+        Ok(self.read(|s| {
+            let default = s.default_link.map(|link| Route {
+                table: MAIN_TABLE,
+                dst: "0.0.0.0/0".parse().expect("default route"),
+                gateway: None,
+                link,
+                src: None,
+                onlink: false,
+            });
+            default
+                .into_iter()
+                .chain(
+                    s.routes
+                        .routes
+                        .iter()
+                        .filter(|r| r.table == MAIN_TABLE)
+                        .cloned(),
+                )
+                .collect()
+        }))
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         if !self.read(|s| s.ipip) {
