@@ -27,7 +27,7 @@ pub struct KgctlArgs {
     /// Path to kubeconfig (default: $KUBECONFIG or ~/.kube/config).
     #[arg(long, default_value = "", global = true)]
     pub kubeconfig: String,
-    /// The granularity of the mesh: location, full, or auto (read from the nodes).
+    /// The granularity of the mesh: location, full, cross, or auto (read from the nodes).
     #[arg(long, default_value = "auto", global = true)]
     pub mesh_granularity: String,
     /// The WireGuard port of the nodes.
@@ -99,7 +99,7 @@ pub fn view(
     let granularity = match granularity {
         "auto" => all.first().and_then(|n| n.granularity).unwrap_or_default(),
         other => Granularity::parse(other).with_context(|| {
-            format!("--mesh-granularity: {other:?} is not one of location, full, auto")
+            format!("--mesh-granularity: {other:?} is not one of location, full, cross, auto")
         })?,
     };
     let subnet = all.iter().find_map(|n| n.wireguard_ip).map_or_else(

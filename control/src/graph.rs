@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use crate::node::Granularity;
 use crate::routes::Withheld;
 use crate::topology::Topology;
 
@@ -71,6 +72,10 @@ impl Topology {
         }
         for (i, a) in self.segments.iter().enumerate() {
             for b in &self.segments[i + 1..] {
+                // `cross`: no tunnel between the nodes of one location.
+                if self.granularity == Granularity::Cross && a.location == b.location {
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "\t{} -> {} [dir=both];",

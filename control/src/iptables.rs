@@ -161,9 +161,19 @@ impl Topology {
             for net in &s.allowed_ips {
                 r.nat_return(*net, "known IPs");
             }
-            if s.key == self.location {
+            if self.in_local_location(s) {
                 for net in &s.allowed_location_ips {
                     r.nat_jump("-d", *net);
+                    // Traffic inside the location's own range keeps its source (a virtual IP
+                    // in that range answered from it, as etcd's on Talos).
+                    let net = net.trunc();
+                    r.kilo_nat(
+                        &net,
+                        format!(
+                            "-s {net} -d {net} {} -j RETURN",
+                            comment("Kilo: do not NAT packets within allowed location IPs")
+                        ),
+                    );
                 }
             }
         }
@@ -247,6 +257,22 @@ mod tests {
         )
         .unwrap()
         .iptables_rules(o)
+    }
+
+    #[test]
+    fn traffic_within_the_locations_allowed_ips_keeps_its_source() {
+        // F1's b announces 192.168.178.3/32 for location 2 (b and c).
+        let keep = "-s 192.168.178.3/32 -d 192.168.178.3/32 -m comment --comment \"Kilo: do not NAT packets within allowed location IPs\" -j RETURN";
+        for host in ["b", "c"] {
+            let nat = rules(host, &IptablesOptions::default()).v4.kilo_nat;
+            let at = nat.iter().position(|r| r == keep).expect(host);
+            assert!(at < nat.len() - 1, "before MASQUERADE: {nat:?}");
+        }
+        let nat = rules("a", &IptablesOptions::default()).v4.kilo_nat;
+        assert!(
+            !nat.iter().any(|r| r == keep),
+            "another location's range: {nat:?}"
+        );
     }
 
     #[test]

@@ -70,14 +70,18 @@ pub enum Granularity {
     Location,
     /// Every node is its own segment: a full mesh.
     Full,
+    /// A WireGuard tunnel between every pair of nodes in different locations, none inside a
+    /// location (routes, or the CNI, carry traffic there): no leader to lose.
+    Cross,
 }
 
 impl Granularity {
-    /// Parses `location` or `full`.
+    /// Parses `location`, `full` or `cross`.
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "location" => Some(Self::Location),
             "full" => Some(Self::Full),
+            "cross" => Some(Self::Cross),
             _ => None,
         }
     }
@@ -87,6 +91,7 @@ impl Granularity {
         match self {
             Self::Location => "location",
             Self::Full => "full",
+            Self::Cross => "cross",
         }
     }
 }

@@ -373,7 +373,9 @@ impl Planner<'_> {
     fn leader(&mut self) {
         let t = self.t;
         for s in &t.segments {
-            if s.key == t.location {
+            if t.in_local_location(s) {
+                // In `cross` granularity the other nodes of the location are segments of their
+                // own, reached like the members of a location's segment.
                 if self.o.local && t.private_ip.is_some() {
                     self.local_members(&s.members, true);
                 } else if t.private_ip.is_some() && self.o.encapsulate != Encapsulate::Never {
@@ -489,7 +491,7 @@ impl Topology {
         let segments = self
             .segments
             .iter()
-            .filter(|s| s.key != self.location)
+            .filter(|s| !self.in_local_location(s))
             .filter_map(|s| {
                 let ip = self
                     .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)?

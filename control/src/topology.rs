@@ -51,6 +51,8 @@ pub struct Segment {
     pub allowed_ips: Vec<IpNet>,
     /// allowed-location-ips of every member, de-duplicated, sorted, filtered.
     pub allowed_location_ips: Vec<IpNet>,
+    /// The location of its leader (of its only node, in full and cross granularity).
+    pub location: String,
 }
 
 impl Segment {
@@ -138,6 +140,10 @@ pub struct Topology {
     pub discovered_endpoints: BTreeMap<Key, SocketAddr>,
     /// Allowed IPs dropped while building (conflicts), for logging.
     pub dropped: Vec<Dropped>,
+    /// The granularity the topology was built with.
+    pub granularity: Granularity,
+    /// The local node's location.
+    pub local_location: String,
 }
 
 /// The segment key of `node`.
@@ -235,6 +241,8 @@ impl Topology {
             wireguard_cidr: params.subnet,
             discovered_endpoints: local.discovered_endpoints.clone(),
             dropped: Vec::new(),
+            granularity: params.granularity,
+            local_location: local.location.clone(),
         };
 
         let mut allocator = Allocator::new(params.subnet);
@@ -287,6 +295,7 @@ impl Topology {
                 wireguard_ip,
                 allowed_ips,
                 allowed_location_ips,
+                location: head.location.clone(),
             });
         }
 
@@ -350,6 +359,13 @@ impl Topology {
             kept.push(*ip);
         }
         kept
+    }
+
+    /// True when `s` is reached without WireGuard: the local segment, and in `cross`
+    /// granularity every node of the local node's location.
+    pub fn in_local_location(&self, s: &Segment) -> bool {
+        s.key == self.location
+            || (self.granularity == Granularity::Cross && s.location == self.local_location)
     }
 
     /// The local segment.

@@ -93,7 +93,7 @@ impl Topology {
         let mut keys: BTreeSet<Key> = local_key.copied().into_iter().collect();
         let mut claimed = BTreeSet::new();
         let mut peers = Vec::with_capacity(self.segments.len() + self.peers.len());
-        for s in self.segments.iter().filter(|s| s.key != self.location) {
+        for s in self.segments.iter().filter(|s| !self.in_local_location(s)) {
             if !keys.insert(s.public_key) {
                 continue;
             }

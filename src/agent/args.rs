@@ -81,7 +81,7 @@ pub struct KgArgs {
     /// The address of the Kubernetes API server (overrides any value in kubeconfig).
     #[arg(long, default_value = "")]
     pub master: String,
-    /// The granularity of the network mesh to create. Possible values: location, full.
+    /// The granularity of the network mesh to create. Possible values: location, full, cross.
     #[arg(long, default_value = "location")]
     pub mesh_granularity: String,
     /// The MTU of the WireGuard interface: a number, or auto (default-route MTU − 80).
@@ -199,7 +199,7 @@ impl KgArgs {
     pub fn settings(self) -> Result<Settings> {
         let granularity = Granularity::parse(&self.mesh_granularity).with_context(|| {
             format!(
-                "--mesh-granularity: {:?} is not one of location, full",
+                "--mesh-granularity: {:?} is not one of location, full, cross",
                 self.mesh_granularity
             )
         })?;
@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn bad_flags_are_named() {
         for (args, needle) in [
-            (vec!["--mesh-granularity=cross"], "--mesh-granularity"),
+            (vec!["--mesh-granularity=crisscross"], "--mesh-granularity"),
             (vec!["--encapsulate=sometimes"], "--encapsulate"),
             (vec!["--subnet=10.4.0.0"], "--subnet"),
             (vec!["--resync-period=soon"], "--resync-period"),

@@ -139,7 +139,7 @@ fn unix(at: std::time::SystemTime) -> i64 {
 /// Names each WireGuard peer of `t` by its public key: (kind, name, leader).
 fn peer_names(t: &Topology) -> BTreeMap<String, (PeerKind, String, String)> {
     let mut names = BTreeMap::new();
-    for s in t.segments.iter().filter(|s| s.key != t.location) {
+    for s in t.segments.iter().filter(|s| !t.in_local_location(s)) {
         names.insert(
             s.public_key.to_string(),
             (
@@ -206,7 +206,7 @@ fn run_probes(published: &Published, peers: &[PeerStatus]) -> Probes {
         published.encapsulate != Encapsulate::Never,
     ) {
         let local_private = t.private_ip;
-        if let Some(own) = t.segments.iter().find(|s| s.key == t.location) {
+        for own in t.segments.iter().filter(|s| t.in_local_location(s)) {
             for m in own.members.iter().filter(|m| m.name != t.hostname) {
                 let Some(private) = m.private_ip else {
                     continue;

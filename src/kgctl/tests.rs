@@ -79,7 +79,13 @@ fn the_view_uses_ready_nodes_the_published_subnet_and_auto_granularity() {
     assert_eq!(v.subnet.to_string(), "10.7.0.0/16");
     assert_eq!(v.granularity, Granularity::Location);
     assert_eq!(v.peers.len(), 1);
-    assert!(view(&snapshot(), "cross", DEFAULT_TOPOLOGY_LABEL, NOW).is_err());
+    assert!(view(&snapshot(), "crisscross", DEFAULT_TOPOLOGY_LABEL, NOW).is_err());
+    assert_eq!(
+        view(&snapshot(), "cross", DEFAULT_TOPOLOGY_LABEL, NOW)
+            .unwrap()
+            .granularity,
+        Granularity::Cross
+    );
 }
 
 #[test]

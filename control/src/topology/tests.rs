@@ -302,3 +302,101 @@ fn the_result_does_not_depend_on_input_order() {
     let backward = Topology::new(&nodes, &peers, &params("c", Granularity::Location)).unwrap();
     assert_eq!(forward, backward);
 }
+
+/// Fixture F1 with every node given a private IP, so the nodes of a location can reach each
+/// other directly (what `cross` needs).
+fn cross_nodes() -> Vec<Node> {
+    let mut nodes = crate::fixtures::f1_nodes();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.internal_ip = Some(net(&format!("192.168.{}.{}/24", n.location, i + 1)));
+        n.persistent_keepalive = 0;
+    }
+    nodes
+}
+
+#[test]
+fn cross_peers_only_with_other_locations() {
+    // F1: location 1 holds a and d, location 2 holds b and c.
+    let nodes = cross_nodes();
+    for (host, expected) in [
+        ("a", ["b", "c"]),
+        ("d", ["b", "c"]),
+        ("b", ["a", "d"]),
+        ("c", ["a", "d"]),
+    ] {
+        let t = Topology::new(&nodes, &[], &params(host, Granularity::Cross)).unwrap();
+        assert!(t.leader, "{host} leads its own segment");
+        assert_eq!(t.segments.len(), 4, "one segment per node");
+        let keys: Vec<Key> = t.conf(None).peers.iter().map(|p| p.public_key).collect();
+        let names: Vec<&str> = t
+            .segments
+            .iter()
+            .filter(|s| keys.contains(&s.public_key))
+            .map(|s| s.leader_member().name.as_str())
+            .collect();
+        assert_eq!(names, expected, "{host}");
+    }
+    // Kilo's e2e count: two nodes in one location and one in the other give 1, 1 and 2 peers.
+    let three: Vec<Node> = nodes.iter().filter(|n| n.name != "d").cloned().collect();
+    let counts: Vec<usize> = ["a", "b", "c"]
+        .iter()
+        .map(|h| {
+            Topology::new(&three, &[], &params(h, Granularity::Cross))
+                .unwrap()
+                .conf(None)
+                .peers
+                .len()
+        })
+        .collect();
+    assert_eq!(counts, [2, 1, 1]);
+}
+
+#[test]
+fn cross_routes_its_own_location_directly_and_others_through_wireguard() {
+    use crate::routes::{Compatibility, Encapsulate, Links, RouteOptions};
+    let nodes = cross_nodes();
+    let t = Topology::new(&nodes, &[], &params("a", Granularity::Cross)).unwrap();
+    let plan = t.route_plan(&RouteOptions {
+        kilo_name: "kilo0".into(),
+        links: Links {
+            kilo: 1,
+            private: 2,
+            tunnel: 3,
+        },
+        local: true,
+        encapsulate: Encapsulate::Never,
+        compatibility: Compatibility::Ipip,
+    });
+    let via = |dst: &str| -> Vec<(Option<IpAddr>, u32)> {
+        plan.routes
+            .iter()
+            .filter(|r| r.dst == net(dst))
+            .map(|r| (r.gateway, r.link))
+            .collect()
+    };
+    // d (same location): its pods through its private IP on the private link.
+    assert_eq!(
+        via("10.2.4.0/24"),
+        [(Some("192.168.1.4".parse().unwrap()), 2)]
+    );
+    // b and c (the other location): through each one's own WireGuard IP.
+    let b = t.segments.iter().find(|s| s.key == "node:b").unwrap();
+    assert_eq!(via("10.2.2.0/24"), [(Some(b.wireguard_ip), 1)]);
+    assert_eq!(via("10.2.3.0/24").len(), 1);
+    assert_eq!(via("10.2.3.0/24")[0].1, 1);
+    // No route to d's WireGuard IP: there is no tunnel to it.
+    let d = t.segments.iter().find(|s| s.key == "node:d").unwrap();
+    assert!(via(&format!("{}/32", d.wireguard_ip)).is_empty());
+    // The graph has no edge between a and d.
+    let dot = t.dot();
+    assert!(
+        !dot.contains("\"a\" -> \"d\"") && dot.contains("\"a\" -> \"b\""),
+        "{dot}"
+    );
+}
+
+#[test]
+fn cross_is_written_and_read_as_cross() {
+    assert_eq!(Granularity::parse("cross"), Some(Granularity::Cross));
+    assert_eq!(Granularity::Cross.as_str(), "cross");
+}
