@@ -82,6 +82,8 @@ pub struct View {
     pub subnet: IpNet,
     /// The granularity.
     pub granularity: Granularity,
+    /// Leaders chosen by lease (`--leader-election=lease`), by location.
+    pub leaders: std::collections::BTreeMap<String, String>,
 }
 
 /// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules).
@@ -114,11 +116,17 @@ pub fn view(
         .map(translate_peer)
         .filter(Peer::is_ready)
         .collect();
+    // Leases are judged by this machine's clock against their renewal time.
+    let leaders = control::leader::lease_leaders(&nodes, &snapshot.leases, now_unix * 1000)
+        .into_iter()
+        .map(|(location, e)| (location, e.leader))
+        .collect();
     Ok(View {
         nodes,
         peers,
         subnet,
         granularity,
+        leaders,
     })
 }
 
@@ -135,7 +143,12 @@ impl View {
             subnet: self.subnet,
             persistent_keepalive: 0,
         };
-        Ok(Topology::new(&self.nodes, &self.peers, &params)?)
+        Ok(Topology::with_leaders(
+            &self.nodes,
+            &self.peers,
+            &params,
+            &self.leaders,
+        )?)
     }
 }
 

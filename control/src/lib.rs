@@ -13,6 +13,7 @@ pub mod graph;
 pub mod ip;
 pub mod iptables;
 pub mod key;
+pub mod leader;
 pub mod nat;
 pub mod node;
 pub mod peer;

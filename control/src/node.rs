@@ -42,9 +42,12 @@ pub mod annotation {
     pub const GRANULARITY: &str = "kilo.squat.ai/granularity";
     /// Written by kg: the `cilium_host` address in Cilium compatibility mode, else `""`.
     pub const CNI_COMPATIBILITY_IP: &str = "kilo.squat.ai/cni-compatibility-ip";
+    /// Written by kilotun's kg (not Kilo's): `lease` when it takes part in lease-based leader
+    /// election (see `crate::leader`).
+    pub const LEADER_ELECTION: &str = "kilotun.io/leader-election";
 
     /// Every annotation kg writes, in the order it writes them.
-    pub const WRITTEN: [&str; 8] = [
+    pub const WRITTEN: [&str; 9] = [
         ENDPOINT,
         INTERNAL_IP,
         KEY,
@@ -53,6 +56,7 @@ pub mod annotation {
         DISCOVERED_ENDPOINTS,
         GRANULARITY,
         CNI_COMPATIBILITY_IP,
+        LEADER_ELECTION,
     ];
 }
 
@@ -129,6 +133,10 @@ pub struct Node {
     pub granularity: Option<Granularity>,
     /// The CNI compatibility IP (Cilium's `cilium_host`).
     pub cni_compatibility_ip: Option<IpNet>,
+    /// `spec.unschedulable`: cordoned, so no candidate for leadership while another is.
+    pub cordoned: bool,
+    /// Its agent takes part in lease-based leader election.
+    pub lease_election: bool,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.
@@ -383,7 +391,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
                 r.problem(
                     a::GRANULARITY,
                     &text,
-                    "not \"location\" or \"full\"; ignored",
+                    "not \"location\", \"full\" or \"cross\"; ignored",
                 );
             }
             parsed
@@ -393,6 +401,12 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     let wireguard_ip = r.cidr(a::WIREGUARD_IP);
     let cni_compatibility_ip = r.cidr(a::CNI_COMPATIBILITY_IP);
     let leader = r.get(a::LEADER).is_some();
+    let lease_election = r.get(a::LEADER_ELECTION) == Some("lease");
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
 
     let subnet = node
         .spec
@@ -424,6 +438,8 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             allowed_location_ips,
             granularity,
             cni_compatibility_ip,
+            cordoned,
+            lease_election,
         },
         problems,
     )
@@ -459,6 +475,8 @@ pub struct WrittenAnnotations {
     pub granularity: Granularity,
     /// Cilium's `cilium_host` CIDR in compatibility mode.
     pub cni_compatibility_ip: Option<IpNet>,
+    /// True when this agent takes part in lease-based leader election (written only then).
+    pub leader_election: bool,
 }
 
 impl WrittenAnnotations {
@@ -494,6 +512,12 @@ impl WrittenAnnotations {
                 opt(self.cni_compatibility_ip.map(|n| n.to_string())),
             ),
         ])
+        .into_iter()
+        .chain(
+            self.leader_election
+                .then(|| (a::LEADER_ELECTION.to_string(), "lease".to_string())),
+        )
+        .collect()
     }
 }
 

@@ -214,6 +214,18 @@ impl Topology {
         peers: &[Peer],
         params: &TopologyParams,
     ) -> Result<Self, TopologyError> {
+        Self::with_leaders(nodes, peers, params, &BTreeMap::new())
+    }
+
+    /// [`Topology::new`], with the leaders of some locations already chosen (by lease, see
+    /// [`crate::leader`]): `leaders` maps a location's name to its leader's name. Applies in
+    /// location granularity; a named leader that is not a ready member is ignored.
+    pub fn with_leaders(
+        nodes: &[Node],
+        peers: &[Peer],
+        params: &TopologyParams,
+        leaders: &BTreeMap<String, String>,
+    ) -> Result<Self, TopologyError> {
         let local = nodes
             .iter()
             .find(|n| n.name == params.hostname)
@@ -248,7 +260,11 @@ impl Topology {
         let mut allocator = Allocator::new(params.subnet);
         for (key, mut group) in groups {
             group.sort_by(|a, b| a.name.cmp(&b.name));
-            let leader = find_leader(&group);
+            let chosen = (params.granularity == Granularity::Location)
+                .then(|| leaders.get(&group[0].location))
+                .flatten()
+                .and_then(|name| group.iter().position(|n| n.name == *name));
+            let leader = chosen.unwrap_or_else(|| find_leader(&group));
             let wireguard_ip = allocator
                 .next_ip()
                 .ok_or_else(|| TopologyError::SubnetExhausted {

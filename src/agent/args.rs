@@ -66,6 +66,11 @@ pub struct KgArgs {
     /// Which iptables back end to write to: auto (the one the host's rules are already in), legacy or nft.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: super::xtables::BackendMode,
+    /// How each location's leader is chosen: kilo (Kilo's rule: annotated, then public, then
+    /// first by name; a dead leader is replaced once its last-seen is 60 s old) or lease (a
+    /// lease per location, renewed by its healthy holder: failover in seconds; file backend).
+    #[arg(long, value_enum, default_value = "kilo")]
+    pub leader_election: LeaderElection,
     /// Path to kubeconfig.
     #[arg(long, default_value = "")]
     pub kubeconfig: String,
@@ -123,6 +128,15 @@ pub enum Mtu {
     Auto,
     /// A fixed MTU.
     Fixed(u32),
+}
+
+/// `--leader-election`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaderElection {
+    /// Kilo's rule, computed by every node alone.
+    Kilo,
+    /// A lease per location (see `control::leader`).
+    Lease,
 }
 
 /// The flags, parsed and checked: nothing on the host is touched before this succeeds.
@@ -235,6 +249,10 @@ impl KgArgs {
         };
         if self.backend == BackendKind::File && self.cluster_dir.is_empty() {
             bail!("--backend=file needs --cluster-dir");
+        }
+        if self.backend == BackendKind::Kubernetes && self.leader_election == LeaderElection::Lease
+        {
+            bail!("--leader-election=lease: only --backend=file holds leases so far; the Kubernetes backend uses Kilo's rule (--leader-election=kilo)");
         }
         if !self.log_level.is_empty() && crate::agent::log_filter(&self.log_level).is_none() {
             bail!(

@@ -185,6 +185,7 @@ mod tests {
             discovered_endpoints: BTreeMap::new(),
             granularity: Granularity::Location,
             cni_compatibility_ip: None,
+            leader_election: false,
         };
         let mut current: BTreeMap<String, String> = written.to_map();
         assert!(annotation_changes(&current, &written).is_empty());

@@ -35,6 +35,7 @@ pub mod ipdetect;
 pub mod iptables;
 mod kernel_watch;
 pub mod keyfile;
+mod lease;
 pub mod local;
 pub mod metrics;
 pub mod netlink;
@@ -91,6 +92,8 @@ pub enum Trigger {
     CheckIn,
     /// The kernel reported a change to addresses, protocol-static routes or rules.
     Kernel,
+    /// The lease period elapsed: leaders are elected again and this node's lease tended.
+    Lease,
 }
 
 impl Trigger {
@@ -283,6 +286,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.backend.subscribe()
     }
 
+    /// True with `--leader-election=lease`.
+    pub fn leases_on(&self) -> bool {
+        self.s.args.leader_election == args::LeaderElection::Lease
+    }
+
     /// True when DNS lookups are due.
     pub fn dns_due(&self) -> bool {
         !self.dns.due(Instant::now()).is_empty()
@@ -425,6 +433,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut resync_timer = tokio::time::interval(resync);
     let mut check_in_timer = tokio::time::interval(CHECK_IN_PERIOD);
     let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
+    let leases = agent.leases_on();
+    let mut lease_timer = tokio::time::interval(lease::LEASE_PERIOD);
     let mut kernel_changes = kernel_watch::watch_changes(KERNEL_SETTLE)?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
@@ -436,6 +446,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = check_in_timer.tick() => Trigger::CheckIn,
             Some(()) = kernel_changes.recv() => Trigger::Kernel,
             _ = dns_timer.tick() => if agent.dns_due() { Trigger::Dns } else { continue },
+            _ = lease_timer.tick(), if leases => Trigger::Lease,
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.

@@ -20,6 +20,12 @@ use super::apply::Applied;
 use super::host::{DetectionInputs, HostView};
 use super::shells::{Engine, Firewall, Kernel};
 use super::{local, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 use crate::backend::Snapshot;
 
 /// Annotations to set (`Some`) or remove (`None`), as sent to the backend.
@@ -53,6 +59,8 @@ pub(super) struct Memo {
     settled: bool,
     /// What was last applied to the host.
     pub(super) applied: Applied,
+    /// Leader-election leases and the leaders they give.
+    pub(super) leases: super::lease::Leases,
 }
 
 impl Memo {
@@ -72,6 +80,7 @@ impl Memo {
             topology: None,
             settled: false,
             applied: Applied::default(),
+            leases: Default::default(),
         }
     }
 }
@@ -128,12 +137,44 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         let dns_changed = self.resolve_due().await;
 
-        let mesh_changed = full || nodes_changed || peers_changed || local_changed || dns_changed;
+        // Leaders by lease: elected again when anything they depend on moved, and on the
+        // lease timer (leases expire with time alone).
+        let lease_due = self.leases_on()
+            && (full
+                || nodes_changed
+                || local_changed
+                || self.memo.leases.changed
+                || trigger == Trigger::Lease);
+        let mut ready = None;
+        let mut leaders_changed = false;
+        if lease_due {
+            let nodes = self.ready_nodes(&local);
+            let electors: Vec<Node> = nodes
+                .iter()
+                .filter(|n| n.name != local.name || n.is_ready(readiness_now))
+                .cloned()
+                .collect();
+            leaders_changed = self.memo.leases.elect(&electors, unix_ms());
+            ready = Some(nodes);
+        }
+
+        let mesh_changed = full
+            || nodes_changed
+            || peers_changed
+            || local_changed
+            || dns_changed
+            || leaders_changed;
         if mesh_changed || !self.memo.settled {
             self.memo.local = Some(local.clone());
             self.memo.settled = false;
-            self.mesh(&local, readiness_now, full).await?;
+            self.mesh(&local, readiness_now, full, ready.clone())
+                .await?;
             self.memo.settled = true;
+        }
+        if trigger == Trigger::Lease {
+            if let Some(nodes) = &ready {
+                self.tend_lease(nodes).await;
+            }
         }
         self.publish(
             local_annotations,
@@ -151,6 +192,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// snapshot a reader still holds.
     pub fn ingest(&mut self, snapshot: &Snapshot) {
         self.memo.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
+        self.memo.leases.ingest(&snapshot.leases, unix_ms());
         let table = &mut self.memo.table;
         let mut translated = Vec::new();
         match self.memo.revision.and_then(|r| snapshot.changes.since(r)) {
@@ -246,14 +288,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .track(names.iter().map(String::as_str), Instant::now());
     }
 
-    /// Computes the topology from the ready Nodes and Peers and, when it differs from the last
-    /// one (or on a full reconcile), applies it to the host.
-    async fn mesh(&mut self, local: &Node, readiness_now: i64, full: bool) -> Result<()> {
-        let hostname = self.s.hostname.clone();
+    /// The ready Nodes, and the local one (`local`, ready or not).
+    fn ready_nodes(&self, local: &Node) -> Vec<Node> {
+        let hostname = &self.s.hostname;
         let mut nodes: Vec<Node> = Vec::new();
         let mut local_listed = false;
         for (node, ready) in self.memo.table.iter() {
-            if node.name == hostname {
+            if node.name == *hostname {
                 local_listed = true;
                 nodes.push(local.clone());
             } else if ready {
@@ -263,6 +304,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         if !local_listed {
             nodes.push(local.clone());
         }
+        nodes
+    }
+
+    /// Computes the topology from the ready Nodes (`ready`, when already listed) and Peers
+    /// and, when it differs from the last one (or on a full reconcile), applies it to the host.
+    async fn mesh(
+        &mut self,
+        local: &Node,
+        readiness_now: i64,
+        full: bool,
+        ready: Option<Vec<Node>>,
+    ) -> Result<()> {
+        let hostname = self.s.hostname.clone();
+        let mut nodes = match ready {
+            Some(nodes) => nodes,
+            None => self.ready_nodes(local),
+        };
         let mut peers = self.memo.peers.clone();
         for e in nodes
             .iter_mut()
@@ -289,7 +347,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             subnet: self.s.subnet,
             persistent_keepalive: local.persistent_keepalive,
         };
-        let t = Topology::new(&nodes, &peers, &params)?;
+        let t = Topology::with_leaders(&nodes, &peers, &params, &self.memo.leases.leader_names())?;
         let same = self.memo.topology.as_ref() == Some(&t);
         if !same {
             *self.graph.lock() = Some(t.dot());
@@ -346,6 +404,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             discovered_endpoints: self.discovered.clone(),
             granularity: self.s.granularity,
             cni_compatibility_ip,
+            leader_election: self.leases_on(),
         };
         let changes = local::annotation_changes(local_annotations, &written);
         // The same patch again, before the backend has shown the Node since the last one

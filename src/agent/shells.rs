@@ -119,6 +119,8 @@ pub trait Engine: Send + Sync {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
     /// The device's peers as NAT discovery needs them.
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
+    /// Bytes received and sent per peer.
+    fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>>;
 }
 
 impl Engine for WireGuard {
@@ -127,5 +129,17 @@ impl Engine for WireGuard {
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)
+    }
+    fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>> {
+        let (_, stats) = self.read()?;
+        Ok(stats
+            .into_iter()
+            .map(|s| {
+                (
+                    control::Key(*s.public_key.as_bytes()),
+                    (s.rx_bytes, s.tx_bytes),
+                )
+            })
+            .collect())
     }
 }

@@ -25,6 +25,9 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::Snapshot;
+use control::leader::LeaseState;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
 /// How often the directory is re-scanned.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -43,6 +46,7 @@ struct FileEntry {
     signature: Signature,
     nodes: Vec<Arc<KubeNode>>,
     peers: Vec<PeerObject>,
+    leases: Vec<(String, LeaseState)>,
 }
 
 /// A cluster held in a directory.
@@ -121,6 +125,7 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
         signature,
         nodes: Vec::new(),
         peers: Vec::new(),
+        leases: Vec::new(),
     };
     let mut objects = Vec::new();
     for doc in &docs {
@@ -136,10 +141,52 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
                 serde_json::from_value(object.clone())
                     .with_context(|| format!("Peer {:?}", name_of(object).unwrap_or("?")))?,
             ),
+            Some("Lease") => {
+                let lease: Lease = serde_json::from_value(object.clone())
+                    .with_context(|| format!("Lease {:?}", name_of(object).unwrap_or("?")))?;
+                let name = lease.metadata.name.clone().unwrap_or_default();
+                entry.leases.push((name, lease_state(&lease)));
+            }
             _ => {}
         }
     }
     Ok(entry)
+}
+
+/// The election state of a Kubernetes Lease.
+pub fn lease_state(lease: &Lease) -> LeaseState {
+    let spec = lease.spec.as_ref();
+    LeaseState {
+        holder: spec
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty()),
+        renewed_ms: spec
+            .and_then(|s| s.renew_time.as_ref())
+            .map_or(0, |t| t.0.as_millisecond()),
+        duration_ms: spec
+            .and_then(|s| s.lease_duration_seconds)
+            .map_or(0, |d| i64::from(d) * 1000),
+        transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+    }
+}
+
+/// `state` as a Kubernetes Lease called `name`.
+pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
+    let renewed = k8s_openapi::jiff::Timestamp::from_millisecond(state.renewed_ms)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: state.holder.clone(),
+            lease_duration_seconds: Some(((state.duration_ms + 999) / 1000) as i32),
+            lease_transitions: Some(state.transitions),
+            renew_time: Some(MicroTime(renewed)),
+            ..Default::default()
+        }),
+    }
 }
 
 /// An exclusive `flock` held until dropped.
@@ -299,6 +346,7 @@ impl FileBackend {
                                 signature,
                                 nodes: Vec::new(),
                                 peers: Vec::new(),
+                                leases: Vec::new(),
                             },
                         );
                     }
@@ -313,7 +361,11 @@ impl FileBackend {
         }
         let mut nodes: BTreeMap<String, Arc<KubeNode>> = BTreeMap::new();
         let mut peers: BTreeMap<String, PeerObject> = BTreeMap::new();
+        let mut leases: BTreeMap<String, LeaseState> = BTreeMap::new();
         for (path, entry) in files.iter() {
+            for (name, lease) in &entry.leases {
+                leases.entry(name.clone()).or_insert_with(|| lease.clone());
+            }
             for node in &entry.nodes {
                 let name = node.metadata.name.clone().unwrap_or_default();
                 if nodes.contains_key(&name) {
@@ -331,7 +383,8 @@ impl FileBackend {
         // change log's revisions stay in order.
         let mut snapshot = Snapshot::clone(&self.tx.borrow());
         let nodes_changed = snapshot.replace_nodes(nodes);
-        let differs = snapshot.replace_peers(peers) || nodes_changed;
+        let leases_changed = snapshot.replace_leases(leases);
+        let differs = snapshot.replace_peers(peers) || nodes_changed || leases_changed;
         if differs {
             self.tx.send_replace(Arc::new(snapshot));
         }
@@ -354,6 +407,33 @@ impl FileBackend {
                 }
             })
             .expect("spawning the cluster-dir poller");
+    }
+
+    /// Writes lease `name` (file `lease-<name>.yaml`) as `lease` when its holder in the
+    /// directory is still `expected` (or already `lease`'s), under the directory lock; false
+    /// when another writer changed it first.
+    pub fn write_lease(
+        &self,
+        name: &str,
+        lease: &LeaseState,
+        expected: Option<&str>,
+    ) -> Result<bool> {
+        let _lock = DirLock::acquire(&self.dir)?;
+        let path = self.dir.join(format!("lease-{name}.yaml"));
+        let current = match fs::read_to_string(&path) {
+            Ok(text) => serde_yaml::from_str::<Lease>(&text)
+                .map(|l| lease_state(&l).holder)
+                .unwrap_or(None),
+            Err(_) => None,
+        };
+        if current.as_deref() != expected && current != lease.holder {
+            return Ok(false);
+        }
+        let mut object = serde_json::to_value(lease_object(name, lease))?;
+        object["apiVersion"] = Value::from("coordination.k8s.io/v1");
+        object["kind"] = Value::from("Lease");
+        write_atomically(&path, &serde_yaml::to_string(&object)?)?;
+        Ok(true)
     }
 
     /// Sets or removes annotations on Node `name`, in the file that holds it (or a new

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::Result;
+use control::leader::LeaseState;
 use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use tokio::sync::watch;
@@ -27,6 +28,8 @@ pub struct Snapshot {
     pub nodes: BTreeMap<String, Arc<KubeNode>>,
     /// Peers by name.
     pub peers: BTreeMap<String, PeerObject>,
+    /// Leader-election leases by name (see `control::leader`).
+    pub leases: BTreeMap<String, LeaseState>,
     /// Which Nodes changed, so a reader can catch up on those alone.
     pub changes: ChangeLog,
 }
@@ -82,6 +85,15 @@ impl Snapshot {
         }
         self.peers = peers;
         self.changes.peer();
+        true
+    }
+
+    /// Replaces every lease; false when they are the same.
+    pub fn replace_leases(&mut self, leases: BTreeMap<String, LeaseState>) -> bool {
+        if self.leases == leases {
+            return false;
+        }
+        self.leases = leases;
         true
     }
 
@@ -203,6 +215,30 @@ impl Backend {
                 tokio::task::spawn_blocking(move || f.patch_annotations(&name, &changes)).await?
             }
             Self::Kube(k) => k.patch_annotations(name, changes).await,
+        }
+    }
+
+    /// Writes lease `name` as `lease` if its holder is still `expected` (compare and swap);
+    /// false when another writer got there first.
+    pub async fn write_lease(
+        &self,
+        name: &str,
+        lease: &LeaseState,
+        expected: Option<&str>,
+    ) -> Result<bool> {
+        match self {
+            Self::File(f) => {
+                let f = Arc::clone(f);
+                let (name, lease) = (name.to_string(), lease.clone());
+                let expected = expected.map(str::to_string);
+                tokio::task::spawn_blocking(move || {
+                    f.write_lease(&name, &lease, expected.as_deref())
+                })
+                .await?
+            }
+            Self::Kube(_) => {
+                anyhow::bail!("leases are not supported on the Kubernetes backend yet")
+            }
         }
     }
 

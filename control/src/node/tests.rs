@@ -287,6 +287,7 @@ fn written_annotations_use_kilos_formats() {
         discovered_endpoints: BTreeMap::new(),
         granularity: Granularity::Full,
         cni_compatibility_ip: None,
+        leader_election: false,
     };
     let map = written.to_map();
     assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
@@ -297,7 +298,14 @@ fn written_annotations_use_kilos_formats() {
     assert_eq!(map[a::DISCOVERED_ENDPOINTS], "{}");
     assert_eq!(map[a::GRANULARITY], "full");
     assert_eq!(map[a::CNI_COMPATIBILITY_IP], "");
-    assert_eq!(map.len(), annotation::WRITTEN.len());
+    // Kilo's eight; kilotun's own only when it takes part in lease election.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 1);
+    let with_lease = WrittenAnnotations {
+        leader_election: true,
+        ..written
+    }
+    .to_map();
+    assert_eq!(with_lease[a::LEADER_ELECTION], "lease");
 }
 
 #[test]
@@ -311,6 +319,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
         discovered_endpoints: BTreeMap::from([(Key::padded("x"), "[fd00::2]:4".parse().unwrap())]),
         granularity: Granularity::Location,
         cni_compatibility_ip: None,
+        leader_election: true,
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -325,6 +334,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
     assert_eq!(n.wireguard_ip, written.wireguard_ip);
     assert_eq!(n.discovered_endpoints, written.discovered_endpoints);
     assert_eq!(n.granularity, Some(Granularity::Location));
+    assert!(n.lease_election);
     assert!(n.is_ready(30));
 }
 

@@ -1,0 +1,194 @@
+//! Leaders that fail over in seconds: a lease per location, renewed by its holder while it is
+//! healthy. Every node still computes every location's leader by itself, from the same Node
+//! objects and the same leases, so all agree without talking to each other:
+//!
+//! - a node that is cordoned (`spec.unschedulable`) is no candidate while another is;
+//! - a valid lease's holder leads, unless a candidate annotated `kilo.squat.ai/leader` is
+//!   preferred over it (Kilo's annotation keeps its meaning);
+//! - otherwise Kilo's rule picks among the candidates, leaving out the holder of an expired
+//!   lease (it stopped renewing: it is dead or gave up).
+//!
+//! Only locations whose every ready node runs kilotun (and says so with
+//! [`crate::node::annotation::LEADER_ELECTION`]) use leases; a location with Kilo's own agents
+//! among its nodes keeps Kilo's rule, which those agents follow. A recovered leader does not take
+//! leadership back while the lease is held (hold-down), and a leaving or broken holder hands the
+//! lease to the next candidate itself, so no node waits for it to expire.
+
+use std::collections::BTreeMap;
+
+use crate::node::Node;
+use crate::topology::find_leader;
+
+/// How long a lease stays valid after its last renewal was seen.
+pub const LEASE_DURATION_MS: i64 = 6_000;
+/// How often the holder renews (and a candidate checks whether to take over).
+pub const LEASE_RENEW_MS: i64 = 2_000;
+/// How long a leader's tunnels must send without receiving before it gives its lease up:
+/// longer than WireGuard's 10 s passive keepalive, so one-way traffic is never mistaken for it.
+pub const CUT_OFF_WINDOW_MS: i64 = 12_000;
+
+/// A location's lease, as the backend holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseState {
+    /// The node holding it (`None`: released).
+    pub holder: Option<String>,
+    /// Unix milliseconds of the last renewal.
+    pub renewed_ms: i64,
+    /// How long it is valid after a renewal, in milliseconds.
+    pub duration_ms: i64,
+    /// How many times it changed hands.
+    pub transitions: i32,
+}
+
+impl LeaseState {
+    /// True while the lease is held and not expired at `now_ms`.
+    pub fn is_valid(&self, now_ms: i64) -> bool {
+        self.holder.is_some() && now_ms < self.renewed_ms + self.duration_ms
+    }
+}
+
+/// Why a node leads its location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// It holds the location's valid lease.
+    Lease,
+    /// Kilo's rule among the candidates (no valid lease, or an annotated node is preferred).
+    KiloRule,
+}
+
+/// The outcome of an election in one location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Election {
+    /// The leader's name.
+    pub leader: String,
+    /// Why.
+    pub basis: Basis,
+}
+
+/// The lease's name for `location` (a DNS-1123 name: lower-case letters, digits and `-`).
+pub fn lease_name(location: &str) -> String {
+    let clean: String = location
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let exact = clean == location && !location.is_empty();
+    let mut name = format!("kilotun-leader-{}", clean.trim_matches('-'));
+    if !exact {
+        // Different locations must not share a lease after cleaning.
+        let hash = location.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        name = format!("{}-{:08x}", name.trim_end_matches('-'), hash as u32);
+    }
+    name.truncate(63);
+    name
+}
+
+/// Elects the leader of one location among its ready `members` (any order), given its lease.
+pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Option<Election> {
+    let mut sorted: Vec<&Node> = members.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut candidates: Vec<&Node> = sorted.iter().copied().filter(|n| !n.cordoned).collect();
+    if candidates.is_empty() {
+        candidates = sorted;
+    }
+    if candidates.is_empty() {
+        return None;
+    }
+    let valid = lease.filter(|l| l.is_valid(now_ms));
+    if let Some(holder) = valid.and_then(|l| l.holder.as_deref()) {
+        if let Some(node) = candidates.iter().find(|n| n.name == holder) {
+            let preferred = candidates.iter().any(|n| n.leader) && !node.leader;
+            if !preferred {
+                return Some(Election {
+                    leader: holder.to_string(),
+                    basis: Basis::Lease,
+                });
+            }
+        }
+    }
+    let expired_holder = lease
+        .filter(|l| !l.is_valid(now_ms))
+        .and_then(|l| l.holder.as_deref());
+    if candidates.len() > 1 {
+        if let Some(gone) = expired_holder {
+            candidates.retain(|n| n.name != gone);
+        }
+    }
+    let i = find_leader(&candidates);
+    Some(Election {
+        leader: candidates[i].name.clone(),
+        basis: Basis::KiloRule,
+    })
+}
+
+/// The next candidate after `holder`: who a leaving or broken holder hands its lease to (Kilo's
+/// rule among the other candidates), `None` when it is the only one.
+pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
+    let mut others: Vec<&Node> = members
+        .iter()
+        .copied()
+        .filter(|n| n.name != holder && !n.cordoned)
+        .collect();
+    others.sort_by(|a, b| a.name.cmp(&b.name));
+    if others.is_empty() {
+        return None;
+    }
+    Some(others[find_leader(&others)].name.clone())
+}
+
+/// The leaders chosen by lease, by location name, for every location of the ready `nodes` whose
+/// members all take part in lease election; locations left out follow Kilo's rule alone.
+pub fn lease_leaders(
+    nodes: &[Node],
+    leases: &BTreeMap<String, LeaseState>,
+    now_ms: i64,
+) -> BTreeMap<String, Election> {
+    let mut by_location: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.internal_ip.is_some()) {
+        by_location.entry(n.location.as_str()).or_default().push(n);
+    }
+    by_location
+        .into_iter()
+        .filter(|(_, members)| members.iter().all(|n| n.lease_election))
+        .filter_map(|(location, members)| {
+            let lease = leases.get(&lease_name(location));
+            elect(&members, lease, now_ms).map(|e| (location.to_string(), e))
+        })
+        .collect()
+}
+
+/// Bytes received and sent per WireGuard peer at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TrafficSample {
+    /// When (Unix milliseconds).
+    pub at_ms: i64,
+    /// Received and sent bytes by peer public key.
+    pub peers: BTreeMap<crate::Key, (u64, u64)>,
+}
+
+/// True when the leader looks cut off between `oldest` and `newest` (at least
+/// [`CUT_OFF_WINDOW_MS`] apart): it has tunnels to other locations (`watched`, not empty), and
+/// on every one it sent and received nothing. A remote location that is down makes only its
+/// own tunnel silent; a blocked port or a broken leader silences them all.
+pub fn cut_off(oldest: &TrafficSample, newest: &TrafficSample, watched: &[crate::Key]) -> bool {
+    if watched.is_empty() || newest.at_ms - oldest.at_ms < CUT_OFF_WINDOW_MS {
+        return false;
+    }
+    watched
+        .iter()
+        .all(|k| match (oldest.peers.get(k), newest.peers.get(k)) {
+            (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
+            _ => false,
+        })
+}
+
+#[cfg(test)]
+#[path = "leader/tests.rs"]
+mod tests;

@@ -1,0 +1,175 @@
+use super::*;
+use crate::fixtures::node;
+
+const NOW: i64 = 1_700_000_000_000;
+
+fn members() -> Vec<Node> {
+    let mut nodes = vec![
+        node(
+            "n1",
+            "192.168.10.1:51820",
+            Some("192.168.10.1/24"),
+            "east",
+            "10.42.1.0/24",
+            "k1",
+        ),
+        node(
+            "n2",
+            "192.168.10.2:51820",
+            Some("192.168.10.2/24"),
+            "east",
+            "10.42.2.0/24",
+            "k2",
+        ),
+        node(
+            "n3",
+            "192.168.10.3:51820",
+            Some("192.168.10.3/24"),
+            "east",
+            "10.42.3.0/24",
+            "k3",
+        ),
+    ];
+    for n in &mut nodes {
+        n.lease_election = true;
+    }
+    nodes
+}
+
+fn lease(holder: &str, renewed_ms: i64) -> LeaseState {
+    LeaseState {
+        holder: Some(holder.into()),
+        renewed_ms,
+        duration_ms: LEASE_DURATION_MS,
+        transitions: 0,
+    }
+}
+
+fn leader(nodes: &[Node], lease: Option<&LeaseState>) -> (String, Basis) {
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let e = elect(&refs, lease, NOW).unwrap();
+    (e.leader, e.basis)
+}
+
+#[test]
+fn without_a_lease_kilos_rule_decides() {
+    assert_eq!(leader(&members(), None), ("n1".into(), Basis::KiloRule));
+}
+
+#[test]
+fn a_valid_lease_holder_leads_and_keeps_leading_after_the_first_recovers() {
+    // n2 took over; n1 is back and first by name, but the lease holds (hold-down).
+    let l = lease("n2", NOW - 1_000);
+    assert_eq!(leader(&members(), Some(&l)), ("n2".into(), Basis::Lease));
+}
+
+#[test]
+fn an_expired_holder_is_passed_over() {
+    // n1 died holding the lease: it is still ready (last-seen is recent) but stopped renewing.
+    let l = lease("n1", NOW - LEASE_DURATION_MS - 1);
+    assert_eq!(leader(&members(), Some(&l)), ("n2".into(), Basis::KiloRule));
+    // A lone node still leads itself with an expired lease.
+    let alone = &members()[..1];
+    assert_eq!(leader(alone, Some(&l)).0, "n1");
+}
+
+#[test]
+fn a_cordoned_node_is_no_candidate_even_holding_the_lease() {
+    let mut nodes = members();
+    nodes[0].cordoned = true;
+    assert_eq!(leader(&nodes, None).0, "n2");
+    let l = lease("n1", NOW);
+    assert_eq!(leader(&nodes, Some(&l)), ("n2".into(), Basis::KiloRule));
+    // Everyone cordoned: they stay candidates rather than leave the location without one.
+    for n in &mut nodes {
+        n.cordoned = true;
+    }
+    assert_eq!(leader(&nodes, None).0, "n1");
+}
+
+#[test]
+fn the_leader_annotation_still_wins_over_a_lease() {
+    let mut nodes = members();
+    nodes[2].leader = true;
+    let l = lease("n2", NOW);
+    assert_eq!(leader(&nodes, Some(&l)), ("n3".into(), Basis::KiloRule));
+    // Once the annotated node holds it, the lease keeps it.
+    let l = lease("n3", NOW);
+    assert_eq!(leader(&nodes, Some(&l)), ("n3".into(), Basis::Lease));
+}
+
+#[test]
+fn successors_follow_kilos_rule_among_the_others() {
+    let nodes = members();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    assert_eq!(successor(&refs, "n1").as_deref(), Some("n2"));
+    assert_eq!(successor(&refs, "n2").as_deref(), Some("n1"));
+    assert_eq!(successor(&refs[..1], "n1"), None);
+}
+
+#[test]
+fn only_locations_that_all_take_part_use_leases() {
+    let mut nodes = members();
+    let mut west = node(
+        "w1",
+        "192.168.20.1:51820",
+        Some("192.168.20.1/24"),
+        "west",
+        "10.42.9.0/24",
+        "k9",
+    );
+    west.lease_election = false; // Kilo's own agent
+    nodes.push(west);
+    let leases = BTreeMap::from([
+        (lease_name("east"), lease("n3", NOW)),
+        (lease_name("west"), lease("w1", NOW)),
+    ]);
+    let leaders = lease_leaders(&nodes, &leases, NOW);
+    assert_eq!(leaders.keys().collect::<Vec<_>>(), ["east"]);
+    assert_eq!(leaders["east"].leader, "n3");
+    // One Kilo agent in east takes the whole location back to Kilo's rule.
+    nodes[1].lease_election = false;
+    assert!(lease_leaders(&nodes, &leases, NOW).is_empty());
+}
+
+#[test]
+fn lease_names_are_dns_names_and_distinct() {
+    assert_eq!(lease_name("east"), "kilotun-leader-east");
+    let a = lease_name("Eu West/1");
+    let b = lease_name("eu-west-1");
+    assert_ne!(a, b);
+    assert!(
+        a.len() <= 63
+            && a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+        "{a}"
+    );
+    assert_ne!(lease_name(""), lease_name("-"));
+}
+
+#[test]
+fn a_leader_is_cut_off_only_when_every_tunnel_sends_and_hears_nothing() {
+    let (a, b) = (crate::Key::padded("a"), crate::Key::padded("b"));
+    let sample = |at_ms, pa: (u64, u64), pb: (u64, u64)| TrafficSample {
+        at_ms,
+        peers: BTreeMap::from([(a, pa), (b, pb)]),
+    };
+    let start = sample(0, (100, 100), (100, 100));
+    let silent = sample(CUT_OFF_WINDOW_MS, (100, 900), (100, 700));
+    assert!(cut_off(&start, &silent, &[a, b]));
+    // One remote location down is not this leader's fault.
+    let one = sample(CUT_OFF_WINDOW_MS, (100, 900), (300, 700));
+    assert!(!cut_off(&start, &one, &[a, b]));
+    // Too short a window, or nothing sent (idle), or no tunnel at all: no judgement.
+    assert!(!cut_off(
+        &start,
+        &sample(CUT_OFF_WINDOW_MS - 1, (100, 900), (100, 700)),
+        &[a, b]
+    ));
+    assert!(!cut_off(
+        &start,
+        &sample(CUT_OFF_WINDOW_MS, (100, 100), (100, 100)),
+        &[a, b]
+    ));
+    assert!(!cut_off(&start, &silent, &[]));
+}

@@ -1,0 +1,215 @@
+//! Leader election by lease (see `control::leader`), the agent's side: which leases it has
+//! seen and when (validity is judged by this node's clock from the moment a renewal was seen,
+//! never by comparing clocks across nodes), the leaders they give, and the lease step run every
+//! [`LEASE_RENEW_MS`]: the elected leader renews (or takes) its location's lease, a holder that
+//! is no longer elected (cordoned, or an annotated node preferred) hands it over, and a holder
+//! whose tunnels all went silent hands it to the next candidate.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use control::leader::{
+    cut_off, lease_leaders, lease_name, successor, Election, LeaseState, TrafficSample,
+    CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
+};
+use control::Node;
+
+use super::shells::{Engine, Firewall, Kernel};
+use super::Agent;
+
+/// A lease as last seen, and when this node saw it change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Seen {
+    state: LeaseState,
+    observed_ms: i64,
+}
+
+/// What the agent knows of the leases.
+#[derive(Debug, Default)]
+pub(super) struct Leases {
+    seen: BTreeMap<String, Seen>,
+    /// True when a lease changed since the leaders were last computed.
+    pub(super) changed: bool,
+    /// The leaders last computed, by location.
+    pub(super) leaders: BTreeMap<String, Election>,
+    /// Traffic samples of the tunnels while this node leads, oldest first.
+    samples: VecDeque<TrafficSample>,
+}
+
+impl Leases {
+    /// Takes in the backend's leases at `now_ms`.
+    pub(super) fn ingest(&mut self, leases: &BTreeMap<String, LeaseState>, now_ms: i64) {
+        let before = self.seen.len();
+        self.seen.retain(|name, _| leases.contains_key(name));
+        self.changed |= self.seen.len() != before;
+        for (name, state) in leases {
+            if self.seen.get(name).is_some_and(|s| s.state == *state) {
+                continue;
+            }
+            self.seen.insert(
+                name.clone(),
+                Seen {
+                    state: state.clone(),
+                    observed_ms: now_ms,
+                },
+            );
+            self.changed = true;
+        }
+    }
+
+    /// The leases as this node judges them: renewed when it saw them change.
+    fn observed(&self) -> BTreeMap<String, LeaseState> {
+        self.seen
+            .iter()
+            .map(|(name, s)| {
+                let mut state = s.state.clone();
+                state.renewed_ms = s.observed_ms;
+                (name.clone(), state)
+            })
+            .collect()
+    }
+
+    /// Elects every lease-capable location's leader among the ready `nodes`; true when a
+    /// leader changed.
+    pub(super) fn elect(&mut self, nodes: &[Node], now_ms: i64) -> bool {
+        self.changed = false;
+        let leaders = lease_leaders(nodes, &self.observed(), now_ms);
+        let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String)> {
+            m.iter()
+                .map(|(l, e)| (l.clone(), e.leader.clone()))
+                .collect()
+        };
+        let changed = names(&leaders) != names(&self.leaders);
+        self.leaders = leaders;
+        changed
+    }
+
+    /// The chosen leaders by location name, for the topology.
+    pub(super) fn leader_names(&self) -> BTreeMap<String, String> {
+        self.leaders
+            .iter()
+            .map(|(l, e)| (l.clone(), e.leader.clone()))
+            .collect()
+    }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// The lease step: renew, take, or hand over this node's location's lease.
+    pub(super) async fn tend_lease(&mut self, nodes: &[Node]) {
+        let hostname = self.s.hostname.clone();
+        let Some(local) = nodes.iter().find(|n| n.name == hostname) else {
+            return;
+        };
+        let location = local.location.clone();
+        let Some(election) = self.memo.leases.leaders.get(&location).cloned() else {
+            return;
+        };
+        let name = lease_name(&location);
+        let current = self
+            .memo
+            .leases
+            .seen
+            .get(&name)
+            .map(|s| s.state.clone())
+            .unwrap_or_default();
+        let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
+        let now = unix_ms();
+        let handing = |to: String| LeaseState {
+            holder: Some(to),
+            renewed_ms: now,
+            duration_ms: LEASE_DURATION_MS,
+            transitions: current.transitions + 1,
+        };
+        let (next, why) = if election.leader == hostname {
+            if self.cut_off_now(now) {
+                match successor(&members, &hostname) {
+                    Some(to) => {
+                        let why = format!("no tunnel of this leader has received anything for {} s while sending; handing the lead of {location} to {to}", CUT_OFF_WINDOW_MS / 1000);
+                        (handing(to), Some(why))
+                    }
+                    None => return,
+                }
+            } else {
+                let taking = current.holder.as_deref() != Some(hostname.as_str());
+                let state = LeaseState {
+                    holder: Some(hostname.clone()),
+                    renewed_ms: now,
+                    duration_ms: LEASE_DURATION_MS,
+                    transitions: current.transitions + i32::from(taking),
+                };
+                let why = taking.then(|| format!("taking the lead of {location}"));
+                (state, why)
+            }
+        } else if current.holder.as_deref() == Some(hostname.as_str()) {
+            let why = format!(
+                "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
+                election.leader
+            );
+            (handing(election.leader.clone()), Some(why))
+        } else {
+            self.memo.leases.samples.clear();
+            return;
+        };
+        if next.holder.as_deref() != Some(hostname.as_str()) {
+            self.memo.leases.samples.clear();
+        }
+        match self
+            .backend
+            .write_lease(&name, &next, current.holder.as_deref())
+            .await
+        {
+            Ok(true) => {
+                if let Some(why) = why {
+                    tracing::info!(lease = %name, "{why}");
+                }
+            }
+            Ok(false) => tracing::debug!(lease = %name, "another node wrote the lease first"),
+            Err(e) => {
+                tracing::warn!(lease = %name, error = format!("{e:#}"), "writing the lease failed")
+            }
+        }
+    }
+
+    /// Samples the tunnels' traffic and says whether this leader is cut off (see
+    /// `control::leader::cut_off`).
+    fn cut_off_now(&mut self, now_ms: i64) -> bool {
+        let Some(t) = self.memo.topology.as_ref().filter(|t| t.leader) else {
+            self.memo.leases.samples.clear();
+            return false;
+        };
+        let watched: Vec<control::Key> = t
+            .segments
+            .iter()
+            .filter(|s| !t.in_local_location(s))
+            .map(|s| s.public_key)
+            .collect();
+        let Ok(traffic) = self.wg.traffic() else {
+            return false;
+        };
+        let samples = &mut self.memo.leases.samples;
+        samples.push_back(TrafficSample {
+            at_ms: now_ms,
+            peers: traffic.into_iter().collect(),
+        });
+        while samples.len() > 2
+            && samples
+                .get(1)
+                .is_some_and(|s| now_ms - s.at_ms >= CUT_OFF_WINDOW_MS)
+        {
+            samples.pop_front();
+        }
+        let (Some(oldest), Some(newest)) = (samples.front(), samples.back()) else {
+            return false;
+        };
+        cut_off(oldest, newest, &watched)
+    }
+}
+
+/// How often the lease step runs.
+pub(super) const LEASE_PERIOD: std::time::Duration =
+    std::time::Duration::from_millis(LEASE_RENEW_MS as u64);

@@ -1,0 +1,292 @@
+//! End-to-end: leaders that fail over in seconds (file backend, network namespaces). A node of
+//! the other location pings a non-leader's pod every 100 ms through the leader while the leader
+//! is killed with its links cut, cordoned, or has its WireGuard port blocked; the longest gap
+//! between replies is printed and bounded. A recovered leader does not take the lead back.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+
+/// `ping -D -i 0.1` from a namespace, recording the arrival time of every reply.
+struct Pinger {
+    child: Child,
+    replies: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Pinger {
+    fn start(ns: &str, target: &str) -> Self {
+        let mut child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1", target,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning ping");
+        let stdout = child.stdout.take().unwrap();
+        let replies = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&replies);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("bytes from") {
+                    sink.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
+        Self { child, replies }
+    }
+
+    fn replies_since(&self, since: Instant) -> usize {
+        self.replies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| **t >= since)
+            .count()
+    }
+
+    /// The longest time without a reply after `since`, up to the last reply.
+    fn longest_gap_after(&self, since: Instant) -> Duration {
+        let replies = self.replies.lock().unwrap();
+        let mut last = since;
+        let mut longest = Duration::ZERO;
+        for t in replies.iter().filter(|t| **t >= since) {
+            longest = longest.max(t.duration_since(last));
+            last = *t;
+        }
+        longest
+    }
+
+    /// Waits until replies flow again (5 in a row within a second) after `since`.
+    fn wait_flowing(&self, since: Instant, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let replies = self.replies.lock().unwrap();
+            let recent = replies
+                .iter()
+                .filter(|t| **t >= since && t.elapsed() < Duration::from_secs(1))
+                .count();
+            drop(replies);
+            if recent >= 5 && self.longest_gap_after(since) > Duration::ZERO {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lease_holder(c: &Cluster, location: &str) -> Option<String> {
+    let text = std::fs::read_to_string(c.dir.join(format!("lease-kilotun-leader-{location}.yaml")))
+        .ok()?;
+    let value: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    value["spec"]["holderIdentity"].as_str().map(str::to_string)
+}
+
+/// The nodes whose WireGuard link is up (leaders).
+fn leading(c: &Cluster, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| {
+            let node = c.node(n);
+            let out = node.ns.output(&["ip", "-br", "link", "show", &node.iface]);
+            String::from_utf8_lossy(&out.stdout).contains(" UP ")
+                || String::from_utf8_lossy(&out.stdout).contains("UNKNOWN")
+        })
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// n1 and n2 in east, n3 in west, meshed. Returns the cluster, east's leader (the lease
+/// holder: whichever node took the lease first) and the other east node with its pod address.
+fn east_west() -> (Cluster, (usize, &'static str), (&'static str, &'static str)) {
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
+    }
+    let leads = |c: &Cluster| leading(c, &["n1", "n2"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok()
+            && leads(c).len() == 1
+            && lease_holder(c, "east") == leads(c).first().cloned()
+    });
+    assert!(
+        meshed,
+        "{:?} lease {:?} leading {:?}\n{}",
+        c.all_pods_reachable(),
+        lease_holder(&c, "east"),
+        leads(&c),
+        c.logs()
+    );
+    if leads(&c)[0] == "n1" {
+        (c, (0, "n1"), ("n2", "10.42.2.1"))
+    } else {
+        (c, (1, "n2"), ("n1", "10.42.1.1"))
+    }
+}
+
+/// Sets `spec.unschedulable` on Node `name` in the cluster directory, as `kubectl cordon` does.
+fn cordon(c: &Cluster, name: &str) {
+    let path = c.dir.join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    value["spec"]["unschedulable"] = serde_yaml::Value::Bool(true);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_yaml::to_string(&value).unwrap()).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+#[test]
+fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
+    if !common::can_run("a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back")
+    {
+        return;
+    }
+    let (mut c, (leader_index, leader), (other, other_pod)) = east_west();
+    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+
+    // n1 dies: kg killed, its links cut.
+    let killed = Instant::now();
+    c.nodes[leader_index].kill();
+    c.node(leader)
+        .ns
+        .run(&["ip", "link", "set", "eth0", "down"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "dead leader: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(gap < Duration::from_secs(10), "gap {gap:?}\n{}", c.logs());
+    let taken = c.wait_for(Duration::from_secs(5), |c| {
+        lease_holder(c, "east").as_deref() == Some(other)
+    });
+    assert!(taken, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    // kgctl reads the leases too: the new leader has a configuration, the old one none.
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let kgctl = |node: &str| {
+        common::output(&[
+            common::cluster::kgctl_bin(),
+            "--backend=file",
+            &dir,
+            "showconf",
+            "node",
+            node,
+        ])
+    };
+    assert!(String::from_utf8_lossy(&kgctl(other).stdout).contains("[Peer]"));
+    assert!(String::from_utf8_lossy(&kgctl(leader).stderr).contains("is not a leader node"));
+
+    // The old leader comes back: the new one keeps the lead (hold-down), and only one leads.
+    c.node(leader).ns.run(&["ip", "link", "set", "eth0", "up"]);
+    c.start_kg(
+        leader_index,
+        &["--encapsulate=never", "--leader-election=lease"],
+    );
+    let since = Instant::now();
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        lease_holder(&c, "east").as_deref(),
+        Some(other),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(leading(&c, &["n1", "n2"]), [other], "{}", c.logs());
+    assert!(pinger.replies_since(since) > 100);
+    let gap = pinger.longest_gap_after(since);
+    assert!(
+        gap < Duration::from_secs(1),
+        "the return of {leader} cost {gap:?}"
+    );
+}
+
+#[test]
+fn a_cordoned_leader_hands_over_before_it_goes() {
+    if !common::can_run("a_cordoned_leader_hands_over_before_it_goes") {
+        return;
+    }
+    let (c, (_, leader), (other, other_pod)) = east_west();
+    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let cordoned = Instant::now();
+    cordon(&c, leader);
+    let moved = c.wait_for(Duration::from_secs(10), |c| {
+        lease_holder(c, "east").as_deref() == Some(other)
+    });
+    assert!(moved, "{}", c.logs());
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(cordoned);
+    let sent = (cordoned.elapsed().as_millis() / 100) as usize;
+    let lost = sent.saturating_sub(pinger.replies_since(cordoned));
+    eprintln!(
+        "cordoned leader: longest gap {:.1} s, about {lost} of the pings lost",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
+    assert_eq!(leading(&c, &["n1", "n2"]), [other], "{}", c.logs());
+}
+
+#[test]
+fn a_leader_with_its_port_blocked_gives_up_the_lead() {
+    if !common::can_run("a_leader_with_its_port_blocked_gives_up_the_lead") {
+        return;
+    }
+    let (c, (_, leader), (other, other_pod)) = east_west();
+    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let blocked = Instant::now();
+    for chain in [
+        ["INPUT", "--dport"],
+        ["OUTPUT", "--dport"],
+        ["INPUT", "--sport"],
+    ] {
+        c.node(leader).ns.run(&[
+            "iptables", "-I", chain[0], "-p", "udp", chain[1], "51820", "-j", "DROP",
+        ]);
+    }
+    let back = pinger.wait_flowing(blocked, Duration::from_secs(45));
+    let gap = pinger.longest_gap_after(blocked);
+    eprintln!(
+        "blocked leader: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(gap < Duration::from_secs(30), "gap {gap:?}\n{}", c.logs());
+    assert_eq!(
+        lease_holder(&c, "east").as_deref(),
+        Some(other),
+        "{}",
+        c.logs()
+    );
+}
