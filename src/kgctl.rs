@@ -279,7 +279,7 @@ pub async fn snapshot(args: &KgctlArgs) -> Result<Snapshot> {
         }
         BackendKind::Kubernetes => {
             let config = crate::backend::kube::client_config(&kubeconfig_path(args), "").await?;
-            let backend = crate::backend::kube::KubeBackend::start(config)?;
+            let backend = crate::backend::kube::KubeBackend::start(config, true)?;
             if !backend
                 .wait_listed(std::time::Duration::from_secs(10))
                 .await

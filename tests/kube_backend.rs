@@ -55,7 +55,7 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
     let config = client_config(kubeconfig.to_str().unwrap(), "")
         .await
         .unwrap();
-    let backend = KubeBackend::start(config).unwrap();
+    let backend = KubeBackend::start(config, false).unwrap();
     let mut rx = backend.subscribe();
 
     // The initial list, without Peers: the CRD is not installed, and kg keeps running.

@@ -1028,3 +1028,68 @@ fn two_clusters_join_through_their_leaders_as_peers() {
     );
     drop(relays);
 }
+
+#[test]
+fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
+    let test = "a_dead_leader_hands_over_through_a_kubernetes_lease";
+    let Some(mut k) = KubeCluster::new(
+        test,
+        "",
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    ) else {
+        return;
+    };
+    for i in 0..3 {
+        k.start(i, &["--leader-election=lease"]);
+    }
+    k.assert_meshed(60);
+    let holder = |k: &KubeCluster| -> Option<String> {
+        let out = k.kube.kubectl_output(
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "lease",
+                "kilotun-leader-east",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ],
+            None,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    };
+    let held =
+        k.c.wait_for(Duration::from_secs(20), |_| holder(&k).is_some());
+    assert!(held, "no lease\n{}", k.c.logs());
+    let leader = holder(&k).unwrap();
+    let (other, other_pod) = if leader == "n1" {
+        ("n2", "10.42.2.1")
+    } else {
+        ("n1", "10.42.1.1")
+    };
+    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let killed = Instant::now();
+    let index = if leader == "n1" { 0 } else { 1 };
+    k.c.nodes[index].kill();
+    k.c.node(&leader)
+        .ns
+        .run(&["ip", "link", "set", "eth0", "down"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "dead leader on the Kubernetes backend: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", k.c.logs());
+    assert!(gap < Duration::from_secs(10), "gap {gap:?}\n{}", k.c.logs());
+    let moved = k.c.wait_for(Duration::from_secs(10), |_| {
+        holder(&k).as_deref() == Some(other)
+    });
+    assert!(moved, "{:?}\n{}", holder(&k), k.c.logs());
+}

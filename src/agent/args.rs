@@ -68,7 +68,7 @@ pub struct KgArgs {
     pub iptables_backend: super::xtables::BackendMode,
     /// How each location's leader is chosen: kilo (Kilo's rule: annotated, then public, then
     /// first by name; a dead leader is replaced once its last-seen is 60 s old) or lease (a
-    /// lease per location, renewed by its healthy holder: failover in seconds; file backend).
+    /// lease per location, renewed by its healthy holder: failover in seconds).
     #[arg(long, value_enum, default_value = "kilo")]
     pub leader_election: LeaderElection,
     /// Path to kubeconfig.
@@ -250,10 +250,7 @@ impl KgArgs {
         if self.backend == BackendKind::File && self.cluster_dir.is_empty() {
             bail!("--backend=file needs --cluster-dir");
         }
-        if self.backend == BackendKind::Kubernetes && self.leader_election == LeaderElection::Lease
-        {
-            bail!("--leader-election=lease: only --backend=file holds leases so far; the Kubernetes backend uses Kilo's rule (--leader-election=kilo)");
-        }
+
         if !self.log_level.is_empty() && crate::agent::log_filter(&self.log_level).is_none() {
             bail!(
                 "--log-level: {:?} is not one of all, debug, info, warn, error, none",

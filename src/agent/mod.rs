@@ -159,7 +159,10 @@ impl Agent {
             BackendKind::Kubernetes => {
                 let config =
                     crate::backend::kube::client_config(&s.args.kubeconfig, &s.args.master).await?;
-                Backend::Kube(KubeBackend::start(config)?)
+                Backend::Kube(KubeBackend::start(
+                    config,
+                    s.args.leader_election == args::LeaderElection::Lease,
+                )?)
             }
         };
         let netlink = Netlink::connect()?;

@@ -24,6 +24,9 @@ use tokio::sync::watch;
 use super::backoff::WatchBackoff;
 use super::Snapshot;
 
+mod lease;
+pub use lease::LEASE_NAMESPACE;
+
 /// A connection to the Kubernetes API.
 pub struct KubeBackend {
     client: Client,
@@ -92,8 +95,9 @@ fn peer_resource() -> ApiResource {
 }
 
 impl KubeBackend {
-    /// Connects and starts watching Nodes and Peers.
-    pub fn start(config: Config) -> Result<Self> {
+    /// Connects and starts watching Nodes and Peers (and, with `watch_leases`, the leaders'
+    /// leases).
+    pub fn start(config: Config, watch_leases: bool) -> Result<Self> {
         let client = Client::try_from(config).context("building the Kubernetes client")?;
         let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
         let (listed, _) = watch::channel(false);
@@ -106,6 +110,9 @@ impl KubeBackend {
         };
         backend.watch_nodes();
         backend.watch_peers();
+        if watch_leases {
+            backend.watch_leases();
+        }
         Ok(backend)
     }
 

@@ -236,9 +236,7 @@ impl Backend {
                 })
                 .await?
             }
-            Self::Kube(_) => {
-                anyhow::bail!("leases are not supported on the Kubernetes backend yet")
-            }
+            Self::Kube(k) => k.write_lease(name, lease, expected).await,
         }
     }
 

@@ -90,7 +90,7 @@ async fn open_backend(global: &KgctlArgs) -> Result<Backend> {
         BackendKind::Kubernetes => {
             let config =
                 crate::backend::kube::client_config(&super::kubeconfig_path(global), "").await?;
-            let backend = KubeBackend::start(config)?;
+            let backend = KubeBackend::start(config, false)?;
             if !backend
                 .wait_listed(std::time::Duration::from_secs(10))
                 .await

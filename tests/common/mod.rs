@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod fake_kube;
+pub mod pinger;
 pub mod real_kube;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -1,0 +1,132 @@
+//! Leader-election leases on the Kubernetes backend: `coordination.k8s.io/v1` Leases named
+//! `kilotun-leader-<location>` in [`LEASE_NAMESPACE`], watched like Nodes, and written with the
+//! API server's own compare-and-swap (a replace carrying the `resourceVersion` read).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use control::leader::LeaseState;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+
+use super::super::backoff::WatchBackoff;
+use super::super::file::{lease_object, lease_state};
+use super::KubeBackend;
+
+/// The namespace holding the leases (Kilo's DaemonSet's).
+pub const LEASE_NAMESPACE: &str = "kube-system";
+/// The prefix of every lease name (see `control::leader::lease_name`).
+const PREFIX: &str = "kilotun-leader-";
+
+impl KubeBackend {
+    fn leases_api(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), LEASE_NAMESPACE)
+    }
+
+    /// Watches the leases into the snapshots.
+    pub(super) fn watch_leases(&self) {
+        let api = self.leases_api();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut warned = false;
+            let mut pending: Option<BTreeMap<String, LeaseState>> = None;
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .backoff(WatchBackoff::random())
+                .boxed();
+            let ours = |l: &Lease| -> Option<(String, LeaseState)> {
+                let name = l.metadata.name.clone()?;
+                name.starts_with(PREFIX).then(|| (name, lease_state(l)))
+            };
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(Event::Init) => pending = Some(BTreeMap::new()),
+                    Ok(Event::InitApply(l)) => {
+                        if let (Some(p), Some((n, s))) = (pending.as_mut(), ours(&l)) {
+                            p.insert(n, s);
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        warned = false;
+                        if let Some(leases) = pending.take() {
+                            tx.send_if_modified(|s| Arc::make_mut(s).replace_leases(leases));
+                        }
+                    }
+                    Ok(Event::Apply(l)) => {
+                        if let Some((name, state)) = ours(&l) {
+                            tx.send_if_modified(|s| {
+                                if s.leases.get(&name) == Some(&state) {
+                                    return false;
+                                }
+                                let mut leases = s.leases.clone();
+                                leases.insert(name, state);
+                                Arc::make_mut(s).replace_leases(leases)
+                            });
+                        }
+                    }
+                    Ok(Event::Delete(l)) => {
+                        if let Some((name, _)) = ours(&l) {
+                            tx.send_if_modified(|s| {
+                                if !s.leases.contains_key(&name) {
+                                    return false;
+                                }
+                                let mut leases = s.leases.clone();
+                                leases.remove(&name);
+                                Arc::make_mut(s).replace_leases(leases)
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        if !warned {
+                            tracing::warn!(error = %e, namespace = LEASE_NAMESPACE, "cannot watch Leases (does the kilo ServiceAccount have the kilo-leases Role?); retrying");
+                            warned = true;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Writes lease `name` as `lease` if its holder is still `expected` (or already `lease`'s):
+    /// the replace carries the `resourceVersion` read, so a concurrent writer makes it fail
+    /// with 409, reported as false.
+    pub async fn write_lease(
+        &self,
+        name: &str,
+        lease: &LeaseState,
+        expected: Option<&str>,
+    ) -> Result<bool> {
+        let api = self.leases_api();
+        let current = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading Lease {LEASE_NAMESPACE}/{name}"))?;
+        let mut object = lease_object(name, lease);
+        object.metadata.namespace = Some(LEASE_NAMESPACE.to_string());
+        let written = match current {
+            None => api.create(&PostParams::default(), &object).await,
+            Some(now) => {
+                let holder = lease_state(&now).holder;
+                if holder.as_deref() != expected && holder != lease.holder {
+                    return Ok(false);
+                }
+                object.metadata.resource_version = now.metadata.resource_version;
+                object
+                    .spec
+                    .as_mut()
+                    .expect("lease_object sets a spec")
+                    .acquire_time = now.spec.and_then(|s| s.acquire_time);
+                api.replace(name, &PostParams::default(), &object).await
+            }
+        };
+        match written {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("writing Lease {LEASE_NAMESPACE}/{name}")),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! A ping every 100 ms from a namespace, recording when each reply arrives, to measure how long
+//! traffic stopped during a failover.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `ping -i 0.1` from a namespace, recording the arrival time of every reply.
+pub struct Pinger {
+    child: Child,
+    replies: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Pinger {
+    pub fn start(ns: &str, target: &str) -> Self {
+        let mut child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1", target,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning ping");
+        let stdout = child.stdout.take().unwrap();
+        let replies = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&replies);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("bytes from") {
+                    sink.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
+        Self { child, replies }
+    }
+
+    pub fn replies_since(&self, since: Instant) -> usize {
+        self.replies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| **t >= since)
+            .count()
+    }
+
+    /// The longest time without a reply after `since`, up to the last reply.
+    pub fn longest_gap_after(&self, since: Instant) -> Duration {
+        let replies = self.replies.lock().unwrap();
+        let mut last = since;
+        let mut longest = Duration::ZERO;
+        for t in replies.iter().filter(|t| **t >= since) {
+            longest = longest.max(t.duration_since(last));
+            last = *t;
+        }
+        longest
+    }
+
+    /// Waits until replies flow again (5 in a row within a second) after `since`.
+    pub fn wait_flowing(&self, since: Instant, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let replies = self.replies.lock().unwrap();
+            let recent = replies
+                .iter()
+                .filter(|t| **t >= since && t.elapsed() < Duration::from_secs(1))
+                .count();
+            drop(replies);
+            if recent >= 5 && self.longest_gap_after(since) > Duration::ZERO {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
