@@ -63,6 +63,14 @@ pub mod annotation {
 /// Kilo's default topology label.
 pub const DEFAULT_TOPOLOGY_LABEL: &str = "topology.kubernetes.io/region";
 
+/// Taints that mark a node about to be removed (cluster-autoscaler's scale-down, Karpenter's
+/// disruption): like a cordon, they hand leadership over before the node goes.
+pub const LEAVING_TAINTS: [&str; 3] = [
+    "ToBeDeletedByClusterAutoscaler",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+];
+
 /// A node is ready while its last check-in is younger than this many seconds.
 pub const READY_WINDOW_SECS: i64 = 60;
 
@@ -402,11 +410,13 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     let cni_compatibility_ip = r.cidr(a::CNI_COMPATIBILITY_IP);
     let leader = r.get(a::LEADER).is_some();
     let lease_election = r.get(a::LEADER_ELECTION) == Some("lease");
-    let cordoned = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
+    let cordoned = node.spec.as_ref().is_some_and(|s| {
+        s.unschedulable.unwrap_or(false)
+            || s.taints
+                .iter()
+                .flatten()
+                .any(|t| LEAVING_TAINTS.contains(&t.key.as_str()))
+    });
 
     let subnet = node
         .spec

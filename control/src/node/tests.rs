@@ -444,3 +444,26 @@ fn each_malformed_annotation_is_one_problem_naming_node_annotation_and_value() {
         }
     }
 }
+
+#[test]
+fn a_cordon_or_a_removal_taint_marks_a_node_as_leaving() {
+    let mut object = kube_node(&[], &[], Some("10.2.1.0/24"));
+    assert!(!translate_node(&object, DEFAULT_TOPOLOGY_LABEL).0.cordoned);
+    object.spec.as_mut().unwrap().unschedulable = Some(true);
+    assert!(translate_node(&object, DEFAULT_TOPOLOGY_LABEL).0.cordoned);
+    object.spec.as_mut().unwrap().unschedulable = None;
+    let taint = |key: &str| k8s_openapi::api::core::v1::Taint {
+        key: key.into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    };
+    object.spec.as_mut().unwrap().taints = Some(vec![taint("example.com/other")]);
+    assert!(!translate_node(&object, DEFAULT_TOPOLOGY_LABEL).0.cordoned);
+    for key in LEAVING_TAINTS {
+        object.spec.as_mut().unwrap().taints = Some(vec![taint("example.com/other"), taint(key)]);
+        assert!(
+            translate_node(&object, DEFAULT_TOPOLOGY_LABEL).0.cordoned,
+            "{key}"
+        );
+    }
+}
