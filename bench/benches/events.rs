@@ -164,6 +164,7 @@ fn before(c: &mut Criterion, count: usize) {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
+        pod_source: None,
     };
     c.bench_with_input(
         BenchmarkId::new("event/last_seen/before", count),

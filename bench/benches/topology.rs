@@ -50,6 +50,7 @@ fn routes(c: &mut Criterion) {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
+        pod_source: None,
     };
     let mut group = c.benchmark_group("routes");
     for &count in &[100usize, 1_000, 5_000] {

@@ -119,6 +119,10 @@ pub struct RouteOptions {
     pub encapsulate: Encapsulate,
     /// `--compatibility`.
     pub compatibility: Compatibility,
+    /// An address this node holds inside its pod CIDR (the CNI bridge's): the preferred source
+    /// of routes of the family the private IP lacks (IPv4 pods over an IPv6 internal IP), so the
+    /// host's own traffic leaves with an address every peer allows and the replies route back.
+    pub pod_source: Option<IpAddr>,
 }
 
 /// Routes and rules, each de-duplicated and sorted.
@@ -235,10 +239,14 @@ impl Planner<'_> {
         true
     }
 
-    /// The local private IP as route source, when it is of the destination's family.
+    /// The route source for `dst`: the local private IP when it is of the destination's family
+    /// (Kilo's), else the node's own pod-CIDR address of that family, else none.
     fn source_for(&self, dst: &IpNet) -> Option<IpAddr> {
-        let own = self.t.private_ip?.addr();
-        (own.is_ipv4() == dst.addr().is_ipv4()).then_some(own)
+        let same = |ip: &IpAddr| ip.is_ipv4() == dst.addr().is_ipv4();
+        match self.t.private_ip.map(|n| n.addr()) {
+            Some(own) if same(&own) => Some(own),
+            _ => self.o.pod_source.filter(same),
+        }
     }
 
     /// True when traffic to `gateway` goes through the tunnel device.
@@ -272,6 +280,10 @@ impl Planner<'_> {
     }
 
     fn kilo_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
+        // The WireGuard link needs no gateway (the engine routes by allowed IPs); one of the
+        // other family (an IPv6 destination through an IPv4 WireGuard IP) is refused by the
+        // kernel, so it is left out.
+        let gateway = gateway.filter(|g| g.is_ipv4() == dst.addr().is_ipv4());
         self.plan.insert_route(Route {
             table: MAIN_TABLE,
             dst: dst.trunc(),

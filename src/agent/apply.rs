@@ -143,6 +143,17 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
             (None, _) => Encapsulate::Never,
         };
+        // An address the host holds in its own pod CIDR (the CNI bridge's, or the tunnel's).
+        let pod_source = self
+            .memo
+            .host
+            .as_ref()
+            .expect("listed above")
+            .addresses
+            .iter()
+            .filter(|(i, _)| *i != kilo)
+            .map(|(_, n)| n.addr())
+            .find(|a| t.subnet.contains(a));
         let options = RouteOptions {
             kilo_name: self.s.args.interface.clone(),
             links: Links {
@@ -153,6 +164,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             local: self.s.args.local,
             encapsulate,
             compatibility: self.s.compatibility,
+            pod_source,
         };
         let own: Vec<u32> = [Some(kilo), tunnel].into_iter().flatten().collect();
         let connected = self

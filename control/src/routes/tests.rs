@@ -24,6 +24,7 @@ fn options(local: bool, encapsulate: Encapsulate) -> RouteOptions {
         local,
         encapsulate,
         compatibility: Compatibility::Ipip,
+        pod_source: None,
     }
 }
 
@@ -628,4 +629,70 @@ fn no_bypass_without_a_covering_tunnel_route_or_on_a_non_leader() {
     assert!(!member.leader);
     let mut plan = member.route_plan(&options(true, Encapsulate::Never));
     assert!(member.bypass_endpoints(&mut plan, KILO, &host).is_empty());
+}
+
+#[test]
+fn ipv6_internal_ips_never_mix_families_in_a_route() {
+    use crate::fixtures::node;
+    let mut nodes = vec![
+        node(
+            "a1",
+            "[fd50::1]:51820",
+            Some("fd50::1/64"),
+            "x",
+            "10.42.1.0/24",
+            "k1",
+        ),
+        node(
+            "a2",
+            "[fd50::2]:51820",
+            Some("fd50::2/64"),
+            "x",
+            "10.42.2.0/24",
+            "k2",
+        ),
+        node(
+            "b1",
+            "[fd50::33]:51820",
+            Some("fd50::3/64"),
+            "y",
+            "10.42.3.0/24",
+            "k3",
+        ),
+    ];
+    nodes[0].leader = true;
+    let mut o = options(true, Encapsulate::Never);
+    o.pod_source = Some("10.42.1.1".parse().unwrap());
+    let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
+    let plan = leader.route_plan(&o);
+    for r in &plan.routes {
+        if let Some(gw) = r.gateway.filter(|_| r.link == KILO) {
+            assert_eq!(gw.is_ipv4(), r.dst.addr().is_ipv4(), "{r:?}");
+        }
+        if let Some(src) = r.src {
+            assert_eq!(src.is_ipv4(), r.dst.addr().is_ipv4(), "{r:?}");
+        }
+    }
+    let routes = show(&plan);
+    // b1's IPv6 private IP: straight onto the WireGuard link, no IPv4 gateway.
+    assert!(
+        routes.contains(&"fd50::3/128 dev 1 src fd50::1".to_string()),
+        "{routes:?}"
+    );
+    // b1's IPv4 pods: through its IPv4 WireGuard IP, from this node's own pod address.
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.starts_with("10.42.3.0/24 via 10.4.0.")
+                && r.ends_with("src 10.42.1.1 onlink")),
+        "{routes:?}"
+    );
+    // A non-leader sends IPv4 through its leader's IPv6 private IP, from its own pod address.
+    o.pod_source = Some("10.42.2.1".parse().unwrap());
+    let member = Topology::new(&nodes, &[], &f1_params("a2", Granularity::Location)).unwrap();
+    let routes = show(&member.route_plan(&o));
+    assert!(
+        routes.contains(&"10.42.3.0/24 via fd50::1 dev 2 src 10.42.2.1 onlink".to_string()),
+        "{routes:?}"
+    );
 }

@@ -366,6 +366,7 @@ fn cross_routes_its_own_location_directly_and_others_through_wireguard() {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
+        pod_source: None,
     });
     let via = |dst: &str| -> Vec<(Option<IpAddr>, u32)> {
         plan.routes
