@@ -18,6 +18,11 @@ fn peer_keys(c: &Cluster, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// The output of `args` run inside `node`.
+fn text(c: &Cluster, node: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&c.node(node).ns.output(args).stdout).into_owned()
+}
+
 fn public_key(c: &Cluster, node: &str) -> String {
     c.node(node).wg("public-key").trim().to_string()
 }
@@ -65,31 +70,17 @@ fn cross_tunnels_between_locations_only() {
             c.logs()
         );
         // Every node leads its own segment: its link is up with a WireGuard IP.
-        let link = String::from_utf8_lossy(
-            &c.node(node)
-                .ns
-                .output(&["ip", "-br", "addr", "show", &c.node(node).iface])
-                .stdout,
-        )
-        .into_owned();
+        let link = text(
+            &c,
+            node,
+            &["ip", "-br", "addr", "show", &c.node(node).iface],
+        );
         assert!(link.contains("10.4.0."), "{node}: {link}");
     }
     // Inside a location the pods are reached over the underlay, not WireGuard.
-    let route = String::from_utf8_lossy(
-        &c.node("n1")
-            .ns
-            .output(&["ip", "route", "get", "10.42.2.1"])
-            .stdout,
-    )
-    .into_owned();
+    let route = text(&c, "n1", &["ip", "route", "get", "10.42.2.1"]);
     assert!(route.contains("via 192.168.10.2 dev eth0"), "{route}");
-    let route = String::from_utf8_lossy(
-        &c.node("n1")
-            .ns
-            .output(&["ip", "route", "get", "10.42.3.1"])
-            .stdout,
-    )
-    .into_owned();
+    let route = text(&c, "n1", &["ip", "route", "get", "10.42.3.1"]);
     assert!(
         route.contains(&format!("dev {}", c.node("n1").iface)),
         "{route}"

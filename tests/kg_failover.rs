@@ -62,6 +62,18 @@ fn east_west() -> (Cluster, (usize, &'static str), (&'static str, &'static str))
     }
 }
 
+/// [`east_west`], with n3 pinging the east node that does not lead, through the leader.
+fn east_west_pinging() -> (Cluster, (usize, &'static str), &'static str, Pinger) {
+    let (c, leader, (other, other_pod)) = east_west();
+    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
+    let flowing = pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10),
+    );
+    assert!(flowing, "{}", c.logs());
+    (c, leader, other, pinger)
+}
+
 /// Sets `spec.unschedulable` on Node `name` in the cluster directory, as `kubectl cordon` does.
 fn cordon(c: &Cluster, name: &str) {
     let path = c.dir.join(format!("{name}.yaml"));
@@ -79,12 +91,7 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
     {
         return;
     }
-    let (mut c, (leader_index, leader), (other, other_pod)) = east_west();
-    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
-    assert!(pinger.wait_flowing(
-        Instant::now() - Duration::from_secs(1),
-        Duration::from_secs(10)
-    ));
+    let (mut c, (leader_index, leader), other, pinger) = east_west_pinging();
 
     // n1 dies: kg killed, its links cut.
     let killed = Instant::now();
@@ -147,12 +154,7 @@ fn a_cordoned_leader_hands_over_before_it_goes() {
     if !common::can_run("a_cordoned_leader_hands_over_before_it_goes") {
         return;
     }
-    let (c, (_, leader), (other, other_pod)) = east_west();
-    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
-    assert!(pinger.wait_flowing(
-        Instant::now() - Duration::from_secs(1),
-        Duration::from_secs(10)
-    ));
+    let (c, (_, leader), other, pinger) = east_west_pinging();
     let cordoned = Instant::now();
     cordon(&c, leader);
     let moved = c.wait_for(Duration::from_secs(10), |c| {
@@ -180,12 +182,7 @@ fn a_leader_with_its_port_blocked_gives_up_the_lead() {
     if !common::can_run("a_leader_with_its_port_blocked_gives_up_the_lead") {
         return;
     }
-    let (c, (_, leader), (other, other_pod)) = east_west();
-    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
-    assert!(pinger.wait_flowing(
-        Instant::now() - Duration::from_secs(1),
-        Duration::from_secs(10)
-    ));
+    let (c, (_, leader), other, pinger) = east_west_pinging();
     let blocked = Instant::now();
     for chain in [
         ["INPUT", "--dport"],
