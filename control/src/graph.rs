@@ -76,6 +76,16 @@ impl Topology {
                 if self.granularity == Granularity::Cross && a.location == b.location {
                     continue;
                 }
+                if let Some(relay) = self.relay_between(a, b) {
+                    let _ = writeln!(
+                        out,
+                        "\t{} -> {} [dir=both, style=dotted, label={}];",
+                        quote(&a.leader_member().name),
+                        quote(&b.leader_member().name),
+                        quote(&format!("via {}", relay.leader_member().name))
+                    );
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "\t{} -> {} [dir=both];",

@@ -45,6 +45,9 @@ pub mod annotation {
     /// Written by kilotun's kg (not Kilo's): `lease` when it takes part in lease-based leader
     /// election (see `crate::leader`).
     pub const LEADER_ELECTION: &str = "kilotun.io/leader-election";
+    /// User-set on any node of a location (kilotun's, not Kilo's): only locations so marked may
+    /// relay between two locations behind NAT; without it, any reachable location may.
+    pub const RELAY: &str = "kilotun.io/relay";
 
     /// Every annotation kg writes, in the order it writes them.
     pub const WRITTEN: [&str; 9] = [
@@ -145,6 +148,8 @@ pub struct Node {
     pub cordoned: bool,
     /// Its agent takes part in lease-based leader election.
     pub lease_election: bool,
+    /// Annotated `kilotun.io/relay`: its location may relay between locations behind NAT.
+    pub relay: bool,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.
@@ -410,6 +415,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     let cni_compatibility_ip = r.cidr(a::CNI_COMPATIBILITY_IP);
     let leader = r.get(a::LEADER).is_some();
     let lease_election = r.get(a::LEADER_ELECTION) == Some("lease");
+    let relay = r.get(a::RELAY).is_some_and(|v| v != "false");
     let cordoned = node.spec.as_ref().is_some_and(|s| {
         s.unschedulable.unwrap_or(false)
             || s.taints
@@ -450,6 +456,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             cni_compatibility_ip,
             cordoned,
             lease_election,
+            relay,
         },
         problems,
     )

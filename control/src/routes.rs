@@ -503,7 +503,7 @@ impl Topology {
         let segments = self
             .segments
             .iter()
-            .filter(|s| !self.in_local_location(s))
+            .filter(|s| !self.in_local_location(s) && self.relay_for(s).is_none())
             .filter_map(|s| {
                 let ip = self
                     .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)?

@@ -53,6 +53,16 @@ pub struct Segment {
     pub allowed_location_ips: Vec<IpNet>,
     /// The location of its leader (of its only node, in full and cross granularity).
     pub location: String,
+    /// A member is annotated `kilotun.io/relay`.
+    pub relay: bool,
+}
+
+impl Segment {
+    /// True when its leader is behind NAT: it keeps its tunnels alive (Kilo's mark of a NATed
+    /// node), so nothing can reach it before it has sent first.
+    pub fn behind_nat(&self) -> bool {
+        self.persistent_keepalive > 0
+    }
 }
 
 impl Segment {
@@ -312,6 +322,7 @@ impl Topology {
                 allowed_ips,
                 allowed_location_ips,
                 location: head.location.clone(),
+                relay: group.iter().any(|n| n.relay),
             });
         }
 
@@ -382,6 +393,32 @@ impl Topology {
     pub fn in_local_location(&self, s: &Segment) -> bool {
         s.key == self.location
             || (self.granularity == Granularity::Cross && s.location == self.local_location)
+    }
+
+    /// The segment that carries traffic between segments `a` and `b` when both are behind NAT
+    /// (neither can reach the other first): the first by key that is not behind NAT and has an
+    /// endpoint, among those annotated `kilotun.io/relay` when any is. `None` when they can
+    /// talk directly, or when no segment can relay (they are then peered directly, as Kilo does).
+    pub fn relay_between(&self, a: &Segment, b: &Segment) -> Option<&Segment> {
+        if a.key == b.key || !a.behind_nat() || !b.behind_nat() {
+            return None;
+        }
+        let pinned = self.segments.iter().any(|s| s.relay);
+        self.segments.iter().find(|r| {
+            r.key != a.key
+                && r.key != b.key
+                && !r.behind_nat()
+                && r.endpoint.is_some()
+                && (r.relay || !pinned)
+        })
+    }
+
+    /// The segment this leader reaches `s` through, when it must be relayed.
+    pub fn relay_for(&self, s: &Segment) -> Option<&Segment> {
+        if !self.leader {
+            return None;
+        }
+        self.relay_between(self.local_segment()?, s)
     }
 
     /// The local segment.

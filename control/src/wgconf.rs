@@ -93,11 +93,25 @@ impl Topology {
         let mut keys: BTreeSet<Key> = local_key.copied().into_iter().collect();
         let mut claimed = BTreeSet::new();
         let mut peers = Vec::with_capacity(self.segments.len() + self.peers.len());
+        let mut relayed = Vec::new();
         for s in self.segments.iter().filter(|s| !self.in_local_location(s)) {
+            if let Some(relay) = self.relay_for(s) {
+                relayed.push((s, relay.public_key));
+                continue;
+            }
             if !keys.insert(s.public_key) {
                 continue;
             }
             peers.push(self.segment_peer(s, self.persistent_keepalive, None, &mut claimed));
+        }
+        // A segment reached through a relay is no peer of its own: its addresses go to the
+        // relay's peer, which forwards them.
+        for (s, relay) in relayed {
+            let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
+            let ips = claim(ips, &mut claimed);
+            if let Some(peer) = peers.iter_mut().find(|p| p.public_key == relay) {
+                peer.allowed_ips.extend(ips);
+            }
         }
         for p in &self.peers {
             let Some(key) = p.public_key else { continue };

@@ -401,3 +401,98 @@ fn cross_is_written_and_read_as_cross() {
     assert_eq!(Granularity::parse("cross"), Some(Granularity::Cross));
     assert_eq!(Granularity::Cross.as_str(), "cross");
 }
+
+/// Two homes behind NAT (keepalive set) and one reachable cloud location, one node each.
+fn homes_and_cloud() -> Vec<Node> {
+    let mut h1 = node(
+        "h1",
+        "10.99.1.2:51820",
+        Some("10.99.1.2/24"),
+        "home1",
+        "10.42.1.0/24",
+        "kh1",
+    );
+    let mut h2 = node(
+        "h2",
+        "10.99.2.2:51820",
+        Some("10.99.2.2/24"),
+        "home2",
+        "10.42.2.0/24",
+        "kh2",
+    );
+    let c1 = node(
+        "c1",
+        "192.168.30.1:51820",
+        Some("192.168.30.1/24"),
+        "cloud",
+        "10.42.3.0/24",
+        "kc1",
+    );
+    h1.persistent_keepalive = 5;
+    h2.persistent_keepalive = 5;
+    vec![h1, h2, c1]
+}
+
+fn peer_ips(t: &Topology, key: &str) -> Option<Vec<String>> {
+    t.conf(None)
+        .peers
+        .iter()
+        .find(|p| p.public_key == Key::padded(key))
+        .map(|p| p.allowed_ips.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn two_locations_behind_nat_talk_through_a_reachable_one() {
+    let nodes = homes_and_cloud();
+    let mut p = params("h1", Granularity::Location);
+    p.persistent_keepalive = 5;
+    let h1 = Topology::new(&nodes, &[], &p).unwrap();
+    // No peer for the other home: its addresses ride on the cloud's peer.
+    assert_eq!(peer_ips(&h1, "kh2"), None);
+    let cloud = peer_ips(&h1, "kc1").unwrap();
+    assert!(cloud.contains(&"10.42.2.0/24".to_string()), "{cloud:?}");
+    assert!(cloud.contains(&"10.42.3.0/24".to_string()), "{cloud:?}");
+    // The cloud (reachable) peers with both homes directly and forwards between them.
+    let c1 = Topology::new(&nodes, &[], &params("c1", Granularity::Location)).unwrap();
+    assert_eq!(
+        peer_ips(&c1, "kh1").unwrap(),
+        ["10.42.1.0/24", "10.99.1.2/32", "10.4.0.2/32"]
+    );
+    assert!(peer_ips(&c1, "kh2").is_some());
+    // The graph shows the relayed link.
+    assert!(
+        h1.dot()
+            .contains("\"h1\" -> \"h2\" [dir=both, style=dotted, label=\"via c1\"]"),
+        "{}",
+        h1.dot()
+    );
+}
+
+#[test]
+fn a_relay_annotation_pins_which_locations_may_relay() {
+    let mut nodes = homes_and_cloud();
+    let mut c2 = node(
+        "c2",
+        "192.168.40.1:51820",
+        Some("192.168.40.1/24"),
+        "cloud2",
+        "10.42.4.0/24",
+        "kc2",
+    );
+    c2.relay = true;
+    nodes.push(c2);
+    let mut p = params("h1", Granularity::Location);
+    p.persistent_keepalive = 5;
+    let h1 = Topology::new(&nodes, &[], &p).unwrap();
+    // cloud sorts first, but only cloud2 is marked.
+    assert!(peer_ips(&h1, "kc2")
+        .unwrap()
+        .contains(&"10.42.2.0/24".to_string()));
+    assert!(!peer_ips(&h1, "kc1")
+        .unwrap()
+        .contains(&"10.42.2.0/24".to_string()));
+    // Without any reachable location, the homes stay direct peers, as in Kilo.
+    let only_homes: Vec<Node> = homes_and_cloud().into_iter().take(2).collect();
+    let h1 = Topology::new(&only_homes, &[], &p).unwrap();
+    assert!(peer_ips(&h1, "kh2").is_some());
+}
