@@ -8,6 +8,9 @@
 #
 #   sudo bench/scale.sh N [KG_BINARY]     # default N=1000, KG_BINARY=target/release/kg
 #
+# KUBELET_STATUS=1 gives each Node a real kubelet's status (conditions, node info, 50 images),
+# so every watch event is as large as in a real cluster (bench/scale_driver.py).
+#
 # Everything (etcd, the API server, the load driver, kg) runs inside one network namespace, on
 # its loopback. Needs root, python3, wg, openssl, curl; KUBE_BIN_DIR or the cache of
 # scripts/kube-apiserver.sh for the control-plane binaries.
@@ -121,7 +124,7 @@ awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0=
 	-v i0="$i0" -v i1="$i1" -v idle="$idle_window" -v r0="$rss_start" -v r1="$rss_churn" \
 	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v kg="$kg" 'BEGIN {
 	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
-	printf "kg %s, %d nodes, 100 locations\n", kg, n
+	printf "kg %s, %d nodes, 100 locations%s\n", kg, n, ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
 	printf "idle: kg CPU %.2f s in %d s = %.2f%% of a core\n", (i1 - i0) / hz, idle, 100 * (i1 - i0) / hz / idle

@@ -10,6 +10,10 @@ second), and the change-to-engine latency of a remote Node's location change.
                                         lists it, in ms
 
 Environment: APISERVER_URL, ADMIN_TOKEN, KUBE_CA_FILE (scripts/kube-up.sh's env file).
+KUBELET_STATUS=1 gives every created Node the status a kubelet reports (addresses, conditions,
+node info, 50 images), so each watch event is about the size it is in a real cluster (the Node
+as created is 12 kB of JSON instead of 0.4 kB, before the API server adds its metadata and
+managed fields).
 """
 
 import base64
@@ -55,8 +59,43 @@ def name(i):
     return f"n-{i:05d}"
 
 
-def node(i, now):
+def kubelet_status(i):
+    """A status the size of a real kubelet's: addresses, capacity, conditions, node info and
+    the 50 images kubelet reports at most."""
+    stamp = "2026-01-01T00:00:00Z"
+    conditions = [
+        {"type": t, "status": "False", "reason": f"KubeletHasSufficient{t}",
+         "message": f"kubelet has sufficient {t.lower()} available",
+         "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ] + [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+          "message": "kubelet is posting ready status", "lastHeartbeatTime": stamp,
+          "lastTransitionTime": stamp}]
+    images = [
+        {"names": [f"registry.example.com/team-{k % 7}/image-{k}@sha256:{k:064x}",
+                   f"registry.example.com/team-{k % 7}/image-{k}:v1.{k}.0"],
+         "sizeBytes": 10_000_000 + k * 12345}
+        for k in range(50)
+    ]
+    resources = {"cpu": "8", "memory": "32883400Ki", "pods": "110",
+                 "ephemeral-storage": "101445540Ki", "hugepages-2Mi": "0"}
     return {
+        "addresses": [{"type": "InternalIP", "address": f"172.16.{(i // 256) % 256}.{i % 256}"},
+                      {"type": "Hostname", "address": name(i)}],
+        "capacity": resources, "allocatable": resources, "conditions": conditions,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "images": images,
+        "nodeInfo": {"machineID": f"{i:032x}", "systemUUID": f"{i:032x}", "bootID": f"{i:032x}",
+                     "kernelVersion": "5.10.0-28-amd64", "osImage": "Debian GNU/Linux 11",
+                     "containerRuntimeVersion": "containerd://1.6.20",
+                     "kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2",
+                     "operatingSystem": "linux", "architecture": "amd64"},
+    }
+
+
+def node(i, now):
+    extra = {"status": kubelet_status(i)} if os.environ.get("KUBELET_STATUS") == "1" else {}
+    return extra | {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {

@@ -65,6 +65,11 @@ async fn nodes_and_peers_are_watched_and_annotations_patched() {
         snap.nodes["n2"].spec.as_ref().unwrap().pod_cidr.as_deref(),
         Some("10.42.2.0/24")
     );
+    // Decoded through the slim Node: what kg reads, not the API server's bookkeeping.
+    let n2 = &snap.nodes["n2"].metadata;
+    assert!(n2.resource_version.is_some() && n2.uid.is_some());
+    assert_eq!(n2.managed_fields, None);
+    assert_eq!(n2.creation_timestamp, None);
 
     // Watch events: a new node, a deleted node.
     kube.apply(&node("n3", "10.42.3.0/24"));

@@ -70,18 +70,24 @@ impl RuleSet {
         }
     }
 
+    /// Adds a rule to a built-in chain (a repeat is dropped by [`RuleSet::dedup`]).
     fn builtin(&mut self, table: &'static str, chain: &'static str, net: &IpNet, spec: String) {
         let rule = IptRule { table, chain, spec };
-        let rules = &mut self.family(net).builtin;
-        if !rules.contains(&rule) {
-            rules.push(rule);
-        }
+        self.family(net).builtin.push(rule);
     }
 
+    /// Adds a rule to `KILO-NAT` (a repeat is dropped by [`RuleSet::dedup`]).
     fn kilo_nat(&mut self, net: &IpNet, spec: String) {
-        let rules = &mut self.family(net).kilo_nat;
-        if !rules.contains(&spec) {
-            rules.push(spec);
+        self.family(net).kilo_nat.push(spec);
+    }
+
+    /// Keeps the first of equal rules in the built-in chains and `KILO-NAT`, in order. With a
+    /// rule or two per Node, a search before each push would be quadratic: at 5,000 Nodes tens
+    /// of millions of comparisons on every resync.
+    fn dedup(&mut self) {
+        for family in [&mut self.v4, &mut self.v6] {
+            keep_first(&mut family.builtin);
+            keep_first(&mut family.kilo_nat);
         }
     }
 
@@ -186,6 +192,7 @@ impl Topology {
         for net in &o.service_cidrs {
             r.nat_return(*net, "service CIDRs");
         }
+        r.dedup();
         let tail = format!("{} -j MASQUERADE", comment("Kilo: NAT remaining packets"));
         r.v4.kilo_nat.push(tail.clone());
         r.v6.kilo_nat.push(tail);
@@ -225,6 +232,24 @@ impl Topology {
             }
         }
     }
+}
+
+/// Removes every item equal to an earlier one, keeping the order (`O(n log n)`, no copies).
+fn keep_first<T: Ord>(items: &mut Vec<T>) {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_unstable_by(|&a, &b| items[a].cmp(&items[b]).then(a.cmp(&b)));
+    let mut repeat = vec![false; items.len()];
+    for pair in order.windows(2) {
+        if items[pair[0]] == items[pair[1]] {
+            repeat[pair[1]] = true;
+        }
+    }
+    let mut index = 0;
+    items.retain(|_| {
+        let keep = !repeat[index];
+        index += 1;
+        keep
+    });
 }
 
 /// Rewrites the protocol of an `iptables -S` line to its number: iptables prints protocol 4 as
@@ -413,5 +438,15 @@ mod tests {
         assert!(!is_kilo_rule(
             "-m comment --comment \"Kilometres\" -j ACCEPT"
         ));
+    }
+
+    #[test]
+    fn keep_first_drops_later_repeats_in_order() {
+        let mut items = vec!["b", "a", "b", "c", "a", "a", "d"];
+        keep_first(&mut items);
+        assert_eq!(items, ["b", "a", "c", "d"]);
+        let mut empty: Vec<String> = Vec::new();
+        keep_first(&mut empty);
+        assert!(empty.is_empty());
     }
 }

@@ -37,10 +37,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// Sets Node `name` to `node`; false (nothing recorded) when it is already that.
     pub fn put_node(&mut self, name: &str, node: KubeNode) -> bool {
-        if self.nodes.get(name).is_some_and(|old| **old == node) {
-            return false;
+        match self.nodes.get_mut(name) {
+            Some(old) if **old == node => return false,
+            // Replaced in place: the name is not allocated again.
+            Some(old) => *old = Arc::new(node),
+            None => {
+                self.nodes.insert(name.to_string(), Arc::new(node));
+            }
         }
-        self.nodes.insert(name.to_string(), Arc::new(node));
         self.changes.node(name);
         true
     }
