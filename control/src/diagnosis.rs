@@ -110,6 +110,18 @@ pub fn cluster_findings(
     topology: Option<&Topology>,
     now_unix: i64,
 ) -> Vec<Finding> {
+    cluster_findings_with_leases(nodes, peers, topology, &BTreeMap::new(), now_unix)
+}
+
+/// [`cluster_findings`], with the leaders chosen by lease (`--leader-election=lease`), by
+/// location name.
+pub fn cluster_findings_with_leases(
+    nodes: &[Node],
+    peers: &[Peer],
+    topology: Option<&Topology>,
+    lease_leaders: &BTreeMap<String, String>,
+    now_unix: i64,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in nodes.iter().filter(|n| n.last_seen > 0) {
         let ahead = n.last_seen - now_unix;
@@ -213,6 +225,13 @@ pub fn cluster_findings(
             let Some(node) = nodes.iter().find(|n| n.name == leader.name) else {
                 continue;
             };
+            let by_lease = lease_leaders.get(&s.location) == Some(&leader.name)
+                && s.key.starts_with("location:");
+            let reason = if by_lease && s.members.len() > 1 {
+                "it holds the location's lease (--leader-election=lease)".to_string()
+            } else {
+                leader_reason(node, s.members.len())
+            };
             out.push(Finding::new(
                 Severity::Info,
                 "leader",
@@ -222,7 +241,7 @@ pub fn cluster_findings(
                     leader.name,
                     s.leader + 1,
                     s.members.len(),
-                    leader_reason(node, s.members.len())
+                    reason
                 ),
                 "",
             ));

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use control::diagnosis::{cluster_findings, has_problems, node_findings, Finding, Severity};
+use control::diagnosis::{
+    cluster_findings_with_leases, has_problems, node_findings, Finding, Severity,
+};
 use control::status::NodeStatus;
 use control::translate_node;
 use serde::Serialize;
@@ -69,7 +71,8 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         .collect();
     let v = view(&snapshot, &args.mesh_granularity, &args.topology_label, now)?;
     let topology = v.topology(None, args.port).ok();
-    let mut findings = cluster_findings(&all, &v.peers, topology.as_ref(), now);
+    let mut findings =
+        cluster_findings_with_leases(&all, &v.peers, topology.as_ref(), &v.leaders, now);
 
     let (node, local) = match &d.node {
         Some(n) => (n.clone(), false),

@@ -363,3 +363,22 @@ fn a_refused_handshake_beside_a_live_session_is_still_reported() {
     assert_eq!(f.severity, Severity::Warning);
     assert!(f.message.contains("192.168.20.3:51820"));
 }
+
+#[test]
+fn a_leader_by_lease_is_said_to_hold_it() {
+    let nodes = f1_nodes();
+    let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
+    let two = t.segments.iter().find(|s| s.members.len() > 1).unwrap();
+    let leader = two.leader_member().name.clone();
+    let leases = BTreeMap::from([(two.location.clone(), leader.clone())]);
+    let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &leases, NOW);
+    let f = findings
+        .iter()
+        .find(|f| f.check == "leader" && f.subject == two.key)
+        .unwrap();
+    assert!(
+        f.message.contains("holds the location's lease"),
+        "{}",
+        f.message
+    );
+}
