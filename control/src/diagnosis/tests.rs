@@ -370,7 +370,7 @@ fn a_leader_by_lease_is_said_to_hold_it() {
     let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
     let two = t.segments.iter().find(|s| s.members.len() > 1).unwrap();
     let leader = two.leader_member().name.clone();
-    let leases = BTreeMap::from([(two.location.clone(), leader.clone())]);
+    let leases = BTreeMap::from([(two.location.clone(), leader)]);
     let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &leases, NOW);
     let f = findings
         .iter()
