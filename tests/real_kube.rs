@@ -1092,4 +1092,35 @@ fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
         holder(&k).as_deref() == Some(other)
     });
     assert!(moved, "{:?}\n{}", holder(&k), k.c.logs());
+
+    // The old leader comes back (it does not take the lead back), then the new one is cordoned
+    // with kubectl: the lead returns before the cordoned node goes, with next to no loss.
+    k.c.node(&leader)
+        .ns
+        .run(&["ip", "link", "set", "eth0", "up"]);
+    k.start(index, &["--leader-election=lease"]);
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(holder(&k).as_deref(), Some(other), "{}", k.c.logs());
+    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let cordoned = Instant::now();
+    k.kube.kubectl(&["cordon", other]);
+    let returned = k.c.wait_for(Duration::from_secs(10), |_| {
+        holder(&k).as_deref() == Some(leader.as_str())
+    });
+    assert!(returned, "{:?}\n{}", holder(&k), k.c.logs());
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(cordoned);
+    eprintln!(
+        "cordoned leader on the Kubernetes backend: longest gap {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        k.c.logs()
+    );
 }
