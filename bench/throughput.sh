@@ -1,21 +1,60 @@
 #!/usr/bin/env bash
-# End-to-end throughput through a WireGuard tunnel between two network namespaces over veth,
-# kilotun and wireguard-go measured in the same run on the same machine, printed as a table
-# with each result's ratio to wireguard-go.
+# End-to-end throughput through a WireGuard tunnel between two network namespaces over veth, both
+# ends the same engine: kilotun and the engines users run instead, all measured in one run on the
+# same machine. Each round measures every engine in turn (the engines alternate, so a change in
+# the machine's load reaches all of them); the table gives each figure's median over the rounds,
+# every round's value, and kilotun's ratio to it.
 #
-# Usage (as root): bench/throughput.sh [seconds per run, default 10]
-# Needs: iperf3, wireguard-go, wireguard-tools, iproute2; builds kilotun in release mode.
-# Extra implementations: set BORINGTUN_CLI=/path/to/boringtun-cli to add boringtun-cli.
+# Usage (as root): bench/throughput.sh [seconds per TCP run, default 10] [rounds, default 3]
+#
+# Engines: kilotun (built here in release mode, in ${CARGO_TARGET_DIR:-target}); wireguard-go
+# 0.0.20231211 (Debian bookworm-backports) and gotatun 0.10.2, fetched and cached by
+# scripts/engines.sh on first use (gotatun is compiled: minutes); wireguard-go on PATH (Debian
+# bookworm's 0.0.20220316), when there is one; boringtun-cli when BORINGTUN_CLI=/path/to/it is set
+# (`scripts/engines.sh boringtun-cli` fetches 0.7.1 and prints its path).
+# Needs: iperf3, wireguard-tools, iproute2, python3.
+#
+# Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R);
+# ping RTT through the idle tunnel (average of 20); and UDP: the highest offered rate, from a fixed
+# ladder, whose loss stays under 1%.
 set -euo pipefail
 
 secs=${1:-10}
+rounds=${2:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "throughput.sh: run as root (network namespaces)" >&2; exit 1; }
-for tool in iperf3 wireguard-go wg ip; do
+for tool in iperf3 wg ip python3; do
   command -v "$tool" >/dev/null || { echo "throughput.sh: $tool is missing" >&2; exit 1; }
 done
 (cd "$root" && cargo build --release --quiet --bin kilotun)
-kilotun="$root/target/release/kilotun"
+target=${CARGO_TARGET_DIR:-target}
+case "$target" in /*) ;; *) target="$root/$target" ;; esac
+kilotun="$target/release/kilotun"
+
+# KILOTUN_WIREGUARD_GO_2023=… and KILOTUN_GOTATUN=…
+engine_paths=$("$root/scripts/engines.sh" wireguard-go-2023 gotatun)
+while IFS='=' read -r name path; do
+  case "$name" in
+    KILOTUN_WIREGUARD_GO_2023) wireguard_go_2023=$path ;;
+    KILOTUN_GOTATUN) gotatun=$path ;;
+  esac
+done <<<"$engine_paths"
+
+# Engines in the order each round measures them, and their labels (with versions).
+engines=(kilotun wireguard-go-2023 gotatun)
+declare -A label=(
+  [kilotun]=kilotun
+  [wireguard-go-2023]="wireguard-go 0.0.20231211"
+  [gotatun]="gotatun 0.10.2"
+)
+if command -v wireguard-go >/dev/null; then
+  engines+=(wireguard-go)
+  label[wireguard-go]="wireguard-go $(wireguard-go --version | awk 'NR == 1 { sub(/^v/, "", $2); print $2 }')"
+fi
+if [ -n "${BORINGTUN_CLI:-}" ]; then
+  engines+=(boringtun-cli)
+  label[boringtun-cli]="boringtun-cli $("$BORINGTUN_CLI" --version | awk '{ print $2 }')"
+fi
 
 tag="tp$$"
 nsa="${tag}a"; nsb="${tag}b"
@@ -42,21 +81,23 @@ setup_underlay() {
   wg genkey > "$work/ka"; wg genkey > "$work/kb"
 }
 
-# start IMPL NS IFACE
+# start ENGINE NS IFACE: starts ENGINE's daemon for IFACE in NS and waits for its UAPI socket.
 start() {
   case "$1" in
     kilotun) ip netns exec "$2" "$kilotun" "$3" ;;
     wireguard-go) ip netns exec "$2" wireguard-go "$3" ;;
+    wireguard-go-2023) ip netns exec "$2" "$wireguard_go_2023" "$3" ;;
+    gotatun) ip netns exec "$2" "$gotatun" --disable-drop-privileges --log "$work/$3.log" "$3" >/dev/null ;;
     boringtun-cli) ip netns exec "$2" env WG_SUDO=1 "$BORINGTUN_CLI" --disable-drop-privileges "$3" ;;
   esac
   for _ in $(seq 100); do [ -S "/var/run/wireguard/$3.sock" ] && return 0; sleep 0.05; done
   echo "throughput.sh: $1 did not start" >&2; exit 1
 }
 
-# tunnel IMPL: both ends run IMPL; prints nothing, leaves iperf3 server running in nsb
+# tunnel ENGINE: both ends run ENGINE; returns once a ping has crossed.
 tunnel() {
-  local impl=$1 ia="${tag}wa" ib="${tag}wb"
-  start "$impl" "$nsa" "$ia"; start "$impl" "$nsb" "$ib"
+  local engine=$1 ia="${tag}wa" ib="${tag}wb"
+  start "$engine" "$nsa" "$ia"; start "$engine" "$nsb" "$ib"
   ip netns exec "$nsa" wg set "$ia" private-key "$work/ka" listen-port 51820 \
     peer "$(wg pubkey < "$work/kb")" allowed-ips 10.80.0.2/32 endpoint 192.168.210.2:51820
   ip netns exec "$nsb" wg set "$ib" private-key "$work/kb" listen-port 51820 \
@@ -66,10 +107,17 @@ tunnel() {
   ip netns exec "$nsa" ping -c 1 -W 5 10.80.0.2 >/dev/null
 }
 
+# Stops both daemons and waits until they are gone, so the next engine can take the same
+# interface names; a UAPI socket left behind would pass for the next daemon's.
 teardown_tunnel() {
   for ns in "$nsa" "$nsb"; do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
   done
+  for _ in $(seq 100); do
+    [ -z "$(ip netns pids "$nsa")$(ip netns pids "$nsb")" ] && break
+    sleep 0.05
+  done
+  rm -f "/var/run/wireguard/${tag}wa.sock" "/var/run/wireguard/${tag}wb.sock"
   sleep 0.5
 }
 
@@ -107,37 +155,78 @@ rtt() {
   ip netns exec "$nsa" ping -q -c 20 -i 0.05 10.80.0.2 | awk -F/ '/rtt/ {print $5}'
 }
 
+# Results, one line each: ENGINE ROUND METRIC VALUE [LOSS]; METRIC is STREAMS-DIRECTION, rtt or udp.
+results="$work/results"
+: >"$results"
 setup_underlay
-impls=(wireguard-go kilotun)
-[ -n "${BORINGTUN_CLI:-}" ] && impls+=(boringtun-cli)
-declare -A result
-for impl in "${impls[@]}"; do
-  tunnel "$impl"
-  for streams in 1 4; do
-    for dir in fwd rev; do
-      result["$impl,$streams,$dir"]=$(iperf "$streams" "$dir")
+for round in $(seq "$rounds"); do
+  for engine in "${engines[@]}"; do
+    echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
+    tunnel "$engine"
+    for streams in 1 4; do
+      for dir in fwd rev; do
+        echo "$engine $round $streams-$dir $(iperf "$streams" "$dir")" >>"$results"
+      done
     done
+    echo "$engine $round rtt $(rtt)" >>"$results"
+    echo "$engine $round udp $(udp_sustained)" >>"$results"
+    teardown_tunnel
   done
-  result["$impl,rtt"]=$(rtt)
-  result["$impl,udp"]=$(udp_sustained)
-  teardown_tunnel
 done
 
-echo "# $(date -u +%F) $(nproc) cores, $(uname -r), $secs s per run"
-printf '%-14s %-8s %-9s %10s %10s\n' implementation streams direction Mbit/s ratio
-for impl in "${impls[@]}"; do
-  for streams in 1 4; do
-    for dir in fwd rev; do
-      v=${result["$impl,$streams,$dir"]}; base=${result["wireguard-go,$streams,$dir"]}
-      printf '%-14s %-8s %-9s %10s %10s\n' "$impl" "$streams" "$dir" "$v" \
-        "$(python3 -c "print(f'{$v/$base:.2f}')")"
-    done
-  done
-done
-for impl in "${impls[@]}"; do
-  printf 'ping rtt avg through idle tunnel, %s: %s ms\n' "$impl" "${result["$impl,rtt"]}"
-done
-for impl in "${impls[@]}"; do
-  read -r rate loss <<<"${result["$impl,udp"]}"
-  printf 'UDP, highest offered rate with loss under 1%%, %s: %s Mbit/s (loss %s%%)\n' "$impl" "$rate" "$loss"
-done
+labels=$(for engine in "${engines[@]}"; do printf '%s=%s\n' "$engine" "${label[$engine]}"; done)
+echo "# $(date -u +%F) $(nproc) cores, $(uname -r), iperf3 TCP $secs s per run, $rounds rounds" \
+  "(engines alternate within each round), medians over the rounds"
+python3 - "$results" "$labels" <<'EOF'
+import statistics, sys
+
+results, labels = sys.argv[1], sys.argv[2]
+label = dict(line.split("=", 1) for line in labels.splitlines())
+engines = list(label)
+values = {}
+for line in open(results):
+    engine, _round, metric, *rest = line.split()
+    values.setdefault((engine, metric), []).append(rest)
+
+
+def median(engine, metric):
+    return statistics.median(float(v[0]) for v in values[(engine, metric)])
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if b else "-"
+
+
+width = max(len(l) for l in label.values())
+print(f"{'engine':<{width}}  streams  direction  {'Mbit/s':>7}  {'kilotun ratio':>13}  rounds")
+for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
+    streams, direction = metric.split("-")
+    k = median("kilotun", metric)
+    for engine in engines:
+        m = median(engine, metric)
+        runs = " ".join(v[0] for v in values[(engine, metric)])
+        r = "" if engine == "kilotun" else ratio(k, m)
+        print(f"{label[engine]:<{width}}  {streams:>7}  {direction:<9}  {m:>7.0f}  {r:>13}  {runs}")
+
+print()
+print("ping RTT through the idle tunnel, average of 20 pings (ms), median over the rounds:")
+for engine in engines:
+    runs = " ".join(v[0] for v in values[(engine, "rtt")])
+    print(f"  {label[engine]:<{width}}  {median(engine, 'rtt'):.3f}  (rounds: {runs})")
+
+print()
+print("UDP, highest offered rate (Mbit/s) with loss under 1%, median over the rounds:")
+k = median("kilotun", "udp")
+for engine in engines:
+    m = median(engine, "udp")
+    runs = " ".join(f"{v[0]} ({v[1]}%)" for v in values[(engine, "udp")])
+    r = "" if engine == "kilotun" else f"  kilotun ratio {ratio(k, m)}"
+    print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss: {runs})")
+
+print()
+print("kilotun's ratio to each engine (medians):")
+print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev    UDP")
+for engine in engines[1:]:
+    cells = [ratio(median("kilotun", m), median(engine, m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev", "udp")]
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:4]) + f"  {cells[4]:>5}")
+EOF

@@ -1,17 +1,20 @@
-//! kilotun against itself and against Debian's wireguard-go, each end in its own network
-//! namespace over veth: pings and a checked 100 MB TCP transfer, IPv4 and IPv6 inside the
-//! tunnel, over an IPv4 or an IPv6 underlay. Root only (skipped otherwise).
+//! kilotun against itself, against Debian bookworm's wireguard-go (0.0.20220316), and against the
+//! engines users pick today: wireguard-go 0.0.20231211 (bookworm-backports) and gotatun 0.10.2,
+//! fetched by `scripts/engines.sh`. Each end in its own network namespace over veth: pings and a
+//! checked 100 MB TCP transfer each way, IPv4 and IPv6 inside the tunnel, over an IPv4 or an IPv6
+//! underlay. Root only (skipped otherwise); an engine that is not installed skips its tests, or
+//! fails them when `CI` is set.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{can_run, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
+use common::{can_run, engine_available, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
 
 const TRANSFER: u64 = 100 * 1024 * 1024;
 
 fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
-    if !can_run(test) || (right == Impl::WireguardGo && !common::which("wireguard-go")) {
+    if !can_run(test) || !engine_available(left, test) || !engine_available(right, test) {
         return;
     }
     let link = Link::new(underlay);
@@ -57,7 +60,7 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
         let header = match which {
             Impl::Kilotun => "vnet_hdr on",
             Impl::KilotunWithoutOffload => "vnet_hdr off",
-            Impl::WireguardGo => continue,
+            Impl::WireguardGo | Impl::WireguardGo2023 | Impl::Gotatun => continue,
         };
         let details = device.ip(&["-d", "link", "show", &device.name]);
         assert!(details.contains(header), "{side}: {details}");
@@ -126,5 +129,45 @@ fn kilotun_with_wireguard_go_over_ipv6() {
         Impl::WireguardGo,
         Underlay::V6,
         "kilotun_with_wireguard_go_over_ipv6",
+    );
+}
+
+#[test]
+fn kilotun_with_wireguard_go_2023_over_ipv4() {
+    interop(
+        Impl::Kilotun,
+        Impl::WireguardGo2023,
+        Underlay::V4,
+        "kilotun_with_wireguard_go_2023_over_ipv4",
+    );
+}
+
+#[test]
+fn kilotun_with_wireguard_go_2023_over_ipv6() {
+    interop(
+        Impl::Kilotun,
+        Impl::WireguardGo2023,
+        Underlay::V6,
+        "kilotun_with_wireguard_go_2023_over_ipv6",
+    );
+}
+
+#[test]
+fn kilotun_with_gotatun_over_ipv4() {
+    interop(
+        Impl::Kilotun,
+        Impl::Gotatun,
+        Underlay::V4,
+        "kilotun_with_gotatun_over_ipv4",
+    );
+}
+
+#[test]
+fn kilotun_with_gotatun_over_ipv6() {
+    interop(
+        Impl::Kilotun,
+        Impl::Gotatun,
+        Underlay::V6,
+        "kilotun_with_gotatun_over_ipv6",
     );
 }

@@ -1,5 +1,5 @@
-//! Test hosts in network namespaces: namespaces, veth links, devices (kilotun or wireguard-go)
-//! and sockets opened from inside a namespace. Everything is named uniquely per test and
+//! Test hosts in network namespaces: namespaces, veth links, devices (kilotun, wireguard-go or
+//! gotatun) and sockets opened from inside a namespace. Everything is named uniquely per test and
 //! removed on drop. Tests that need root skip themselves with a message when not root.
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
@@ -193,6 +193,74 @@ pub enum Impl {
     /// kilotun with `--no-offload`: the path kernels without TUN offload take.
     KilotunWithoutOffload,
     WireguardGo,
+    /// wireguard-go 0.0.20231211 (TUN TSO/GRO, UDP GSO/GRO), Debian's bookworm-backports build,
+    /// from [`engine_bin`].
+    WireguardGo2023,
+    /// Mullvad's gotatun 0.10.2 (boringtun's successor), from [`engine_bin`].
+    Gotatun,
+}
+
+/// Where an engine that `scripts/engines.sh` fetches is looked for: (its name, the environment
+/// variable naming its binary (the script prints `VARIABLE=PATH`), that path, else the script's
+/// cache path under `${KILOTUN_CACHE:-/var/cache/kilotun}`). `None` for the other engines.
+fn engine_location(engine: Impl) -> Option<(&'static str, &'static str, String)> {
+    let (name, variable, cached) = match engine {
+        Impl::WireguardGo2023 => (
+            "wireguard-go 0.0.20231211",
+            "KILOTUN_WIREGUARD_GO_2023",
+            "wireguard-go-0.0.20231211/usr/bin/wireguard-go",
+        ),
+        Impl::Gotatun => (
+            "gotatun 0.10.2",
+            "KILOTUN_GOTATUN",
+            "gotatun-0.10.2/bin/gotatun",
+        ),
+        Impl::Kilotun | Impl::KilotunWithoutOffload | Impl::WireguardGo => return None,
+    };
+    let path = std::env::var(variable).unwrap_or_else(|_| {
+        let cache = std::env::var("KILOTUN_CACHE").unwrap_or_else(|_| "/var/cache/kilotun".into());
+        format!("{cache}/{cached}")
+    });
+    Some((name, variable, path))
+}
+
+/// The binary of an engine that `scripts/engines.sh` fetches, when it is an executable file.
+pub fn engine_bin(engine: Impl) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let (_, _, path) = engine_location(engine)?;
+    let executable =
+        std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    executable.then_some(path)
+}
+
+/// True when `engine` can be started. An engine of `scripts/engines.sh` that is not there skips
+/// the test with a message, unless `CI` is set: then the test fails.
+pub fn engine_available(engine: Impl, test: &str) -> bool {
+    match engine {
+        Impl::Kilotun | Impl::KilotunWithoutOffload => true,
+        Impl::WireguardGo => {
+            let found = which("wireguard-go");
+            if !found {
+                eprintln!("skipped {test}: needs wireguard-go (see .ci/run)");
+            }
+            found
+        }
+        Impl::WireguardGo2023 | Impl::Gotatun => {
+            if engine_bin(engine).is_some() {
+                return true;
+            }
+            let (name, variable, path) = engine_location(engine).expect("a fetched engine");
+            let why = format!(
+                "{name} is not at {path} (run scripts/engines.sh, or set {variable} to its binary)"
+            );
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test}: CI is set and {why}"
+            );
+            eprintln!("skipped {test}: {why}");
+            false
+        }
+    }
 }
 
 /// A userspace WireGuard device in a namespace, stopped on drop.
@@ -218,6 +286,16 @@ impl WgDevice {
                 ns.spawn(&[kilotun_bin(), "-f", "--threads", "2", "--no-offload", &name])
             }
             Impl::WireguardGo => ns.spawn(&["wireguard-go", "-f", &name]),
+            Impl::WireguardGo2023 => {
+                let bin = engine_bin(which).expect("wireguard-go 0.0.20231211 (engine_available)");
+                ns.spawn(&[&bin, "-f", &name])
+            }
+            // gotatun drops privileges to the login user unless told not to, and getlogin()
+            // fails without a terminal.
+            Impl::Gotatun => {
+                let bin = engine_bin(which).expect("gotatun (engine_available)");
+                ns.spawn(&[&bin, "-f", "--disable-drop-privileges", &name])
+            }
         };
         let socket = format!("/var/run/wireguard/{name}.sock");
         let deadline = Instant::now() + Duration::from_secs(10);

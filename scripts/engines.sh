@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Fetch, once, the other userspace WireGuard engines that bench/throughput.sh and tests/interop.rs
+# compare kilotun with, and cache them outside the repository:
+#
+#   scripts/engines.sh [ENGINE...]   # default: wireguard-go-2023 gotatun
+#
+# ENGINE is one of
+#   wireguard-go-2023  wireguard-go 0.0.20231211 (TUN TSO/GRO, UDP GSO/GRO), Debian's
+#                      bookworm-backports package, unpacked (dpkg -x), not installed, into
+#                      CACHE/wireguard-go-0.0.20231211/usr/bin/wireguard-go
+#   gotatun            Mullvad's gotatun 0.10.2 (`cargo install gotatun-cli`), in
+#                      CACHE/gotatun-0.10.2/bin/gotatun
+#   boringtun-cli      boringtun-cli 0.7.1 (`cargo install boringtun-cli`), in
+#                      CACHE/boringtun-cli-0.7.1/bin/boringtun-cli
+# where CACHE is ${KILOTUN_CACHE:-/var/cache/kilotun}. For each engine it prints one line,
+# VARIABLE=PATH, on stdout (KILOTUN_WIREGUARD_GO_2023, KILOTUN_GOTATUN, KILOTUN_BORINGTUN_CLI: the
+# variables tests/interop.rs and bench/throughput.sh read), so `export $(scripts/engines.sh)` works.
+# An engine already in the cache is only printed: no lock, no network.
+#
+# apt runs with a private configuration (its own sources list, package lists and download
+# directory under CACHE/backports), so the machine's apt sources and lists are neither read for
+# sources nor changed. The Debian mirror is the one this machine's apt uses for bookworm
+# (KILOTUN_DEBIAN_MIRROR overrides it), else http://deb.debian.org/debian.
+#
+# On a fresh 2-core machine the wireguard-go download takes seconds; gotatun and boringtun-cli are
+# compiled (minutes, CPU-bound: run this under `nice` on a shared machine). Concurrent callers
+# serialise on one lock per engine; the loser finds the cache filled.
+set -euo pipefail
+
+readonly WIREGUARD_GO_VERSION=0.0.20231211
+readonly GOTATUN_VERSION=0.10.2
+readonly BORINGTUN_VERSION=0.7.1
+readonly KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd "$script_dir/.." && pwd -P)
+cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
+
+log() { printf 'engines.sh: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+case "$(realpath -m "$cache_root")/" in
+"$repo_root"/*) die "KILOTUN_CACHE ($cache_root) is inside the repository $repo_root; pick a directory outside it" ;;
+esac
+
+# Takes the lock for engine $1 (waiting for another caller if need be) on file descriptor 9.
+lock() {
+	mkdir -p "$cache_root" || die "cannot create $cache_root (set KILOTUN_CACHE to a writable directory)"
+	exec 9>"$cache_root/.$1.lock"
+	if ! flock -n 9; then
+		log "another caller holds $cache_root/.$1.lock; waiting for it"
+		flock 9
+	fi
+}
+
+# The URI of the first enabled bookworm entry of this machine's apt sources, one-line or deb822
+# (the same detection as scripts/kube-apiserver.sh).
+detect_mirror() {
+	local f
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[[ -r $f ]] || continue
+		awk '$1 == "deb" || $1 == "deb-src" {
+			i = 2
+			if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+			if ($(i + 1) == "bookworm") { print $i; exit }
+		}' "$f"
+	done
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[[ -r $f ]] || continue
+		awk 'BEGIN { RS = ""; FS = "\n" }
+		{
+			uri = ""; bookworm = 0; enabled = 1
+			for (i = 1; i <= NF; i++) {
+				if ($i ~ /^URIs:/) { split($i, a, /[ \t]+/); uri = a[2] }
+				if ($i ~ /^Suites:/ && $i ~ /[ \t]bookworm([ \t]|$)/) bookworm = 1
+				if ($i ~ /^Enabled:[ \t]*no/) enabled = 0
+			}
+			if (uri != "" && bookworm && enabled) { print uri; exit }
+		}' "$f"
+	done
+}
+
+wireguard_go_2023() {
+	local dir="$cache_root/wireguard-go-$WIREGUARD_GO_VERSION"
+	local bin="$dir/usr/bin/wireguard-go"
+	if [[ ! -x $bin ]]; then
+		lock "wireguard-go-$WIREGUARD_GO_VERSION"
+	fi
+	if [[ ! -x $bin ]]; then
+		local start=$SECONDS mirror apt_dir work deb
+		for tool in apt-get dpkg flock; do
+			command -v "$tool" >/dev/null || die "$tool not found; this needs a Debian-based system"
+		done
+		[[ -r $KEYRING ]] || die "$KEYRING missing (package debian-archive-keyring)"
+		mirror=${KILOTUN_DEBIAN_MIRROR:-$(detect_mirror | head -n1)}
+		mirror=${mirror:-http://deb.debian.org/debian}
+		mirror=${mirror%/}
+		apt_dir="$cache_root/backports"
+		mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache"
+		echo "deb [signed-by=$KEYRING] $mirror bookworm-backports main" >"$apt_dir/sources.list"
+		local apt_opts=(
+			-q
+			-o "Dir::Etc::SourceList=$apt_dir/sources.list"
+			-o Dir::Etc::SourceParts=/dev/null
+			-o Dir::Etc::Preferences=/dev/null
+			-o Dir::Etc::PreferencesParts=/dev/null
+			-o "Dir::State::Lists=$apt_dir/lists"
+			-o "Dir::Cache=$apt_dir/cache"
+			-o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
+			-o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
+			-o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false
+			-o Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false
+			-o Acquire::Languages=none
+			# apt's _apt sandbox user could not write the private download directory.
+			-o APT::Sandbox::User=root
+		)
+		log "wireguard-go $WIREGUARD_GO_VERSION from $mirror bookworm-backports"
+		apt-get "${apt_opts[@]}" --error-on=any update >&2 ||
+			die "apt-get update failed for $mirror bookworm-backports; set KILOTUN_DEBIAN_MIRROR"
+		work=$(mktemp -d "$cache_root/.wireguard-go.XXXXXX")
+		# shellcheck disable=SC2064 # expand $work now: it is local.
+		trap "rm -rf '$work'" EXIT
+		# The exact Debian version, so that a newer backport is not picked up silently.
+		local version
+		version=$(apt-cache "${apt_opts[@]}" madison wireguard-go |
+			awk -v v="$WIREGUARD_GO_VERSION" '$3 ~ "^" v "-" { print $3; exit }')
+		[[ -n $version ]] || die "bookworm-backports on $mirror has no wireguard-go $WIREGUARD_GO_VERSION"
+		(cd "$work" && apt-get "${apt_opts[@]}" download "wireguard-go=$version" >&2) ||
+			die "cannot download wireguard-go=$version"
+		deb=$(echo "$work"/wireguard-go_*.deb)
+		dpkg -x "$deb" "$work/root" || die "dpkg -x $deb failed"
+		# The package's version, not `wireguard-go --version`: upstream left version.go at
+		# 0.0.20230223 in the 0.0.20231211 release, so the binary reports that.
+		[[ $(dpkg-deb -f "$deb" Version) == "$version" ]] || die "$deb is not wireguard-go $version"
+		[[ -x $work/root/usr/bin/wireguard-go ]] || die "$deb does not contain /usr/bin/wireguard-go"
+		"$work/root/usr/bin/wireguard-go" --version >/dev/null || die "the unpacked wireguard-go does not run"
+		echo "wireguard-go $version ($(basename "$deb"), $mirror bookworm-backports)" >"$work/root/VERSION"
+		rm -rf "$dir"
+		mv -T "$work/root" "$dir"
+		rm -rf "$work"
+		trap - EXIT
+		log "wireguard-go $WIREGUARD_GO_VERSION: $((SECONDS - start)) s"
+	fi
+	echo "KILOTUN_WIREGUARD_GO_2023=$bin"
+}
+
+# cargo_engine CRATE VERSION BINARY VARIABLE
+cargo_engine() {
+	local crate=$1 version=$2 binary=$3 variable=$4
+	local dir="$cache_root/$binary-$version"
+	local bin="$dir/bin/$binary"
+	if [[ ! -x $bin ]]; then
+		lock "$binary-$version"
+	fi
+	if [[ ! -x $bin ]]; then
+		local start=$SECONDS
+		command -v cargo >/dev/null || die "cargo not found; $binary $version is built from crates.io"
+		log "$binary $version: cargo install $crate --version $version --locked"
+		# --locked: the dependency versions the release was published with.
+		# Its own temporary target directory, not a shared CARGO_TARGET_DIR (whose lock would make
+		# it wait for, or hold up, a concurrent build of the workspace).
+		env -u CARGO_TARGET_DIR -u CARGO_BUILD_TARGET_DIR \
+			cargo install --quiet --locked --root "$dir" "$crate" --version "=$version" >&2 ||
+			die "cargo install $crate $version failed"
+		[[ -x $bin ]] || die "cargo install $crate did not produce $bin"
+		log "$binary $version: $((SECONDS - start)) s"
+	fi
+	echo "$variable=$bin"
+}
+
+engines=("$@")
+((${#engines[@]})) || engines=(wireguard-go-2023 gotatun)
+for engine in "${engines[@]}"; do
+	case "$engine" in
+	wireguard-go-2023) wireguard_go_2023 ;;
+	gotatun) cargo_engine gotatun-cli "$GOTATUN_VERSION" gotatun KILOTUN_GOTATUN ;;
+	boringtun-cli) cargo_engine boringtun-cli "$BORINGTUN_VERSION" boringtun-cli KILOTUN_BORINGTUN_CLI ;;
+	*) die "unknown engine $engine (wireguard-go-2023, gotatun or boringtun-cli)" ;;
+	esac
+done
