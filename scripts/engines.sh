@@ -56,32 +56,9 @@ lock() {
 	fi
 }
 
-# The URI of the first enabled bookworm entry of this machine's apt sources, one-line or deb822
-# (the same detection as scripts/kube-apiserver.sh).
-detect_mirror() {
-	local f
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[[ -r $f ]] || continue
-		awk '$1 == "deb" || $1 == "deb-src" {
-			i = 2
-			if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-			if ($(i + 1) == "bookworm") { print $i; exit }
-		}' "$f"
-	done
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[[ -r $f ]] || continue
-		awk 'BEGIN { RS = ""; FS = "\n" }
-		{
-			uri = ""; bookworm = 0; enabled = 1
-			for (i = 1; i <= NF; i++) {
-				if ($i ~ /^URIs:/) { split($i, a, /[ \t]+/); uri = a[2] }
-				if ($i ~ /^Suites:/ && $i ~ /[ \t]bookworm([ \t]|$)/) bookworm = 1
-				if ($i ~ /^Enabled:[ \t]*no/) enabled = 0
-			}
-			if (uri != "" && bookworm && enabled) { print uri; exit }
-		}' "$f"
-	done
-}
+# The Debian mirror this machine uses (scripts/debian-mirror.sh).
+# shellcheck source=scripts/debian-mirror.sh
+source "$script_dir/debian-mirror.sh"
 
 wireguard_go_2023() {
 	local dir="$cache_root/wireguard-go-$WIREGUARD_GO_VERSION"

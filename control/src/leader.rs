@@ -41,6 +41,12 @@ pub struct LeaseState {
 }
 
 impl LeaseState {
+    /// The compare-and-swap rule every backend applies before writing `self` over a lease
+    /// held by `current`: the holder must still be the `expected` one (or already `self`'s).
+    pub fn may_replace(&self, current: Option<&str>, expected: Option<&str>) -> bool {
+        current == expected || current == self.holder.as_deref()
+    }
+
     /// True while the lease is held and not expired at `now_ms`.
     pub fn is_valid(&self, now_ms: i64) -> bool {
         self.holder.is_some() && now_ms < self.renewed_ms + self.duration_ms

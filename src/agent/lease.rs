@@ -14,7 +14,7 @@ use control::leader::{
 use control::Node;
 
 use super::shells::{Engine, Firewall, Kernel};
-use super::Agent;
+use super::{unix_ms, Agent};
 
 /// A lease as last seen, and when this node saw it change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,12 +90,6 @@ impl Leases {
             .map(|(l, e)| (l.clone(), e.leader.clone()))
             .collect()
     }
-}
-
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {

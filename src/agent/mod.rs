@@ -78,6 +78,12 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// What woke the reconcile loop. Only the resync timer and the kernel's own notifications list
 /// the host again; anything else is compared against what kg last read and applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,13 +19,7 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use super::apply::Applied;
 use super::host::{DetectionInputs, HostView};
 use super::shells::{Engine, Firewall, Kernel};
-use super::{local, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
-
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use super::{local, unix_ms, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
 /// Annotations to set (`Some`) or remove (`None`), as sent to the backend.

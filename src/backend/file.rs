@@ -426,7 +426,7 @@ impl FileBackend {
                 .unwrap_or(None),
             Err(_) => None,
         };
-        if current.as_deref() != expected && current != lease.holder {
+        if !lease.may_replace(current.as_deref(), expected) {
             return Ok(false);
         }
         let mut object = serde_json::to_value(lease_object(name, lease))?;

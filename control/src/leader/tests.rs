@@ -173,3 +173,15 @@ fn a_leader_is_cut_off_only_when_every_tunnel_sends_and_hears_nothing() {
     ));
     assert!(!cut_off(&start, &silent, &[]));
 }
+
+#[test]
+fn a_lease_is_replaced_only_over_the_expected_holder() {
+    let mine = lease("n2", NOW);
+    assert!(mine.may_replace(None, None));
+    assert!(mine.may_replace(Some("n1"), Some("n1")));
+    assert!(mine.may_replace(Some("n2"), Some("n1")), "already ours");
+    assert!(
+        !mine.may_replace(Some("n3"), Some("n1")),
+        "someone else got there first"
+    );
+}

@@ -110,8 +110,7 @@ impl KubeBackend {
         let written = match current {
             None => api.create(&PostParams::default(), &object).await,
             Some(now) => {
-                let holder = lease_state(&now).holder;
-                if holder.as_deref() != expected && holder != lease.holder {
+                if !lease.may_replace(lease_state(&now).holder.as_deref(), expected) {
                     return Ok(false);
                 }
                 object.metadata.resource_version = now.metadata.resource_version;
