@@ -151,13 +151,13 @@ pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
 
 /// The leaders chosen by lease, by location name, for every location of the ready `nodes` whose
 /// members all take part in lease election; locations left out follow Kilo's rule alone.
-pub fn lease_leaders(
-    nodes: &[Node],
+pub fn lease_leaders<'n>(
+    nodes: impl IntoIterator<Item = &'n Node>,
     leases: &BTreeMap<String, LeaseState>,
     now_ms: i64,
 ) -> BTreeMap<String, Election> {
     let mut by_location: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
-    for n in nodes.iter().filter(|n| n.internal_ip.is_some()) {
+    for n in nodes.into_iter().filter(|n| n.internal_ip.is_some()) {
         by_location.entry(n.location.as_str()).or_default().push(n);
     }
     by_location

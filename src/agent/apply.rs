@@ -176,6 +176,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let (mut plan, withheld) = t.guarded_route_plan(&options, &connected);
         self.report_withheld(t, &withheld);
         // The host's own routes: what the kernel has in main, less kg's.
+        let kgs: std::collections::BTreeSet<(u32, IpNet, u32)> = self
+            .owned
+            .routes
+            .iter()
+            .map(|o| (o.table, o.dst, o.link))
+            .collect();
         let underlay: Vec<Route> = self
             .memo
             .host
@@ -183,14 +189,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .expect("listed above")
             .main_routes
             .iter()
-            .filter(|r| !own.contains(&r.link))
-            .filter(|r| {
-                !self
-                    .owned
-                    .routes
-                    .iter()
-                    .any(|o| o.table == r.table && o.dst == r.dst && o.link == r.link)
-            })
+            .filter(|r| !own.contains(&r.link) && !kgs.contains(&(r.table, r.dst, r.link)))
             .cloned()
             .collect();
         let bypasses = t.bypass_endpoints(&mut plan, kilo, &underlay);
@@ -229,8 +228,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             p.kilo_index = kilo;
             p.plan = owned;
             p.rules = Some(rules);
+            p.withheld = withheld;
         });
-        self.status.update(|p| p.withheld = withheld);
         Ok(())
     }
 

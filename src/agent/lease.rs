@@ -70,7 +70,11 @@ impl Leases {
 
     /// Elects every lease-capable location's leader among the ready `nodes`; true when a
     /// leader changed.
-    pub(super) fn elect(&mut self, nodes: &[Node], now_ms: i64) -> bool {
+    pub(super) fn elect<'n>(
+        &mut self,
+        nodes: impl IntoIterator<Item = &'n Node>,
+        now_ms: i64,
+    ) -> bool {
         self.changed = false;
         let leaders = lease_leaders(nodes, &self.observed(), now_ms);
         let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String)> {

@@ -143,12 +143,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let mut leaders_changed = false;
         if lease_due {
             let nodes = self.ready_nodes(&local);
-            let electors: Vec<Node> = nodes
+            let electors = nodes
                 .iter()
-                .filter(|n| n.name != local.name || n.is_ready(readiness_now))
-                .cloned()
-                .collect();
-            leaders_changed = self.memo.leases.elect(&electors, unix_ms());
+                .filter(|n| n.name != local.name || n.is_ready(readiness_now));
+            leaders_changed = self.memo.leases.elect(electors, unix_ms());
             ready = Some(nodes);
         }
 
