@@ -39,9 +39,19 @@ impl KubeCluster {
     /// running kg with [`KG_FLAGS`], returned once every node reaches every pod (the test fails
     /// if that takes over 60 s).
     fn meshed(test: &str, apiserver_flags: &str, nodes: &[(&str, &str)]) -> Option<Self> {
+        Self::meshed_with(test, apiserver_flags, nodes, &[])
+    }
+
+    /// [`KubeCluster::meshed`], each kg also given `extra` flags.
+    fn meshed_with(
+        test: &str,
+        apiserver_flags: &str,
+        nodes: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Option<Self> {
         let mut k = Self::new(test, apiserver_flags, &["east", "west"], nodes)?;
         for i in 0..nodes.len() {
-            k.start(i, &[]);
+            k.start(i, extra);
         }
         k.assert_meshed(60);
         Some(k)
@@ -306,18 +316,14 @@ fn three_nodes_in_two_locations_mesh_as_the_kilo_service_account() {
 
 #[test]
 fn full_granularity_meshes_directly_and_resyncs_change_nothing() {
-    let Some(mut k) = KubeCluster::new(
+    let Some(k) = KubeCluster::meshed_with(
         "full_granularity_meshes_directly_and_resyncs_change_nothing",
         "",
-        &["east", "west"],
         &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        &["--mesh-granularity=full"],
     ) else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &["--mesh-granularity=full"]);
-    }
-    k.assert_meshed(60);
     for n in ["n1", "n2", "n3"] {
         assert_eq!(peers(&k.c, n).len(), 2, "{n} peers with every other node");
         let a = k.annotations(n);
@@ -1032,18 +1038,14 @@ fn two_clusters_join_through_their_leaders_as_peers() {
 #[test]
 fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
     let test = "a_dead_leader_hands_over_through_a_kubernetes_lease";
-    let Some(mut k) = KubeCluster::new(
+    let Some(mut k) = KubeCluster::meshed_with(
         test,
         "",
-        &["east", "west"],
         &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        &["--leader-election=lease"],
     ) else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &["--leader-election=lease"]);
-    }
-    k.assert_meshed(60);
     let holder = |k: &KubeCluster| -> Option<String> {
         let out = k.kube.kubectl_output(
             &[
