@@ -1,7 +1,8 @@
 //! End-to-end: leaders that fail over in seconds (file backend, network namespaces). A node of
 //! the other location pings a non-leader's pod every 100 ms through the leader while the leader
 //! is killed with its links cut, cordoned, or has its WireGuard port blocked; the longest gap
-//! between replies is printed and bounded. A recovered leader does not take the lead back.
+//! between replies is printed and bounded. A recovered leader does not take the lead back, and a
+//! leader whose whole location is cut off keeps the lead (no candidate could do better).
 
 mod common;
 
@@ -206,5 +207,73 @@ fn a_leader_with_its_port_blocked_gives_up_the_lead() {
         Some(other),
         "{}",
         c.logs()
+    );
+    // It went to a candidate that had shown it reaches west, not blindly to the next one.
+    let taken = c.wait_for(Duration::from_secs(5), |c| {
+        c.node(other)
+            .log_text()
+            .contains("is cut off and this node has a handshake with the leader of west")
+    });
+    assert!(taken, "{}", c.logs());
+}
+
+/// Whether east's lease file carries the cut-off mark.
+fn marked_cut_off(c: &Cluster) -> bool {
+    std::fs::read_to_string(c.dir.join("lease-kilotun-leader-east.yaml"))
+        .is_ok_and(|t| t.contains("kilotun.io/cut-off"))
+}
+
+#[test]
+fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
+    if !common::can_run("a_leader_cut_off_with_its_whole_location_keeps_the_lead") {
+        return;
+    }
+    let (c, (_, leader), other, pinger) = east_west_pinging();
+    // East sends to west too (through its leader), so the leader's tunnel sends while it hears
+    // nothing.
+    let outbound = Pinger::start(&c.node(other).ns.name, "10.42.3.1");
+    assert!(outbound.wait_flowing(Instant::now(), Duration::from_secs(10)));
+    // West's only node stops WireGuard both ways: every east node is as cut off as the leader,
+    // so handing the lead around would only churn.
+    let block = |op: &str| {
+        for chain in ["INPUT", "OUTPUT"] {
+            c.node("n3").ns.run(&[
+                "iptables", op, chain, "-p", "udp", "--dport", "51820", "-j", "DROP",
+            ]);
+        }
+    };
+    block("-I");
+    let marked = c.wait_for(Duration::from_secs(25), marked_cut_off);
+    assert!(marked, "east's leader never marked its lease\n{}", c.logs());
+    std::thread::sleep(Duration::from_secs(15));
+    assert_eq!(
+        lease_holder(&c, "east").as_deref(),
+        Some(leader),
+        "{}",
+        c.logs()
+    );
+    assert!(marked_cut_off(&c), "{}", c.logs());
+    assert!(
+        !c.node(other).log_text().contains("taking the lead"),
+        "{}",
+        c.logs()
+    );
+    // West hears again: traffic flows through the same leader and the mark goes.
+    let unblocked = Instant::now();
+    block("-D");
+    let back = pinger.wait_flowing(unblocked, Duration::from_secs(20))
+        && outbound.wait_flowing(unblocked, Duration::from_secs(20));
+    assert!(back, "traffic never came back\n{}", c.logs());
+    let cleared = c.wait_for(Duration::from_secs(10), |c| !marked_cut_off(c));
+    assert!(cleared, "{}", c.logs());
+    assert_eq!(
+        lease_holder(&c, "east").as_deref(),
+        Some(leader),
+        "{}",
+        c.logs()
+    );
+    eprintln!(
+        "east cut off as a whole: lead kept by {leader}, traffic back {:.1} s after west heard again",
+        pinger.longest_gap_after(unblocked).as_secs_f64()
     );
 }

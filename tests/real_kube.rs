@@ -1035,6 +1035,82 @@ fn two_clusters_join_through_their_leaders_as_peers() {
     drop(relays);
 }
 
+/// The holder of east's Lease, read with kubectl.
+fn east_lease_holder(k: &KubeCluster) -> Option<String> {
+    let out = k.kube.kubectl_output(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "lease",
+            "kilotun-leader-east",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+#[test]
+fn a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease() {
+    let test = "a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease";
+    let Some(k) = KubeCluster::meshed_with(
+        test,
+        "",
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        &["--leader-election=lease"],
+    ) else {
+        return;
+    };
+    let held =
+        k.c.wait_for(Duration::from_secs(20), |_| east_lease_holder(&k).is_some());
+    assert!(held, "no lease\n{}", k.c.logs());
+    let leader = east_lease_holder(&k).unwrap();
+    let (other, other_pod) = if leader == "n1" {
+        ("n2", "10.42.2.1")
+    } else {
+        ("n1", "10.42.1.1")
+    };
+    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    // The leader stays alive and Ready, its API connection untouched; only WireGuard's port
+    // is dropped.
+    let blocked = Instant::now();
+    for chain in [
+        ["INPUT", "--dport"],
+        ["OUTPUT", "--dport"],
+        ["INPUT", "--sport"],
+    ] {
+        k.c.node(&leader).ns.run(&[
+            "iptables", "-I", chain[0], "-p", "udp", chain[1], "51820", "-j", "DROP",
+        ]);
+    }
+    let back = pinger.wait_flowing(blocked, Duration::from_secs(45));
+    let gap = pinger.longest_gap_after(blocked);
+    eprintln!(
+        "blocked leader on the Kubernetes backend: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", k.c.logs());
+    assert!(gap < Duration::from_secs(30), "gap {gap:?}\n{}", k.c.logs());
+    let moved = k.c.wait_for(Duration::from_secs(5), |_| {
+        east_lease_holder(&k).as_deref() == Some(other)
+    });
+    assert!(moved, "{:?}\n{}", east_lease_holder(&k), k.c.logs());
+    assert!(
+        k.c.node(other)
+            .log_text()
+            .contains("is cut off and this node has a handshake with the leader of west"),
+        "{}",
+        k.c.logs()
+    );
+}
+
 #[test]
 fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
     let test = "a_dead_leader_hands_over_through_a_kubernetes_lease";
@@ -1046,22 +1122,7 @@ fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
     ) else {
         return;
     };
-    let holder = |k: &KubeCluster| -> Option<String> {
-        let out = k.kube.kubectl_output(
-            &[
-                "-n",
-                "kube-system",
-                "get",
-                "lease",
-                "kilotun-leader-east",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ],
-            None,
-        );
-        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (out.status.success() && !text.is_empty()).then_some(text)
-    };
+    let holder = east_lease_holder;
     let held =
         k.c.wait_for(Duration::from_secs(20), |_| holder(&k).is_some());
     assert!(held, "no lease\n{}", k.c.logs());

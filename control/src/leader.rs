@@ -13,6 +13,12 @@
 //! among its nodes keeps Kilo's rule, which those agents follow. A recovered leader does not take
 //! leadership back while the lease is held (hold-down), and a leaving or broken holder hands the
 //! lease to the next candidate itself, so no node waits for it to expire.
+//!
+//! A holder whose tunnels to every other location went silent does not give the lead away
+//! blindly: the whole location may be cut off, and then every candidate would be as cut off as
+//! it. It marks its lease cut off instead; the next few candidates ([`Election::verifiers`]) then
+//! open standby tunnels (handshakes only, no allowed IPs) to the other locations' leaders, and
+//! the first whose handshake completes takes the lease over.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +32,8 @@ pub const LEASE_RENEW_MS: i64 = 2_000;
 /// How long a leader's tunnels must send without receiving before it gives its lease up:
 /// longer than WireGuard's 10 s passive keepalive, so one-way traffic is never mistaken for it.
 pub const CUT_OFF_WINDOW_MS: i64 = 12_000;
+/// How many candidates check whether they reach the other locations when the holder is cut off.
+pub const VERIFIERS: usize = 3;
 
 /// A location's lease, as the backend holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -38,6 +46,9 @@ pub struct LeaseState {
     pub duration_ms: i64,
     /// How many times it changed hands.
     pub transitions: i32,
+    /// The holder says its tunnels to every other location went silent: other candidates check
+    /// whether they reach those locations, and one that does takes the lease over.
+    pub cut_off: bool,
 }
 
 impl LeaseState {
@@ -69,6 +80,9 @@ pub struct Election {
     pub leader: String,
     /// Why.
     pub basis: Basis,
+    /// The candidates asked to check whether they reach the other locations' leaders, in the
+    /// order they would lead: empty unless the holder marked its lease cut off.
+    pub verifiers: Vec<String>,
 }
 
 /// The lease's name for `location` (a DNS-1123 name: lower-case letters, digits and `-`).
@@ -112,9 +126,15 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         if let Some(node) = candidates.iter().find(|n| n.name == holder) {
             let preferred = candidates.iter().any(|n| n.leader) && !node.leader;
             if !preferred {
+                let verifiers = if valid.is_some_and(|l| l.cut_off) {
+                    in_order_of_succession(&candidates, holder, VERIFIERS)
+                } else {
+                    Vec::new()
+                };
                 return Some(Election {
                     leader: holder.to_string(),
                     basis: Basis::Lease,
+                    verifiers,
                 });
             }
         }
@@ -131,22 +151,30 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
     Some(Election {
         leader: candidates[i].name.clone(),
         basis: Basis::KiloRule,
+        verifiers: Vec::new(),
     })
 }
 
-/// The next candidate after `holder`: who a leaving or broken holder hands its lease to (Kilo's
-/// rule among the other candidates), `None` when it is the only one.
-pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
-    let mut others: Vec<&Node> = members
+/// Up to `count` candidates other than `holder`, in the order Kilo's rule would make them
+/// leaders one after another.
+fn in_order_of_succession(candidates: &[&Node], holder: &str, count: usize) -> Vec<String> {
+    let mut others: Vec<&Node> = candidates
         .iter()
         .copied()
         .filter(|n| n.name != holder && !n.cordoned)
         .collect();
     others.sort_by(|a, b| a.name.cmp(&b.name));
-    if others.is_empty() {
-        return None;
+    let mut order = Vec::with_capacity(count.min(others.len()));
+    while order.len() < count && !others.is_empty() {
+        order.push(others.remove(find_leader(&others)).name.clone());
     }
-    Some(others[find_leader(&others)].name.clone())
+    order
+}
+
+/// The next candidate after `holder`: who a leaving or broken holder hands its lease to (Kilo's
+/// rule among the other candidates), `None` when it is the only one.
+pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
+    in_order_of_succession(members, holder, 1).pop()
 }
 
 /// The leaders chosen by lease, by location name, for every location of the ready `nodes` whose
@@ -191,6 +219,20 @@ pub fn cut_off(oldest: &TrafficSample, newest: &TrafficSample, watched: &[crate:
         .iter()
         .all(|k| match (oldest.peers.get(k), newest.peers.get(k)) {
             (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
+            _ => false,
+        })
+}
+
+/// True when any of the `watched` tunnels received something between `older` and `newer`. A
+/// leader that marked its lease cut off clears the mark only on this evidence, never on silence
+/// alone: a cut-off leader soon stops sending too, which [`cut_off`] would read as no longer cut
+/// off.
+pub fn hears_any(older: &TrafficSample, newer: &TrafficSample, watched: &[crate::Key]) -> bool {
+    watched
+        .iter()
+        .any(|k| match (older.peers.get(k), newer.peers.get(k)) {
+            (Some((rx0, _)), Some((rx1, _))) => rx1 > rx0,
+            (None, Some((rx1, _))) => *rx1 > 0,
             _ => false,
         })
 }

@@ -19,6 +19,7 @@ pub mod node;
 pub mod peer;
 pub mod readiness;
 pub mod routes;
+pub mod standby;
 pub mod status;
 pub mod table;
 pub mod topology;

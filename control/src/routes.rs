@@ -481,6 +481,9 @@ pub struct Bypass {
     pub covered_by: IpNet,
     /// The host route added: the endpoint through the underlay route the host has for it.
     pub route: Route,
+    /// A standby tunnel's endpoint (see [`crate::standby`]): expected while a cut-off leader's
+    /// location checks who can replace it, so nothing to warn about.
+    pub standby: bool,
 }
 
 impl std::fmt::Display for Bypass {
@@ -525,6 +528,7 @@ impl Topology {
     /// endpoint), adds a host route to the endpoint through the best of `underlay`, the host's
     /// other main-table routes (longest prefix of the same family). The longest prefix wins
     /// over the tunnel route, only for that address, and nothing else of Kilo's routing changes.
+    /// A standby tunnel's endpoint gets the same host route when any of kg's routes covers it.
     /// Returns what was added.
     pub fn bypass_endpoints(
         &self,
@@ -533,12 +537,22 @@ impl Topology {
         underlay: &[Route],
     ) -> Vec<Bypass> {
         let mut added = Vec::new();
-        for (owner, endpoint) in self.peer_endpoints() {
+        let peers = self
+            .peer_endpoints()
+            .into_iter()
+            .map(|(owner, ip)| (owner, ip, false));
+        // A standby tunnel proves this node's own path: none of kg's routes may carry it, not
+        // even one through the (possibly broken) leader.
+        let standby_endpoints = self.standby.iter().filter_map(|p| {
+            let ip = p.endpoint.as_ref()?.ip()?;
+            Some((format!("node {} (standby)", p.name), ip, true))
+        });
+        for (owner, endpoint, standby) in peers.chain(standby_endpoints) {
             let host = host_net(endpoint);
             let Some(tunnel) = plan
                 .routes
                 .iter()
-                .filter(|r| r.table == MAIN_TABLE && r.link == kilo)
+                .filter(|r| r.table == MAIN_TABLE && (standby || r.link == kilo))
                 .find(|r| r.dst.contains(&endpoint))
                 .map(|r| r.dst)
             else {
@@ -560,14 +574,16 @@ impl Topology {
                 onlink: via.gateway.is_some(),
             };
             // A tunnel route to exactly the endpoint gives way to it.
-            plan.routes
-                .retain(|r| !(r.table == MAIN_TABLE && r.dst == host && r.link == kilo));
+            plan.routes.retain(|r| {
+                !(r.table == MAIN_TABLE && r.dst == host && (standby || r.link == kilo))
+            });
             plan.insert_route(route.clone());
             added.push(Bypass {
                 owner,
                 endpoint,
                 covered_by: tunnel,
                 route,
+                standby,
             });
         }
         added

@@ -154,6 +154,9 @@ pub struct Topology {
     pub granularity: Granularity,
     /// The local node's location.
     pub local_location: String,
+    /// Peers for handshakes only, while a cut-off leader's location checks who can replace it
+    /// (see [`crate::standby`]).
+    pub standby: Vec<crate::standby::StandbyPeer>,
 }
 
 /// The segment key of `node`.
@@ -265,6 +268,7 @@ impl Topology {
             dropped: Vec::new(),
             granularity: params.granularity,
             local_location: local.location.clone(),
+            standby: Vec::new(),
         };
 
         let mut allocator = Allocator::new(params.subnet);

@@ -126,6 +126,7 @@ impl Topology {
                 &mut claimed,
             ));
         }
+        peers.extend(self.standby_peers(&mut keys));
         Conf {
             listen_port: Some(self.port),
             peers,

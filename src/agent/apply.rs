@@ -13,7 +13,7 @@ use control::routes::{
     apply_ops, diff, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld,
 };
 use control::{Peer, Topology};
-use dataplane::{DeviceConfig, InterfaceConfig};
+use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
 use super::shells::{Engine, Firewall, Kernel};
@@ -71,18 +71,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.memo.applied.cni = Some((t.subnet, mtu));
         }
         self.metrics.set_leader(t.leader, &t.location);
-        let desired = if t.leader {
-            crate::wiring::device_config(&t.conf(Some(&self.public)), &self.key)
+        let conf = if t.leader {
+            t.conf(Some(&self.public))
         } else {
-            DeviceConfig {
-                interface: InterfaceConfig {
-                    private_key: Some(self.key.clone()),
-                    listen_port: t.port,
-                    fwmark: 0,
-                },
-                peers: Vec::new(),
-            }
+            t.standby_conf(Some(&self.public))
         };
+        let desired = crate::wiring::device_config(&conf, &self.key);
         if self.memo.applied.wg.as_ref() != Some(&desired) {
             if self.wg.apply(&desired)? {
                 tracing::info!(
@@ -193,7 +187,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .cloned()
             .collect();
         let bypasses = t.bypass_endpoints(&mut plan, kilo, &underlay);
-        let lines = bypasses.iter().map(ToString::to_string).collect();
+        let lines = bypasses
+            .iter()
+            .filter(|b| !b.standby)
+            .map(ToString::to_string)
+            .collect();
         for line in self.problems.fresh_lines("endpoint bypasses", lines) {
             tracing::warn!("{line}");
         }

@@ -2,13 +2,14 @@
 //! seen and when (validity is judged by this node's clock from the moment a renewal was seen,
 //! never by comparing clocks across nodes), the leaders they give, and the lease step run every
 //! [`LEASE_RENEW_MS`]: the elected leader renews (or takes) its location's lease, a holder that
-//! is no longer elected (cordoned, or an annotated node preferred) hands it over, and a holder
-//! whose tunnels all went silent hands it to the next candidate.
+//! is no longer elected (cordoned, or an annotated node preferred) hands it over, a holder
+//! whose tunnels all went silent marks its lease cut off, and a verifier of a cut-off lease
+//! whose standby tunnel completed a handshake takes it over.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use control::leader::{
-    cut_off, lease_leaders, lease_name, successor, Election, LeaseState, TrafficSample,
+    cut_off, hears_any, lease_leaders, lease_name, successor, Election, LeaseState, TrafficSample,
     CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
 };
 use control::Node;
@@ -69,7 +70,7 @@ impl Leases {
     }
 
     /// Elects every lease-capable location's leader among the ready `nodes`; true when a
-    /// leader changed.
+    /// leader or a verifier changed.
     pub(super) fn elect<'n>(
         &mut self,
         nodes: impl IntoIterator<Item = &'n Node>,
@@ -77,9 +78,9 @@ impl Leases {
     ) -> bool {
         self.changed = false;
         let leaders = lease_leaders(nodes, &self.observed(), now_ms);
-        let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String)> {
+        let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String, Vec<String>)> {
             m.iter()
-                .map(|(l, e)| (l.clone(), e.leader.clone()))
+                .map(|(l, e)| (l.clone(), e.leader.clone(), e.verifiers.clone()))
                 .collect()
         };
         let changed = names(&leaders) != names(&self.leaders);
@@ -92,6 +93,16 @@ impl Leases {
         self.leaders
             .iter()
             .map(|(l, e)| (l.clone(), e.leader.clone()))
+            .collect()
+    }
+
+    /// The verifiers of every location whose holder is cut off, by location name, for the
+    /// topology's standby tunnels.
+    pub(super) fn verifiers(&self) -> BTreeMap<String, Vec<String>> {
+        self.leaders
+            .iter()
+            .filter(|(_, e)| !e.verifiers.is_empty())
+            .map(|(l, e)| (l.clone(), e.verifiers.clone()))
             .collect()
     }
 }
@@ -122,33 +133,47 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             renewed_ms: now,
             duration_ms: LEASE_DURATION_MS,
             transitions: current.transitions + 1,
+            cut_off: false,
         };
         let (next, why) = if election.leader == hostname {
-            if self.cut_off_now(now) {
-                match successor(&members, &hostname) {
-                    Some(to) => {
-                        let why = format!("no tunnel of this leader has received anything for {} s while sending; handing the lead of {location} to {to}", CUT_OFF_WINDOW_MS / 1000);
-                        (handing(to), Some(why))
-                    }
-                    None => return,
-                }
+            // A sole candidate has nobody to ask: it keeps leading, unmarked.
+            let cut_off =
+                self.cut_off_now(now, current.cut_off) && successor(&members, &hostname).is_some();
+            let taking = current.holder.as_deref() != Some(hostname.as_str());
+            let state = LeaseState {
+                holder: Some(hostname.clone()),
+                renewed_ms: now,
+                duration_ms: LEASE_DURATION_MS,
+                transitions: current.transitions + i32::from(taking),
+                cut_off,
+            };
+            let why = if taking {
+                Some(format!("taking the lead of {location}"))
+            } else if cut_off && !current.cut_off {
+                Some(format!("no tunnel of this leader has received anything for {} s while sending; asking the next candidates of {location} whether they reach the other locations", CUT_OFF_WINDOW_MS / 1000))
+            } else if !cut_off && current.cut_off {
+                Some("the tunnels of this leader hear the other locations again".to_string())
             } else {
-                let taking = current.holder.as_deref() != Some(hostname.as_str());
-                let state = LeaseState {
-                    holder: Some(hostname.clone()),
-                    renewed_ms: now,
-                    duration_ms: LEASE_DURATION_MS,
-                    transitions: current.transitions + i32::from(taking),
-                };
-                let why = taking.then(|| format!("taking the lead of {location}"));
-                (state, why)
-            }
+                None
+            };
+            (state, why)
         } else if current.holder.as_deref() == Some(hostname.as_str()) {
             let why = format!(
                 "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
                 election.leader
             );
             (handing(election.leader.clone()), Some(why))
+        } else if current.cut_off && election.verifiers.contains(&hostname) {
+            let reached = self.standby_handshakes();
+            if reached.is_empty() {
+                return;
+            }
+            let why = format!(
+                "{} is cut off and this node has a handshake with the leader of {}; taking the lead of {location}",
+                election.leader,
+                reached.join(", ")
+            );
+            (handing(hostname.clone()), Some(why))
         } else {
             self.memo.leases.samples.clear();
             return;
@@ -173,9 +198,31 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
+    /// The locations whose leader this node's standby tunnels completed a handshake with.
+    fn standby_handshakes(&self) -> Vec<String> {
+        let Some(t) = self.memo.topology.as_ref() else {
+            return Vec::new();
+        };
+        let Ok(device) = self.wg.device_peers() else {
+            return Vec::new();
+        };
+        let shaken = |key: &control::Key| {
+            device
+                .iter()
+                .any(|d| d.public_key == *key && d.has_handshake)
+        };
+        t.segments
+            .iter()
+            .filter(|s| !t.in_local_location(s))
+            .filter(|s| t.standby.iter().any(|p| p.public_key == s.public_key))
+            .filter(|s| shaken(&s.public_key))
+            .map(|s| s.location.clone())
+            .collect()
+    }
+
     /// Samples the tunnels' traffic and says whether this leader is cut off (see
-    /// `control::leader::cut_off`).
-    fn cut_off_now(&mut self, now_ms: i64) -> bool {
+    /// `control::leader::cut_off`); once `marked`, until a tunnel hears something again.
+    fn cut_off_now(&mut self, now_ms: i64, marked: bool) -> bool {
         let Some(t) = self.memo.topology.as_ref().filter(|t| t.leader) else {
             self.memo.leases.samples.clear();
             return false;
@@ -204,6 +251,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let (Some(oldest), Some(newest)) = (samples.front(), samples.back()) else {
             return false;
         };
+        if marked {
+            let previous = samples.len().checked_sub(2).and_then(|i| samples.get(i));
+            return previous.is_none_or(|p| !hears_any(p, newest, &watched));
+        }
         cut_off(oldest, newest, &watched)
     }
 }

@@ -339,7 +339,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             subnet: self.s.subnet,
             persistent_keepalive: local.persistent_keepalive,
         };
-        let t = Topology::with_leaders(&nodes, &peers, &params, &self.memo.leases.leader_names())?;
+        let t = Topology::with_leaders(&nodes, &peers, &params, &self.memo.leases.leader_names())?
+            .with_standby(&nodes, &self.memo.leases.verifiers());
         let same = self.memo.topology.as_ref() == Some(&t);
         if !same {
             *self.graph.lock() = Some(t.dot());

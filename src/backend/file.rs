@@ -167,8 +167,17 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             .and_then(|s| s.lease_duration_seconds)
             .map_or(0, |d| i64::from(d) * 1000),
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+        cut_off: lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CUT_OFF_ANNOTATION))
+            .is_some_and(|v| v == "true"),
     }
 }
+
+/// The Lease annotation by which a holder says it is cut off (see `control::leader`).
+pub const CUT_OFF_ANNOTATION: &str = "kilotun.io/cut-off";
 
 /// `state` as a Kubernetes Lease called `name`.
 pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
@@ -177,6 +186,11 @@ pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
     Lease {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
+            annotations: state.cut_off.then(|| {
+                [(CUT_OFF_ANNOTATION.to_string(), "true".to_string())]
+                    .into_iter()
+                    .collect()
+            }),
             ..Default::default()
         },
         spec: Some(LeaseSpec {

@@ -42,6 +42,7 @@ fn lease(holder: &str, renewed_ms: i64) -> LeaseState {
         renewed_ms,
         duration_ms: LEASE_DURATION_MS,
         transitions: 0,
+        cut_off: false,
     }
 }
 
@@ -172,6 +173,12 @@ fn a_leader_is_cut_off_only_when_every_tunnel_sends_and_hears_nothing() {
         &[a, b]
     ));
     assert!(!cut_off(&start, &silent, &[]));
+    // Once marked, only something received clears it: idle silence does not.
+    let idle = sample(CUT_OFF_WINDOW_MS + 2_000, (100, 900), (100, 700));
+    assert!(!hears_any(&silent, &idle, &[a, b]));
+    let heard = sample(CUT_OFF_WINDOW_MS + 2_000, (100, 900), (148, 700));
+    assert!(hears_any(&silent, &heard, &[a, b]));
+    assert!(!hears_any(&silent, &heard, &[a]), "b is not watched");
 }
 
 #[test]
@@ -184,4 +191,25 @@ fn a_lease_is_replaced_only_over_the_expected_holder() {
         !mine.may_replace(Some("n3"), Some("n1")),
         "someone else got there first"
     );
+}
+
+#[test]
+fn a_cut_off_holder_keeps_the_lead_and_names_its_verifiers_in_order_of_succession() {
+    let mut nodes = members();
+    let mut l = lease("n2", NOW);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    assert!(elect(&refs, Some(&l), NOW).unwrap().verifiers.is_empty());
+    l.cut_off = true;
+    let e = elect(&refs, Some(&l), NOW).unwrap();
+    assert_eq!((e.leader.as_str(), e.basis), ("n2", Basis::Lease));
+    assert_eq!(e.verifiers, ["n1", "n3"]);
+    // An annotated candidate comes first (the annotated holder keeps the lead); a cordoned
+    // one verifies nothing.
+    nodes[1].leader = true;
+    nodes[2].leader = true;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    assert_eq!(elect(&refs, Some(&l), NOW).unwrap().verifiers, ["n3", "n1"]);
+    nodes[0].cordoned = true;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    assert_eq!(elect(&refs, Some(&l), NOW).unwrap().verifiers, ["n3"]);
 }

@@ -177,3 +177,27 @@ fn concurrent_writers_sharing_a_file_never_lose_updates() {
     }
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
+    let state = LeaseState {
+        holder: Some("n1".into()),
+        renewed_ms: 1_700_000_000_123,
+        duration_ms: 6_000,
+        transitions: 3,
+        cut_off: true,
+    };
+    let object = lease_object("kilotun-leader-east", &state);
+    assert_eq!(
+        object.metadata.annotations.as_ref().unwrap()[CUT_OFF_ANNOTATION],
+        "true"
+    );
+    assert_eq!(lease_state(&object), state);
+    let healthy = LeaseState {
+        cut_off: false,
+        ..state
+    };
+    let object = lease_object("kilotun-leader-east", &healthy);
+    assert!(object.metadata.annotations.is_none());
+    assert_eq!(lease_state(&object), healthy);
+}
