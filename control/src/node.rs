@@ -297,9 +297,14 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     };
     use annotation as a;
 
-    let endpoint = match r.endpoint(a::FORCE_ENDPOINT) {
-        Some(e) => Some(e),
-        None => r.endpoint(a::ENDPOINT),
+    // `force-endpoint: "-"` (or empty): the node announces no endpoint at all and is reached
+    // where its handshakes come from.
+    let endpoint = match r.get(a::FORCE_ENDPOINT) {
+        Some(v) if is_no_endpoint(v) => None,
+        _ => match r.endpoint(a::FORCE_ENDPOINT) {
+            Some(e) => Some(e),
+            None => r.endpoint(a::ENDPOINT),
+        },
     };
 
     let mut no_internal_ip = false;
@@ -462,14 +467,30 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     )
 }
 
+/// True for the `force-endpoint` values that mean "no endpoint": `-` and the empty string, as
+/// for `force-internal-ip`.
+pub fn is_no_endpoint(value: &str) -> bool {
+    value.is_empty() || value == "-"
+}
+
 impl Node {
     /// Kilo's readiness: a usable endpoint, a key, a pod CIDR and a check-in younger than
-    /// 60 s at `now_unix`. The internal IP is not required.
+    /// 60 s at `now_unix`. The internal IP is not required. Beyond Kilo, a node with no
+    /// endpoint at all is ready when it keeps its tunnels alive: it reaches the others first,
+    /// and they answer at the endpoint its handshakes come from.
     pub fn is_ready(&self, now_unix: i64) -> bool {
-        self.endpoint.as_ref().is_some_and(Endpoint::is_ready)
+        self.has_usable_endpoint()
             && self.key.is_some()
             && self.subnet.is_some()
             && now_unix - self.last_seen < READY_WINDOW_SECS
+    }
+
+    /// An endpoint that resolves, or none at all with a keepalive (see [`Node::is_ready`]).
+    pub fn has_usable_endpoint(&self) -> bool {
+        match &self.endpoint {
+            Some(e) => e.is_ready(),
+            None => self.persistent_keepalive > 0,
+        }
     }
 }
 

@@ -21,11 +21,24 @@ pub enum ForcedInternalIp {
     Forced(IpNet),
 }
 
-/// Reads `force-endpoint` (valid values only).
-pub fn forced_endpoint(annotations: &BTreeMap<String, String>) -> Option<Endpoint> {
-    annotations
-        .get(annotation::FORCE_ENDPOINT)
-        .and_then(|v| Endpoint::parse(v).ok())
+/// What `force-endpoint` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForcedEndpoint {
+    /// Absent or invalid: auto-detect.
+    Detect,
+    /// `""` or `-`: no endpoint; the node is reached where its handshakes come from.
+    Disabled,
+    /// A valid endpoint.
+    Forced(Endpoint),
+}
+
+/// Reads `force-endpoint`.
+pub fn forced_endpoint(annotations: &BTreeMap<String, String>) -> ForcedEndpoint {
+    match annotations.get(annotation::FORCE_ENDPOINT) {
+        None => ForcedEndpoint::Detect,
+        Some(v) if control::node::is_no_endpoint(v) => ForcedEndpoint::Disabled,
+        Some(v) => Endpoint::parse(v).map_or(ForcedEndpoint::Detect, ForcedEndpoint::Forced),
+    }
 }
 
 /// Reads `force-internal-ip`.
@@ -42,9 +55,9 @@ pub fn forced_internal_ip(annotations: &BTreeMap<String, String>) -> ForcedInter
     }
 }
 
-/// Fills the local node: the endpoint is `force-endpoint` or the detected external IP with
-/// `--port` (re-detected every time, where Kilo kept a stale one); the internal IP is the forced
-/// one, none, or the detected private IP.
+/// Fills the local node: the endpoint is `force-endpoint`, none (`-`), or the detected external
+/// IP with `--port` (re-detected every time, where Kilo kept a stale one); the internal IP is the
+/// forced one, none, or the detected private IP.
 pub fn fill_local(
     node: &mut Node,
     annotations: &BTreeMap<String, String>,
@@ -52,13 +65,17 @@ pub fn fill_local(
     prioritise_private: bool,
     port: u16,
 ) {
-    node.endpoint = Some(forced_endpoint(annotations).unwrap_or_else(|| {
-        let external = match (prioritise_private, detected.private) {
-            (true, Some(private)) => private,
-            _ => detected.public,
-        };
-        Endpoint::from_addr(SocketAddr::new(external.addr(), port))
-    }));
+    node.endpoint = match forced_endpoint(annotations) {
+        ForcedEndpoint::Forced(e) => Some(e),
+        ForcedEndpoint::Disabled => None,
+        ForcedEndpoint::Detect => {
+            let external = match (prioritise_private, detected.private) {
+                (true, Some(private)) => private,
+                _ => detected.public,
+            };
+            Some(Endpoint::from_addr(SocketAddr::new(external.addr(), port)))
+        }
+    };
     match forced_internal_ip(annotations) {
         ForcedInternalIp::Forced(net) => {
             node.internal_ip = Some(net);
@@ -172,6 +189,12 @@ mod tests {
         fill_local(&mut n, &a, &detected(), false, 51820);
         assert_eq!(n.endpoint.unwrap().to_string(), "203.0.113.5:51820");
         assert_eq!(n.internal_ip, Some("192.168.0.5/24".parse().unwrap()));
+        for none in ["-", ""] {
+            let mut n = Node::default();
+            let a = annotations(&[(annotation::FORCE_ENDPOINT, none)]);
+            fill_local(&mut n, &a, &detected(), false, 51820);
+            assert_eq!(n.endpoint, None, "{none:?}");
+        }
     }
 
     #[test]

@@ -328,7 +328,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
         let local_ready = nodes.iter().any(|n| n.name == hostname);
         if !local_ready {
-            self.warn_once("local-not-ready", &format!("node {hostname} is not ready (it needs spec.podCIDR); not configuring the mesh yet"));
+            let why = if local.endpoint.is_none() && local.persistent_keepalive == 0 {
+                "kilo.squat.ai/force-endpoint says it has no endpoint, so it needs kilo.squat.ai/persistent-keepalive: nothing could reach it first"
+            } else {
+                "it needs spec.podCIDR"
+            };
+            self.warn_once(
+                "local-not-ready",
+                &format!("node {hostname} is not ready ({why}); not configuring the mesh yet"),
+            );
             self.memo.topology = None;
             return Ok(());
         }
@@ -344,6 +352,16 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let same = self.memo.topology.as_ref() == Some(&t);
         if !same {
             *self.graph.lock() = Some(t.dot());
+            // Said once per node, as information: announcing no endpoint is a choice.
+            let endpointless = t
+                .segments
+                .iter()
+                .filter(|s| s.endpoint.is_none() && !t.in_local_location(s))
+                .map(|s| format!("node {} announces no endpoint: it is reached at the endpoint its handshakes come from (it keeps its tunnels alive every {} s)", s.leader_member().name, s.persistent_keepalive))
+                .collect();
+            for line in self.problems.fresh_lines("endpointless", endpointless) {
+                tracing::info!("{line}");
+            }
             for d in &t.dropped {
                 for line in self.problems.fresh_lines(
                     &format!("dropped/{}/{}", d.owner, d.cidr),

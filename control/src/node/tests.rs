@@ -467,3 +467,37 @@ fn a_cordon_or_a_removal_taint_marks_a_node_as_leaving() {
         );
     }
 }
+
+#[test]
+fn force_endpoint_dash_means_no_endpoint_and_readiness_then_needs_a_keepalive() {
+    for none in ["-", ""] {
+        let (n, problems) = translate_node(
+            &kube_node(
+                &[
+                    (annotation::FORCE_ENDPOINT, none),
+                    (annotation::ENDPOINT, "10.0.0.1:51820"),
+                    (
+                        annotation::KEY,
+                        "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+                    ),
+                    (annotation::LAST_SEEN, "1000"),
+                ],
+                &[],
+                Some("10.42.1.0/24"),
+            ),
+            DEFAULT_TOPOLOGY_LABEL,
+        );
+        assert_eq!(n.endpoint, None, "a stale endpoint gives way to {none:?}");
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(
+            !n.is_ready(1010),
+            "no endpoint and no keepalive: unreachable"
+        );
+        let kept_alive = Node {
+            persistent_keepalive: 5,
+            ..n
+        };
+        assert!(kept_alive.is_ready(1010));
+        assert!(!kept_alive.is_ready(1100), "a stale check-in still counts");
+    }
+}
