@@ -1,16 +1,30 @@
 //! End-to-end: the Kilo network over an IPv6 underlay (file backend, network namespaces).
-//! Dual-stack hosts announce IPv6 endpoints and internal IPs (`force-endpoint`,
-//! `force-internal-ip`), as Kilo's annotations allow; pods stay IPv4.
+//! Nodes announce IPv6 endpoints and internal IPs (`force-endpoint`, `force-internal-ip`), as
+//! Kilo's annotations allow, on dual-stack hosts and on IPv6-only hosts (no IPv4 address on the
+//! underlay). Pods, the pod CIDRs and the Kilo subnet stay IPv4: WireGuard carries IPv4 inside
+//! IPv6 UDP. Every granularity is checked for the same things: no route mixes families, every
+//! host and pod address reaches every other of its family, and a steady mesh logs no failed
+//! route or rule change over many resyncs.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, NodeSpec};
 
-/// a1, a2 in location x and b1, b2 in y, all on one L2 segment with IPv4 and `fd50::<n>/64`,
-/// each announcing `[fd50::<n>]:51820` and `fd50::<n>/64`.
-fn dual_stack(extra: &[&str]) -> Cluster {
+/// What the nodes' underlay holds besides `fd50::<n>/64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Underlay {
+    /// IPv4 (`192.168.10.<n>/24`) too.
+    DualStack,
+    /// Nothing else: the harness's IPv4 address and default route are removed.
+    Ipv6Only,
+}
+
+/// a1, a2 in location x and b1, b2 in y, all on one L2 segment with `fd50::<n>/64` (and IPv4 on
+/// a dual-stack underlay), each announcing `[fd50::<n>]:51820` and `fd50::<n>/64`, running kg
+/// with `extra`.
+fn ipv6_mesh(underlay: Underlay, extra: &[&str]) -> Cluster {
     let mut c = Cluster::new(&["seg"]);
     let nodes = [("a1", "x"), ("a2", "x"), ("b1", "y"), ("b2", "y")];
     for (i, (name, location)) in nodes.iter().enumerate() {
@@ -27,7 +41,19 @@ fn dual_stack(extra: &[&str]) -> Cluster {
             annotations: &annotations,
         };
         let index = c.add_node_on(&spec, "seg", n as u8);
-        let ns = &c.nodes[index].ns;
+        let node = &c.nodes[index];
+        let ns = &node.ns;
+        if underlay == Underlay::Ipv6Only {
+            // Takes the default route with it.
+            ns.run(&[
+                "ip",
+                "addr",
+                "del",
+                &format!("{}/24", node.ip),
+                "dev",
+                "eth0",
+            ]);
+        }
         ns.run(&["ip", "-6", "addr", "add", &internal, "dev", "eth0", "nodad"]);
         ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
     }
@@ -35,6 +61,50 @@ fn dual_stack(extra: &[&str]) -> Cluster {
         c.start_kg(i, extra);
     }
     c
+}
+
+/// The addresses of node `n` (1-based) on `underlay`: its IPv6 host address, its IPv4 one on a
+/// dual-stack underlay, and its pod address.
+fn addresses(c: &Cluster, underlay: Underlay, n: usize) -> Vec<String> {
+    let node = &c.nodes[n - 1];
+    let mut out = vec![format!("fd50::{n}")];
+    if underlay == Underlay::DualStack {
+        out.push(node.ip.clone());
+    }
+    out.push(node.pod_ip.clone());
+    out
+}
+
+/// Every node, from its host (the source the kernel picks, as the host's own traffic has) and
+/// from its pod address, against every address of every other node in the source's family,
+/// one echo each (three tries): the pairs that failed.
+fn unreachable_pairs(c: &Cluster, underlay: Underlay) -> Vec<String> {
+    let mut failed = Vec::new();
+    for a in 1..=c.nodes.len() {
+        let node = &c.nodes[a - 1];
+        for b in (1..=c.nodes.len()).filter(|b| *b != a) {
+            for target in addresses(c, underlay, b) {
+                let ipv6 = target.contains(':');
+                let mut sources = vec![None];
+                if !ipv6 {
+                    sources.push(Some(node.pod_ip.as_str()));
+                }
+                for source in sources {
+                    let mut args = vec!["ping", "-c", "1", "-W", "1"];
+                    if let Some(source) = source {
+                        args.extend(["-I", source]);
+                    }
+                    args.push(&target);
+                    let ok = (0..3).any(|_| node.ns.output(&args).status.success());
+                    if !ok {
+                        let from = source.unwrap_or("host");
+                        failed.push(format!("{} ({from}) → {target}", node.name));
+                    }
+                }
+            }
+        }
+    }
+    failed
 }
 
 fn failed_route_changes(c: &Cluster) -> Vec<String> {
@@ -50,27 +120,129 @@ fn failed_route_changes(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn location_granularity_over_a_dual_stack_underlay_meshes_without_mixed_routes() {
-    if !common::can_run(
-        "location_granularity_over_a_dual_stack_underlay_meshes_without_mixed_routes",
-    ) {
-        return;
+/// Routes of every node that mix families: an IPv4 destination through an IPv6 gateway is
+/// allowed (`via inet6`, on the underlay), a route whose source is of the other family is not,
+/// and neither is one through the WireGuard link whose gateway is of the other family.
+fn mixed_routes(c: &Cluster) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in &c.nodes {
+        for family in ["-4", "-6"] {
+            let text =
+                n.ns.output(&["ip", family, "route", "show", "table", "all"])
+                    .stdout;
+            for line in String::from_utf8_lossy(&text).lines() {
+                let v6 = family == "-6";
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let after = |key: &str| {
+                    words
+                        .iter()
+                        .position(|w| *w == key)
+                        .and_then(|i| words.get(i + 1))
+                        .copied()
+                };
+                let src_mixed = after("src").is_some_and(|s| s.contains(':') != v6);
+                let via_mixed = after("dev") == Some(n.iface.as_str())
+                    && after("via").is_some_and(|g| g == "inet6" || g.contains(':') != v6);
+                if src_mixed || via_mixed {
+                    out.push(format!("{}: {line}", n.name));
+                }
+            }
+        }
     }
-    let c = dual_stack(&["--encapsulate=never", "--resync-period=2s"]);
+    out
+}
+
+/// How long a steady mesh is watched for failed route changes (resyncs every 2 s).
+const STEADY: Duration = Duration::from_secs(20);
+
+/// Meshes the cluster in `granularity` with `--encapsulate=<encapsulate>` on `underlay` and
+/// checks it: every address reaches every other of its family, no route mixes families, the
+/// endpoints in use are IPv6, and over [`STEADY`] of 2-second resyncs no route or rule change
+/// fails and everything stays reachable.
+fn steady_mesh(underlay: Underlay, granularity: &str, encapsulate: &str) {
+    let granularity_flag = format!("--mesh-granularity={granularity}");
+    let encapsulate_flag = format!("--encapsulate={encapsulate}");
+    let started = Instant::now();
+    let c = ipv6_mesh(
+        underlay,
+        &[&encapsulate_flag, "--resync-period=2s", &granularity_flag],
+    );
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
-    // The endpoints in use are IPv6.
+    let meshed_after = started.elapsed();
+    assert_eq!(
+        unreachable_pairs(&c, underlay),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
     let endpoints = c.node("a1").wg("endpoints");
     assert!(endpoints.contains("[fd50::"), "{endpoints}");
-    // A few resyncs later, no route was refused.
-    std::thread::sleep(Duration::from_secs(6));
+    assert!(!endpoints.contains("192.168."), "{endpoints}");
+    std::thread::sleep(STEADY);
     assert_eq!(
         failed_route_changes(&c),
         Vec::<String>::new(),
         "{}",
         c.logs()
     );
+    assert_eq!(
+        unreachable_pairs(&c, underlay),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
+    eprintln!(
+        "{granularity}, encapsulate {encapsulate}, on {underlay:?}: meshed after {meshed_after:?}, steady for {STEADY:?}, {:?} in all",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn location_granularity_over_a_dual_stack_underlay() {
+    if common::can_run("location_granularity_over_a_dual_stack_underlay") {
+        steady_mesh(Underlay::DualStack, "location", "never");
+    }
+}
+
+#[test]
+fn location_granularity_over_an_ipv6_only_underlay() {
+    if common::can_run("location_granularity_over_an_ipv6_only_underlay") {
+        steady_mesh(Underlay::Ipv6Only, "location", "never");
+    }
+}
+
+#[test]
+fn full_granularity_over_a_dual_stack_underlay() {
+    if common::can_run("full_granularity_over_a_dual_stack_underlay") {
+        steady_mesh(Underlay::DualStack, "full", "never");
+    }
+}
+
+#[test]
+fn full_granularity_over_an_ipv6_only_underlay() {
+    if common::can_run("full_granularity_over_an_ipv6_only_underlay") {
+        steady_mesh(Underlay::Ipv6Only, "full", "never");
+    }
+}
+
+#[test]
+fn cross_granularity_over_an_ipv6_only_underlay() {
+    if common::can_run("cross_granularity_over_an_ipv6_only_underlay") {
+        steady_mesh(Underlay::Ipv6Only, "cross", "never");
+    }
+}
+
+/// IPIP (Kilo's default `--encapsulate=always`) carries IPv4 to IPv4 addresses only: nodes
+/// reached over IPv6 internal IPs are routed unencapsulated rather than through routes the
+/// kernel refuses at every resync.
+#[test]
+fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
+    if common::can_run("location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay") {
+        steady_mesh(Underlay::Ipv6Only, "location", "always");
+    }
 }
 
 /// Pings `target` from `node`'s host addresses (no pod source).
@@ -83,10 +255,11 @@ fn hosts_reach_remote_pods_over_an_ipv6_internal_ip() {
     if !common::can_run("hosts_reach_remote_pods_over_an_ipv6_internal_ip") {
         return;
     }
-    let c = dual_stack(&["--encapsulate=never"]);
+    let c = ipv6_mesh(Underlay::DualStack, &["--encapsulate=never"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
-    // Leaders and non-leaders alike, to the other location's pods and back.
+    // Leaders and non-leaders alike, to the other location's pods and back, with the source
+    // the kernel picks.
     for (from, to) in [("a1", "b1"), ("a2", "b2"), ("b2", "a2"), ("b1", "a1")] {
         let target = c.node(to).pod_ip.clone();
         assert!(

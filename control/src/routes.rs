@@ -249,8 +249,19 @@ impl Planner<'_> {
         }
     }
 
-    /// True when traffic to `gateway` goes through the tunnel device.
-    fn encapsulates_to(&self, gateway: Option<IpAddr>) -> bool {
+    /// True when the tunnel device can carry traffic to `dst` through `gateway`: IPIP's `tunl0`
+    /// (and flannel's and Cilium's devices) carry IPv4 packets to an IPv4 address, so a node
+    /// reached over an IPv6 internal IP, or an IPv6 destination, is reached unencapsulated
+    /// whatever `--encapsulate` says (Kilo would install a route the kernel refuses).
+    fn tunnel_carries(dst: &IpNet, gateway: Option<IpAddr>) -> bool {
+        dst.addr().is_ipv4() && gateway.is_none_or(|g| g.is_ipv4())
+    }
+
+    /// True when traffic to `dst` through `gateway` goes through the tunnel device.
+    fn encapsulates_to(&self, dst: &IpNet, gateway: Option<IpAddr>) -> bool {
+        if !Self::tunnel_carries(dst, gateway) {
+            return false;
+        }
         match self.o.encapsulate {
             Encapsulate::Always => true,
             Encapsulate::CrossSubnet => match (self.t.private_ip, gateway) {
@@ -264,7 +275,7 @@ impl Planner<'_> {
     /// Kilo's `encapsulateRoute`: a route via `gateway` on the private link, moved to the
     /// tunnel link when encapsulating, with the local private IP as source.
     fn private_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
-        let link = if self.encapsulates_to(gateway) {
+        let link = if self.encapsulates_to(&dst, gateway) {
             self.o.links.tunnel
         } else {
             self.o.links.private
@@ -308,18 +319,19 @@ impl Planner<'_> {
             if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
                 self.private_route(m.pod_cidr, gw);
             }
-            let crosses = match self.o.encapsulate {
-                Encapsulate::Always => true,
-                Encapsulate::CrossSubnet => self.t.private_ip.is_some_and(|n| !n.contains(&ip)),
-                Encapsulate::Never => false,
-            };
+            let crosses = Self::tunnel_carries(&host_net(ip), gw)
+                && match self.o.encapsulate {
+                    Encapsulate::Always => true,
+                    Encapsulate::CrossSubnet => self.t.private_ip.is_some_and(|n| !n.contains(&ip)),
+                    Encapsulate::Never => false,
+                };
             if crosses {
                 self.plan.insert_route(Route {
                     table: KILO_TABLE,
                     dst: host_net(ip),
                     gateway: gw,
                     link: self.o.links.tunnel,
-                    src: own,
+                    src: own.filter(|o| o.is_ipv4() == ip.is_ipv4()),
                     onlink: gw.is_some(),
                 });
                 self.plan.rules.insert(Rule {
@@ -448,7 +460,11 @@ impl Planner<'_> {
                 continue;
             };
             let gw = self.o.compatibility.gateway(m);
-            if Some(ip) == own || gw.is_none() || gw == Some(ip) {
+            if Some(ip) == own
+                || gw.is_none()
+                || gw == Some(ip)
+                || !Self::tunnel_carries(&host_net(ip), gw)
+            {
                 continue;
             }
             self.plan.insert_route(Route {

@@ -631,8 +631,9 @@ fn no_bypass_without_a_covering_tunnel_route_or_on_a_non_leader() {
     assert!(member.bypass_endpoints(&mut plan, KILO, &host).is_empty());
 }
 
-#[test]
-fn ipv6_internal_ips_never_mix_families_in_a_route() {
+/// a1 (leader) and a2 in location x, b1 in y, with IPv6 endpoints and internal IPs and IPv4
+/// pod CIDRs.
+fn ipv6_internal_ip_nodes() -> Vec<crate::node::Node> {
     use crate::fixtures::node;
     let mut nodes = vec![
         node(
@@ -661,10 +662,12 @@ fn ipv6_internal_ips_never_mix_families_in_a_route() {
         ),
     ];
     nodes[0].leader = true;
-    let mut o = options(true, Encapsulate::Never);
-    o.pod_source = Some("10.42.1.1".parse().unwrap());
-    let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
-    let plan = leader.route_plan(&o);
+    nodes
+}
+
+/// No route of `plan` has a source, or a gateway on the WireGuard link, of the other family
+/// than its destination.
+fn assert_no_mixed_family(plan: &RoutePlan) {
     for r in &plan.routes {
         if let Some(gw) = r.gateway.filter(|_| r.link == KILO) {
             assert_eq!(gw.is_ipv4(), r.dst.addr().is_ipv4(), "{r:?}");
@@ -673,6 +676,21 @@ fn ipv6_internal_ips_never_mix_families_in_a_route() {
             assert_eq!(src.is_ipv4(), r.dst.addr().is_ipv4(), "{r:?}");
         }
     }
+    for rule in &plan.rules {
+        if let (Some(src), Some(dst)) = (rule.src, rule.dst) {
+            assert_eq!(src.addr().is_ipv4(), dst.addr().is_ipv4(), "{rule:?}");
+        }
+    }
+}
+
+#[test]
+fn ipv6_internal_ips_never_mix_families_in_a_route() {
+    let nodes = ipv6_internal_ip_nodes();
+    let mut o = options(true, Encapsulate::Never);
+    o.pod_source = Some("10.42.1.1".parse().unwrap());
+    let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
+    let plan = leader.route_plan(&o);
+    assert_no_mixed_family(&plan);
     let routes = show(&plan);
     // b1's IPv6 private IP: straight onto the WireGuard link, no IPv4 gateway.
     assert!(
@@ -695,4 +713,34 @@ fn ipv6_internal_ips_never_mix_families_in_a_route() {
         routes.contains(&"10.42.3.0/24 via fd50::1 dev 2 src 10.42.2.1 onlink".to_string()),
         "{routes:?}"
     );
+}
+
+#[test]
+fn ipip_never_carries_traffic_to_an_ipv6_internal_ip() {
+    let nodes = ipv6_internal_ip_nodes();
+    for encapsulate in [Encapsulate::Always, Encapsulate::CrossSubnet] {
+        let mut o = options(true, encapsulate);
+        for (host, pods) in [("a1", "10.42.1.1"), ("a2", "10.42.2.1")] {
+            o.pod_source = Some(pods.parse().unwrap());
+            let t = Topology::new(&nodes, &[], &f1_params(host, Granularity::Location)).unwrap();
+            let plan = t.route_plan(&o);
+            assert_no_mixed_family(&plan);
+            // tunl0 carries IPv4 to IPv4 addresses only: nothing goes onto it, and no
+            // table-1107 detour or rule is planned for an IPv6 internal IP.
+            assert!(
+                plan.routes.iter().all(|r| r.link != TUNL),
+                "{encapsulate:?} on {host}: {:?}",
+                show(&plan)
+            );
+            assert!(plan.rules.is_empty(), "{:?}", show_rules(&plan));
+        }
+        // The location's pods are reached straight over the underlay, via the IPv6 internal IP.
+        o.pod_source = Some("10.42.1.1".parse().unwrap());
+        let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
+        let routes = show(&leader.route_plan(&o));
+        assert!(
+            routes.contains(&"10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink".to_string()),
+            "{routes:?}"
+        );
+    }
 }
