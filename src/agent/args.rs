@@ -57,7 +57,8 @@ pub struct KgArgs {
     /// Name of the Kilo interface to use; if it does not exist, it will be created.
     #[arg(long, default_value = control::DEFAULT_INTERFACE)]
     pub interface: String,
-    /// Restrict private-IP auto-detection to these CIDRs (repeatable).
+    /// Restrict private-IP auto-detection to these CIDRs, IPv4 or IPv6 (repeatable); only
+    /// IPv6 prefixes make a dual-stack node detect an IPv6 internal IP.
     #[arg(long = "internal-cidr")]
     pub internal_cidrs: Vec<String>,
     /// Add FORWARD ACCEPT rules for pod CIDRs.
@@ -328,6 +329,22 @@ mod tests {
         .unwrap();
         assert!(!s.args.local && !s.args.cni && s.args.clean_up);
         assert_eq!(s.internal_cidrs.len(), 2);
+    }
+
+    #[test]
+    fn internal_cidrs_take_ipv6_prefixes() {
+        let s = parse(&["--internal-cidr=fd50::/64", "--internal-cidr=2001:db8::/32"]).unwrap();
+        assert_eq!(
+            s.internal_cidrs,
+            [
+                "fd50::/64".parse::<IpNet>().unwrap(),
+                "2001:db8::/32".parse().unwrap()
+            ]
+        );
+        for bad in ["--internal-cidr=fd50::zz/64", "--internal-cidr=fd50::/129"] {
+            let err = format!("{:#}", parse(&[bad]).unwrap_err());
+            assert!(err.contains("--internal-cidr"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -41,34 +41,50 @@ pub struct Exclusions {
 }
 
 /// Picks the private and public IPs, leaving out `exclude`; `internal_cidrs`
-/// (`--internal-cidr`) restricts private candidates.
+/// (`--internal-cidr`, IPv4 or IPv6) restricts private candidates to the addresses inside them,
+/// which are then private whatever their scope (a global IPv6 prefix a cluster uses inside).
+///
+/// On a dual-stack host IPv4 wins, as Kilo's docs say: the private IP is the first private IPv4
+/// address of the pools (hostname, Node `InternalIP`, default route, every interface), and an
+/// IPv6 one only when no IPv4 address qualifies, which is how `--internal-cidr` with only IPv6
+/// prefixes selects IPv6. The public IP is then looked for in the private IP's family, falling
+/// back to the private IP itself, so the endpoint and the internal IP agree on a family; a host
+/// with a private IPv4 and a public IPv6 address announces the IPv4 one unless
+/// `force-endpoint` (or `force-internal-ip`) names the IPv6 address.
 pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) -> Option<Detected> {
     let usable = |n: &&IpNet| {
         !is_unusable(n.addr())
             && !exclude.addresses.contains(&n.addr())
             && !exclude.networks.iter().any(|x| x.contains(&n.addr()))
     };
-    let pick = |public: bool| -> Option<IpNet> {
+    let qualifies = |n: &IpNet, public: bool| {
+        if public {
+            is_public(n.addr())
+        } else if internal_cidrs.is_empty() {
+            !is_public(n.addr())
+        } else {
+            internal_cidrs.iter().any(|c| c.contains(&n.addr()))
+        }
+    };
+    let pick = |public: bool, ipv4: bool| -> Option<IpNet> {
         [&c.hostname, &c.node_internal, &c.default_route, &c.all]
             .into_iter()
             .find_map(|pool| {
                 let mut pool: Vec<IpNet> = pool
                     .iter()
                     .filter(usable)
-                    .filter(|n| is_public(n.addr()) == public)
-                    .filter(|n| {
-                        public
-                            || internal_cidrs.is_empty()
-                            || internal_cidrs.iter().any(|c| c.contains(&n.addr()))
-                    })
+                    .filter(|n| n.addr().is_ipv4() == ipv4 && qualifies(n, public))
                     .copied()
                     .collect();
                 pool.sort_by(compare_ips);
                 pool.first().copied()
             })
     };
-    let private = pick(false);
-    let public = pick(true).or(private)?;
+    let private = pick(false, true).or_else(|| pick(false, false));
+    let public = match private {
+        Some(p) => pick(true, p.addr().is_ipv4()).unwrap_or(p),
+        None => pick(true, true).or_else(|| pick(true, false))?,
+    };
     Some(Detected { private, public })
 }
 
@@ -167,5 +183,80 @@ mod tests {
         };
         let d = choose(&c, &Exclusions::default(), &[]).unwrap();
         assert_eq!(d.private, Some("192.168.20.4/24".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv4_wins_on_a_dual_stack_host_whatever_pool_holds_the_ipv6_address() {
+        let c = Candidates {
+            hostname: nets(&["fd50::5/64", "2001:db8::5/64"]),
+            default_route: nets(&["2001:db8::5/64", "fd50::5/64", "192.168.1.5/24"]),
+            all: nets(&["2001:db8::5/64", "fd50::5/64", "192.168.1.5/24"]),
+            ..Default::default()
+        };
+        let d = choose(&c, &Exclusions::default(), &[]).unwrap();
+        assert_eq!(d.private, Some("192.168.1.5/24".parse().unwrap()));
+        assert_eq!(
+            d.public,
+            "192.168.1.5/24".parse().unwrap(),
+            "no public IPv4: the endpoint stays in the internal IP's family"
+        );
+        let with_public_v4 = Candidates {
+            all: nets(&["2001:db8::5/64", "192.168.1.5/24", "198.51.100.5/24"]),
+            ..Default::default()
+        };
+        let d = choose(&with_public_v4, &Exclusions::default(), &[]).unwrap();
+        assert_eq!(d.public, "198.51.100.5/24".parse().unwrap());
+    }
+
+    #[test]
+    fn an_ipv6_only_host_detects_ipv6() {
+        let c = Candidates {
+            default_route: nets(&["fe80::1/64", "fd50::5/64"]),
+            all: nets(&["127.0.0.1/8", "::1/128", "10.42.1.1/24", "fd50::5/64"]),
+            ..Default::default()
+        };
+        let exclude = Exclusions {
+            addresses: vec![],
+            networks: nets(&["10.42.1.0/24", "10.4.0.0/16"]),
+        };
+        let d = choose(&c, &exclude, &[]).unwrap();
+        assert_eq!(d.private, Some("fd50::5/64".parse().unwrap()));
+        assert_eq!(d.public, "fd50::5/64".parse().unwrap());
+        let global = Candidates {
+            all: nets(&["fd50::5/64", "2001:db8::5/64"]),
+            ..Default::default()
+        };
+        let d = choose(&global, &exclude, &[]).unwrap();
+        assert_eq!(d.private, Some("fd50::5/64".parse().unwrap()));
+        assert_eq!(d.public, "2001:db8::5/64".parse().unwrap());
+    }
+
+    #[test]
+    fn an_ipv6_internal_cidr_selects_ipv6_on_a_dual_stack_host() {
+        let c = Candidates {
+            default_route: nets(&["192.168.1.5/24", "203.0.113.5/24", "2001:db8:1::5/64"]),
+            all: nets(&[
+                "192.168.1.5/24",
+                "203.0.113.5/24",
+                "fd50::5/64",
+                "2001:db8:1::5/64",
+            ]),
+            ..Default::default()
+        };
+        let d = choose(&c, &Exclusions::default(), &nets(&["fd50::/64"])).unwrap();
+        assert_eq!(d.private, Some("fd50::5/64".parse().unwrap()));
+        assert_eq!(
+            d.public,
+            "2001:db8:1::5/64".parse().unwrap(),
+            "the endpoint follows the internal IP's family"
+        );
+        // A global prefix named internal is the internal IP.
+        let d = choose(&c, &Exclusions::default(), &nets(&["2001:db8:1::/48"])).unwrap();
+        assert_eq!(d.private, Some("2001:db8:1::5/64".parse().unwrap()));
+        // Both families named: IPv4 still wins.
+        let both = nets(&["fd50::/64", "192.168.0.0/16"]);
+        let d = choose(&c, &Exclusions::default(), &both).unwrap();
+        assert_eq!(d.private, Some("192.168.1.5/24".parse().unwrap()));
+        assert_eq!(d.public, "203.0.113.5/24".parse().unwrap());
     }
 }
