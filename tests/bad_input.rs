@@ -233,6 +233,8 @@ fn malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working() {
         ("port", format!("allowedIPs: [\"10.5.0.3/32\"]\n  publicKey: {key}\n  endpoint:\n    dnsOrIP:\n      ip: 192.168.10.98\n    port: 70000"), "endpoint.port: 70000"),
         ("dns", format!("allowedIPs: [\"10.5.0.4/32\"]\n  publicKey: {key}\n  endpoint:\n    dnsOrIP:\n      dns: \"bücher_\"\n    port: 51820"), "endpoint.dnsOrIP.dns: \"bücher_\""),
         ("keepalive", format!("allowedIPs: [\"10.5.0.5/32\"]\n  publicKey: {key}\n  persistentKeepalive: -5"), "persistentKeepalive: -5"),
+        ("ipv6", format!("allowedIPs: [\"fd00::6/128\", \"fd00::zz/64\"]\n  publicKey: {key}"), "allowedIPs: \"fd00::zz/64\""),
+        ("prefix", format!("allowedIPs: [\"fd00::/200\"]\n  publicKey: {key}"), "allowedIPs: \"fd00::/200\""),
     ];
     for (name, spec, _) in &bad_peers {
         let yaml = format!(

@@ -269,3 +269,48 @@ fn hosts_reach_remote_pods_over_an_ipv6_internal_ip() {
         );
     }
 }
+
+/// An IPv6 `force-internal-ip` on a node whose host has no IPv6 address: kg refuses it with one
+/// error naming the node, the annotation and the value, announces the detected IPv4 internal IP
+/// instead, and the node stays on the mesh.
+#[test]
+fn a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection() {
+    if !common::can_run("a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection") {
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    let forced = [("kilo.squat.ai/force-internal-ip", "fd50::1/64")];
+    for (i, (name, location)) in [("n1", "east"), ("n2", "east"), ("n3", "west")]
+        .into_iter()
+        .enumerate()
+    {
+        let spec = NodeSpec {
+            name,
+            location,
+            annotations: if name == "n1" { &forced } else { &[] },
+        };
+        c.add_node(&spec, i as u8 + 1);
+    }
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let refusal = "node n1: kilo.squat.ai/force-internal-ip=\"fd50::1/64\" refused: this host \
+                   has no usable IPv6 address (it has IPv4 only); using the detected internal IP \
+                   192.168.10.1/24 instead";
+    let logged = c.wait_for(Duration::from_secs(10), |c| {
+        c.node("n1").log_text().contains(refusal)
+    });
+    assert!(logged, "{}", c.node("n1").log_text());
+    assert_eq!(
+        c.annotations("n1")
+            .get("kilo.squat.ai/internal-ip")
+            .map(String::as_str),
+        Some("192.168.10.1/24")
+    );
+    // Resyncs later: said once, and the mesh still whole.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(c.node("n1").log_text().matches(refusal).count(), 1);
+    assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
+}

@@ -314,7 +314,16 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             None
         }
         Some(_) => match r.cidr(a::FORCE_INTERNAL_IP) {
-            Some(net) => Some(net),
+            // The node's own kg refuses a forced internal IP of a family its host has no
+            // address of, and announces the detected one in `internal-ip`: a written internal
+            // IP of the other family is that refusal, and wins, so every node routes to an
+            // address the node holds. Of the same family, the forced one wins, as in Kilo.
+            Some(forced) => match r.get(a::INTERNAL_IP).and_then(parse_cidr) {
+                Some(written) if written.addr().is_ipv4() != forced.addr().is_ipv4() => {
+                    Some(normalise(written))
+                }
+                _ => Some(forced),
+            },
             None => r.cidr(a::INTERNAL_IP),
         },
         None => r.cidr(a::INTERNAL_IP),

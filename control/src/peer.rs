@@ -433,6 +433,27 @@ mod tests {
             ),
             (
                 PeerSpec {
+                    allowed_ips: vec!["fd00::1/128".into(), "fd00::zz/64".into()],
+                    ..good.clone()
+                },
+                PeerError::AllowedIp("fd00::zz/64".into()),
+            ),
+            (
+                PeerSpec {
+                    allowed_ips: vec!["fd00::/200".into()],
+                    ..good.clone()
+                },
+                PeerError::AllowedIp("fd00::/200".into()),
+            ),
+            (
+                PeerSpec {
+                    allowed_ips: vec!["fd00::1".into()],
+                    ..good.clone()
+                },
+                PeerError::AllowedIp("fd00::1".into()),
+            ),
+            (
+                PeerSpec {
                     endpoint: endpoint(None, None, 1),
                     ..good.clone()
                 },

@@ -214,6 +214,10 @@ mod tests {
             detected: Detected {
                 private: Some(net("192.168.10.1/24")),
                 public: net("192.168.10.1/24"),
+                families: ipdetect::Families {
+                    ipv4: true,
+                    ipv6: true,
+                },
             },
             default_link: Some(2),
             links: vec![

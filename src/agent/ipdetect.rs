@@ -22,6 +22,38 @@ pub struct Candidates {
     pub all: Vec<IpNet>,
 }
 
+/// The address families a host holds usable addresses of: on an interface, neither loopback
+/// nor link-local, and outside kg's own links, the pod CIDRs and the Kilo subnet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Families {
+    /// An IPv4 address.
+    pub ipv4: bool,
+    /// An IPv6 address.
+    pub ipv6: bool,
+}
+
+impl Families {
+    /// True when the host has an address of `ip`'s family.
+    pub fn holds_family_of(&self, ip: IpAddr) -> bool {
+        if ip.is_ipv4() {
+            self.ipv4
+        } else {
+            self.ipv6
+        }
+    }
+}
+
+impl std::fmt::Display for Families {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match (self.ipv4, self.ipv6) {
+            (true, true) => "IPv4 and IPv6",
+            (true, false) => "IPv4 only",
+            (false, true) => "IPv6 only",
+            (false, false) => "none",
+        })
+    }
+}
+
 /// The detected addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Detected {
@@ -29,6 +61,8 @@ pub struct Detected {
     pub private: Option<IpNet>,
     /// The public IP; the private one when there is no public one.
     pub public: IpNet,
+    /// The families the host has usable addresses of.
+    pub families: Families,
 }
 
 /// What detection must leave out.
@@ -80,12 +114,20 @@ pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) ->
                 pool.first().copied()
             })
     };
+    let families = Families {
+        ipv4: c.all.iter().filter(usable).any(|n| n.addr().is_ipv4()),
+        ipv6: c.all.iter().filter(usable).any(|n| n.addr().is_ipv6()),
+    };
     let private = pick(false, true).or_else(|| pick(false, false));
     let public = match private {
         Some(p) => pick(true, p.addr().is_ipv4()).unwrap_or(p),
         None => pick(true, true).or_else(|| pick(true, false))?,
     };
-    Some(Detected { private, public })
+    Some(Detected {
+        private,
+        public,
+        families,
+    })
 }
 
 #[cfg(test)]
@@ -222,6 +264,14 @@ mod tests {
         let d = choose(&c, &exclude, &[]).unwrap();
         assert_eq!(d.private, Some("fd50::5/64".parse().unwrap()));
         assert_eq!(d.public, "fd50::5/64".parse().unwrap());
+        assert_eq!(
+            d.families,
+            Families {
+                ipv4: false,
+                ipv6: true
+            },
+            "the pod bridge's IPv4 address is not the host's"
+        );
         let global = Candidates {
             all: nets(&["fd50::5/64", "2001:db8::5/64"]),
             ..Default::default()

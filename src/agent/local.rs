@@ -8,7 +8,7 @@ use control::node::{annotation, AnnotationProblem, Node, WrittenAnnotations};
 use control::Endpoint;
 use ipnet::IpNet;
 
-use super::ipdetect::Detected;
+use super::ipdetect::{Detected, Families};
 
 /// What `force-internal-ip` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,16 +55,44 @@ pub fn forced_internal_ip(annotations: &BTreeMap<String, String>) -> ForcedInter
     }
 }
 
+/// A `force-internal-ip` kg refuses on its own node: the host has no usable address of that
+/// family (an IPv6 internal IP forced on an IPv4-only host, say), so nothing could leave from it
+/// and the routes other nodes build to it would lead nowhere.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "node {node}: {annotation}=\"{value}\" refused: this host has no usable {family} address (it has {families}); using the detected internal IP {fallback} instead",
+    annotation = annotation::FORCE_INTERNAL_IP,
+    family = if value.addr().is_ipv4() { "IPv4" } else { "IPv6" },
+    fallback = fallback.map_or_else(|| "(none)".to_string(), |f| f.to_string()),
+)]
+pub struct RefusedInternalIp {
+    /// The node's name.
+    pub node: String,
+    /// The annotation's value.
+    pub value: IpNet,
+    /// The families the host has addresses of.
+    pub families: Families,
+    /// The internal IP used instead: the detected one.
+    pub fallback: Option<IpNet>,
+}
+
 /// Fills the local node: the endpoint is `force-endpoint`, none (`-`), or the detected external
 /// IP with `--port` (re-detected every time, where Kilo kept a stale one); the internal IP is the
 /// forced one, none, or the detected private IP.
+///
+/// A forced internal IP of a family the host has no address of is refused and the detected
+/// private IP used instead (returned as the refusal, for the caller to report). Detection
+/// rather than the last good value: detection always yields an address the host holds, so the
+/// node stays on the mesh with routes that work, from the first start on (when there is no last
+/// good value) and across restarts; and it is what Kilo does with a `force-internal-ip` it
+/// cannot parse. Fixing the annotation takes effect at the next reconcile.
 pub fn fill_local(
     node: &mut Node,
     annotations: &BTreeMap<String, String>,
     detected: &Detected,
     prioritise_private: bool,
     port: u16,
-) {
+) -> Option<RefusedInternalIp> {
     node.endpoint = match forced_endpoint(annotations) {
         ForcedEndpoint::Forced(e) => Some(e),
         ForcedEndpoint::Disabled => None,
@@ -77,6 +105,16 @@ pub fn fill_local(
         }
     };
     match forced_internal_ip(annotations) {
+        ForcedInternalIp::Forced(net) if !detected.families.holds_family_of(net.addr()) => {
+            node.internal_ip = detected.private;
+            node.no_internal_ip = false;
+            return Some(RefusedInternalIp {
+                node: node.name.clone(),
+                value: net,
+                families: detected.families,
+                fallback: detected.private,
+            });
+        }
         ForcedInternalIp::Forced(net) => {
             node.internal_ip = Some(net);
             node.no_internal_ip = false;
@@ -90,6 +128,7 @@ pub fn fill_local(
             node.no_internal_ip = false;
         }
     }
+    None
 }
 
 /// The annotation changes that bring `current` to `written` (only differing keys).
@@ -145,6 +184,10 @@ mod tests {
         Detected {
             private: Some("192.168.0.5/24".parse().unwrap()),
             public: "203.0.113.5/24".parse().unwrap(),
+            families: Families {
+                ipv4: true,
+                ipv6: false,
+            },
         }
     }
 
@@ -195,6 +238,50 @@ mod tests {
             fill_local(&mut n, &a, &detected(), false, 51820);
             assert_eq!(n.endpoint, None, "{none:?}");
         }
+    }
+
+    #[test]
+    fn a_forced_ipv6_internal_ip_wins_over_detected_ipv4_on_a_dual_stack_host() {
+        let mut dual = detected();
+        dual.families.ipv6 = true;
+        let a = annotations(&[
+            (annotation::FORCE_ENDPOINT, "[fd50::5]:51820"),
+            (annotation::FORCE_INTERNAL_IP, "fd50::5/64"),
+        ]);
+        let mut n = Node::default();
+        assert_eq!(fill_local(&mut n, &a, &dual, false, 51820), None);
+        assert_eq!(n.internal_ip, Some("fd50::5/64".parse().unwrap()));
+        assert_eq!(n.endpoint.unwrap().to_string(), "[fd50::5]:51820");
+    }
+
+    #[test]
+    fn a_forced_internal_ip_of_a_family_the_host_lacks_is_refused_for_detection() {
+        let a = annotations(&[(annotation::FORCE_INTERNAL_IP, "fd50::5/64")]);
+        let mut n = Node {
+            name: "a1".into(),
+            ..Default::default()
+        };
+        let refused = fill_local(&mut n, &a, &detected(), false, 51820).expect("refused");
+        assert_eq!(n.internal_ip, Some("192.168.0.5/24".parse().unwrap()));
+        assert!(!n.no_internal_ip);
+        assert_eq!(
+            refused.to_string(),
+            "node a1: kilo.squat.ai/force-internal-ip=\"fd50::5/64\" refused: this host has no \
+             usable IPv6 address (it has IPv4 only); using the detected internal IP \
+             192.168.0.5/24 instead"
+        );
+        // An IPv6-only host refuses an IPv4 one alike.
+        let v6_only = Detected {
+            private: Some("fd50::5/64".parse().unwrap()),
+            public: "fd50::5/64".parse().unwrap(),
+            families: Families {
+                ipv4: false,
+                ipv6: true,
+            },
+        };
+        let a = annotations(&[(annotation::FORCE_INTERNAL_IP, "192.168.0.5/24")]);
+        assert!(fill_local(&mut n, &a, &v6_only, false, 51820).is_some());
+        assert_eq!(n.internal_ip, Some("fd50::5/64".parse().unwrap()));
     }
 
     #[test]

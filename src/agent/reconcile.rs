@@ -119,7 +119,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .as_ref()
             .and_then(|o| o.metadata.annotations.as_ref())
             .unwrap_or(&empty);
-        let mut local = self.local_node(local_annotations, now_unix)?;
+        let (mut local, refused) = self.local_node(local_annotations, now_unix)?;
+        let refusals = refused.iter().map(ToString::to_string).collect();
+        for line in self
+            .problems
+            .fresh_lines("local force-internal-ip", refusals)
+        {
+            tracing::error!("{line}");
+            self.status.error(line);
+        }
         let local_changed = match &self.memo.local {
             Some(last) => differs_beyond_check_in(last, &mut local),
             None => true,
@@ -228,8 +236,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
-    /// The local node: its translation, filled in from the host and kg's own state.
-    fn local_node(&self, annotations: &BTreeMap<String, String>, now_unix: i64) -> Result<Node> {
+    /// The local node: its translation, filled in from the host and kg's own state, and the
+    /// `force-internal-ip` refused, if any.
+    fn local_node(
+        &self,
+        annotations: &BTreeMap<String, String>,
+        now_unix: i64,
+    ) -> Result<(Node, Option<local::RefusedInternalIp>)> {
         let host = self
             .memo
             .host
@@ -244,7 +257,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 name: self.s.hostname.clone(),
                 ..Default::default()
             });
-        local::fill_local(
+        let refused = local::fill_local(
             &mut local,
             annotations,
             &host.detected,
@@ -255,7 +268,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         local.last_seen = now_unix;
         local.granularity = Some(self.s.granularity);
         local.discovered_endpoints = self.discovered.clone();
-        Ok(local)
+        Ok((local, refused))
     }
 
     /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.

@@ -155,6 +155,30 @@ fn force_internal_ip_wins_unless_invalid() {
 }
 
 #[test]
+fn a_written_internal_ip_of_the_other_family_than_the_forced_one_is_its_refusal() {
+    // The node's kg refused an IPv6 force-internal-ip on an IPv4-only host and wrote the
+    // detected IPv4 address.
+    let n = translate(&[
+        (a::INTERNAL_IP, "192.168.10.1/24"),
+        (a::FORCE_INTERNAL_IP, "fd50::1/64"),
+    ]);
+    assert_eq!(n.internal_ip, Some(net("192.168.10.1/24")));
+    let n = translate(&[
+        (a::INTERNAL_IP, "fd50::1/64"),
+        (a::FORCE_INTERNAL_IP, "192.168.10.1/24"),
+    ]);
+    assert_eq!(n.internal_ip, Some(net("fd50::1/64")));
+    // Not written yet, or written of the same family: the forced one.
+    let n = translate(&[(a::FORCE_INTERNAL_IP, "fd50::1/64")]);
+    assert_eq!(n.internal_ip, Some(net("fd50::1/64")));
+    let n = translate(&[
+        (a::INTERNAL_IP, "fd50::9/64"),
+        (a::FORCE_INTERNAL_IP, "fd50::1/64"),
+    ]);
+    assert_eq!(n.internal_ip, Some(net("fd50::1/64")));
+}
+
+#[test]
 fn force_internal_ip_empty_or_dash_disables_the_private_ip() {
     for value in ["", "-"] {
         let n = translate(&[
