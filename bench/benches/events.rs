@@ -165,6 +165,7 @@ fn before(c: &mut Criterion, count: usize) {
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
         pod_source: None,
+        ipip_over_ipv6: false,
     };
     c.bench_with_input(
         BenchmarkId::new("event/last_seen/before", count),

@@ -51,6 +51,7 @@ fn routes(c: &mut Criterion) {
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
         pod_source: None,
+        ipip_over_ipv6: false,
     };
     let mut group = c.benchmark_group("routes");
     for &count in &[100usize, 1_000, 5_000] {

@@ -123,6 +123,9 @@ pub struct RouteOptions {
     /// of routes of the family the private IP lacks (IPv4 pods over an IPv6 internal IP), so the
     /// host's own traffic leaves with an address every peer allows and the replies route back.
     pub pod_source: Option<IpAddr>,
+    /// The tunnel link carries IPv4 packets to gateways with IPv6 addresses too (kilotun's
+    /// userspace IPIP device, in an outer IPv6 header); the kernel's `tunl0` does not.
+    pub ipip_over_ipv6: bool,
 }
 
 /// Routes and rules, each de-duplicated and sorted.
@@ -249,17 +252,19 @@ impl Planner<'_> {
         }
     }
 
-    /// True when the tunnel device can carry traffic to `dst` through `gateway`: IPIP's `tunl0`
-    /// (and flannel's and Cilium's devices) carry IPv4 packets to an IPv4 address, so a node
-    /// reached over an IPv6 internal IP, or an IPv6 destination, is reached unencapsulated
-    /// whatever `--encapsulate` says (Kilo would install a route the kernel refuses).
-    fn tunnel_carries(dst: &IpNet, gateway: Option<IpAddr>) -> bool {
-        dst.addr().is_ipv4() && gateway.is_none_or(|g| g.is_ipv4())
+    /// True when the tunnel device can carry traffic to `dst` through `gateway`. IPIP carries
+    /// IPv4 packets only, so an IPv6 destination is reached unencapsulated whatever
+    /// `--encapsulate` says (Kilo would install a route the kernel refuses). The kernel's
+    /// `tunl0` (and flannel's and Cilium's devices) reach IPv4 gateways only, so a node with an
+    /// IPv6 internal IP is reached unencapsulated through them; kilotun's userspace IPIP device
+    /// reaches it in an outer IPv6 header ([`RouteOptions::ipip_over_ipv6`]).
+    fn tunnel_carries(&self, dst: &IpNet, gateway: Option<IpAddr>) -> bool {
+        dst.addr().is_ipv4() && gateway.is_none_or(|g| g.is_ipv4() || self.o.ipip_over_ipv6)
     }
 
     /// True when traffic to `dst` through `gateway` goes through the tunnel device.
     fn encapsulates_to(&self, dst: &IpNet, gateway: Option<IpAddr>) -> bool {
-        if !Self::tunnel_carries(dst, gateway) {
+        if !self.tunnel_carries(dst, gateway) {
             return false;
         }
         match self.o.encapsulate {
@@ -319,7 +324,7 @@ impl Planner<'_> {
             if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
                 self.private_route(m.pod_cidr, gw);
             }
-            let crosses = Self::tunnel_carries(&host_net(ip), gw)
+            let crosses = self.tunnel_carries(&host_net(ip), gw)
                 && match self.o.encapsulate {
                     Encapsulate::Always => true,
                     Encapsulate::CrossSubnet => self.t.private_ip.is_some_and(|n| !n.contains(&ip)),
@@ -463,7 +468,7 @@ impl Planner<'_> {
             if Some(ip) == own
                 || gw.is_none()
                 || gw == Some(ip)
-                || !Self::tunnel_carries(&host_net(ip), gw)
+                || !self.tunnel_carries(&host_net(ip), gw)
             {
                 continue;
             }

@@ -1,18 +1,21 @@
 //! IP-in-IP (protocol 4) in userspace, for hosts whose kernel has no `ipip` module.
 //!
-//! Packets the kernel routes to a TUN device are wrapped in an outer IPv4 header addressed to
-//! the gateway of their route and sent through a raw `IPPROTO_IPIP` socket; protocol-4 packets the
-//! host receives come out of that socket, are unwrapped and written to the TUN device. The bytes
-//! on the wire are those of kernel IPIP (`tunl0`), so either end may be kernel or userspace.
+//! Packets the kernel routes to a TUN device are wrapped in an outer header addressed to the
+//! gateway of their route and sent through a raw `IPPROTO_IPIP` socket; protocol-4 packets the
+//! host receives come out of that socket, are unwrapped and written to the TUN device. The inner
+//! packet is always IPv4. The outer header is IPv4 (the bytes of kernel IPIP, `tunl0`) when the
+//! gateway is an IPv4 address, and IPv6 with next header 4 (the bytes of the kernel's `ip6tnl`
+//! in `ipip6` mode) when it is an IPv6 address: a location whose nodes have IPv6 internal IPs
+//! still carries IPv4 pods encapsulated. Either end may be kernel or userspace.
 //!
 //! A TUN device does not see a route's gateway, so the caller supplies the table that maps inner
 //! destinations to gateways ([`IpipTable`]), built from the same route plan that points those
-//! destinations at the device. The decisions ([`IpipTable::gateway`], [`IpipTable::unwrap`]) are
-//! pure; [`UserspaceIpip`] is the thin I/O shell around them.
+//! destinations at the device. The decisions ([`IpipTable::gateway`], [`IpipTable::unwrap`],
+//! [`IpipTable::unwrap_from_v6`]) are pure; [`UserspaceIpip`] is the thin I/O shell around them.
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +33,8 @@ use crate::io::TunIo;
 pub const IPPROTO_IPIP: u8 = 4;
 /// Bytes the outer IPv4 header adds.
 pub const IPIP_OVERHEAD: u32 = 20;
+/// Bytes the outer IPv6 header adds (to a gateway with an IPv6 address).
+pub const IPIP6_OVERHEAD: u32 = 40;
 /// How long an idle worker sleeps in `poll` before checking whether to stop.
 const POLL_MS: i32 = 200;
 
@@ -51,8 +56,8 @@ pub enum IpipDrop {
 /// Where encapsulated packets go, and whom they are accepted from.
 #[derive(Debug, Default)]
 pub struct IpipTable {
-    gateways: AllowedIps<Ipv4Addr>,
-    sources: HashSet<Ipv4Addr>,
+    gateways: AllowedIps<IpAddr>,
+    sources: HashSet<IpAddr>,
 }
 
 /// Checks an IPv4 header at the start of `packet`: (header length, total length, protocol).
@@ -78,31 +83,36 @@ fn ipv4_at(packet: &[u8], offset: usize) -> Ipv4Addr {
     )
 }
 
+/// The IPv4 packet at the start of `inner`, cut to its total length.
+fn inner_ipv4(inner: &[u8]) -> Result<&[u8], IpipDrop> {
+    match ipv4_header(inner) {
+        Some((_, total, _)) => Ok(&inner[..total]),
+        None if inner.first().is_some_and(|b| b >> 4 != 4) => Err(IpipDrop::InnerNotIpv4),
+        None => Err(IpipDrop::Malformed),
+    }
+}
+
 impl IpipTable {
     /// A table from `(inner destination, gateway)` routes and the accepted outer sources.
-    /// IPv6 entries are ignored: IPIP carries IPv4 over IPv4.
+    /// IPv6 destinations are ignored: IPIP carries IPv4 packets (to a gateway of either family).
     pub fn new(
         routes: impl IntoIterator<Item = (IpNet, IpAddr)>,
         sources: impl IntoIterator<Item = IpAddr>,
     ) -> Self {
         let mut gateways = AllowedIps::default();
         for (dst, gateway) in routes {
-            if let (IpNet::V4(dst), IpAddr::V4(gateway)) = (dst, gateway) {
+            if let IpNet::V4(dst) = dst {
                 gateways.insert(IpNet::V4(dst.trunc()), gateway);
             }
         }
-        let sources = sources
-            .into_iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(v4) => Some(v4),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        Self { gateways, sources }
+        Self {
+            gateways,
+            sources: sources.into_iter().collect(),
+        }
     }
 
     /// The gateway an inner packet from the TUN device is sent to.
-    pub fn gateway(&self, inner: &[u8]) -> Result<Ipv4Addr, IpipDrop> {
+    pub fn gateway(&self, inner: &[u8]) -> Result<IpAddr, IpipDrop> {
         match inner.first().map(|b| b >> 4) {
             Some(4) => {}
             Some(6) => return Err(IpipDrop::InnerNotIpv4),
@@ -117,21 +127,30 @@ impl IpipTable {
     }
 
     /// The inner packet of a received protocol-4 datagram (outer IPv4 header included, as a raw
-    /// socket delivers it), if it is well formed and comes from an accepted source.
+    /// IPv4 socket delivers it), if it is well formed and comes from an accepted source.
     pub fn unwrap<'a>(&self, datagram: &'a [u8]) -> Result<&'a [u8], IpipDrop> {
         let (header, total, protocol) = ipv4_header(datagram).ok_or(IpipDrop::Malformed)?;
         if protocol != IPPROTO_IPIP {
             return Err(IpipDrop::NotIpip);
         }
-        if !self.sources.contains(&ipv4_at(datagram, 12)) {
+        if !self.sources.contains(&IpAddr::V4(ipv4_at(datagram, 12))) {
             return Err(IpipDrop::SourceNotAllowed);
         }
-        let inner = &datagram[header..total];
-        match ipv4_header(inner) {
-            Some((_, inner_total, _)) => Ok(&inner[..inner_total]),
-            None if inner.first().is_some_and(|b| b >> 4 != 4) => Err(IpipDrop::InnerNotIpv4),
-            None => Err(IpipDrop::Malformed),
+        inner_ipv4(&datagram[header..total])
+    }
+
+    /// The inner packet of a protocol-4 payload received from `source` over IPv6 (a raw IPv6
+    /// socket delivers the payload alone, the outer header stripped), if it is well formed and
+    /// `source` is accepted.
+    pub fn unwrap_from_v6<'a>(
+        &self,
+        source: Ipv6Addr,
+        payload: &'a [u8],
+    ) -> Result<&'a [u8], IpipDrop> {
+        if !self.sources.contains(&IpAddr::V6(source)) {
+            return Err(IpipDrop::SourceNotAllowed);
         }
+        inner_ipv4(payload)
     }
 
     /// Number of gateway routes.
@@ -182,13 +201,15 @@ pub enum IpipError {
     Thread(#[source] io::Error),
 }
 
-/// A running userspace IPIP device: a TUN device, a raw socket and two worker threads.
+/// A running userspace IPIP device: a TUN device, raw protocol-4 sockets (IPv4, and IPv6 where
+/// the host has it) and two worker threads.
 pub struct UserspaceIpip {
     name: String,
     table: Arc<ArcSwap<IpipTable>>,
     counters: Arc<IpipCounters>,
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<()>>,
+    carries_ipv6_outer: bool,
 }
 
 impl std::fmt::Debug for UserspaceIpip {
@@ -196,50 +217,93 @@ impl std::fmt::Debug for UserspaceIpip {
         f.debug_struct("UserspaceIpip")
             .field("name", &self.name)
             .field("routes", &self.table.load().len())
+            .field("carries_ipv6_outer", &self.carries_ipv6_outer)
             .finish_non_exhaustive()
     }
 }
 
-/// Waits up to [`POLL_MS`] for `fd` to be readable.
-fn wait_readable(fd: RawFd) {
-    let mut pfd = libc::pollfd {
-        fd,
+/// The raw protocol-4 sockets, one per outer family.
+struct RawSockets {
+    v4: Socket,
+    /// `None` on a host without IPv6.
+    v6: Option<Socket>,
+}
+
+impl RawSockets {
+    fn open() -> Result<Self, IpipError> {
+        let open = |domain| -> io::Result<Socket> {
+            let socket = Socket::new(
+                domain,
+                Type::RAW,
+                Some(Protocol::from(i32::from(IPPROTO_IPIP))),
+            )?;
+            socket.set_nonblocking(true)?;
+            Ok(socket)
+        };
+        let v4 = open(Domain::IPV4).map_err(IpipError::Socket)?;
+        let v6 = match open(Domain::IPV6) {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                tracing::info!(error = %e, "no raw IPv6 socket for IPIP: gateways with IPv6 addresses are not reached");
+                None
+            }
+        };
+        Ok(Self { v4, v6 })
+    }
+
+    /// Sends `packet` to `gateway`, in an outer header of the gateway's family.
+    fn send(&self, packet: &[u8], gateway: IpAddr) -> bool {
+        match gateway {
+            IpAddr::V4(v4) => {
+                let to = SockAddr::from(SocketAddr::V4(SocketAddrV4::new(v4, 0)));
+                self.v4.send_to(packet, &to).is_ok()
+            }
+            IpAddr::V6(v6) => self.v6.as_ref().is_some_and(|socket| {
+                let to = SockAddr::from(SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, 0)));
+                socket.send_to(packet, &to).is_ok()
+            }),
+        }
+    }
+}
+
+/// Waits up to [`POLL_MS`] for any of `fds` to be readable.
+fn wait_readable(fds: &[RawFd]) {
+    let mut pfds: [libc::pollfd; 2] = [libc::pollfd {
+        fd: -1,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+    }; 2];
+    for (pfd, fd) in pfds.iter_mut().zip(fds) {
+        pfd.fd = *fd;
+    }
+    let count = fds.len().min(pfds.len()) as libc::nfds_t;
+    // SAFETY: `count` valid pollfds for the duration of the call.
+    unsafe { libc::poll(pfds.as_mut_ptr(), count, POLL_MS) };
 }
 
 impl UserspaceIpip {
-    /// Creates the TUN device `name` and the raw socket, and starts forwarding with an empty
+    /// Creates the TUN device `name` and the raw sockets, and starts forwarding with an empty
     /// table (everything is dropped until [`UserspaceIpip::set_table`]).
     pub fn start(name: &str) -> Result<Self, IpipError> {
         let (mut queues, _) = LinuxTun::open(name, 1)?;
         let tun = Arc::new(queues.remove(0));
-        let socket = Socket::new(
-            Domain::IPV4,
-            Type::RAW,
-            Some(Protocol::from(i32::from(IPPROTO_IPIP))),
-        )
-        .map_err(IpipError::Socket)?;
-        socket.set_nonblocking(true).map_err(IpipError::Socket)?;
-        let socket = Arc::new(socket);
+        let sockets = Arc::new(RawSockets::open()?);
+        let carries_ipv6_outer = sockets.v6.is_some();
         let table = Arc::new(ArcSwap::from_pointee(IpipTable::default()));
         let counters = Arc::new(IpipCounters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();
         let outbound = {
-            let (tun, socket, table, counters, stop) = (
+            let (tun, sockets, table, counters, stop) = (
                 tun.clone(),
-                socket.clone(),
+                sockets.clone(),
                 table.clone(),
                 counters.clone(),
                 stop.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("{name}-out"))
-                .spawn(move || outbound(&*tun, &socket, &table, &counters, &stop))
+                .spawn(move || outbound(&*tun, &sockets, &table, &counters, &stop))
                 .map_err(IpipError::Thread)?
         };
         workers.push(outbound);
@@ -247,7 +311,7 @@ impl UserspaceIpip {
             let (table, counters, stop) = (table.clone(), counters.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("{name}-in"))
-                .spawn(move || inbound(&*tun, &socket, &table, &counters, &stop))
+                .spawn(move || inbound(&*tun, &sockets, &table, &counters, &stop))
                 .map_err(IpipError::Thread)?
         };
         workers.push(inbound);
@@ -257,12 +321,18 @@ impl UserspaceIpip {
             counters,
             stop,
             workers,
+            carries_ipv6_outer,
         })
     }
 
     /// The TUN device's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// True when gateways with IPv6 addresses are reached (in an outer IPv6 header).
+    pub fn carries_ipv6_outer(&self) -> bool {
+        self.carries_ipv6_outer
     }
 
     /// Replaces the routing table; packets in flight use the old or the new one.
@@ -288,14 +358,14 @@ impl Drop for UserspaceIpip {
 /// TUN → raw socket: wrap each packet for its gateway.
 fn outbound(
     tun: &dyn TunIo,
-    socket: &Socket,
+    sockets: &RawSockets,
     table: &ArcSwap<IpipTable>,
     counters: &IpipCounters,
     stop: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 65_535];
     while !stop.load(Ordering::Relaxed) {
-        wait_readable(tun.readiness_fd());
+        wait_readable(&[tun.readiness_fd()]);
         let table = table.load();
         loop {
             let len = match tun.recv(&mut buf) {
@@ -307,37 +377,34 @@ fn outbound(
                 }
             };
             let packet = &buf[..len];
-            let sent = table.gateway(packet).ok().is_some_and(|gateway| {
-                let to = SockAddr::from(SocketAddr::V4(SocketAddrV4::new(gateway, 0)));
-                socket.send_to(packet, &to).is_ok()
-            });
+            let sent = table
+                .gateway(packet)
+                .ok()
+                .is_some_and(|gateway| sockets.send(packet, gateway));
             counters.tally(&counters.sent, sent);
         }
     }
 }
 
-/// Raw socket → TUN: unwrap what the location's nodes send.
+/// Raw sockets → TUN: unwrap what the location's nodes send, over either family.
 fn inbound(
     tun: &dyn TunIo,
-    socket: &Socket,
+    sockets: &RawSockets,
     table: &ArcSwap<IpipTable>,
     counters: &IpipCounters,
     stop: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 65_535];
+    let v4 = sockets.v4.as_raw_fd();
+    let v6 = sockets.v6.as_ref().map(AsRawFd::as_raw_fd);
+    let fds: Vec<RawFd> = std::iter::once(v4).chain(v6).collect();
     while !stop.load(Ordering::Relaxed) {
-        wait_readable(socket.as_raw_fd());
+        wait_readable(&fds);
         let table = table.load();
         loop {
             // SAFETY: reading into an initialised byte buffer.
-            let len = unsafe {
-                libc::recv(
-                    socket.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
+            let len =
+                unsafe { libc::recv(v4, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
             if len < 0 {
                 break;
             }
@@ -347,7 +414,38 @@ fn inbound(
                 .is_some_and(|inner| tun.send(inner).is_ok());
             counters.tally(&counters.received, delivered);
         }
+        let Some(v6) = v6 else { continue };
+        loop {
+            let Some((len, source)) = recv_from_v6(v6, &mut buf) else {
+                break;
+            };
+            let delivered = table
+                .unwrap_from_v6(source, &buf[..len])
+                .ok()
+                .is_some_and(|inner| tun.send(inner).is_ok());
+            counters.tally(&counters.received, delivered);
+        }
     }
+}
+
+/// One datagram from the raw IPv6 socket `fd` (its payload, the outer header stripped) and its
+/// source address, or `None` when nothing is waiting.
+fn recv_from_v6(fd: RawFd, buf: &mut [u8]) -> Option<(usize, Ipv6Addr)> {
+    // SAFETY: sockaddr_in6 is plain data; zeroed is a valid value.
+    let mut from: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    let mut from_len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+    // SAFETY: an initialised buffer and a sockaddr_in6 with its length, both valid for the call.
+    let len = unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            std::ptr::addr_of_mut!(from).cast(),
+            &mut from_len,
+        )
+    };
+    (len >= 0).then(|| (len as usize, Ipv6Addr::from(from.sin6_addr.s6_addr)))
 }
 
 #[cfg(test)]

@@ -19,8 +19,9 @@ use ipnet::IpNet;
 use super::shells::{Engine, Firewall, Kernel};
 use super::{state, Agent};
 
-/// What the tunnel was prepared for: the pod CIDR and the private link's MTU.
-type TunnelInputs = (IpNet, Option<u32>);
+/// What the tunnel was prepared for: the pod CIDR, the private link's MTU and whether the
+/// private IP is IPv6 (a larger outer header).
+type TunnelInputs = (IpNet, Option<u32>, bool);
 
 /// What kg last applied to the host, part by part (`None`: unknown, apply it).
 #[derive(Debug, Default)]
@@ -28,7 +29,8 @@ pub(super) struct Applied {
     wg: Option<DeviceConfig>,
     address: Option<Option<IpNet>>,
     cni: Option<(IpNet, u32)>,
-    /// The tunnel's inputs (pod CIDR, private link's MTU) and the link it gave.
+    /// The tunnel's inputs (pod CIDR, private link's MTU, private IP family) and the link it
+    /// gave.
     tunnel: Option<(TunnelInputs, Option<u32>)>,
     /// The kernel's routes and rules as last observed, with kg's changes since.
     kernel_routes: Option<RoutePlan>,
@@ -116,13 +118,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let host = self.memo.host.as_ref().expect("listed above");
         let private = host.private_link(t.private_ip);
         let private_mtu = host.link(private).filter(|_| private != 0).map(|l| l.mtu);
-        let inputs = (t.subnet, private_mtu);
+        let private_ipv6 = t.private_ip.is_some_and(|n| n.addr().is_ipv6());
+        let inputs = (t.subnet, private_mtu, private_ipv6);
         let tunnel = match self.memo.applied.tunnel {
             Some((applied, Some(index))) if applied == inputs => Some(index),
             _ => {
                 let index = self
                     .tunnel
-                    .prepare(&self.netlink, t.subnet, private_mtu)
+                    .prepare(&self.netlink, t.subnet, private_mtu, private_ipv6)
                     .await?;
                 self.memo.applied.tunnel = Some((inputs, index));
                 index
@@ -159,6 +162,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             encapsulate,
             compatibility: self.s.compatibility,
             pod_source,
+            ipip_over_ipv6: tunnel.is_some() && self.tunnel.carries_ipv6_outer(),
         };
         let own: Vec<u32> = [Some(kilo), tunnel].into_iter().flatten().collect();
         let connected = self

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use anyhow::Result;
 use control::routes::{Compatibility, Encapsulate, RoutePlan};
 use control::Topology;
-use dataplane::ipip::{IpipTable, UserspaceIpip, IPIP_OVERHEAD};
+use dataplane::ipip::{IpipTable, UserspaceIpip, IPIP6_OVERHEAD, IPIP_OVERHEAD};
 use ipnet::IpNet;
 
 use super::shells::Kernel;
@@ -110,18 +110,27 @@ impl Tunnel {
         }
     }
 
+    /// True when the tunnel reaches gateways with IPv6 addresses (kilotun's userspace IPIP
+    /// device on a host with IPv6).
+    pub fn carries_ipv6_outer(&self) -> bool {
+        matches!(self, Self::Userspace(device) if device.carries_ipv6_outer())
+    }
+
     /// True when the tunnel is IPIP, so the `KILO-IPIP` rules apply.
     pub fn is_ipip(&self) -> bool {
         matches!(self, Self::Kernel { .. } | Self::Userspace(_))
     }
 
     /// Sets the link up (and, for links kg owns, its MTU and address: the first IP of the pod
-    /// CIDR, as Kilo puts on `tunl0`). Returns its index, or `None` when the link is missing.
+    /// CIDR, as Kilo puts on `tunl0`). The MTU leaves room for the outer header of the private
+    /// IP's family (`private_ipv6`: 40 bytes, else 20). Returns its index, or `None` when the
+    /// link is missing.
     pub async fn prepare<N: Kernel>(
         &self,
         netlink: &N,
         pod_cidr: IpNet,
         private_mtu: Option<u32>,
+        private_ipv6: bool,
     ) -> Result<Option<u32>> {
         let Some(name) = self.name() else {
             return Ok(None);
@@ -131,7 +140,12 @@ impl Tunnel {
         };
         let owned = matches!(self, Self::Kernel { owned: true, .. } | Self::Userspace(_));
         if owned {
-            if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(IPIP_OVERHEAD)) {
+            let overhead = if private_ipv6 && self.carries_ipv6_outer() {
+                IPIP6_OVERHEAD
+            } else {
+                IPIP_OVERHEAD
+            };
+            if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(overhead)) {
                 if link.mtu != mtu {
                     netlink.set_mtu(link.index, mtu).await?;
                 }
@@ -199,7 +213,7 @@ mod tests {
         assert_eq!(kernel.calls().writes, 0);
         // Until Cilium creates its link, the tunnel is missing: routes go unencapsulated.
         let index = tunnel
-            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500))
+            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500), false)
             .await
             .unwrap();
         assert_eq!(index, None);
@@ -223,7 +237,7 @@ mod tests {
             .unwrap();
         assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
         let index = tunnel
-            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500))
+            .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500), false)
             .await
             .unwrap();
         assert_eq!(index, Some(7));

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType, RouteVia,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
@@ -408,6 +408,7 @@ fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
         for attr in &route.attributes {
             match attr {
                 RouteAttribute::Gateway(a) => r.gateway = route_address(a),
+                RouteAttribute::Via(v) => r.gateway = via_address(v),
                 RouteAttribute::Oif(i) => r.link = *i,
                 _ => {}
             }
@@ -415,6 +416,15 @@ fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
         return Some(r);
     }
     parse_route(route, MAIN_TABLE)
+}
+
+/// The address of an `RTA_VIA` attribute.
+fn via_address(via: &RouteVia) -> Option<IpAddr> {
+    match via {
+        RouteVia::Inet(a) => Some(IpAddr::V4(*a)),
+        RouteVia::Inet6(a) => Some(IpAddr::V6(*a)),
+        _ => None,
+    }
 }
 
 fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {
@@ -426,6 +436,8 @@ fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {
         match attr {
             RouteAttribute::Destination(a) => dst = route_address(a),
             RouteAttribute::Gateway(a) => gateway = route_address(a),
+            // A gateway of the other family (an IPv4 route via an IPv6 address).
+            RouteAttribute::Via(v) => gateway = via_address(v),
             RouteAttribute::Oif(i) => link = *i,
             RouteAttribute::PrefSource(a) => src = route_address(a),
             _ => {}

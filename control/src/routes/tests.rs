@@ -25,6 +25,7 @@ fn options(local: bool, encapsulate: Encapsulate) -> RouteOptions {
         encapsulate,
         compatibility: Compatibility::Ipip,
         pod_source: None,
+        ipip_over_ipv6: false,
     }
 }
 

@@ -25,10 +25,13 @@ fn table() -> IpipTable {
                 "192.168.10.1".parse().unwrap(),
             ),
             ("fd00::/64".parse().unwrap(), "fd00::1".parse().unwrap()),
+            // A node with an IPv6 internal IP: its IPv4 pods behind an IPv6 gateway.
+            ("10.42.3.0/24".parse().unwrap(), "fd50::3".parse().unwrap()),
         ],
         [
             "192.168.10.1".parse().unwrap(),
             "192.168.10.2".parse().unwrap(),
+            "fd50::3".parse().unwrap(),
         ],
     )
 }
@@ -36,11 +39,19 @@ fn table() -> IpipTable {
 #[test]
 fn the_gateway_is_the_longest_matching_routes() {
     let t = table();
-    assert_eq!(t.len(), 2, "the IPv6 route is ignored");
+    assert_eq!(t.len(), 3, "the IPv6 destination is ignored");
     let to_b = ipv4([10, 42, 1, 5], [10, 42, 2, 7], 1, b"ping");
-    assert_eq!(t.gateway(&to_b), Ok(Ipv4Addr::new(192, 168, 10, 2)));
+    assert_eq!(
+        t.gateway(&to_b),
+        Ok(IpAddr::V4(Ipv4Addr::new(192, 168, 10, 2)))
+    );
     let to_other = ipv4([10, 42, 1, 5], [10, 42, 9, 1], 6, b"tcp");
-    assert_eq!(t.gateway(&to_other), Ok(Ipv4Addr::new(192, 168, 10, 1)));
+    assert_eq!(
+        t.gateway(&to_other),
+        Ok(IpAddr::V4(Ipv4Addr::new(192, 168, 10, 1)))
+    );
+    let to_c = ipv4([10, 42, 1, 5], [10, 42, 3, 9], 1, b"ping");
+    assert_eq!(t.gateway(&to_c), Ok("fd50::3".parse::<IpAddr>().unwrap()));
     let nowhere = ipv4([10, 42, 1, 5], [8, 8, 8, 8], 17, b"udp");
     assert_eq!(t.gateway(&nowhere), Err(IpipDrop::NoGateway));
     let mut v6 = vec![0u8; 40];
@@ -87,6 +98,32 @@ fn received_packets_are_unwrapped_only_from_the_locations_nodes() {
 }
 
 #[test]
+fn payloads_over_ipv6_are_unwrapped_only_from_the_locations_nodes() {
+    let t = table();
+    let inner = ipv4([10, 42, 3, 9], [10, 42, 1, 5], 1, b"pong");
+    let node: Ipv6Addr = "fd50::3".parse().unwrap();
+    assert_eq!(t.unwrap_from_v6(node, &inner), Ok(&inner[..]));
+    let mut padded = inner.clone();
+    padded.extend_from_slice(&[0; 6]);
+    assert_eq!(t.unwrap_from_v6(node, &padded), Ok(&inner[..]));
+    let stranger: Ipv6Addr = "fd50::99".parse().unwrap();
+    assert_eq!(
+        t.unwrap_from_v6(stranger, &inner),
+        Err(IpipDrop::SourceNotAllowed)
+    );
+    let mut v6_inner = vec![0u8; 40];
+    v6_inner[0] = 0x60;
+    assert_eq!(
+        t.unwrap_from_v6(node, &v6_inner),
+        Err(IpipDrop::InnerNotIpv4)
+    );
+    assert_eq!(
+        t.unwrap_from_v6(node, &inner[..12]),
+        Err(IpipDrop::Malformed)
+    );
+}
+
+#[test]
 fn arbitrary_bytes_never_panic() {
     let t = table();
     let mut seed = 0x1234_5678_u32;
@@ -101,6 +138,7 @@ fn arbitrary_bytes_never_panic() {
         bytes[0] = 0x40 | (bytes[0] & 0x0f);
         let len = usize::from(bytes[1]) % bytes.len();
         let _ = t.unwrap(&bytes[..len]);
+        let _ = t.unwrap_from_v6("fd50::3".parse().unwrap(), &bytes[..len]);
         let _ = t.gateway(&bytes[..len]);
     }
 }
