@@ -122,6 +122,17 @@ pub struct RouteOptions {
     /// An address this node holds inside its pod CIDR (the CNI bridge's): the preferred source
     /// of routes of the family the private IP lacks (IPv4 pods over an IPv6 internal IP), so the
     /// host's own traffic leaves with an address every peer allows and the replies route back.
+    ///
+    /// This is how a host whose underlay is IPv6 only (or whose internal IP is IPv6) talks to
+    /// IPv4 pods. Its IPv6 internal IP cannot be the source of an IPv4 packet, and its IPv4
+    /// underlay address, if any, is in no peer's allowed IPs, so WireGuard would drop the packet
+    /// (or the reply would never find its way back). Its pod-CIDR address is in every peer's
+    /// allowed IPs for this node's segment and is routed back to this node on every node, leader
+    /// or not, so it is used. The Kilo WireGuard IP is not: only a leader has one, a non-leader
+    /// sends through its leader over the underlay, and on a leader the kernel already picks it
+    /// for a route onto the WireGuard link when there is no pod-CIDR address. A non-leader
+    /// without an address in its pod CIDR (a CNI with no bridge address) has no IPv4 source any
+    /// peer allows; its pods still reach the mesh.
     pub pod_source: Option<IpAddr>,
     /// The tunnel link carries IPv4 packets to gateways with IPv6 addresses too (kilotun's
     /// userspace IPIP device, in an outer IPv6 header); the kernel's `tunl0` does not.
