@@ -84,7 +84,7 @@ pub struct Exclusions {
 /// prefixes selects IPv6. The public IP is then looked for in the private IP's family, falling
 /// back to the private IP itself, so the endpoint and the internal IP agree on a family; a host
 /// with a private IPv4 and a public IPv6 address announces the IPv4 one unless
-/// `force-endpoint` (or `force-internal-ip`) names the IPv6 address.
+/// `force-endpoint` names the IPv6 address (and `force-internal-ip` an IPv6 internal IP).
 pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) -> Option<Detected> {
     let usable = |n: &&IpNet| {
         !is_unusable(n.addr())
