@@ -229,6 +229,13 @@ fn full_granularity_over_an_ipv6_only_underlay() {
 }
 
 #[test]
+fn cross_granularity_over_a_dual_stack_underlay() {
+    if common::can_run("cross_granularity_over_a_dual_stack_underlay") {
+        steady_mesh(Underlay::DualStack, "cross", "never");
+    }
+}
+
+#[test]
 fn cross_granularity_over_an_ipv6_only_underlay() {
     if common::can_run("cross_granularity_over_an_ipv6_only_underlay") {
         steady_mesh(Underlay::Ipv6Only, "cross", "never");
