@@ -1,7 +1,7 @@
 //! The routes and policy rules a node needs, as data, and a pure diff against what the
 //! kernel has.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -146,6 +146,11 @@ pub struct RoutePlan {
     pub routes: BTreeSet<Route>,
     /// Rules.
     pub rules: BTreeSet<Rule>,
+    /// Where the encapsulating device sends each destination routed onto it without a kernel
+    /// gateway: an IPv4 destination behind a node's IPv6 internal IP (the kernel refuses a
+    /// gateway of the other family on the tunnel, whose route to it is on another device).
+    /// Only the userspace IPIP device reads it; the kernel never sees it.
+    pub tunnel_gateways: BTreeMap<IpNet, IpAddr>,
 }
 
 impl RoutePlan {
@@ -291,10 +296,16 @@ impl Planner<'_> {
     /// Kilo's `encapsulateRoute`: a route via `gateway` on the private link, moved to the
     /// tunnel link when encapsulating, with the local private IP as source.
     fn private_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
-        let link = if self.encapsulates_to(&dst, gateway) {
-            self.o.links.tunnel
+        let (link, gateway) = if self.encapsulates_to(&dst, gateway) {
+            // The kernel refuses a gateway of the other family on the tunnel (the gateway's
+            // own route is on another device): the userspace device reads it from the plan.
+            let same_family = gateway.filter(|g| g.is_ipv4() == dst.addr().is_ipv4());
+            if let Some(other) = gateway.filter(|_| same_family.is_none()) {
+                self.plan.tunnel_gateways.insert(dst.trunc(), other);
+            }
+            (self.o.links.tunnel, same_family)
         } else {
-            self.o.links.private
+            (self.o.links.private, gateway)
         };
         self.plan.insert_route(Route {
             table: MAIN_TABLE,

@@ -415,10 +415,7 @@ fn inbound(
             counters.tally(&counters.received, delivered);
         }
         let Some(v6) = v6 else { continue };
-        loop {
-            let Some((len, source)) = recv_from_v6(v6, &mut buf) else {
-                break;
-            };
+        while let Some((len, source)) = recv_from_v6(v6, &mut buf) {
             let delivered = table
                 .unwrap_from_v6(source, &buf[..len])
                 .ok()

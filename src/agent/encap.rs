@@ -163,8 +163,9 @@ impl Tunnel {
         Ok(Some(link.index))
     }
 
-    /// For the userspace device: the gateways of the routes `plan` sends over link `index`, and
-    /// the location's private IPs as the only accepted sources.
+    /// For the userspace device: the gateways of the routes `plan` sends over link `index` (a
+    /// route without one, to a node with an IPv6 internal IP, goes to that internal IP), and the
+    /// location's private IPs as the only accepted sources.
     pub fn update(&self, plan: &RoutePlan, index: u32, topology: &Topology) {
         let Self::Userspace(device) = self else {
             return;
@@ -173,7 +174,12 @@ impl Tunnel {
             .routes
             .iter()
             .filter(|r| r.link == index)
-            .filter_map(|r| r.gateway.map(|gateway| (r.dst, gateway)));
+            .filter_map(|r| {
+                let gateway = r
+                    .gateway
+                    .or_else(|| plan.tunnel_gateways.get(&r.dst).copied())?;
+                Some((r.dst, gateway))
+            });
         let sources: Vec<IpAddr> = topology
             .local_segment()
             .map(|s| s.private_ips().collect())

@@ -280,6 +280,7 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
     let observed = RoutePlan {
         routes: [foreign, stale_on_kilo.clone()].into(),
         rules: [stale_rule.clone()].into(),
+        ..Default::default()
     };
     let ops = diff(&desired, &observed, &RoutePlan::default(), KILO);
     assert_eq!(
@@ -744,4 +745,54 @@ fn ipip_never_carries_traffic_to_an_ipv6_internal_ip() {
             "{routes:?}"
         );
     }
+}
+
+#[test]
+fn userspace_ipip_carries_ipv4_pods_to_an_ipv6_internal_ip() {
+    let nodes = ipv6_internal_ip_nodes();
+    let mut o = options(true, Encapsulate::Always);
+    o.ipip_over_ipv6 = true;
+    o.pod_source = Some("10.42.1.1".parse().unwrap());
+    let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
+    let plan = leader.route_plan(&o);
+    assert_no_mixed_family(&plan);
+    let routes = show(&plan);
+    // The location's IPv4 pods go onto the tunnel with no gateway (the kernel refuses one of
+    // the other family there); the device sends them to the node's IPv6 internal IP.
+    assert!(
+        routes.contains(&"10.42.2.0/24 dev 3 src 10.42.1.1".to_string()),
+        "{routes:?}"
+    );
+    assert_eq!(
+        plan.tunnel_gateways.get(&"10.42.2.0/24".parse().unwrap()),
+        Some(&"fd50::2".parse().unwrap())
+    );
+    // The IPv6 internal IP itself is no IPIP traffic (IPIP carries IPv4 only): no detour, and
+    // no rule mixing families.
+    assert!(
+        plan.routes
+            .iter()
+            .filter(|r| r.link == TUNL)
+            .all(|r| r.dst.addr().is_ipv4()),
+        "{routes:?}"
+    );
+    assert!(plan.rules.is_empty(), "{:?}", show_rules(&plan));
+    // A node that does not lead sends the other location's pods to its leader the same way.
+    let member = Topology::new(&nodes, &[], &f1_params("a2", Granularity::Location)).unwrap();
+    o.pod_source = Some("10.42.2.1".parse().unwrap());
+    let plan = member.route_plan(&o);
+    let remote: Vec<Option<IpAddr>> = plan
+        .routes
+        .iter()
+        .filter(|r| r.link == TUNL && r.dst != "10.42.1.0/24".parse::<IpNet>().unwrap())
+        .map(|r| plan.tunnel_gateways.get(&r.dst).copied())
+        .collect();
+    assert!(!remote.is_empty(), "{:?}", show(&plan));
+    assert!(
+        remote
+            .iter()
+            .all(|g| *g == Some("fd50::1".parse().unwrap())),
+        "{remote:?} {:?}",
+        show(&plan)
+    );
 }
