@@ -378,3 +378,56 @@ fn a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection() {
     assert_eq!(c.node("n1").log_text().matches(refusal).count(), 1);
     assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
 }
+
+/// A Peer outside the cluster, set up from `kgctl showconf peer` as Kilo's docs have users do,
+/// reaches every pod over an IPv6-only underlay: the leaders' endpoints it is given are IPv6, and
+/// the leaders answer at the IPv6 endpoint its keepalives come from.
+#[test]
+fn a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay() {
+    if !common::can_run("a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay") {
+        return;
+    }
+    let c = ipv6_mesh(Underlay::Ipv6Only, &["--encapsulate=never"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let laptop = common::cluster::Laptop::join(&c, "laptop", "seg", 50, 10);
+    let conf = laptop.conf();
+    assert_eq!(conf.matches("Endpoint = [fd50::").count(), 2, "{conf}");
+    // The laptop's underlay is IPv6 only too.
+    laptop.ns.run(&["ip", "-4", "addr", "flush", "dev", "eth0"]);
+    laptop.ns.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd50::50/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    for n in &c.nodes {
+        let pod = n.pod_ip.clone();
+        let reached = c.wait_for(Duration::from_secs(30), |_| {
+            laptop
+                .ns
+                .output(&["ping", "-c", "1", "-W", "1", "-I", &laptop.ip, &pod])
+                .status
+                .success()
+        });
+        assert!(
+            reached,
+            "the laptop cannot reach {pod}\n{conf}\n{}",
+            c.logs()
+        );
+    }
+    // Each leader reaches the laptop at its IPv6 address.
+    for leader in ["a1", "b1"] {
+        let endpoints = c.node(leader).wg("endpoints");
+        let laptop_line = endpoints
+            .lines()
+            .find(|l| l.starts_with(&laptop.device.public_key))
+            .unwrap_or_default()
+            .to_string();
+        assert!(laptop_line.contains("[fd50::50]:"), "{leader}: {endpoints}");
+    }
+}
