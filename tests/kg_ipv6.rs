@@ -431,3 +431,60 @@ fn a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay() {
         assert!(laptop_line.contains("[fd50::50]:"), "{leader}: {endpoints}");
     }
 }
+
+/// An IPv6 `--subnet`: the leaders' WireGuard IPs come from it, and the IPv4 pods still reach
+/// each other (the WireGuard link needs no gateway of their family).
+#[test]
+fn an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips() {
+    if !common::can_run("an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips") {
+        return;
+    }
+    let c = ipv6_mesh(
+        Underlay::DualStack,
+        &[
+            "--encapsulate=never",
+            "--subnet=fd4b::/112",
+            "--resync-period=2s",
+        ],
+    );
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    for leader in ["a1", "b1"] {
+        let node = c.node(leader);
+        let out = node
+            .ns
+            .output(&["ip", "-6", "addr", "show", "dev", &node.iface]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(text.contains("inet6 fd4b::"), "{leader}: {text}");
+    }
+    // Every node reaches both leaders' WireGuard IPs (where kg serves /metrics and /graph).
+    for n in &c.nodes {
+        for wireguard_ip in ["fd4b::1", "fd4b::2"] {
+            let reached = c.wait_for(Duration::from_secs(10), |_| {
+                n.ns.output(&["ping", "-c", "1", "-W", "1", wireguard_ip])
+                    .status
+                    .success()
+            });
+            assert!(
+                reached,
+                "{} cannot reach {wireguard_ip}\n{}",
+                n.name,
+                c.logs()
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(
+        failed_route_changes(&c),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
+    assert_eq!(
+        unreachable_pairs(&c, Underlay::DualStack),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+}
