@@ -11,7 +11,10 @@
 # 0.0.20231211 (Debian bookworm-backports) and gotatun 0.10.2, fetched and cached by
 # scripts/engines.sh on first use (gotatun is compiled: minutes); wireguard-go on PATH (Debian
 # bookworm's 0.0.20220316), when there is one; boringtun-cli when BORINGTUN_CLI=/path/to/it is set
-# (`scripts/engines.sh boringtun-cli` fetches 0.7.1 and prints its path).
+# (`scripts/engines.sh boringtun-cli` fetches 0.7.1 and prints its path); other kilotun builds
+# (say, of the commit before a change) with KILOTUN_BUILDS="NAME=/path/to/kilotun …", each as
+# engine kilotun-NAME. ENGINES="kilotun kilotun-NAME …" measures only the engines it names
+# (kilotun, built here, always: the ratios are to it).
 # Needs: iperf3, wireguard-tools, iproute2, python3.
 #
 # Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R);
@@ -31,14 +34,23 @@ target=${CARGO_TARGET_DIR:-target}
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
 kilotun="$target/release/kilotun"
 
+# wanted ENGINE: whether ENGINES (default: every engine) names ENGINE.
+wanted() {
+  [ -z "${ENGINES:-}" ] && return 0
+  case " $ENGINES " in *" $1 "*) return 0 ;; esac
+  return 1
+}
+
 # KILOTUN_WIREGUARD_GO_2023=… and KILOTUN_GOTATUN=…
-engine_paths=$("$root/scripts/engines.sh" wireguard-go-2023 gotatun)
-while IFS='=' read -r name path; do
-  case "$name" in
-    KILOTUN_WIREGUARD_GO_2023) wireguard_go_2023=$path ;;
-    KILOTUN_GOTATUN) gotatun=$path ;;
-  esac
-done <<<"$engine_paths"
+if wanted wireguard-go-2023 || wanted gotatun; then
+  engine_paths=$("$root/scripts/engines.sh" wireguard-go-2023 gotatun)
+  while IFS='=' read -r name path; do
+    case "$name" in
+      KILOTUN_WIREGUARD_GO_2023) wireguard_go_2023=$path ;;
+      KILOTUN_GOTATUN) gotatun=$path ;;
+    esac
+  done <<<"$engine_paths"
+fi
 
 # Engines in the order each round measures them, and their labels (with versions).
 engines=(kilotun wireguard-go-2023 gotatun)
@@ -47,6 +59,12 @@ declare -A label=(
   [wireguard-go-2023]="wireguard-go 0.0.20231211"
   [gotatun]="gotatun 0.10.2"
 )
+declare -A build=()
+for spec in ${KILOTUN_BUILDS:-}; do
+  engines+=("kilotun-${spec%%=*}")
+  label["kilotun-${spec%%=*}"]="kilotun-${spec%%=*}"
+  build["kilotun-${spec%%=*}"]=${spec#*=}
+done
 if command -v wireguard-go >/dev/null; then
   engines+=(wireguard-go)
   label[wireguard-go]="wireguard-go $(wireguard-go --version | awk 'NR == 1 { sub(/^v/, "", $2); print $2 }')"
@@ -55,6 +73,11 @@ if [ -n "${BORINGTUN_CLI:-}" ]; then
   engines+=(boringtun-cli)
   label[boringtun-cli]="boringtun-cli $("$BORINGTUN_CLI" --version | awk '{ print $2 }')"
 fi
+selected=()
+for engine in "${engines[@]}"; do
+  if [ "$engine" = kilotun ] || wanted "$engine"; then selected+=("$engine"); fi
+done
+engines=("${selected[@]}")
 
 tag="tp$$"
 nsa="${tag}a"; nsb="${tag}b"
@@ -85,6 +108,7 @@ setup_underlay() {
 start() {
   case "$1" in
     kilotun) ip netns exec "$2" "$kilotun" "$3" ;;
+    kilotun-*) ip netns exec "$2" "${build[$1]}" "$3" ;;
     wireguard-go) ip netns exec "$2" wireguard-go "$3" ;;
     wireguard-go-2023) ip netns exec "$2" "$wireguard_go_2023" "$3" ;;
     gotatun) ip netns exec "$2" "$gotatun" --disable-drop-privileges --log "$work/$3.log" "$3" >/dev/null ;;

@@ -1,6 +1,7 @@
 //! Encapsulate and decapsulate one packet through the engine (warm session) at 64, 512 and
-//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size; and a batch of 64
-//! packets of 1420 bytes through the engine each way, as a worker hands them over.
+//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size; a batch of 64 packets
+//! of 1420 bytes through the engine each way, as a worker hands them over; and 64 decrypted
+//! packets prepared for the TUN device (coalesced).
 
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
@@ -8,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use dataplane::gro::Coalescer;
 use dataplane::testing::EnginePair;
 use dataplane::Outbox;
 use kilotun_bench::packet_of_size;
@@ -146,5 +148,82 @@ fn batch_of_64(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, encapsulate, decapsulate, batch_of_64);
+/// A TCP segment (IPv4, 1420 bytes in all) or UDP datagram (IPv4, 1328 bytes) of one flow,
+/// numbered `i`, with valid checksums.
+fn flow_packet(udp: bool, i: u32) -> Vec<u8> {
+    let (l4h, payload) = if udp { (8, 1300) } else { (20, 1380) };
+    let total = 20 + l4h + payload;
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[6] = 0x40;
+    p[8] = 64;
+    p[9] = if udp { 17 } else { 6 };
+    p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    let ip = !fold(sum(&p[..20], 0));
+    p[10..12].copy_from_slice(&ip.to_be_bytes());
+    p[20..22].copy_from_slice(&5201u16.to_be_bytes());
+    p[22..24].copy_from_slice(&40000u16.to_be_bytes());
+    if udp {
+        p[24..26].copy_from_slice(&((l4h + payload) as u16).to_be_bytes());
+    } else {
+        p[24..28].copy_from_slice(&(i * payload as u32).to_be_bytes());
+        p[32] = 5 << 4;
+        p[33] = 0x10;
+    }
+    for (j, b) in p[20 + l4h..].iter_mut().enumerate() {
+        *b = (i as usize + j) as u8;
+    }
+    let pseudo = sum(&p[12..20], u64::from(p[9]) + (l4h + payload) as u64);
+    let check = !fold(sum(&p[20..], pseudo));
+    let at = if udp { 26 } else { 36 };
+    p[at..at + 2].copy_from_slice(&check.to_be_bytes());
+    p
+}
+
+fn sum(data: &[u8], initial: u64) -> u64 {
+    let mut sum = initial;
+    for w in data.chunks(2) {
+        sum += u64::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    sum
+}
+
+fn fold(mut sum: u64) -> u16 {
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// 64 decrypted packets of one flow prepared for the TUN device: TCP segments coalesced (as
+/// the offloaded device writes them), UDP datagrams with and without UDP segmentation.
+fn tun_write(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dataplane/tun_write64");
+    let cases = [
+        ("tcp", false, false),
+        ("udp_alone", true, false),
+        ("udp_uso", true, true),
+    ];
+    for (name, udp, uso) in cases {
+        let packets: Vec<Vec<u8>> = (0..BATCH as u32).map(|i| flow_packet(udp, i)).collect();
+        let bytes: usize = packets.iter().map(Vec::len).sum();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        let mut coalescer = Coalescer::with_udp(uso);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                coalescer.clear();
+                for p in &packets {
+                    assert!(coalescer.push(p));
+                }
+                let written: usize = coalescer.finish().map(<[u8]>::len).sum();
+                std::hint::black_box(written);
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, encapsulate, decapsulate, batch_of_64, tun_write);
 criterion_main!(benches);

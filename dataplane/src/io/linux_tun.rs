@@ -3,10 +3,12 @@
 //!
 //! Devices for WireGuard open with segmentation offload where the kernel has it
 //! (`IFF_VNET_HDR` with `TUNSETOFFLOAD` for checksum and TCP segmentation, and UDP segmentation
-//! where available): one read returns up to 64 KiB of one TCP flow, which tun-rs splits into
-//! MTU-sized packets, and one write takes consecutive segments of a flow coalesced back into one
-//! by [`crate::gro`] (which allocates nothing per packet). That saves a syscall and a pass through the kernel's stack per packet. Where the kernel
-//! refuses, the device opens without offload and moves one packet per syscall.
+//! where available, Linux 6.2 on): one read returns up to 64 KiB of one flow, which tun-rs splits
+//! into MTU-sized packets, and one write takes consecutive segments of a TCP flow (and datagrams
+//! of a UDP flow, with UDP segmentation) coalesced back into one by [`crate::gro`] (which
+//! allocates nothing per packet). That saves a syscall and a pass through the kernel's stack per
+//! packet. Where the kernel refuses, the device opens without offload and moves one packet per
+//! syscall.
 //!
 //! The device never changes its own MTU, addresses or link state after creation, so an agent
 //! (or an operator with `ip`) may change them at any time; while the link is down, writes fail
@@ -20,7 +22,7 @@ use parking_lot::Mutex;
 use tun_rs::{DeviceBuilder, SyncDevice, VIRTIO_NET_HDR_LEN};
 
 use super::{TunBatch, TunIo};
-use crate::gro::TcpCoalescer;
+use crate::gro::Coalescer;
 use crate::outbox::Batch;
 
 /// `txqueuelen` of a TUN device kilotun creates (the kernel's default for TUN is 500).
@@ -79,15 +81,16 @@ pub struct LinuxTun {
 struct OffloadBuffers {
     /// One raw read: the virtio-net header and up to 64 KiB of packet.
     read: Vec<u8>,
-    /// Packets to write, TCP segments of a flow coalesced, each behind its virtio-net header.
-    coalescer: TcpCoalescer,
+    /// Packets to write, segments of a flow coalesced (UDP too when the device has UDP
+    /// segmentation offload), each behind its virtio-net header.
+    coalescer: Coalescer,
 }
 
 impl OffloadBuffers {
-    fn new() -> Self {
+    fn new(udp_offload: bool) -> Self {
         Self {
             read: vec![0; VIRTIO_NET_HDR_LEN + 65535],
-            coalescer: TcpCoalescer::new(),
+            coalescer: Coalescer::with_udp(udp_offload),
         }
     }
 }
@@ -177,7 +180,7 @@ impl LinuxTun {
                 let offload = all[0]
                     .offload
                     .as_ref()
-                    .map(|_| Mutex::new(OffloadBuffers::new()));
+                    .map(|_| Mutex::new(OffloadBuffers::new(clone.udp_gso())));
                 all.push(Self {
                     device: clone,
                     offload,
@@ -223,7 +226,11 @@ impl LinuxTun {
             // share of the queue small.
             let _ = device.set_tx_queue_len(TX_QUEUE_LEN);
         }
-        let offload = device.tcp_gso().then(|| Mutex::new(OffloadBuffers::new()));
+        // tun-rs asks for TUN_F_USO4 | TUN_F_USO6 as well and opens without them when the
+        // kernel refuses (before Linux 6.2); udp_gso() tells which.
+        let offload = device
+            .tcp_gso()
+            .then(|| Mutex::new(OffloadBuffers::new(device.udp_gso())));
         Ok(Self { device, offload })
     }
 
@@ -340,7 +347,7 @@ impl TunIo for LinuxTun {
 
 impl LinuxTun {
     /// Writes a finished round, one `write` per buffer; returns how many failed.
-    fn write_all(&self, coalescer: &mut TcpCoalescer) -> usize {
+    fn write_all(&self, coalescer: &mut Coalescer) -> usize {
         coalescer
             .finish()
             .filter(|buffer| self.device.send(buffer).is_err())
