@@ -8,9 +8,15 @@ use std::net::SocketAddr;
 use std::ops::Range;
 
 /// A batch of packets in one contiguous buffer.
+///
+/// The buffer never shrinks: bytes past the last packet are scratch left from earlier packets,
+/// so reserving room for the next packet zeroes memory only the first time the batch grows
+/// that far, not once per packet.
 #[derive(Debug, Default)]
 pub struct Batch {
     data: Vec<u8>,
+    /// End of the last committed packet; `data` past it is scratch.
+    end: usize,
     entries: Vec<(Option<SocketAddr>, Range<usize>)>,
     reserved_at: usize,
 }
@@ -20,6 +26,7 @@ impl Batch {
     pub fn with_capacity(bytes: usize, packets: usize) -> Self {
         Self {
             data: Vec::with_capacity(bytes),
+            end: 0,
             entries: Vec::with_capacity(packets),
             reserved_at: 0,
         }
@@ -37,12 +44,12 @@ impl Batch {
 
     /// Bytes used by packets.
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.end
     }
 
     /// Forgets all packets, keeping the capacity.
     pub fn clear(&mut self) {
-        self.data.clear();
+        self.end = 0;
         self.entries.clear();
         self.reserved_at = 0;
     }
@@ -60,14 +67,18 @@ impl Batch {
             .map(|(addr, range)| (*addr, &self.data[range.clone()]))
     }
 
-    /// Reserves `max` zeroed bytes at the end for the next packet and returns them.
+    /// Reserves `max` bytes at the end for the next packet and returns them. They hold
+    /// whatever earlier packets left there (zeroes where the batch never reached): the caller
+    /// writes what it commits.
     ///
     /// Follow with [`Batch::commit`] or [`Batch::abort`]; a second `reserve` aborts the first.
     pub(crate) fn reserve(&mut self, max: usize) -> &mut [u8] {
-        self.data.truncate(self.committed_end());
-        self.reserved_at = self.data.len();
-        self.data.resize(self.reserved_at + max, 0);
-        &mut self.data[self.reserved_at..]
+        self.reserved_at = self.end;
+        let needed = self.reserved_at + max;
+        if self.data.len() < needed {
+            self.data.resize(needed, 0);
+        }
+        &mut self.data[self.reserved_at..needed]
     }
 
     /// Keeps `len` bytes starting `offset` bytes into the reservation as a packet to `addr`.
@@ -77,28 +88,21 @@ impl Batch {
             self.data
                 .copy_within(start + offset..start + offset + len, start);
         }
-        self.data.truncate(start + len);
         self.entries.push((addr, start..start + len));
-        self.reserved_at = self.data.len();
+        self.end = start + len;
+        self.reserved_at = self.end;
     }
 
     /// Drops the reservation.
     pub(crate) fn abort(&mut self) {
-        self.data.truncate(self.committed_end());
-        self.reserved_at = self.data.len();
+        self.reserved_at = self.end;
     }
 
     /// Appends a copy of `packet` to `addr`.
     pub(crate) fn push_copy(&mut self, addr: Option<SocketAddr>, packet: &[u8]) {
-        self.abort();
-        let start = self.data.len();
-        self.data.extend_from_slice(packet);
-        self.entries.push((addr, start..start + packet.len()));
-        self.reserved_at = self.data.len();
-    }
-
-    fn committed_end(&self) -> usize {
-        self.entries.last().map_or(0, |(_, r)| r.end)
+        let len = packet.len();
+        self.reserve(len).copy_from_slice(packet);
+        self.commit(addr, 0, len);
     }
 }
 
@@ -165,6 +169,24 @@ mod tests {
         assert_eq!(b.bytes(), 7);
         b.clear();
         assert!(b.is_empty());
+        assert_eq!(b.bytes(), 0);
+        assert_eq!(b.iter().count(), 0);
+    }
+
+    #[test]
+    fn reserving_again_after_clear_zeroes_nothing() {
+        let mut b = Batch::with_capacity(4096, 8);
+        b.reserve(1500).fill(0xaa);
+        b.commit(None, 0, 1500);
+        b.clear();
+        // The scratch left by the first packet is handed out again as is (not zeroed), and
+        // only what is committed counts.
+        let slot = b.reserve(1500);
+        assert!(slot.iter().all(|&x| x == 0xaa));
+        slot[..2].copy_from_slice(b"ok");
+        b.commit(None, 0, 2);
+        assert_eq!(b.get(0).unwrap().1, b"ok");
+        assert_eq!(b.bytes(), 2);
     }
 
     #[test]
