@@ -1,17 +1,21 @@
 //! Encapsulate and decapsulate one packet through the engine (warm session) at 64, 512 and
-//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size; a batch of 64 packets
-//! of 1420 bytes through the engine each way, as a worker hands them over; and 64 decrypted
-//! packets prepared for the TUN device (coalesced).
+//! 1420 bytes, next to a raw ring ChaCha20-Poly1305 seal of the same size, in place and after a
+//! copy into an output buffer; a batch of 64 packets of 1420 bytes through the engine each way,
+//! as a worker hands them over; 64 decrypted packets prepared for the TUN device (coalesced);
+//! and encryption spread over 1 and 2 threads sharing the engine, as the device's workers share
+//! it, for one peer and for two.
 
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Barrier;
+use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use dataplane::gro::Coalescer;
-use dataplane::testing::EnginePair;
-use dataplane::Outbox;
+use dataplane::testing::{ip_packet, EnginePair, Side};
+use dataplane::{Engine, Outbox, SecretKey};
 use kilotun_bench::packet_of_size;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
@@ -50,6 +54,26 @@ fn encapsulate(c: &mut Criterion) {
                     )
                     .unwrap();
                 let _ = std::hint::black_box(tag);
+            });
+        });
+        // The same seal after copying the packet into a separate output buffer, as boringtun's
+        // encapsulate does: the difference is what sealing in place would save.
+        let mut output = vec![0u8; size + 32];
+        group.bench_function(BenchmarkId::new("ring_copy_seal", size), |b| {
+            b.iter(|| {
+                counter += 1;
+                let mut nonce = [0u8; 12];
+                nonce[4..].copy_from_slice(&counter.to_le_bytes());
+                output[16..16 + size].copy_from_slice(std::hint::black_box(&packet));
+                let tag = key
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key(nonce),
+                        Aad::empty(),
+                        &mut output[16..16 + size],
+                    )
+                    .unwrap();
+                output[16 + size..].copy_from_slice(tag.as_ref());
+                let _ = std::hint::black_box(&output);
             });
         });
     }
@@ -225,5 +249,101 @@ fn tun_write(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, encapsulate, decapsulate, batch_of_64, tun_write);
+/// Engine A with peers B (10.0.0.2) and C (10.0.0.3), sessions up with both.
+fn engine_with_two_peers(now: Instant) -> (Engine, [IpAddr; 2]) {
+    let anchor = (Instant::now(), SystemTime::now());
+    let side = |n: u8| Side {
+        engine: Engine::new(anchor, u32::from(n) << 12),
+        key: SecretKey::generate(),
+        addr: SocketAddr::from(([192, 0, 2, n], 51820)),
+        tunnel_ip: IpAddr::from([10, 0, 0, n]),
+        delivered: Vec::new(),
+    };
+    let (a, b, c) = (side(1), side(2), side(3));
+    let mut config = a.config_with_peer(&b);
+    config.peers.extend(a.config_with_peer(&c).peers);
+    a.engine.apply(&config);
+    for peer in [&b, &c] {
+        peer.engine.apply(&peer.config_with_peer(&a));
+        // Initiation, response, then what A queued meanwhile: until the wire is quiet.
+        let mut out = Outbox::default();
+        let probe = ip_packet(a.tunnel_ip, peer.tunnel_ip, b"hello");
+        a.engine
+            .handle_tunnel_packets(now, [probe.as_slice()], &mut out);
+        let mut from_a = true;
+        while !out.to_network.is_empty() {
+            let mut reply = Outbox::default();
+            let (to, from) = if from_a { (peer, &a) } else { (&a, peer) };
+            for (_, datagram) in out.to_network.iter() {
+                to.engine
+                    .handle_datagram(now, from.addr, datagram, &mut reply);
+            }
+            out = reply;
+            from_a = !from_a;
+        }
+    }
+    (a.engine, [b.tunnel_ip, c.tunnel_ip])
+}
+
+/// Batches of 64 packets of 1420 bytes encrypted by 1 or 2 threads at once through one engine
+/// (each thread with its own outbox, as each worker has): all to one peer, or each thread to
+/// its own peer. Each iteration is one batch per thread, so the throughput is the threads' sum.
+fn peers_and_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dataplane/threads_encapsulate");
+    let now = Instant::now();
+    let (engine, peers) = engine_with_two_peers(now);
+    let source: IpAddr = [10, 0, 0, 1].into();
+    let payload = vec![0xa5; 1400];
+    let batches: Vec<Vec<u8>> = peers
+        .iter()
+        .map(|peer| ip_packet(source, *peer, &payload))
+        .collect();
+    let cases = [
+        ("one_peer", 1usize, 1usize),
+        ("one_peer", 2, 1),
+        ("two_peers", 2, 2),
+    ];
+    for (name, threads, peers) in cases {
+        group.throughput(Throughput::Bytes((threads * BATCH * 1420) as u64));
+        group.bench_function(BenchmarkId::new(name, threads), |b| {
+            b.iter_custom(|iterations| {
+                let start = Barrier::new(threads + 1);
+                std::thread::scope(|scope| {
+                    for thread in 0..threads {
+                        let packet = batches[thread % peers].as_slice();
+                        let (engine, start) = (&engine, &start);
+                        scope.spawn(move || {
+                            let packets = vec![packet; BATCH];
+                            let mut out = Outbox::with_capacity(BATCH, 2048);
+                            start.wait();
+                            for _ in 0..iterations {
+                                engine.handle_tunnel_packets(
+                                    now,
+                                    packets.iter().copied(),
+                                    &mut out,
+                                );
+                                assert_eq!(out.to_network.len(), BATCH);
+                                out.clear();
+                            }
+                        });
+                    }
+                    start.wait();
+                    // The scope joins every thread before it returns.
+                    Instant::now()
+                })
+                .elapsed()
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    encapsulate,
+    decapsulate,
+    batch_of_64,
+    tun_write,
+    peers_and_threads
+);
 criterion_main!(benches);
