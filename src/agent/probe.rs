@@ -161,9 +161,9 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// True when `dst` answers one of two small echoes.
+/// True when `dst` answers one of three small echoes.
 fn answers(dst: IpAddr, sequence: u16) -> bool {
-    (0..2).any(|i| matches!(echo(dst, SMALL, sequence + i), Ok(Echo::Answered)))
+    (0..3).any(|i| matches!(echo(dst, SMALL, sequence + i), Ok(Echo::Answered)))
 }
 
 /// Whether datagrams of `needed` bytes reach `endpoint` unfragmented.
@@ -175,7 +175,7 @@ pub fn path_mtu(peer: &str, endpoint: IpAddr, needed: u32, sequence: u16) -> Mtu
         // path MTU, so the second is refused locally with it.
         let mut outcome = MtuOutcome::BlackHole;
         for i in 0..3 {
-            match echo(endpoint, needed, sequence + 2 + i) {
+            match echo(endpoint, needed, sequence + 3 + i) {
                 Ok(Echo::Answered) => {
                     outcome = MtuOutcome::Fits;
                     break;
@@ -205,7 +205,7 @@ pub fn ipip(node: &str, private_ip: IpAddr, target: IpAddr, sequence: u16) -> Ip
         private_ip,
         target,
         plain: answers(private_ip, sequence),
-        encapsulated: answers(target, sequence + 2),
+        encapsulated: answers(target, sequence + 3),
     }
 }
 
