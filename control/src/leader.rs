@@ -51,11 +51,23 @@ pub struct LeaseState {
     pub cut_off: bool,
 }
 
+/// What a lease write expects to find: the compare of its compare-and-swap.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Expectation {
+    /// The holder read before deciding (`None`: no holder).
+    pub holder: Option<String>,
+    /// The write is a verifier taking over a cut-off lease: it holds only while the mark is
+    /// still on (a holder that hears again clears it, and keeps its lead).
+    pub cut_off: bool,
+}
+
 impl LeaseState {
-    /// The compare-and-swap rule every backend applies before writing `self` over a lease
-    /// held by `current`: the holder must still be the `expected` one (or already `self`'s).
-    pub fn may_replace(&self, current: Option<&str>, expected: Option<&str>) -> bool {
-        current == expected || current == self.holder.as_deref()
+    /// The compare-and-swap rule every backend applies before writing `self` over `current`
+    /// (a missing lease is the default state): the holder must still be the `expected` one
+    /// (or already `self`'s), and a takeover of a cut-off lease needs the mark still on.
+    pub fn may_replace(&self, current: &LeaseState, expected: &Expectation) -> bool {
+        let holder = current.holder == expected.holder || current.holder == self.holder;
+        holder && (!expected.cut_off || current.cut_off)
     }
 
     /// True while the lease is held and not expired at `now_ms`.

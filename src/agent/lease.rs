@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use control::leader::{
-    cut_off, hears_any, lease_leaders, lease_name, successor, Election, LeaseState, TrafficSample,
-    CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
+    cut_off, hears_any, lease_leaders, lease_name, successor, Election, Expectation, LeaseState,
+    TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
 };
 use control::Node;
 
@@ -34,6 +34,10 @@ pub(super) struct Leases {
     pub(super) leaders: BTreeMap<String, Election>,
     /// Traffic samples of the tunnels while this node leads, oldest first.
     samples: VecDeque<TrafficSample>,
+    /// This node verifies a cut-off holder and its standby handshake was already complete at
+    /// the last lease step: it takes over only on a second step in a row, so a holder that
+    /// hears again at the same moment clears its mark first and keeps the lead.
+    standby_confirmed: bool,
 }
 
 impl Leases {
@@ -135,7 +139,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             transitions: current.transitions + 1,
             cut_off: false,
         };
-        let (next, why) = if election.leader == hostname {
+        let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
             let cut_off =
                 self.cut_off_now(now, current.cut_off) && successor(&members, &hostname).is_some();
@@ -156,16 +160,18 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             } else {
                 None
             };
-            (state, why)
+            (state, why, false)
         } else if current.holder.as_deref() == Some(hostname.as_str()) {
             let why = format!(
                 "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
                 election.leader
             );
-            (handing(election.leader.clone()), Some(why))
+            (handing(election.leader.clone()), Some(why), false)
         } else if current.cut_off && election.verifiers.contains(&hostname) {
             let reached = self.standby_handshakes();
-            if reached.is_empty() {
+            let confirmed =
+                std::mem::replace(&mut self.memo.leases.standby_confirmed, !reached.is_empty());
+            if reached.is_empty() || !confirmed {
                 return;
             }
             let why = format!(
@@ -173,19 +179,21 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 election.leader,
                 reached.join(", ")
             );
-            (handing(hostname.clone()), Some(why))
+            (handing(hostname.clone()), Some(why), true)
         } else {
             self.memo.leases.samples.clear();
+            self.memo.leases.standby_confirmed = false;
             return;
         };
+        self.memo.leases.standby_confirmed = false;
         if next.holder.as_deref() != Some(hostname.as_str()) {
             self.memo.leases.samples.clear();
         }
-        match self
-            .backend
-            .write_lease(&name, &next, current.holder.as_deref())
-            .await
-        {
+        let expected = Expectation {
+            holder: current.holder.clone(),
+            cut_off: takeover,
+        };
+        match self.backend.write_lease(&name, &next, &expected).await {
             Ok(true) => {
                 if let Some(why) = why {
                     tracing::info!(lease = %name, "{why}");

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::Snapshot;
-use control::leader::LeaseState;
+use control::leader::{Expectation, LeaseState};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
@@ -423,24 +423,24 @@ impl FileBackend {
             .expect("spawning the cluster-dir poller");
     }
 
-    /// Writes lease `name` (file `lease-<name>.yaml`) as `lease` when its holder in the
-    /// directory is still `expected` (or already `lease`'s), under the directory lock; false
-    /// when another writer changed it first.
+    /// Writes lease `name` (file `lease-<name>.yaml`) as `lease` when the lease in the
+    /// directory is still as `expected` (see `LeaseState::may_replace`), under the directory
+    /// lock; false when another writer changed it first.
     pub fn write_lease(
         &self,
         name: &str,
         lease: &LeaseState,
-        expected: Option<&str>,
+        expected: &Expectation,
     ) -> Result<bool> {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.dir.join(format!("lease-{name}.yaml"));
         let current = match fs::read_to_string(&path) {
             Ok(text) => serde_yaml::from_str::<Lease>(&text)
-                .map(|l| lease_state(&l).holder)
-                .unwrap_or(None),
-            Err(_) => None,
+                .map(|l| lease_state(&l))
+                .unwrap_or_default(),
+            Err(_) => LeaseState::default(),
         };
-        if !lease.may_replace(current.as_deref(), expected) {
+        if !lease.may_replace(&current, expected) {
             return Ok(false);
         }
         let mut object = serde_json::to_value(lease_object(name, lease))?;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::Result;
-use control::leader::LeaseState;
+use control::leader::{Expectation, LeaseState};
 use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use tokio::sync::watch;
@@ -222,23 +222,20 @@ impl Backend {
         }
     }
 
-    /// Writes lease `name` as `lease` if its holder is still `expected` (compare and swap);
-    /// false when another writer got there first.
+    /// Writes lease `name` as `lease` if it is still as `expected` (compare and swap); false
+    /// when another writer got there first.
     pub async fn write_lease(
         &self,
         name: &str,
         lease: &LeaseState,
-        expected: Option<&str>,
+        expected: &Expectation,
     ) -> Result<bool> {
         match self {
             Self::File(f) => {
                 let f = Arc::clone(f);
                 let (name, lease) = (name.to_string(), lease.clone());
-                let expected = expected.map(str::to_string);
-                tokio::task::spawn_blocking(move || {
-                    f.write_lease(&name, &lease, expected.as_deref())
-                })
-                .await?
+                let expected = expected.clone();
+                tokio::task::spawn_blocking(move || f.write_lease(&name, &lease, &expected)).await?
             }
             Self::Kube(k) => k.write_lease(name, lease, expected).await,
         }

@@ -184,13 +184,36 @@ fn a_leader_is_cut_off_only_when_every_tunnel_sends_and_hears_nothing() {
 #[test]
 fn a_lease_is_replaced_only_over_the_expected_holder() {
     let mine = lease("n2", NOW);
-    assert!(mine.may_replace(None, None));
-    assert!(mine.may_replace(Some("n1"), Some("n1")));
-    assert!(mine.may_replace(Some("n2"), Some("n1")), "already ours");
+    let held_by = |holder: Option<&str>| LeaseState {
+        holder: holder.map(str::to_string),
+        ..LeaseState::default()
+    };
+    let expecting = |holder: Option<&str>| Expectation {
+        holder: holder.map(str::to_string),
+        cut_off: false,
+    };
+    assert!(mine.may_replace(&held_by(None), &expecting(None)));
+    assert!(mine.may_replace(&held_by(Some("n1")), &expecting(Some("n1"))));
     assert!(
-        !mine.may_replace(Some("n3"), Some("n1")),
+        mine.may_replace(&held_by(Some("n2")), &expecting(Some("n1"))),
+        "already ours"
+    );
+    assert!(
+        !mine.may_replace(&held_by(Some("n3")), &expecting(Some("n1"))),
         "someone else got there first"
     );
+    // A verifier's takeover holds only while the holder is still marked cut off: a holder that
+    // heard again and cleared the mark keeps its lead.
+    let takeover = Expectation {
+        holder: Some("n1".into()),
+        cut_off: true,
+    };
+    let marked = LeaseState {
+        cut_off: true,
+        ..held_by(Some("n1"))
+    };
+    assert!(mine.may_replace(&marked, &takeover));
+    assert!(!mine.may_replace(&held_by(Some("n1")), &takeover));
 }
 
 #[test]

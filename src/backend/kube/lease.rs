@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use control::leader::LeaseState;
+use control::leader::{Expectation, LeaseState};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
@@ -91,14 +91,14 @@ impl KubeBackend {
         });
     }
 
-    /// Writes lease `name` as `lease` if its holder is still `expected` (or already `lease`'s):
-    /// the replace carries the `resourceVersion` read, so a concurrent writer makes it fail
-    /// with 409, reported as false.
+    /// Writes lease `name` as `lease` if it is still as `expected` (see
+    /// `LeaseState::may_replace`): the replace carries the `resourceVersion` read, so a
+    /// concurrent writer makes it fail with 409, reported as false.
     pub async fn write_lease(
         &self,
         name: &str,
         lease: &LeaseState,
-        expected: Option<&str>,
+        expected: &Expectation,
     ) -> Result<bool> {
         let api = self.leases_api();
         let current = api
@@ -108,9 +108,10 @@ impl KubeBackend {
         let mut object = lease_object(name, lease);
         object.metadata.namespace = Some(LEASE_NAMESPACE.to_string());
         let written = match current {
+            None if !lease.may_replace(&LeaseState::default(), expected) => return Ok(false),
             None => api.create(&PostParams::default(), &object).await,
             Some(now) => {
-                if !lease.may_replace(lease_state(&now).holder.as_deref(), expected) {
+                if !lease.may_replace(&lease_state(&now), expected) {
                     return Ok(false);
                 }
                 object.metadata.resource_version = now.metadata.resource_version;
