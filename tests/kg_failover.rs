@@ -185,15 +185,7 @@ fn a_leader_with_its_port_blocked_gives_up_the_lead() {
     }
     let (c, (_, leader), other, pinger) = east_west_pinging();
     let blocked = Instant::now();
-    for chain in [
-        ["INPUT", "--dport"],
-        ["OUTPUT", "--dport"],
-        ["INPUT", "--sport"],
-    ] {
-        c.node(leader).ns.run(&[
-            "iptables", "-I", chain[0], "-p", "udp", chain[1], "51820", "-j", "DROP",
-        ]);
-    }
+    c.node(leader).block_wireguard();
     let back = pinger.wait_flowing(blocked, Duration::from_secs(45));
     let gap = pinger.longest_gap_after(blocked);
     eprintln!(

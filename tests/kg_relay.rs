@@ -70,13 +70,13 @@ fn locations_behind_nat_reach_each_other_through_a_relay() {
     assert!(graph.contains("label=\"via c1\""), "{graph}");
 }
 
-/// A home node that announces no endpoint at all (`force-endpoint: "-"`) but keeps alive: the
-/// cloud has no endpoint for it until its first handshake, then answers where it came from.
-#[test]
-fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
-    if !common::can_run("a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from") {
-        return;
-    }
+/// `force-endpoint: "-"`: no endpoint at all.
+const NO_ENDPOINT: (&str, &str) = ("kilo.squat.ai/force-endpoint", "-");
+
+/// Cloud node c1 and home node h1 behind a masquerading router, h1 annotated `home`, both
+/// running kg with `--resync-period=<resync>`. Returns the cluster and the router's outside
+/// address.
+fn cloud_and_endpointless_home(home: &[(&str, &str)], resync: &str) -> (Cluster, String) {
     let mut c = Cluster::new(&["cloud", "home"]);
     c.add_node(
         &NodeSpec {
@@ -90,13 +90,25 @@ fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
         &NodeSpec {
             name: "h1",
             location: "home",
-            annotations: &[KEEPALIVE, ("kilo.squat.ai/force-endpoint", "-")],
+            annotations: home,
         },
         2,
     );
+    let resync = format!("--resync-period={resync}");
     for i in 0..2 {
-        c.start_kg(i, &["--encapsulate=never", "--resync-period=2s"]);
+        c.start_kg(i, &["--encapsulate=never", &resync]);
     }
+    (c, outside)
+}
+
+/// A home node that announces no endpoint at all (`force-endpoint: "-"`) but keeps alive: the
+/// cloud has no endpoint for it until its first handshake, then answers where it came from.
+#[test]
+fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
+    if !common::can_run("a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from") {
+        return;
+    }
+    let (c, outside) = cloud_and_endpointless_home(&[KEEPALIVE, NO_ENDPOINT], "2s");
     let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
 
@@ -144,26 +156,7 @@ fn a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out() {
     if !common::can_run("a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out") {
         return;
     }
-    let mut c = Cluster::new(&["cloud", "home"]);
-    c.add_node(
-        &NodeSpec {
-            name: "c1",
-            location: "cloud",
-            annotations: &[],
-        },
-        1,
-    );
-    c.add_nated_node(
-        &NodeSpec {
-            name: "h1",
-            location: "home",
-            annotations: &[("kilo.squat.ai/force-endpoint", "-")],
-        },
-        2,
-    );
-    for i in 0..2 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
+    let (c, _) = cloud_and_endpointless_home(&[NO_ENDPOINT], "30s");
     let said = c.wait_for(Duration::from_secs(20), |c| {
         c.node("h1")
             .log_text()

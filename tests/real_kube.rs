@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::cluster::{kg_bin, kgctl_bin, Cluster};
+use common::pinger::Pinger;
 use common::real_kube::{RealKube, Relay, SecretsMountPoint, SERVICE_ACCOUNT_DIR};
 
 /// A [`Cluster`] whose nodes' kg use a real API server.
@@ -1035,6 +1036,37 @@ fn two_clusters_join_through_their_leaders_as_peers() {
     drop(relays);
 }
 
+impl KubeCluster {
+    /// n1 and n2 in east, n3 in west, every kg electing by lease. Returns the cluster, east's
+    /// leader (the Lease's holder), the other east node with its pod address, and n3 pinging
+    /// that pod through the leader (already flowing).
+    fn east_west_by_lease(
+        test: &str,
+    ) -> Option<(Self, String, (&'static str, &'static str), Pinger)> {
+        let k = Self::meshed_with(
+            test,
+            "",
+            &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+            &["--leader-election=lease"],
+        )?;
+        let held =
+            k.c.wait_for(Duration::from_secs(20), |_| east_lease_holder(&k).is_some());
+        assert!(held, "no lease\n{}", k.c.logs());
+        let leader = east_lease_holder(&k).unwrap();
+        let other = if leader == "n1" {
+            ("n2", "10.42.2.1")
+        } else {
+            ("n1", "10.42.1.1")
+        };
+        let pinger = Pinger::start(&k.c.node("n3").ns.name, other.1);
+        assert!(pinger.wait_flowing(
+            Instant::now() - Duration::from_secs(1),
+            Duration::from_secs(10)
+        ));
+        Some((k, leader, other, pinger))
+    }
+}
+
 /// The holder of east's Lease, read with kubectl.
 fn east_lease_holder(k: &KubeCluster) -> Option<String> {
     let out = k.kube.kubectl_output(
@@ -1056,40 +1088,13 @@ fn east_lease_holder(k: &KubeCluster) -> Option<String> {
 #[test]
 fn a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease() {
     let test = "a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease";
-    let Some(k) = KubeCluster::meshed_with(
-        test,
-        "",
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-        &["--leader-election=lease"],
-    ) else {
+    let Some((k, leader, (other, _), pinger)) = KubeCluster::east_west_by_lease(test) else {
         return;
     };
-    let held =
-        k.c.wait_for(Duration::from_secs(20), |_| east_lease_holder(&k).is_some());
-    assert!(held, "no lease\n{}", k.c.logs());
-    let leader = east_lease_holder(&k).unwrap();
-    let (other, other_pod) = if leader == "n1" {
-        ("n2", "10.42.2.1")
-    } else {
-        ("n1", "10.42.1.1")
-    };
-    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
-    assert!(pinger.wait_flowing(
-        Instant::now() - Duration::from_secs(1),
-        Duration::from_secs(10)
-    ));
     // The leader stays alive and Ready, its API connection untouched; only WireGuard's port
     // is dropped.
     let blocked = Instant::now();
-    for chain in [
-        ["INPUT", "--dport"],
-        ["OUTPUT", "--dport"],
-        ["INPUT", "--sport"],
-    ] {
-        k.c.node(&leader).ns.run(&[
-            "iptables", "-I", chain[0], "-p", "udp", chain[1], "51820", "-j", "DROP",
-        ]);
-    }
+    k.c.node(&leader).block_wireguard();
     let back = pinger.wait_flowing(blocked, Duration::from_secs(45));
     let gap = pinger.longest_gap_after(blocked);
     eprintln!(
@@ -1114,29 +1119,11 @@ fn a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease() {
 #[test]
 fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
     let test = "a_dead_leader_hands_over_through_a_kubernetes_lease";
-    let Some(mut k) = KubeCluster::meshed_with(
-        test,
-        "",
-        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
-        &["--leader-election=lease"],
-    ) else {
+    let Some((mut k, leader, (other, other_pod), pinger)) = KubeCluster::east_west_by_lease(test)
+    else {
         return;
     };
     let holder = east_lease_holder;
-    let held =
-        k.c.wait_for(Duration::from_secs(20), |_| holder(&k).is_some());
-    assert!(held, "no lease\n{}", k.c.logs());
-    let leader = holder(&k).unwrap();
-    let (other, other_pod) = if leader == "n1" {
-        ("n2", "10.42.2.1")
-    } else {
-        ("n1", "10.42.1.1")
-    };
-    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
-    assert!(pinger.wait_flowing(
-        Instant::now() - Duration::from_secs(1),
-        Duration::from_secs(10)
-    ));
     let killed = Instant::now();
     let index = if leader == "n1" { 0 } else { 1 };
     k.c.nodes[index].kill();
@@ -1164,7 +1151,7 @@ fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
     k.start(index, &["--leader-election=lease"]);
     std::thread::sleep(Duration::from_secs(8));
     assert_eq!(holder(&k).as_deref(), Some(other), "{}", k.c.logs());
-    let pinger = common::pinger::Pinger::start(&k.c.node("n3").ns.name, other_pod);
+    let pinger = Pinger::start(&k.c.node("n3").ns.name, other_pod);
     assert!(pinger.wait_flowing(
         Instant::now() - Duration::from_secs(1),
         Duration::from_secs(10)

@@ -42,6 +42,20 @@ pub struct KgNode {
 }
 
 impl KgNode {
+    /// Drops the node's WireGuard traffic (UDP 51820, in and out) with iptables, as a firewall
+    /// or a security group would; kg, its API connection and every other packet stay up.
+    pub fn block_wireguard(&self) {
+        for (chain, port) in [
+            ("INPUT", "--dport"),
+            ("OUTPUT", "--dport"),
+            ("INPUT", "--sport"),
+        ] {
+            self.ns.run(&[
+                "iptables", "-I", chain, "-p", "udp", port, "51820", "-j", "DROP",
+            ]);
+        }
+    }
+
     /// `wg show <iface> <what>` inside the node.
     pub fn wg(&self, what: &str) -> String {
         String::from_utf8_lossy(&self.ns.output(&["wg", "show", &self.iface, what]).stdout)
