@@ -8,14 +8,14 @@
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use dataplane::gro::Coalescer;
 use dataplane::testing::{ip_packet, EnginePair, Side};
-use dataplane::{Engine, Outbox, SecretKey};
+use dataplane::{Engine, Outbox};
 use kilotun_bench::packet_of_size;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
@@ -252,13 +252,7 @@ fn tun_write(c: &mut Criterion) {
 /// Engine A with peers B (10.0.0.2) and C (10.0.0.3), sessions up with both.
 fn engine_with_two_peers(now: Instant) -> (Engine, [IpAddr; 2]) {
     let anchor = (Instant::now(), SystemTime::now());
-    let side = |n: u8| Side {
-        engine: Engine::new(anchor, u32::from(n) << 12),
-        key: SecretKey::generate(),
-        addr: SocketAddr::from(([192, 0, 2, n], 51820)),
-        tunnel_ip: IpAddr::from([10, 0, 0, n]),
-        delivered: Vec::new(),
-    };
+    let side = |n| Side::numbered(anchor, n);
     let (a, b, c) = (side(1), side(2), side(3));
     let mut config = a.config_with_peer(&b);
     config.peers.extend(a.config_with_peer(&c).peers);

@@ -59,6 +59,18 @@ pub struct Side {
 }
 
 impl Side {
+    /// Side number `n`: tunnel IP `10.0.0.<n>`, endpoint `192.0.2.<n>:51820`, a fresh key, and
+    /// an engine on the shared clock `anchor`.
+    pub fn numbered(anchor: (Instant, SystemTime), n: u8) -> Self {
+        Self {
+            engine: Engine::new(anchor, u32::from(n) << 12),
+            key: SecretKey::generate(),
+            addr: SocketAddr::from(([192, 0, 2, n], 51820)),
+            tunnel_ip: IpAddr::from([10, 0, 0, n]),
+            delivered: Vec::new(),
+        }
+    }
+
     /// The configuration that makes `peer` this side's only peer.
     pub fn config_with_peer(&self, peer: &Side) -> DeviceConfig {
         let mut p = PeerConfig::new(peer.key.public_key());
@@ -88,14 +100,7 @@ impl EnginePair {
     /// Two configured engines that have not talked yet.
     pub fn new() -> Self {
         let anchor = (Instant::now(), SystemTime::now());
-        let side = |n: u8| Side {
-            engine: Engine::new(anchor, u32::from(n) << 12),
-            key: SecretKey::generate(),
-            addr: SocketAddr::from(([192, 0, 2, n], 51820)),
-            tunnel_ip: IpAddr::from([10, 0, 0, n]),
-            delivered: Vec::new(),
-        };
-        let (a, b) = (side(1), side(2));
+        let (a, b) = (Side::numbered(anchor, 1), Side::numbered(anchor, 2));
         a.engine.apply(&a.config_with_peer(&b));
         b.engine.apply(&b.config_with_peer(&a));
         Self { a, b }
