@@ -107,51 +107,6 @@ fn unreachable_pairs(c: &Cluster, underlay: Underlay) -> Vec<String> {
     failed
 }
 
-fn failed_route_changes(c: &Cluster) -> Vec<String> {
-    c.nodes
-        .iter()
-        .flat_map(|n| {
-            n.log_text()
-                .lines()
-                .filter(|l| l.contains("route change failed") || l.contains("rule change failed"))
-                .map(|l| format!("{}: {l}", n.name))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-/// Routes of every node that mix families: an IPv4 destination through an IPv6 gateway is
-/// allowed (`via inet6`, on the underlay), a route whose source is of the other family is not,
-/// and neither is one through the WireGuard link whose gateway is of the other family.
-fn mixed_routes(c: &Cluster) -> Vec<String> {
-    let mut out = Vec::new();
-    for n in &c.nodes {
-        for family in ["-4", "-6"] {
-            let text =
-                n.ns.output(&["ip", family, "route", "show", "table", "all"])
-                    .stdout;
-            for line in String::from_utf8_lossy(&text).lines() {
-                let v6 = family == "-6";
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let after = |key: &str| {
-                    words
-                        .iter()
-                        .position(|w| *w == key)
-                        .and_then(|i| words.get(i + 1))
-                        .copied()
-                };
-                let src_mixed = after("src").is_some_and(|s| s.contains(':') != v6);
-                let via_mixed = after("dev") == Some(n.iface.as_str())
-                    && after("via").is_some_and(|g| g == "inet6" || g.contains(':') != v6);
-                if src_mixed || via_mixed {
-                    out.push(format!("{}: {line}", n.name));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// How long a steady mesh is watched for failed route changes (resyncs every 2 s).
 const STEADY: Duration = Duration::from_secs(20);
 
@@ -176,13 +131,13 @@ fn steady_mesh(underlay: Underlay, granularity: &str, encapsulate: &str) -> Clus
         "{}",
         c.logs()
     );
-    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
+    assert_eq!(c.mixed_routes(), Vec::<String>::new(), "{}", c.logs());
     let endpoints = c.node("a1").wg("endpoints");
     assert!(endpoints.contains("[fd50::"), "{endpoints}");
     assert!(!endpoints.contains("192.168."), "{endpoints}");
     std::thread::sleep(STEADY);
     assert_eq!(
-        failed_route_changes(&c),
+        c.failed_route_changes(),
         Vec::<String>::new(),
         "{}",
         c.logs()
@@ -193,7 +148,7 @@ fn steady_mesh(underlay: Underlay, granularity: &str, encapsulate: &str) -> Clus
         "{}",
         c.logs()
     );
-    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
+    assert_eq!(c.mixed_routes(), Vec::<String>::new(), "{}", c.logs());
     eprintln!(
         "{granularity}, encapsulate {encapsulate}, on {underlay:?}: meshed after {meshed_after:?}, steady for {STEADY:?}, {:?} in all",
         started.elapsed()
@@ -475,12 +430,12 @@ fn an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips() {
     }
     std::thread::sleep(Duration::from_secs(10));
     assert_eq!(
-        failed_route_changes(&c),
+        c.failed_route_changes(),
         Vec::<String>::new(),
         "{}",
         c.logs()
     );
-    assert_eq!(mixed_routes(&c), Vec::<String>::new(), "{}", c.logs());
+    assert_eq!(c.mixed_routes(), Vec::<String>::new(), "{}", c.logs());
     assert_eq!(
         unreachable_pairs(&c, Underlay::DualStack),
         Vec::<String>::new(),

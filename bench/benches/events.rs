@@ -164,7 +164,7 @@ fn before(c: &mut Criterion, count: usize) {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
-        pod_source: None,
+        pod_sources: Vec::new(),
         ipip_over_ipv6: false,
     };
     c.bench_with_input(

@@ -50,7 +50,7 @@ fn routes(c: &mut Criterion) {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
-        pod_source: None,
+        pod_sources: Vec::new(),
         ipip_over_ipv6: false,
     };
     let mut group = c.benchmark_group("routes");

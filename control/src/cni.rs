@@ -1,5 +1,5 @@
-//! The CNI conflist kg keeps in step with the node: every plugin's IPAM range is the
-//! node's pod CIDR, and (unlike Kilo, which leaves 1420) every plugin's `mtu` follows `--mtu`.
+//! The CNI conflist kg keeps in step with the node: every plugin's IPAM ranges are the
+//! node's pod CIDRs (one range set per family, as host-local takes a dual-stack node's), and (unlike Kilo, which leaves 1420) every plugin's `mtu` follows `--mtu`.
 
 use std::collections::BTreeMap;
 
@@ -31,9 +31,10 @@ fn sorted(value: Value) -> Value {
 }
 
 /// The updated conflist (compact JSON, keys sorted), or `None` when `text` is already right.
+/// `pod_cidrs` are the node's, `spec.podCIDR` first: each becomes a range set of its own.
 pub fn update_conflist(
     text: &str,
-    pod_cidr: IpNet,
+    pod_cidrs: &[IpNet],
     mtu: Option<u32>,
 ) -> Result<Option<String>, CniError> {
     let mut conf: Value = serde_json::from_str(text).map_err(|e| CniError::Json(e.to_string()))?;
@@ -41,21 +42,18 @@ pub fn update_conflist(
         .get_mut("plugins")
         .and_then(Value::as_array_mut)
         .ok_or(CniError::NoPlugins)?;
-    let subnet = pod_cidr.trunc().to_string();
+    let ranges: Vec<Value> = pod_cidrs
+        .iter()
+        .map(|n| serde_json::json!([{ "subnet": n.trunc().to_string() }]))
+        .collect();
     let mut changed = false;
     for plugin in plugins.iter_mut() {
         let Some(object) = plugin.as_object_mut() else {
             continue;
         };
         if let Some(ipam) = object.get_mut("ipam").and_then(Value::as_object_mut) {
-            let current = ipam
-                .get("ranges")
-                .and_then(|r| r.get(0))
-                .and_then(|r| r.get(0))
-                .and_then(|r| r.get("subnet"))
-                .and_then(Value::as_str);
-            if current != Some(subnet.as_str()) {
-                ipam.insert("ranges".into(), serde_json::json!([[{ "subnet": subnet }]]));
+            if !same_subnets(ipam.get("ranges"), &ranges) {
+                ipam.insert("ranges".into(), Value::Array(ranges.clone()));
                 changed = true;
             }
         }
@@ -72,6 +70,29 @@ pub fn update_conflist(
     Ok(Some(
         serde_json::to_string(&sorted(conf)).expect("a JSON value serialises"),
     ))
+}
+
+/// True when `current` (an IPAM `ranges` value) lists the same subnets, range set by range
+/// set, as `wanted`; other keys of a range (a `gateway`, a `rangeStart`) are left as they are.
+fn same_subnets(current: Option<&Value>, wanted: &[Value]) -> bool {
+    let subnets = |sets: &[Value]| -> Vec<Vec<Option<String>>> {
+        sets.iter()
+            .map(|set| {
+                set.as_array()
+                    .map(|ranges| {
+                        ranges
+                            .iter()
+                            .map(|r| r.get("subnet").and_then(Value::as_str).map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    match current.and_then(Value::as_array) {
+        Some(sets) => subnets(sets) == subnets(wanted),
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -92,7 +113,7 @@ mod tests {
     #[test]
     fn the_ipam_range_and_mtu_follow_the_node() {
         let pods: IpNet = "10.42.3.0/24".parse().unwrap();
-        let out = update_conflist(KILO_CONFLIST, pods, Some(1380))
+        let out = update_conflist(KILO_CONFLIST, &[pods], Some(1380))
             .unwrap()
             .unwrap();
         assert!(
@@ -111,23 +132,54 @@ mod tests {
             "plugins without ipam are left alone"
         );
         assert_eq!(
-            update_conflist(&out, pods, Some(1380)).unwrap(),
+            update_conflist(&out, &[pods], Some(1380)).unwrap(),
             None,
             "already right"
         );
-        let moved = update_conflist(&out, "10.42.9.0/24".parse().unwrap(), Some(1380))
+        let moved = update_conflist(&out, &["10.42.9.0/24".parse().unwrap()], Some(1380))
             .unwrap()
             .unwrap();
         assert!(moved.contains("10.42.9.0/24"));
     }
 
     #[test]
+    fn a_dual_stack_node_gets_one_range_set_per_family() {
+        let pods: Vec<IpNet> = vec![
+            "10.42.3.0/24".parse().unwrap(),
+            "fd42:3::/64".parse().unwrap(),
+        ];
+        let out = update_conflist(KILO_CONFLIST, &pods, None)
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.contains(r#""ranges":[[{"subnet":"10.42.3.0/24"}],[{"subnet":"fd42:3::/64"}]]"#),
+            "{out}"
+        );
+        assert_eq!(
+            update_conflist(&out, &pods, None).unwrap(),
+            None,
+            "already right"
+        );
+        // A single-stack conflist on a node that became dual-stack gains the second set, and
+        // back.
+        let single = update_conflist(&out, &pods[..1], None).unwrap().unwrap();
+        assert!(
+            single.contains(r#""ranges":[[{"subnet":"10.42.3.0/24"}]]"#),
+            "{single}"
+        );
+        assert!(update_conflist(&single, &pods, None).unwrap().is_some());
+    }
+
+    #[test]
     fn bad_files_are_errors() {
         let pods: IpNet = "10.42.3.0/24".parse().unwrap();
         assert!(matches!(
-            update_conflist("{", pods, None),
+            update_conflist("{", &[pods], None),
             Err(CniError::Json(_))
         ));
-        assert_eq!(update_conflist("{}", pods, None), Err(CniError::NoPlugins));
+        assert_eq!(
+            update_conflist("{}", &[pods], None),
+            Err(CniError::NoPlugins)
+        );
     }
 }

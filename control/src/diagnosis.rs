@@ -162,7 +162,7 @@ pub fn cluster_findings_with_leases(
 
     let mut claims = Vec::new();
     for n in nodes {
-        if let Some(cidr) = n.subnet {
+        for cidr in n.pod_cidrs() {
             claims.push(Claim {
                 cidr,
                 owner: format!("node {} (spec.podCIDR)", n.name),

@@ -132,7 +132,8 @@ pub fn synthetic_cluster(count: usize, locations: usize) -> Vec<Node> {
         .collect()
 }
 
-/// `node` as the Kubernetes object kg reads (Kilo's annotations, `spec.podCIDR`), at
+/// `node` as the Kubernetes object kg reads (Kilo's annotations, `spec.podCIDR` and, for a
+/// dual-stack node, `spec.podCIDRs`), at
 /// `resourceVersion` `resource_version`; translating it gives `node` back.
 pub fn kube_node(node: &Node, resource_version: u64) -> k8s_openapi::api::core::v1::Node {
     use crate::node::annotation as a;
@@ -147,6 +148,9 @@ pub fn kube_node(node: &Node, resource_version: u64) -> k8s_openapi::api::core::
     }
     if let Some(ip) = node.internal_ip {
         put(a::INTERNAL_IP, ip.to_string());
+    }
+    if let Some(ip) = node.second_internal_ip {
+        put(a::SECOND_INTERNAL_IP, ip.to_string());
     }
     if let Some(k) = node.key {
         put(a::KEY, k.to_string());
@@ -165,6 +169,8 @@ pub fn kube_node(node: &Node, resource_version: u64) -> k8s_openapi::api::core::
         },
         spec: Some(NodeSpec {
             pod_cidr: node.subnet.map(|s| s.to_string()),
+            pod_cidrs: (!node.extra_subnets.is_empty())
+                .then(|| node.pod_cidrs().map(|s| s.to_string()).collect()),
             ..Default::default()
         }),
         status: None,

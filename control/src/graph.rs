@@ -43,7 +43,8 @@ impl Topology {
             let _ = writeln!(out, "\t\tlabel={};", quote(&s.key));
             out.push_str("\t\tstyle=\"dashed,rounded\";\n");
             for (i, m) in s.members.iter().enumerate() {
-                let mut label = vec![s.key.clone(), m.name.clone(), m.pod_cidr.to_string()];
+                let mut label = vec![s.key.clone(), m.name.clone()];
+                label.extend(m.pod_cidrs().map(|n| n.to_string()));
                 if let Some(ip) = m.private_ip {
                     label.push(ip.addr().to_string());
                 }

@@ -4,7 +4,7 @@
 
 use ipnet::IpNet;
 
-use crate::topology::Topology;
+use crate::topology::{Member, Topology};
 
 /// Kilo's NAT chain.
 pub const KILO_NAT: &str = "KILO-NAT";
@@ -114,16 +114,18 @@ impl Topology {
     pub fn iptables_rules(&self, o: &IptablesOptions) -> RuleSet {
         let mut r = RuleSet::default();
         if o.cni {
-            let pods = self.subnet.trunc();
-            r.builtin(
-                "nat",
-                "POSTROUTING",
-                &pods,
-                format!(
-                    "-s {pods} {} -j {KILO_NAT}",
-                    comment("Kilo: jump to KILO-NAT chain")
-                ),
-            );
+            for pods in self.local_pod_cidrs() {
+                let pods = pods.trunc();
+                r.builtin(
+                    "nat",
+                    "POSTROUTING",
+                    &pods,
+                    format!(
+                        "-s {pods} {} -j {KILO_NAT}",
+                        comment("Kilo: jump to KILO-NAT chain")
+                    ),
+                );
+            }
             if o.forward_rules {
                 let mut forward = |net: IpNet, what: &str| {
                     let net = net.trunc();
@@ -148,8 +150,8 @@ impl Topology {
                 };
                 match self.local_segment().filter(|_| self.leader) {
                     Some(s) => {
-                        for m in &s.members {
-                            forward(m.pod_cidr, "the pod subnet");
+                        for pods in s.members.iter().flat_map(Member::pod_cidrs) {
+                            forward(pods, "the pod subnet");
                         }
                         for net in &s.allowed_location_ips {
                             forward(*net, "allowed location IPs");
@@ -158,7 +160,11 @@ impl Topology {
                             forward(IpNet::from(ip), "private IPs");
                         }
                     }
-                    None => forward(pods, "the node's pod subnet"),
+                    None => {
+                        for pods in self.local_pod_cidrs() {
+                            forward(pods, "the node's pod subnet");
+                        }
+                    }
                 }
             }
         }

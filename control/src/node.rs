@@ -48,9 +48,14 @@ pub mod annotation {
     /// User-set on any node of a location (kilotun's, not Kilo's): only locations so marked may
     /// relay between two locations behind NAT; without it, any reachable location may.
     pub const RELAY: &str = "kilotun.io/relay";
+    /// Written by kilotun's kg (not Kilo's): on a host with addresses of both families, its
+    /// address of the family `internal-ip` is not (with mask), else `""`. The other nodes of
+    /// its location route that family's pods and Peers through it (a route cannot take a
+    /// gateway of the other family).
+    pub const SECOND_INTERNAL_IP: &str = "kilotun.io/second-internal-ip";
 
     /// Every annotation kg writes, in the order it writes them.
-    pub const WRITTEN: [&str; 9] = [
+    pub const WRITTEN: [&str; 10] = [
         ENDPOINT,
         INTERNAL_IP,
         KEY,
@@ -60,6 +65,7 @@ pub mod annotation {
         GRANULARITY,
         CNI_COMPATIBILITY_IP,
         LEADER_ELECTION,
+        SECOND_INTERNAL_IP,
     ];
 }
 
@@ -122,6 +128,9 @@ pub struct Node {
     pub internal_ip: Option<IpNet>,
     /// True when force-internal-ip is `""` or `-`: the node has deliberately no private IP.
     pub no_internal_ip: bool,
+    /// Its private IP of the other family, on a dual-stack host (`kilotun.io/second-internal-ip`):
+    /// the gateway for that family inside its location.
+    pub second_internal_ip: Option<IpNet>,
     /// WireGuard public key; `None` when absent or unparsable (not ready).
     pub key: Option<Key>,
     /// Unix seconds of the last check-in; 0 when absent or unparsable.
@@ -132,6 +141,9 @@ pub struct Node {
     pub location: String,
     /// The pod CIDR (`spec.podCIDR`), as its network.
     pub subnet: Option<IpNet>,
+    /// The other entries of `spec.podCIDRs` (a dual-stack cluster's pod CIDR of the other
+    /// family), as networks.
+    pub extra_subnets: Vec<IpNet>,
     /// The WireGuard IP it published (leaders only).
     pub wireguard_ip: Option<IpNet>,
     /// Persistent keepalive in seconds; 0 is off.
@@ -328,6 +340,19 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
         },
         None => r.cidr(a::INTERNAL_IP),
     };
+    let second_internal_ip = r.cidr(a::SECOND_INTERNAL_IP).filter(|second| {
+        let same_family =
+            internal_ip.is_some_and(|i| i.addr().is_ipv4() == second.addr().is_ipv4());
+        if same_family {
+            let value = second.to_string();
+            r.problem(
+                a::SECOND_INTERNAL_IP,
+                &value,
+                "of the same family as the internal IP; ignored",
+            );
+        }
+        !same_family
+    });
 
     let key = match r.get(a::KEY).map(str::to_string) {
         Some(text) if !text.is_empty() => match Key::parse(&text) {
@@ -449,6 +474,11 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
                 None
             }
         });
+    let extra_subnets = extra_pod_cidrs(
+        &mut r,
+        subnet,
+        node.spec.as_ref().and_then(|s| s.pod_cidrs.as_deref()),
+    );
 
     let problems = r.problems;
     (
@@ -457,11 +487,13 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             endpoint,
             internal_ip,
             no_internal_ip,
+            second_internal_ip,
             key,
             last_seen,
             leader,
             location,
             subnet,
+            extra_subnets,
             wireguard_ip,
             persistent_keepalive,
             discovered_endpoints,
@@ -474,6 +506,49 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
         },
         problems,
     )
+}
+
+/// The entries of `spec.podCIDRs` beyond `spec.podCIDR` (Kubernetes lists `spec.podCIDR` first,
+/// then at most one pod CIDR of the other family): each a network of a family no earlier pod
+/// CIDR has. An entry that is not a CIDR, or repeats a family, is named as a problem and skipped.
+fn extra_pod_cidrs(
+    r: &mut Reader<'_>,
+    primary: Option<IpNet>,
+    listed: Option<&[String]>,
+) -> Vec<IpNet> {
+    let Some(primary) = primary else {
+        return Vec::new();
+    };
+    let mut out: Vec<IpNet> = Vec::new();
+    for text in listed.unwrap_or_default() {
+        let Some(net) = parse_cidr(text).map(|n| normalise(n).trunc()) else {
+            r.problem("spec.podCIDRs", text, "not a CIDR; skipped");
+            continue;
+        };
+        if net == primary {
+            continue;
+        }
+        let family_taken = std::iter::once(&primary)
+            .chain(&out)
+            .any(|n| n.addr().is_ipv4() == net.addr().is_ipv4());
+        if family_taken {
+            r.problem(
+                "spec.podCIDRs",
+                text,
+                "a second pod CIDR of the same family; skipped (one per family)",
+            );
+            continue;
+        }
+        out.push(net);
+    }
+    out
+}
+
+impl Node {
+    /// Its pod CIDRs: `spec.podCIDR`, then the other family's from `spec.podCIDRs`.
+    pub fn pod_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.subnet.iter().chain(&self.extra_subnets).copied()
+    }
 }
 
 /// True for the `force-endpoint` values that mean "no endpoint": `-` and the empty string, as
@@ -522,6 +597,8 @@ pub struct WrittenAnnotations {
     pub granularity: Granularity,
     /// Cilium's `cilium_host` CIDR in compatibility mode.
     pub cni_compatibility_ip: Option<IpNet>,
+    /// The host's address of the other family than the internal IP's, if it has one.
+    pub second_internal_ip: Option<IpNet>,
     /// True when this agent takes part in lease-based leader election (written only then).
     pub leader_election: bool,
 }
@@ -557,6 +634,10 @@ impl WrittenAnnotations {
             (
                 a::CNI_COMPATIBILITY_IP.to_string(),
                 opt(self.cni_compatibility_ip.map(|n| n.to_string())),
+            ),
+            (
+                a::SECOND_INTERNAL_IP.to_string(),
+                opt(self.second_internal_ip.map(|n| n.to_string())),
             ),
         ])
         .into_iter()

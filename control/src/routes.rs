@@ -51,15 +51,27 @@ pub enum Compatibility {
 }
 
 impl Compatibility {
-    /// Kilo's `enc.Gw` for one node.
-    fn gateway(self, member: &Member) -> Option<IpAddr> {
+    /// Kilo's `enc.Gw` for one node, for traffic to `dst`: of `dst`'s family where the node has
+    /// an address of it (its second internal IP, its pod CIDR of that family), else Kilo's.
+    fn gateway(self, member: &Member, dst: &IpNet) -> Option<IpAddr> {
+        let family = |ip: &IpAddr| ip.is_ipv4() == dst.addr().is_ipv4();
+        let pod_network = || {
+            member
+                .pod_cidrs()
+                .map(|n| n.network())
+                .find(family)
+                .unwrap_or(member.pod_cidr.network())
+        };
         match self {
-            Self::Ipip => member.private_ip.map(|n| n.addr()),
-            Self::Flannel => Some(member.pod_cidr.network()),
+            Self::Ipip => member
+                .private_ip_for(dst.addr())
+                .or(member.private_ip.map(|n| n.addr())),
+            Self::Flannel => Some(pod_network()),
             Self::Cilium => Some(
                 member
                     .cni_compatibility_ip
-                    .unwrap_or(member.pod_cidr.network()),
+                    .filter(family)
+                    .unwrap_or_else(pod_network),
             ),
         }
     }
@@ -119,8 +131,8 @@ pub struct RouteOptions {
     pub encapsulate: Encapsulate,
     /// `--compatibility`.
     pub compatibility: Compatibility,
-    /// An address this node holds inside its pod CIDR (the CNI bridge's): the preferred source
-    /// of routes of the family the private IP lacks (IPv4 pods over an IPv6 internal IP), so the
+    /// Addresses this node holds inside its pod CIDRs (the CNI bridge's), at most one per
+    /// family: the preferred source of routes of the family the private IP lacks (IPv4 pods over an IPv6 internal IP), so the
     /// host's own traffic leaves with an address every peer allows and the replies route back.
     ///
     /// This is how a host whose underlay is IPv6 only (or whose internal IP is IPv6) talks to
@@ -133,7 +145,7 @@ pub struct RouteOptions {
     /// for a route onto the WireGuard link when there is no pod-CIDR address. A non-leader
     /// without an address in its pod CIDR (a CNI with no bridge address) has no IPv4 source any
     /// peer allows; its pods still reach the mesh.
-    pub pod_source: Option<IpAddr>,
+    pub pod_sources: Vec<IpAddr>,
     /// The tunnel link carries IPv4 packets to gateways with IPv6 addresses too (kilotun's
     /// userspace IPIP device, in an outer IPv6 header); the kernel's `tunl0` does not.
     pub ipip_over_ipv6: bool,
@@ -151,6 +163,37 @@ pub struct RoutePlan {
     /// gateway of the other family on the tunnel, whose route to it is on another device).
     /// Only the userspace IPIP device reads it; the kernel never sees it.
     pub tunnel_gateways: BTreeMap<IpNet, IpAddr>,
+    /// Destinations not routed because the node they go through has no address of their
+    /// family (see [`NoGateway`]).
+    pub no_gateway: BTreeSet<NoGateway>,
+}
+
+/// A destination a node would route through another node of its location (its leader, or the
+/// member it belongs to) over the underlay, which that node has no address of the same family
+/// for: an IPv6 pod CIDR or Peer behind a leader with an IPv4 internal IP only. The kernel
+/// refuses an IPv6 route through an IPv4 gateway, so the route is left out; the node's
+/// `kilotun.io/second-internal-ip` (written by its kg on a dual-stack host) is the fix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NoGateway {
+    /// The destination (canonical).
+    pub dst: IpNet,
+    /// The node it would go through.
+    pub via: String,
+}
+
+impl std::fmt::Display for NoGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let family = if self.dst.addr().is_ipv4() {
+            "IPv4"
+        } else {
+            "IPv6"
+        };
+        write!(
+            f,
+            "not routing {} on this node: node {} has no {family} internal IP to route it through (its kilotun.io/second-internal-ip is empty: its host has no {family} address, or its kg is not kilotun's)",
+            self.dst, self.via
+        )
+    }
 }
 
 impl RoutePlan {
@@ -264,7 +307,7 @@ impl Planner<'_> {
         let same = |ip: &IpAddr| ip.is_ipv4() == dst.addr().is_ipv4();
         match self.t.private_ip.map(|n| n.addr()) {
             Some(own) if same(&own) => Some(own),
-            _ => self.o.pod_source.filter(same),
+            _ => self.o.pod_sources.iter().copied().find(same),
         }
     }
 
@@ -293,9 +336,18 @@ impl Planner<'_> {
         }
     }
 
-    /// Kilo's `encapsulateRoute`: a route via `gateway` on the private link, moved to the
-    /// tunnel link when encapsulating, with the local private IP as source.
-    fn private_route(&mut self, dst: IpNet, gateway: Option<IpAddr>) {
+    /// Kilo's `encapsulateRoute`: a route through node `via` (its gateway for `dst`'s family) on
+    /// the private link, moved to the tunnel link when encapsulating, with the local private IP
+    /// as source. Left out, and recorded, when `via` has no address the route can take.
+    fn private_route(&mut self, dst: IpNet, via: &Member) {
+        let gateway = self.o.compatibility.gateway(via, &dst);
+        if dst.addr().is_ipv6() && gateway.is_some_and(|g| g.is_ipv4()) {
+            self.plan.no_gateway.insert(NoGateway {
+                dst: dst.trunc(),
+                via: via.name.clone(),
+            });
+            return;
+        }
         let (link, gateway) = if self.encapsulates_to(&dst, gateway) {
             // The kernel refuses a gateway of the other family on the tunnel (the gateway's
             // own route is on another device): the userspace device reads it from the plan.
@@ -342,10 +394,12 @@ impl Planner<'_> {
             if Some(ip) == own {
                 continue;
             }
-            let gw = self.o.compatibility.gateway(m);
-            if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
-                self.private_route(m.pod_cidr, gw);
+            for pods in m.pod_cidrs() {
+                if !self.withholds(pods, || format!("node {}", m.name), FIELD_POD_CIDR) {
+                    self.private_route(pods, m);
+                }
             }
+            let gw = self.o.compatibility.gateway(m, &host_net(ip));
             let crosses = self.tunnel_carries(&host_net(ip), gw)
                 && match self.o.encapsulate {
                     Encapsulate::Always => true,
@@ -361,12 +415,18 @@ impl Planner<'_> {
                     src: own.filter(|o| o.is_ipv4() == ip.is_ipv4()),
                     onlink: gw.is_some(),
                 });
-                self.plan.rules.insert(Rule {
-                    src: Some(self.t.subnet),
-                    dst: Some(host_net(ip)),
-                    iif: None,
-                    table: KILO_TABLE,
-                });
+                let own_pods = self
+                    .t
+                    .local_pod_cidrs()
+                    .find(|n| n.addr().is_ipv4() == ip.is_ipv4());
+                if let Some(own_pods) = own_pods {
+                    self.plan.rules.insert(Rule {
+                        src: Some(own_pods),
+                        dst: Some(host_net(ip)),
+                        iif: None,
+                        table: KILO_TABLE,
+                    });
+                }
                 if leader {
                     self.plan.rules.insert(Rule {
                         src: None,
@@ -382,7 +442,7 @@ impl Planner<'_> {
     fn non_leader(&mut self) {
         let t = self.t;
         let Some(own) = t.local_segment() else { return };
-        let gw = self.o.compatibility.gateway(own.leader_member());
+        let gw = own.leader_member();
         for s in &t.segments {
             self.private_route(host_net(s.wireguard_ip), gw);
             if s.key == t.location {
@@ -392,8 +452,10 @@ impl Planner<'_> {
                 continue;
             }
             for m in &s.members {
-                if !self.withholds(m.pod_cidr, || format!("node {}", m.name), FIELD_POD_CIDR) {
-                    self.private_route(m.pod_cidr, gw);
+                for pods in m.pod_cidrs() {
+                    if !self.withholds(pods, || format!("node {}", m.name), FIELD_POD_CIDR) {
+                        self.private_route(pods, gw);
+                    }
                 }
             }
             for m in &s.members {
@@ -439,8 +501,10 @@ impl Planner<'_> {
                 .and_then(|e| e.ip());
             for m in &s.members {
                 let owner = || format!("node {}", m.name);
-                if !self.withholds(m.pod_cidr, owner, FIELD_POD_CIDR) {
-                    self.kilo_route(m.pod_cidr, Some(s.wireguard_ip));
+                for pods in m.pod_cidrs() {
+                    if !self.withholds(pods, owner, FIELD_POD_CIDR) {
+                        self.kilo_route(pods, Some(s.wireguard_ip));
+                    }
                 }
                 if let Some(ip) = m.private_ip.map(|n| n.addr()) {
                     if Some(ip) != endpoint_ip
@@ -486,7 +550,7 @@ impl Planner<'_> {
             let Some(ip) = m.private_ip.map(|n| n.addr()) else {
                 continue;
             };
-            let gw = self.o.compatibility.gateway(m);
+            let gw = self.o.compatibility.gateway(m, &host_net(ip));
             if Some(ip) == own
                 || gw.is_none()
                 || gw == Some(ip)
@@ -688,8 +752,8 @@ impl Topology {
             let endpoint_ip = self
                 .effective_endpoint(s.endpoint.as_ref(), &s.public_key, s.persistent_keepalive)
                 .and_then(|e| e.ip());
-            for m in &s.members {
-                route(m.pod_cidr, via);
+            for pods in s.members.iter().flat_map(Member::pod_cidrs) {
+                route(pods, via);
             }
             for ip in s.private_ips().filter(|ip| Some(*ip) != endpoint_ip) {
                 route(host_net(ip), via);

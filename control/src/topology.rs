@@ -19,10 +19,14 @@ use crate::peer::Peer;
 pub struct Member {
     /// Node name.
     pub name: String,
-    /// Its pod CIDR.
+    /// Its pod CIDR (`spec.podCIDR`).
     pub pod_cidr: IpNet,
+    /// Its pod CIDR of the other family, in a dual-stack cluster (from `spec.podCIDRs`).
+    pub extra_pod_cidrs: Vec<IpNet>,
     /// Its private IP with mask, if it has one.
     pub private_ip: Option<IpNet>,
+    /// Its private IP of the other family, on a dual-stack host.
+    pub second_private_ip: Option<IpNet>,
     /// Its CNI compatibility IP (Cilium), if published.
     pub cni_compatibility_ip: Option<IpAddr>,
     /// Its own `allowed-location-ips` (before the segment's filtering), to name it as their
@@ -62,6 +66,22 @@ impl Segment {
     /// node), so nothing can reach it before it has sent first.
     pub fn behind_nat(&self) -> bool {
         self.persistent_keepalive > 0
+    }
+}
+
+impl Member {
+    /// Its pod CIDRs: `spec.podCIDR` first, then the other family's.
+    pub fn pod_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
+        std::iter::once(self.pod_cidr).chain(self.extra_pod_cidrs.iter().copied())
+    }
+
+    /// Its private IP of the family of `ip`: the internal IP, else the second one.
+    pub fn private_ip_for(&self, ip: IpAddr) -> Option<IpAddr> {
+        [self.private_ip, self.second_private_ip]
+            .into_iter()
+            .flatten()
+            .map(|n| n.addr())
+            .find(|a| a.is_ipv4() == ip.is_ipv4())
     }
 }
 
@@ -142,6 +162,8 @@ pub struct Topology {
     pub private_ip: Option<IpNet>,
     /// The local pod CIDR.
     pub subnet: IpNet,
+    /// The local pod CIDR of the other family, in a dual-stack cluster.
+    pub extra_subnets: Vec<IpNet>,
     /// The Kilo subnet.
     pub kilo_subnet: IpNet,
     /// Leaders: their WireGuard IP with the Kilo mask; others: the Kilo subnet.
@@ -262,6 +284,7 @@ impl Topology {
             persistent_keepalive: params.persistent_keepalive,
             private_ip: local.internal_ip,
             subnet: local.subnet.unwrap_or(params.subnet),
+            extra_subnets: local.extra_subnets.clone(),
             kilo_subnet: params.subnet,
             wireguard_cidr: params.subnet,
             discovered_endpoints: local.discovered_endpoints.clone(),
@@ -292,6 +315,7 @@ impl Topology {
             for node in &group {
                 let pod_cidr = node.subnet.expect("filtered above");
                 allowed_ips.push(pod_cidr);
+                allowed_ips.extend(node.extra_subnets.iter().copied());
                 if let Some(ip) = node.internal_ip {
                     allowed_ips.push(host_net(ip.addr()));
                 }
@@ -299,7 +323,9 @@ impl Topology {
                 members.push(Member {
                     name: node.name.clone(),
                     pod_cidr,
+                    extra_pod_cidrs: node.extra_subnets.clone(),
                     private_ip: node.internal_ip,
+                    second_private_ip: node.second_internal_ip,
                     cni_compatibility_ip: node.cni_compatibility_ip.map(|n| n.addr()),
                     allowed_location_ips: node.allowed_location_ips.clone(),
                 });
@@ -423,6 +449,11 @@ impl Topology {
             return None;
         }
         self.relay_between(self.local_segment()?, s)
+    }
+
+    /// The local node's pod CIDRs: `spec.podCIDR` first, then the other family's.
+    pub fn local_pod_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
+        std::iter::once(self.subnet).chain(self.extra_subnets.iter().copied())
     }
 
     /// The local segment.

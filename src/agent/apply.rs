@@ -5,6 +5,8 @@
 //! (resync, kernel notification) compares against freshly listed state instead, so
 //! anything changed behind kg's back comes back within one resync.
 
+use std::net::IpAddr;
+
 use anyhow::Result;
 use control::iptables::{IptablesOptions, RuleSet};
 use control::nat::discover_nat_endpoints;
@@ -28,7 +30,7 @@ type TunnelInputs = (IpNet, Option<u32>, bool);
 pub(super) struct Applied {
     wg: Option<DeviceConfig>,
     address: Option<Option<IpNet>>,
-    cni: Option<(IpNet, u32)>,
+    cni: Option<(Vec<IpNet>, u32)>,
     /// The tunnel's inputs (pod CIDR, private link's MTU, private IP family) and the link it
     /// gave.
     tunnel: Option<(TunnelInputs, Option<u32>)>,
@@ -68,9 +70,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.netlink.set_mtu(kilo, mtu).await?;
             link.mtu = mtu;
         }
-        if self.s.args.cni && self.memo.applied.cni != Some((t.subnet, mtu)) {
-            self.sync_cni(t.subnet, mtu);
-            self.memo.applied.cni = Some((t.subnet, mtu));
+        let pod_cidrs: Vec<IpNet> = t.local_pod_cidrs().collect();
+        if self.s.args.cni && self.memo.applied.cni.as_ref() != Some(&(pod_cidrs.clone(), mtu)) {
+            self.sync_cni(&pod_cidrs, mtu);
+            self.memo.applied.cni = Some((pod_cidrs, mtu));
         }
         self.metrics.set_leader(t.leader, &t.location);
         let conf = if t.leader {
@@ -140,17 +143,19 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
             (None, _) => Encapsulate::Never,
         };
-        // An address the host holds in its own pod CIDR (the CNI bridge's, or the tunnel's).
-        let pod_source = self
-            .memo
-            .host
-            .as_ref()
-            .expect("listed above")
-            .addresses
-            .iter()
-            .filter(|(i, _)| *i != kilo)
-            .map(|(_, n)| n.addr())
-            .find(|a| t.subnet.contains(a));
+        // An address the host holds in each of its own pod CIDRs (the CNI bridge's, or the
+        // tunnel's).
+        let addresses = &self.memo.host.as_ref().expect("listed above").addresses;
+        let pod_sources: Vec<IpAddr> = t
+            .local_pod_cidrs()
+            .filter_map(|pods| {
+                addresses
+                    .iter()
+                    .filter(|(i, _)| *i != kilo)
+                    .map(|(_, n)| n.addr())
+                    .find(|a| pods.contains(a))
+            })
+            .collect();
         let options = RouteOptions {
             kilo_name: self.s.args.interface.clone(),
             links: Links {
@@ -161,7 +166,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             local: self.s.args.local,
             encapsulate,
             compatibility: self.s.compatibility,
-            pod_source,
+            pod_sources,
             ipip_over_ipv6: tunnel.is_some() && self.tunnel.carries_ipv6_outer(),
         };
         let own: Vec<u32> = [Some(kilo), tunnel].into_iter().flatten().collect();
@@ -197,6 +202,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .map(ToString::to_string)
             .collect();
         for line in self.problems.fresh_lines("endpoint bypasses", lines) {
+            tracing::warn!("{line}");
+        }
+        let lines = plan.no_gateway.iter().map(ToString::to_string).collect();
+        for line in self.problems.fresh_lines("routes without a gateway", lines) {
             tracing::warn!("{line}");
         }
         if let Some(index) = tunnel {

@@ -63,6 +63,8 @@ pub(super) struct HostView {
     pub addresses: Vec<(u32, IpNet)>,
     /// The main table's unicast routes, kg's among them.
     pub main_routes: Vec<control::routes::Route>,
+    /// What detection left out.
+    pub exclude: Exclusions,
 }
 
 impl HostView {
@@ -73,6 +75,22 @@ impl HostView {
             .iter()
             .find(|(_, n)| n.addr() == private.addr())
             .map_or(0, |(i, _)| *i)
+    }
+
+    /// The host's address of the other family than `internal`'s, on `internal`'s link (see
+    /// [`ipdetect::second_internal_ip`]).
+    pub(super) fn second_internal_ip(&self, internal: IpNet) -> Option<IpNet> {
+        let link = self.private_link(Some(internal));
+        if link == 0 {
+            return None;
+        }
+        let same_link: Vec<IpNet> = self
+            .addresses
+            .iter()
+            .filter(|(i, _)| *i == link)
+            .map(|(_, n)| *n)
+            .collect();
+        ipdetect::second_internal_ip(internal, &same_link, &self.exclude)
     }
 
     /// The link with index `index`.
@@ -190,6 +208,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             links,
             addresses,
             main_routes,
+            exclude,
         })
     }
 }
@@ -242,6 +261,7 @@ mod tests {
                 (6, net("10.42.1.1/24")),
             ],
             main_routes: Vec::new(),
+            exclude: Exclusions::default(),
         };
         assert_eq!(
             host.connected_networks(&[3, 4]),

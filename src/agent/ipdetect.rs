@@ -66,7 +66,7 @@ pub struct Detected {
 }
 
 /// What detection must leave out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Exclusions {
     /// Addresses on the Kilo, tunnel and `kube-bridge` links.
     pub addresses: Vec<IpAddr>,
@@ -128,6 +128,33 @@ pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) ->
         public,
         families,
     })
+}
+
+/// The host's address of the other family than `internal`'s, published as
+/// `kilotun.io/second-internal-ip`: among `same_link` (the addresses of the link holding
+/// `internal`), one usable as for detection, a private one before a public one, lowest first.
+/// On a dual-stack host it is the gateway the location's other nodes route that family's pods
+/// through.
+pub fn second_internal_ip(
+    internal: IpNet,
+    same_link: &[IpNet],
+    exclude: &Exclusions,
+) -> Option<IpNet> {
+    let mut pool: Vec<IpNet> = same_link
+        .iter()
+        .filter(|n| n.addr().is_ipv4() != internal.addr().is_ipv4())
+        .filter(|n| {
+            !is_unusable(n.addr())
+                && !exclude.addresses.contains(&n.addr())
+                && !exclude.networks.iter().any(|x| x.contains(&n.addr()))
+        })
+        .copied()
+        .collect();
+    pool.sort_by(compare_ips);
+    pool.iter()
+        .find(|n| !is_public(n.addr()))
+        .or(pool.first())
+        .copied()
 }
 
 #[cfg(test)]

@@ -295,6 +295,7 @@ mod tests {
             discovered_endpoints: BTreeMap::new(),
             granularity: Granularity::Location,
             cni_compatibility_ip: None,
+            second_internal_ip: None,
             leader_election: false,
         };
         let mut current: BTreeMap<String, String> = written.to_map();

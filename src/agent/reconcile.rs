@@ -264,6 +264,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.s.args.prioritise_private_addresses,
             self.s.args.port,
         );
+        local.second_internal_ip = local
+            .internal_ip
+            .and_then(|internal| host.second_internal_ip(internal));
         local.key = Some(self.public);
         local.last_seen = now_unix;
         local.granularity = Some(self.s.granularity);
@@ -428,6 +431,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             discovered_endpoints: self.discovered.clone(),
             granularity: self.s.granularity,
             cni_compatibility_ip,
+            second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
         };
         let changes = local::annotation_changes(local_annotations, &written);

@@ -408,6 +408,19 @@ impl Cluster {
         self.nodes.len() - 1
     }
 
+    /// Replaces the pod CIDRs of `node`'s Node file, as a dual-stack cluster lists them:
+    /// `spec.podCIDR` is the first, `spec.podCIDRs` all of them.
+    pub fn set_pod_cidrs(&self, node: &str, cidrs: &[&str]) {
+        let path = self.dir.join(format!("{node}.yaml"));
+        let text = fs::read_to_string(&path).unwrap();
+        let (head, _) = text.split_once("spec:\n").expect("a Node file with a spec");
+        let mut spec = format!("spec:\n  podCIDR: {}\n  podCIDRs:\n", cidrs[0]);
+        for cidr in cidrs {
+            spec += &format!("  - {cidr}\n");
+        }
+        fs::write(&path, format!("{head}{spec}")).unwrap();
+    }
+
     /// Starts `kg` on node `i` with the file backend and `extra` flags.
     pub fn start_kg(&mut self, i: usize, extra: &[&str]) {
         self.start_kg_with_env(i, extra, &[]);
@@ -535,6 +548,54 @@ impl Cluster {
         Ok(())
     }
 
+    /// Lines of every node's log that say a route or rule change failed.
+    pub fn failed_route_changes(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flat_map(|n| {
+                n.log_text()
+                    .lines()
+                    .filter(|l| {
+                        l.contains("route change failed") || l.contains("rule change failed")
+                    })
+                    .map(|l| format!("{}: {l}", n.name))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Routes of every node that mix families: an IPv4 destination through an IPv6 gateway is
+    /// allowed (`via inet6`, on the underlay), a route whose source is of the other family is
+    /// not, and neither is one through the WireGuard link whose gateway is of the other family.
+    pub fn mixed_routes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            for family in ["-4", "-6"] {
+                let text =
+                    n.ns.output(&["ip", family, "route", "show", "table", "all"])
+                        .stdout;
+                for line in String::from_utf8_lossy(&text).lines() {
+                    let v6 = family == "-6";
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let after = |key: &str| {
+                        words
+                            .iter()
+                            .position(|w| *w == key)
+                            .and_then(|i| words.get(i + 1))
+                            .copied()
+                    };
+                    let src_mixed = after("src").is_some_and(|s| s.contains(':') != v6);
+                    let via_mixed = after("dev") == Some(n.iface.as_str())
+                        && after("via").is_some_and(|g| g == "inet6" || g.contains(':') != v6);
+                    if src_mixed || via_mixed {
+                        out.push(format!("{}: {line}", n.name));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Logs of every node, for failure messages.
     pub fn logs(&self) -> String {
         self.nodes
@@ -564,6 +625,8 @@ pub struct Laptop {
     pub ns: Netns,
     /// The address it holds in the mesh (`<ip>/32`, the Peer's allowed IP).
     pub ip: String,
+    /// Its IPv6 address in the mesh (`<ipv6>/128`, a second allowed IP), if it has one.
+    pub ipv6: Option<String>,
     conf: PathBuf,
 }
 
@@ -585,12 +648,41 @@ impl Laptop {
         keepalive: u32,
         announced: Option<&str>,
     ) -> Self {
+        Self::join_with(cluster, name, segment, host, keepalive, announced, false)
+    }
+
+    /// [`Laptop::join`] with an IPv6 address in the mesh too: its Peer also allows
+    /// `fd05::<host>/128`, and it routes the IPv6 pods (`fd42::/16`) over the device.
+    pub fn join_dual_stack(
+        cluster: &Cluster,
+        name: &str,
+        segment: &str,
+        host: u8,
+        keepalive: u32,
+    ) -> Self {
+        Self::join_with(cluster, name, segment, host, keepalive, None, true)
+    }
+
+    fn join_with(
+        cluster: &Cluster,
+        name: &str,
+        segment: &str,
+        host: u8,
+        keepalive: u32,
+        announced: Option<&str>,
+        dual_stack: bool,
+    ) -> Self {
         let ns = Netns::new();
         cluster.attach(&ns, segment, host);
         let device = WgDevice::start(&ns, Impl::Kilotun);
         let ip = format!("10.5.0.{host}");
+        let ipv6 = dual_stack.then(|| format!("fd05::{host}"));
+        let ipv6_line = ipv6
+            .as_ref()
+            .map(|a| format!("  - {a}/128\n"))
+            .unwrap_or_default();
         let peer_yaml = format!(
-            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n  - {ip}/32\n  publicKey: {}\n  persistentKeepalive: {keepalive}\n",
+            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n  - {ip}/32\n{ipv6_line}  publicKey: {}\n  persistentKeepalive: {keepalive}\n",
             announced.unwrap_or(&device.public_key)
         );
         fs::write(cluster.dir.join(format!("{name}.yaml")), peer_yaml).unwrap();
@@ -609,6 +701,7 @@ impl Laptop {
             device,
             ns,
             ip,
+            ipv6,
             conf: conf_path,
         };
         laptop.bring_up();
@@ -627,6 +720,11 @@ impl Laptop {
         d.ip(&["addr", "add", &format!("{}/32", self.ip), "dev", &d.name]);
         d.ip(&["link", "set", &d.name, "up"]);
         d.ip(&["route", "add", "10.42.0.0/16", "dev", &d.name]);
+        if let Some(ipv6) = &self.ipv6 {
+            let address = format!("{ipv6}/128");
+            d.ip(&["-6", "addr", "add", &address, "dev", &d.name, "nodad"]);
+            d.ip(&["-6", "route", "add", "fd42::/16", "dev", &d.name]);
+        }
     }
 
     /// Stops the device and starts a new one with the same private key and configuration;

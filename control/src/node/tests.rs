@@ -311,6 +311,7 @@ fn written_annotations_use_kilos_formats() {
         discovered_endpoints: BTreeMap::new(),
         granularity: Granularity::Full,
         cni_compatibility_ip: None,
+        second_internal_ip: None,
         leader_election: false,
     };
     let map = written.to_map();
@@ -322,7 +323,9 @@ fn written_annotations_use_kilos_formats() {
     assert_eq!(map[a::DISCOVERED_ENDPOINTS], "{}");
     assert_eq!(map[a::GRANULARITY], "full");
     assert_eq!(map[a::CNI_COMPATIBILITY_IP], "");
-    // Kilo's eight; kilotun's own only when it takes part in lease election.
+    assert_eq!(map[a::SECOND_INTERNAL_IP], "");
+    // Kilo's eight and the second internal IP; the lease one only when it takes part in lease
+    // election.
     assert_eq!(map.len(), annotation::WRITTEN.len() - 1);
     let with_lease = WrittenAnnotations {
         leader_election: true,
@@ -343,6 +346,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
         discovered_endpoints: BTreeMap::from([(Key::padded("x"), "[fd00::2]:4".parse().unwrap())]),
         granularity: Granularity::Location,
         cni_compatibility_ip: None,
+        second_internal_ip: Some(net("fd00::1/64")),
         leader_election: true,
     };
     let map = written.to_map();
@@ -359,7 +363,86 @@ fn a_node_written_by_kg_reads_back_the_same() {
     assert_eq!(n.discovered_endpoints, written.discovered_endpoints);
     assert_eq!(n.granularity, Some(Granularity::Location));
     assert!(n.lease_election);
+    assert_eq!(n.second_internal_ip, Some(net("fd00::1/64")));
     assert!(n.is_ready(30));
+}
+
+fn with_pod_cidrs(
+    pod_cidr: &str,
+    pod_cidrs: &[&str],
+    annotations: &[(&str, &str)],
+) -> (Node, Vec<AnnotationProblem>) {
+    let mut object = kube_node(annotations, &[], Some(pod_cidr));
+    object.spec.as_mut().unwrap().pod_cidrs =
+        Some(pod_cidrs.iter().map(|c| c.to_string()).collect());
+    translate_node(&object, DEFAULT_TOPOLOGY_LABEL)
+}
+
+#[test]
+fn a_dual_stack_node_has_a_pod_cidr_of_each_family() {
+    let (n, problems) = with_pod_cidrs("10.42.1.0/24", &["10.42.1.0/24", "fd42:1::/64"], &[]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(n.subnet, Some(net("10.42.1.0/24")));
+    assert_eq!(n.extra_subnets, [net("fd42:1::/64")]);
+    assert_eq!(
+        n.pod_cidrs().collect::<Vec<_>>(),
+        [net("10.42.1.0/24"), net("fd42:1::/64")]
+    );
+    // IPv6 first, as a cluster whose primary family is IPv6 lists them.
+    let (n, _) = with_pod_cidrs("fd42:1::/64", &["fd42:1::/64", "10.42.1.0/24"], &[]);
+    assert_eq!(n.extra_subnets, [net("10.42.1.0/24")]);
+}
+
+#[test]
+fn bad_pod_cidrs_entries_are_named_and_skipped() {
+    let (n, problems) = with_pod_cidrs(
+        "10.42.1.0/24",
+        &["10.42.1.0/24", "10.43.1.0/24", "fd42::/200", "fd42:1::/64"],
+        &[],
+    );
+    assert_eq!(n.subnet, Some(net("10.42.1.0/24")));
+    assert_eq!(n.extra_subnets, [net("fd42:1::/64")]);
+    let named: Vec<(String, String)> = problems
+        .iter()
+        .map(|p| (p.annotation.clone(), p.value.clone()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("spec.podCIDRs".to_string(), "10.43.1.0/24".to_string()),
+            ("spec.podCIDRs".to_string(), "fd42::/200".to_string()),
+        ]
+    );
+    assert!(
+        problems[0].reason.contains("same family"),
+        "{}",
+        problems[0]
+    );
+}
+
+#[test]
+fn a_second_internal_ip_of_the_internal_ips_family_is_ignored() {
+    let (n, problems) = with_pod_cidrs(
+        "10.42.1.0/24",
+        &[],
+        &[
+            (a::INTERNAL_IP, "192.168.0.1/24"),
+            (a::SECOND_INTERNAL_IP, "192.168.0.2/24"),
+        ],
+    );
+    assert_eq!(n.second_internal_ip, None);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].annotation, a::SECOND_INTERNAL_IP);
+    let (n, problems) = with_pod_cidrs(
+        "10.42.1.0/24",
+        &[],
+        &[
+            (a::INTERNAL_IP, "192.168.0.1/24"),
+            (a::SECOND_INTERNAL_IP, "fd50::1/64"),
+        ],
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(n.second_internal_ip, Some(net("fd50::1/64")));
 }
 
 /// Every malformed value of every annotation kg reads: each yields exactly one problem that
@@ -384,6 +467,7 @@ fn each_malformed_annotation_is_one_problem_naming_node_annotation_and_value() {
         (a::WIREGUARD_IP, "10.4.0.1"),
         (a::WIREGUARD_IP, "fe80::1/129"),
         (a::CNI_COMPATIBILITY_IP, "10.0.0.0/8/8"),
+        (a::SECOND_INTERNAL_IP, "fd00::1/200"),
         (a::PERSISTENT_KEEPALIVE, "soon"),
         (a::PERSISTENT_KEEPALIVE, "2.5"),
         (a::PERSISTENT_KEEPALIVE, "-1"),

@@ -366,7 +366,7 @@ fn cross_routes_its_own_location_directly_and_others_through_wireguard() {
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,
-        pod_source: None,
+        pod_sources: Vec::new(),
         ipip_over_ipv6: false,
     });
     let via = |dst: &str| -> Vec<(Option<IpAddr>, u32)> {

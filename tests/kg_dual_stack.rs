@@ -1,0 +1,234 @@
+//! End-to-end: dual-stack and IPv6-only pod networks (Kilo #94), file backend, network
+//! namespaces. Each Node lists its pod CIDRs in `spec.podCIDRs` as a dual-stack Kubernetes
+//! cluster does (`10.42.<n>.0/24` and `fd42:<n>::/64`); every host has an IPv4 and an IPv6
+//! address on its underlay and announces nothing by hand, so its internal IP is the detected
+//! IPv4 one and its kg publishes the IPv6 one as `kilotun.io/second-internal-ip`: the gateway
+//! its location's other nodes route IPv6 pods through. Leaders carry both families over one
+//! WireGuard link (IPv4 endpoints) with no gateway of the other family.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, Laptop, NodeSpec};
+
+/// Which pod CIDRs the Nodes list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pods {
+    /// `10.42.<n>.0/24` first, then `fd42:<n>::/64`.
+    DualStack,
+    /// `fd42:<n>::/64` only.
+    Ipv6Only,
+}
+
+/// a1, a2 in location x and b1, b2 in y, on one L2 segment with `192.168.10.<n>/24` and
+/// `fd50::<n>/64`; pod bridges with `10.42.<n>.1` and `fd42:<n>::1`; kg with `extra`.
+fn pod_mesh(pods: Pods, extra: &[&str]) -> Cluster {
+    let mut c = Cluster::new(&["seg"]);
+    for (i, (name, location)) in [("a1", "x"), ("a2", "x"), ("b1", "y"), ("b2", "y")]
+        .into_iter()
+        .enumerate()
+    {
+        let n = i + 1;
+        let spec = NodeSpec {
+            name,
+            location,
+            annotations: &[],
+        };
+        let index = c.add_node_on(&spec, "seg", n as u8);
+        let ns = &c.nodes[index].ns;
+        for (address, dev) in [
+            (format!("fd50::{n}/64"), "eth0"),
+            (format!("fd42:{n}::1/64"), "pods0"),
+        ] {
+            ns.run(&["ip", "-6", "addr", "add", &address, "dev", dev, "nodad"]);
+        }
+        ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        let ipv4 = format!("10.42.{n}.0/24");
+        let ipv6 = format!("fd42:{n}::/64");
+        match pods {
+            Pods::DualStack => c.set_pod_cidrs(name, &[&ipv4, &ipv6]),
+            Pods::Ipv6Only => c.set_pod_cidrs(name, &[&ipv6]),
+        }
+    }
+    for i in 0..4 {
+        c.start_kg(i, extra);
+    }
+    c
+}
+
+/// The IPv6 pod address of node `n` (1-based).
+fn ipv6_pod(n: usize) -> String {
+    format!("fd42:{n}::1")
+}
+
+/// Every node against every other node's IPv6 pod address, from its own IPv6 pod address (as
+/// a pod's traffic is) and from its host (the source the kernel picks), one echo each (three
+/// tries): the pairs that failed.
+fn unreachable_ipv6_pods(c: &Cluster) -> Vec<String> {
+    let mut failed = Vec::new();
+    for a in 1..=c.nodes.len() {
+        let node = &c.nodes[a - 1];
+        for b in (1..=c.nodes.len()).filter(|b| *b != a) {
+            let target = ipv6_pod(b);
+            let own = ipv6_pod(a);
+            for source in [Some(own.as_str()), None] {
+                let mut args = vec!["ping", "-c", "1", "-W", "1"];
+                if let Some(source) = source {
+                    args.extend(["-I", source]);
+                }
+                args.push(&target);
+                if !(0..3).any(|_| node.ns.output(&args).status.success()) {
+                    let from = source.unwrap_or("host");
+                    failed.push(format!("{} ({from}) → {target}", node.name));
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// Meshes the cluster and checks, at once and again after [`STEADY`] of 2-second resyncs:
+/// every IPv6 pod address reaches every other from pods and hosts (and every IPv4 pod address
+/// with dual-stack pods), no route mixes families, and no route or rule change failed.
+fn steady_pod_mesh(pods: Pods, granularity: &str, encapsulate: &str) -> Cluster {
+    let granularity_flag = format!("--mesh-granularity={granularity}");
+    let encapsulate_flag = format!("--encapsulate={encapsulate}");
+    let c = pod_mesh(
+        pods,
+        &[&encapsulate_flag, "--resync-period=2s", &granularity_flag],
+    );
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        unreachable_ipv6_pods(c).is_empty()
+            && (pods == Pods::Ipv6Only || c.all_pods_reachable().is_ok())
+    });
+    assert!(meshed, "{:?}\n{}", unreachable_ipv6_pods(&c), c.logs());
+    for round in ["meshed", "steady"] {
+        if round == "steady" {
+            std::thread::sleep(STEADY);
+        }
+        assert_eq!(
+            unreachable_ipv6_pods(&c),
+            Vec::<String>::new(),
+            "{round}\n{}",
+            c.logs()
+        );
+        if pods == Pods::DualStack {
+            assert_eq!(c.all_pods_reachable(), Ok(()), "{round}\n{}", c.logs());
+        }
+        assert_eq!(
+            c.mixed_routes(),
+            Vec::<String>::new(),
+            "{round}\n{}",
+            c.logs()
+        );
+        assert_eq!(
+            c.failed_route_changes(),
+            Vec::<String>::new(),
+            "{round}\n{}",
+            c.logs()
+        );
+    }
+    c
+}
+
+/// How long a steady mesh is watched (resyncs every 2 s).
+const STEADY: Duration = Duration::from_secs(12);
+
+/// The leaders' WireGuard peers allow the other location's pod CIDRs of both families, and
+/// each node masquerades its IPv6 pods' traffic leaving the cluster through `KILO-NAT`.
+#[test]
+fn dual_stack_pods_across_two_locations() {
+    if !common::can_run("dual_stack_pods_across_two_locations") {
+        return;
+    }
+    let c = steady_pod_mesh(Pods::DualStack, "location", "always");
+    let allowed = c.node("a1").wg("allowed-ips");
+    for cidr in ["10.42.3.0/24", "fd42:3::/64", "10.42.4.0/24", "fd42:4::/64"] {
+        assert!(
+            allowed.contains(cidr),
+            "a1 does not allow {cidr}: {allowed}"
+        );
+    }
+    // Inside location x the IPv4 pods go through IPIP, the IPv6 pods straight to a2's IPv6
+    // address (the IPIP device carries IPv4 only).
+    let a1 = &c.node("a1").ns;
+    let ipv6_route = a1.run(&["ip", "-6", "route", "show", "fd42:2::/64"]);
+    assert!(ipv6_route.contains("via fd50::2 dev eth0"), "{ipv6_route}");
+    assert_eq!(
+        c.annotations("a2")
+            .get("kilotun.io/second-internal-ip")
+            .map(String::as_str),
+        Some("fd50::2/64")
+    );
+    for n in 1..=4 {
+        let rules = c.nodes[n - 1]
+            .ns
+            .run(&["ip6tables", "-t", "nat", "-S", "POSTROUTING"]);
+        let jump = format!("-A POSTROUTING -s fd42:{n}::/64");
+        assert!(
+            rules
+                .lines()
+                .any(|l| l.starts_with(&jump) && l.ends_with("-j KILO-NAT")),
+            "node {n}: {rules}"
+        );
+    }
+}
+
+#[test]
+fn dual_stack_pods_in_full_granularity() {
+    if common::can_run("dual_stack_pods_in_full_granularity") {
+        drop(steady_pod_mesh(Pods::DualStack, "full", "never"));
+    }
+}
+
+#[test]
+fn ipv6_only_pods_across_two_locations() {
+    if common::can_run("ipv6_only_pods_across_two_locations") {
+        drop(steady_pod_mesh(Pods::Ipv6Only, "location", "never"));
+    }
+}
+
+/// kgctl reads both families from the Nodes: the graph labels each node with its two pod
+/// CIDRs, `showconf peer` gives a Peer both, and a Peer with an IPv6 allowed IP, set up from
+/// that configuration, reaches IPv6 pods in both locations.
+#[test]
+fn kgctl_and_a_peer_see_both_families() {
+    if !common::can_run("kgctl_and_a_peer_see_both_families") {
+        return;
+    }
+    let c = steady_pod_mesh(Pods::DualStack, "location", "never");
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let graph = common::run(&[
+        common::cluster::kgctl_bin(),
+        "--backend=file",
+        &dir,
+        "graph",
+    ]);
+    for n in 1..=4 {
+        for cidr in [format!("10.42.{n}.0/24"), format!("fd42:{n}::/64")] {
+            assert!(graph.contains(&cidr), "{cidr} not in the graph: {graph}");
+        }
+    }
+    let laptop = Laptop::join_dual_stack(&c, "laptop", "seg", 50, 10);
+    let conf = laptop.conf();
+    for cidr in ["fd42:1::/64", "fd42:4::/64", "10.42.2.0/24"] {
+        assert!(conf.contains(cidr), "{cidr} not in showconf: {conf}");
+    }
+    let laptop_ipv6 = laptop.ipv6.clone().expect("dual-stack laptop");
+    for n in 1..=4 {
+        let target = ipv6_pod(n);
+        let reached = c.wait_for(Duration::from_secs(30), |_| {
+            laptop
+                .ns
+                .output(&["ping", "-c", "1", "-W", "1", "-I", &laptop_ipv6, &target])
+                .status
+                .success()
+        });
+        assert!(
+            reached,
+            "the laptop cannot reach {target}\n{conf}\n{}",
+            c.logs()
+        );
+    }
+}
