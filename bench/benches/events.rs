@@ -160,6 +160,7 @@ fn before(c: &mut Criterion, count: usize) {
             kilo: 3,
             private: 2,
             tunnel: 0,
+            tunnel6: 0,
         },
         local: true,
         encapsulate: Encapsulate::Never,

@@ -46,6 +46,7 @@ fn routes(c: &mut Criterion) {
             kilo: 10,
             private: 2,
             tunnel: 0,
+            tunnel6: 0,
         },
         local: true,
         encapsulate: Encapsulate::Never,

@@ -116,6 +116,9 @@ pub struct Links {
     pub private: u32,
     /// The encapsulation link (`tunl0`, `flannel.1`…; 0 if none).
     pub tunnel: u32,
+    /// The kernel's `ip6tnl` link in `ipip6` mode, which carries IPv4 to gateways with IPv6
+    /// addresses (routes `via inet6` through it); 0 if none.
+    pub tunnel6: u32,
 }
 
 /// What decides the plan besides the topology.
@@ -316,9 +319,12 @@ impl Planner<'_> {
     /// `--encapsulate` says (Kilo would install a route the kernel refuses). The kernel's
     /// `tunl0` (and flannel's and Cilium's devices) reach IPv4 gateways only, so a node with an
     /// IPv6 internal IP is reached unencapsulated through them; kilotun's userspace IPIP device
-    /// reaches it in an outer IPv6 header ([`RouteOptions::ipip_over_ipv6`]).
+    /// reaches it in an outer IPv6 header ([`RouteOptions::ipip_over_ipv6`]), and so does the
+    /// kernel's `ip6tnl` where kg made one beside `tunl0` ([`Links::tunnel6`]).
     fn tunnel_carries(&self, dst: &IpNet, gateway: Option<IpAddr>) -> bool {
-        dst.addr().is_ipv4() && gateway.is_none_or(|g| g.is_ipv4() || self.o.ipip_over_ipv6)
+        dst.addr().is_ipv4()
+            && gateway
+                .is_none_or(|g| g.is_ipv4() || self.o.ipip_over_ipv6 || self.o.links.tunnel6 != 0)
     }
 
     /// True when traffic to `dst` through `gateway` goes through the tunnel device.
@@ -349,13 +355,19 @@ impl Planner<'_> {
             return;
         }
         let (link, gateway) = if self.encapsulates_to(&dst, gateway) {
-            // The kernel refuses a gateway of the other family on the tunnel (the gateway's
-            // own route is on another device): the userspace device reads it from the plan.
             let same_family = gateway.filter(|g| g.is_ipv4() == dst.addr().is_ipv4());
-            if let Some(other) = gateway.filter(|_| same_family.is_none()) {
-                self.plan.tunnel_gateways.insert(dst.trunc(), other);
+            match gateway.filter(|_| same_family.is_none()) {
+                // The kernel's ip6tnl sends to the route's IPv6 gateway.
+                Some(other) if self.o.links.tunnel6 != 0 => (self.o.links.tunnel6, Some(other)),
+                // The kernel refuses a gateway of the other family on the userspace device's
+                // link (the gateway's own route is on another device): the device reads it
+                // from the plan.
+                Some(other) => {
+                    self.plan.tunnel_gateways.insert(dst.trunc(), other);
+                    (self.o.links.tunnel, same_family)
+                }
+                None => (self.o.links.tunnel, same_family),
             }
-            (self.o.links.tunnel, same_family)
         } else {
             (self.o.links.private, gateway)
         };

@@ -31,9 +31,9 @@ pub(super) struct Applied {
     wg: Option<DeviceConfig>,
     address: Option<Option<IpNet>>,
     cni: Option<(Vec<IpNet>, u32)>,
-    /// The tunnel's inputs (pod CIDR, private link's MTU, private IP family) and the link it
-    /// gave.
-    tunnel: Option<(TunnelInputs, Option<u32>)>,
+    /// The tunnel's inputs (pod CIDR, private link's MTU, private IP family), the link it
+    /// gave and the kernel's IPv6-outer link beside it.
+    tunnel: Option<(TunnelInputs, Option<u32>, Option<u32>)>,
     /// The kernel's routes and rules as last observed, with kg's changes since.
     kernel_routes: Option<RoutePlan>,
     rules: Option<RuleSet>,
@@ -123,15 +123,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let private_mtu = host.link(private).filter(|_| private != 0).map(|l| l.mtu);
         let private_ipv6 = t.private_ip.is_some_and(|n| n.addr().is_ipv6());
         let inputs = (t.subnet, private_mtu, private_ipv6);
-        let tunnel = match self.memo.applied.tunnel {
-            Some((applied, Some(index))) if applied == inputs => Some(index),
+        let (tunnel, tunnel6) = match self.memo.applied.tunnel {
+            Some((applied, Some(index), six)) if applied == inputs => (Some(index), six),
             _ => {
                 let index = self
                     .tunnel
                     .prepare(&self.netlink, t.subnet, private_mtu, private_ipv6)
                     .await?;
-                self.memo.applied.tunnel = Some((inputs, index));
-                index
+                let six = match index {
+                    Some(_) => {
+                        self.tunnel
+                            .prepare_ipv6_outer(&self.netlink, private_mtu)
+                            .await?
+                    }
+                    None => None,
+                };
+                self.memo.applied.tunnel = Some((inputs, index, six));
+                (index, six)
             }
         };
         let encapsulate = match (self.tunnel.name(), tunnel) {
@@ -162,6 +170,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 kilo,
                 private,
                 tunnel: tunnel.unwrap_or(0),
+                tunnel6: tunnel6.unwrap_or(0),
             },
             local: self.s.args.local,
             encapsulate,
@@ -169,7 +178,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             pod_sources,
             ipip_over_ipv6: tunnel.is_some() && self.tunnel.carries_ipv6_outer(),
         };
-        let own: Vec<u32> = [Some(kilo), tunnel].into_iter().flatten().collect();
+        let own: Vec<u32> = [Some(kilo), tunnel, tunnel6]
+            .into_iter()
+            .flatten()
+            .collect();
         let connected = self
             .memo
             .host

@@ -19,6 +19,9 @@ use super::shells::Kernel;
 
 /// The kernel's IPIP fallback device.
 pub const KERNEL_IPIP: &str = "tunl0";
+/// The kernel's `ip6tnl` link (`ipip6` mode) kg creates beside `tunl0`, for IPv4 to nodes
+/// with IPv6 internal IPs.
+pub const KERNEL_IP6TNL: &str = "kilo-ip6tnl";
 /// kilotun's userspace IPIP device.
 pub const USERSPACE_IPIP: &str = "kilo-ipip";
 /// flannel's VXLAN device.
@@ -40,6 +43,9 @@ pub enum Tunnel {
         name: &'static str,
         /// Whether kg sets its MTU and address.
         owned: bool,
+        /// The kernel `ip6tnl` link beside it that carries IPv4 to IPv6 internal IPs
+        /// ([`KERNEL_IP6TNL`]), where kg made one.
+        ipv6_outer: Option<&'static str>,
     },
     /// kilotun's userspace IPIP device.
     Userspace(UserspaceIpip),
@@ -67,6 +73,7 @@ impl Tunnel {
                 return Ok(Self::Kernel {
                     name: CILIUM_TUNNEL,
                     owned: false,
+                    ipv6_outer: None,
                 });
             }
             // A tunl0 of kg's own next to Cilium makes the kernel detect TX recursion: wait for
@@ -76,6 +83,7 @@ impl Tunnel {
                 return Ok(Self::Kernel {
                     name: CILIUM_TUNNEL,
                     owned: false,
+                    ipv6_outer: None,
                 });
             }
             Compatibility::Cilium => {
@@ -87,9 +95,23 @@ impl Tunnel {
         match netlink.add_ipip(KERNEL_IPIP).await {
             Ok(()) => {
                 tracing::info!("encapsulating inside locations with the kernel's IPIP ({KERNEL_IPIP})");
+                let ipv6_outer = match netlink.add_ip6tnl(KERNEL_IP6TNL).await {
+                    Ok(()) => {
+                        tracing::info!("IPv4 to nodes with IPv6 internal IPs is encapsulated with the kernel's ip6tnl ({KERNEL_IP6TNL}, ipip6 mode)");
+                        Some(KERNEL_IP6TNL)
+                    }
+                    Err(e) => {
+                        tracing::info!(
+                            reason = format!("{e:#}"),
+                            "the kernel has no ip6_tunnel: IPv4 to nodes with IPv6 internal IPs is routed without encapsulation"
+                        );
+                        None
+                    }
+                };
                 return Ok(Self::Kernel {
                     name: KERNEL_IPIP,
                     owned: true,
+                    ipv6_outer,
                 });
             }
             Err(e) => tracing::info!(
@@ -114,6 +136,15 @@ impl Tunnel {
     /// device on a host with IPv6).
     pub fn carries_ipv6_outer(&self) -> bool {
         matches!(self, Self::Userspace(device) if device.carries_ipv6_outer())
+    }
+
+    /// The kernel `ip6tnl` link kg made beside `tunl0`, if any (removed with the interface on
+    /// shutdown).
+    pub fn ipv6_outer(&self) -> Option<&'static str> {
+        match self {
+            Self::Kernel { ipv6_outer, .. } => *ipv6_outer,
+            _ => None,
+        }
     }
 
     /// True when the tunnel is IPIP, so the `KILO-IPIP` rules apply.
@@ -158,6 +189,34 @@ impl Tunnel {
             }
         }
         if !link.up && !matches!(self, Self::Flannel) {
+            netlink.set_up(link.index, true).await?;
+        }
+        Ok(Some(link.index))
+    }
+
+    /// Brings up the kernel's `ip6tnl` link, where kg made one, with an MTU that leaves room for
+    /// the 40-byte outer IPv6 header. Returns its index, or `None` when there is none.
+    pub async fn prepare_ipv6_outer<N: Kernel>(
+        &self,
+        netlink: &N,
+        private_mtu: Option<u32>,
+    ) -> Result<Option<u32>> {
+        let Self::Kernel {
+            ipv6_outer: Some(name),
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let Some(link) = netlink.link_by_name(name).await? else {
+            return Ok(None);
+        };
+        if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(IPIP6_OVERHEAD)) {
+            if link.mtu != mtu {
+                netlink.set_mtu(link.index, mtu).await?;
+            }
+        }
+        if !link.up {
             netlink.set_up(link.index, true).await?;
         }
         Ok(Some(link.index))
@@ -261,7 +320,65 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(tunnel.name(), Some(KERNEL_IPIP));
-        assert!(matches!(tunnel, Tunnel::Kernel { owned: true, .. }));
+        assert!(matches!(
+            tunnel,
+            Tunnel::Kernel {
+                owned: true,
+                ipv6_outer: None,
+                ..
+            }
+        ));
+        // Without ip6_tunnel there is no IPv6-outer link: such routes stay unencapsulated.
+        assert_eq!(
+            tunnel
+                .prepare_ipv6_outer(&kernel, Some(1500))
+                .await
+                .unwrap(),
+            None
+        );
+    }
+
+    // This machine's kernel has neither IPIP nor ip6_tunnel, so the kernel path for IPv4 over
+    // IPv6 internal IPs is shown on the in-memory twin.
+    #[tokio::test]
+    async fn where_the_kernel_has_ip6tnl_kg_adds_one_beside_tunl0() {
+        let kernel = host().with_ipip().with_ip6tnl();
+        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Ipip)
+            .await
+            .unwrap();
+        assert!(matches!(
+            tunnel,
+            Tunnel::Kernel {
+                ipv6_outer: Some(KERNEL_IP6TNL),
+                ..
+            }
+        ));
+        let index = tunnel
+            .prepare_ipv6_outer(&kernel, Some(1500))
+            .await
+            .unwrap()
+            .expect("the ip6tnl link");
+        let link = kernel
+            .links()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|l| l.index == index)
+            .unwrap();
+        assert_eq!(link.name, KERNEL_IP6TNL);
+        assert_eq!(link.mtu, 1460, "1500 less the 40-byte IPv6 header");
+        assert!(link.up);
+        // Cilium's own tunnel gets none.
+        let cilium = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
+            .await
+            .unwrap();
+        assert_eq!(
+            cilium
+                .prepare_ipv6_outer(&kernel, Some(1500))
+                .await
+                .unwrap(),
+            None
+        );
     }
 
     #[tokio::test]

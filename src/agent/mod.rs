@@ -401,6 +401,21 @@ impl Agent {
                 );
             }
         }
+        if let Some(name) = self
+            .tunnel
+            .ipv6_outer()
+            .filter(|_| self.s.args.clean_up_interface)
+        {
+            if let Ok(Some(link)) = self.netlink.link_by_name(name).await {
+                if let Err(e) = self.netlink.delete_link(link.index).await {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        link = name,
+                        "deleting the link failed"
+                    );
+                }
+            }
+        }
         let index = self.kilo_index;
         let wg = match Arc::try_unwrap(self.wg) {
             Ok(wg) => wg,

@@ -8,13 +8,13 @@ use control::routes::{Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::link::{Ip6TunnelFlags, LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType, RouteVia,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
-use rtnetlink::{Handle, IpVersion, LinkIpIp, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{Handle, IpVersion, LinkIp6Tnl, LinkIpIp, LinkUnspec, RouteMessageBuilder};
 
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +116,26 @@ impl Netlink {
             Err(e) => match self.link_by_name(name).await? {
                 Some(_) => Ok(()),
                 None => Err(anyhow::Error::new(e).context(format!("creating IPIP link {name}"))),
+            },
+        }
+    }
+
+    /// Makes sure the kernel's `ip6tnl` link `name` exists in `ipip6` mode with no fixed
+    /// endpoints (`ip link add NAME type ip6tnl mode ipip6 encaplimit none`): IPv4 inside an
+    /// IPv6 header whose next header is 4, sent to the IPv6 gateway of each route through it
+    /// (the kernel's NBMA mode for IPv4), the bytes kilotun's userspace device sends. Fails
+    /// where the kernel has no `ip6_tunnel`.
+    pub async fn add_ip6tnl(&self, name: &str) -> Result<()> {
+        let link = LinkIp6Tnl::new(name)
+            .mode(netlink_packet_route::IpProtocol::Ipip)
+            .set_flag(Ip6TunnelFlags::IgnEncapLimit, true)
+            .build();
+        let added = self.handle.link().add(link).execute().await;
+        match added {
+            Ok(()) => Ok(()),
+            Err(e) => match self.link_by_name(name).await? {
+                Some(_) => Ok(()),
+                None => Err(anyhow::Error::new(e).context(format!("creating ip6tnl link {name}"))),
             },
         }
     }

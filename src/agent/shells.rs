@@ -30,6 +30,9 @@ pub trait Kernel: Send + Sync {
     }
     /// Makes sure the kernel IPIP link `name` exists.
     fn add_ipip(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Makes sure the kernel `ip6tnl` link `name` exists in `ipip6` mode, with no fixed
+    /// endpoints (IPv4 to IPv6 gateways).
+    fn add_ip6tnl(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// True when the kernel has IPIP (loaded or loadable), without creating anything.
     fn has_ipip(&self) -> impl Future<Output = Result<bool>> + Send;
     /// Deletes a link.
@@ -62,6 +65,9 @@ impl Kernel for Netlink {
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         Netlink::add_ipip(self, name).await
+    }
+    async fn add_ip6tnl(&self, name: &str) -> Result<()> {
+        Netlink::add_ip6tnl(self, name).await
     }
     async fn has_ipip(&self) -> Result<bool> {
         Netlink::has_ipip(self).await

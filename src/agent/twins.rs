@@ -33,6 +33,23 @@ struct KernelState {
     calls: Calls,
     /// The kernel has IPIP: `add_ipip` creates the link.
     ipip: bool,
+    /// The kernel has `ip6_tunnel`: `add_ip6tnl` creates the link.
+    ip6tnl: bool,
+}
+
+impl KernelState {
+    /// Adds a link called `name` (down, with `mtu`) unless one exists.
+    fn add_link(&mut self, name: &str, mtu: u32) {
+        if !self.links.iter().any(|l| l.name == name) {
+            let index = self.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
+            self.links.push(Link {
+                index,
+                name: name.to_string(),
+                mtu,
+                up: false,
+            });
+        }
+    }
 }
 
 /// An in-memory kernel: links, addresses, a default route, kg's routes and rules.
@@ -52,6 +69,12 @@ impl MemKernel {
                 ..Default::default()
             })),
         }
+    }
+
+    /// Gives this kernel `ip6_tunnel`: `add_ip6tnl` creates links.
+    pub fn with_ip6tnl(self) -> Self {
+        self.state.lock().ip6tnl = true;
+        self
     }
 
     /// Gives this kernel IPIP: `tunl0` exists, as the loaded module makes it, and `add_ipip`
@@ -144,17 +167,14 @@ impl Kernel for MemKernel {
         if !self.read(|s| s.ipip) {
             anyhow::bail!("this kernel has no IPIP (creating {name})")
         }
-        self.write(|s| {
-            if !s.links.iter().any(|l| l.name == name) {
-                let index = s.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
-                s.links.push(Link {
-                    index,
-                    name: name.to_string(),
-                    mtu: 1480,
-                    up: false,
-                });
-            }
-        });
+        self.write(|s| s.add_link(name, 1480));
+        Ok(())
+    }
+    async fn add_ip6tnl(&self, name: &str) -> Result<()> {
+        if !self.read(|s| s.ip6tnl) {
+            anyhow::bail!("this kernel has no ip6_tunnel (creating {name})")
+        }
+        self.write(|s| s.add_link(name, 1452));
         Ok(())
     }
     async fn has_ipip(&self) -> Result<bool> {

@@ -8,6 +8,7 @@ use crate::node::Granularity;
 const KILO: u32 = 1;
 const PRIV: u32 = 2;
 const TUNL: u32 = 3;
+const TUNL6: u32 = 4;
 
 fn topology(host: &str, granularity: Granularity) -> Topology {
     Topology::new(&f1_nodes(), &f1_peers(), &f1_params(host, granularity)).unwrap()
@@ -20,6 +21,7 @@ fn options(local: bool, encapsulate: Encapsulate) -> RouteOptions {
             kilo: KILO,
             private: PRIV,
             tunnel: TUNL,
+            tunnel6: 0,
         },
         local,
         encapsulate,
@@ -953,5 +955,46 @@ fn ipv6_only_pods_are_routed_over_an_ipv4_underlay() {
             .is_none_or(|(s, d)| s.addr().is_ipv4() == d.addr().is_ipv4())),
         "{:?}",
         show_rules(&plan)
+    );
+}
+
+#[test]
+fn the_kernels_ip6tnl_carries_ipv4_pods_to_an_ipv6_internal_ip() {
+    let nodes = ipv6_internal_ip_nodes();
+    let mut o = options(true, Encapsulate::Always);
+    o.links.tunnel6 = TUNL6;
+    o.pod_sources = vec!["10.42.1.1".parse().unwrap()];
+    let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
+    let plan = leader.route_plan(&o);
+    assert_no_mixed_family(&plan);
+    let routes = show(&plan);
+    // An IPv4 route via an IPv6 gateway on the ip6tnl link: the kernel sends the packet in an
+    // IPv6 header to that gateway. Nothing for the userspace device, nothing on tunl0.
+    assert!(
+        routes.contains(&"10.42.2.0/24 via fd50::2 dev 4 src 10.42.1.1 onlink".to_string()),
+        "{routes:?}"
+    );
+    assert!(
+        plan.tunnel_gateways.is_empty(),
+        "{:?}",
+        plan.tunnel_gateways
+    );
+    assert!(plan.routes.iter().all(|r| r.link != TUNL), "{routes:?}");
+    // A member sends the other location's pods to its leader the same way.
+    o.pod_sources = vec!["10.42.2.1".parse().unwrap()];
+    let member = Topology::new(&nodes, &[], &f1_params("a2", Granularity::Location)).unwrap();
+    let routes = show(&member.route_plan(&o));
+    assert!(
+        routes.contains(&"10.42.3.0/24 via fd50::1 dev 4 src 10.42.2.1 onlink".to_string()),
+        "{routes:?}"
+    );
+    // crosssubnet: a member of the same IPv6 subnet is reached unencapsulated.
+    let mut o = options(true, Encapsulate::CrossSubnet);
+    o.links.tunnel6 = TUNL6;
+    o.pod_sources = vec!["10.42.1.1".parse().unwrap()];
+    let routes = show(&leader.route_plan(&o));
+    assert!(
+        routes.contains(&"10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink".to_string()),
+        "{routes:?}"
     );
 }

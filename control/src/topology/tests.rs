@@ -362,6 +362,7 @@ fn cross_routes_its_own_location_directly_and_others_through_wireguard() {
             kilo: 1,
             private: 2,
             tunnel: 3,
+            tunnel6: 0,
         },
         local: true,
         encapsulate: Encapsulate::Never,
