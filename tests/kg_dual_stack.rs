@@ -52,10 +52,16 @@ fn pod_mesh(pods: Pods, extra: &[&str]) -> Cluster {
         }
     }
     for i in 0..4 {
+        // Kilo's shipped conflist, at the path the harness gives each kg.
+        let conflist = c.work.join(format!("{}.conflist", c.nodes[i].name));
+        std::fs::write(&conflist, KILO_CONFLIST).unwrap();
         c.start_kg(i, extra);
     }
     c
 }
+
+/// Kilo's shipped CNI conflist (one IPv4-less `host-local` IPAM for kg to fill).
+const KILO_CONFLIST: &str = r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},{"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}"#;
 
 /// The IPv6 pod address of node `n` (1-based).
 fn ipv6_pod(n: usize) -> String {
@@ -88,10 +94,10 @@ fn unreachable_ipv6_pods(c: &Cluster) -> Vec<String> {
     failed
 }
 
-/// Meshes the cluster and checks, at once and again after [`STEADY`] of 2-second resyncs:
+/// Meshes the cluster and checks, at once and again after `steady` of 2-second resyncs:
 /// every IPv6 pod address reaches every other from pods and hosts (and every IPv4 pod address
 /// with dual-stack pods), no route mixes families, and no route or rule change failed.
-fn steady_pod_mesh(pods: Pods, granularity: &str, encapsulate: &str) -> Cluster {
+fn steady_pod_mesh(pods: Pods, granularity: &str, encapsulate: &str, steady: Duration) -> Cluster {
     let granularity_flag = format!("--mesh-granularity={granularity}");
     let encapsulate_flag = format!("--encapsulate={encapsulate}");
     let c = pod_mesh(
@@ -105,7 +111,7 @@ fn steady_pod_mesh(pods: Pods, granularity: &str, encapsulate: &str) -> Cluster 
     assert!(meshed, "{:?}\n{}", unreachable_ipv6_pods(&c), c.logs());
     for round in ["meshed", "steady"] {
         if round == "steady" {
-            std::thread::sleep(STEADY);
+            std::thread::sleep(steady);
         }
         assert_eq!(
             unreachable_ipv6_pods(&c),
@@ -134,15 +140,18 @@ fn steady_pod_mesh(pods: Pods, granularity: &str, encapsulate: &str) -> Cluster 
 
 /// How long a steady mesh is watched (resyncs every 2 s).
 const STEADY: Duration = Duration::from_secs(12);
+/// How long the first test watches its steady mesh: a minute of resyncs.
+const A_MINUTE: Duration = Duration::from_secs(60);
 
-/// The leaders' WireGuard peers allow the other location's pod CIDRs of both families, and
-/// each node masquerades its IPv6 pods' traffic leaving the cluster through `KILO-NAT`.
+/// The leaders' WireGuard peers allow the other location's pod CIDRs of both families, each
+/// node's CNI conflist gets a range set per family, and each node masquerades its IPv6 pods'
+/// traffic leaving the cluster through `KILO-NAT`; a minute of resyncs changes nothing.
 #[test]
 fn dual_stack_pods_across_two_locations() {
     if !common::can_run("dual_stack_pods_across_two_locations") {
         return;
     }
-    let c = steady_pod_mesh(Pods::DualStack, "location", "always");
+    let c = steady_pod_mesh(Pods::DualStack, "location", "always", A_MINUTE);
     let allowed = c.node("a1").wg("allowed-ips");
     for cidr in ["10.42.3.0/24", "fd42:3::/64", "10.42.4.0/24", "fd42:4::/64"] {
         assert!(
@@ -161,6 +170,14 @@ fn dual_stack_pods_across_two_locations() {
             .map(String::as_str),
         Some("fd50::2/64")
     );
+    // Each node's CNI conflist holds one range set per family.
+    for n in 1..=4 {
+        let path = c.work.join(format!("{}.conflist", c.nodes[n - 1].name));
+        let conflist = std::fs::read_to_string(&path).unwrap();
+        let ranges =
+            format!(r#""ranges":[[{{"subnet":"10.42.{n}.0/24"}}],[{{"subnet":"fd42:{n}::/64"}}]]"#);
+        assert!(conflist.contains(&ranges), "node {n}: {conflist}");
+    }
     for n in 1..=4 {
         let rules = c.nodes[n - 1]
             .ns
@@ -178,14 +195,14 @@ fn dual_stack_pods_across_two_locations() {
 #[test]
 fn dual_stack_pods_in_full_granularity() {
     if common::can_run("dual_stack_pods_in_full_granularity") {
-        drop(steady_pod_mesh(Pods::DualStack, "full", "never"));
+        drop(steady_pod_mesh(Pods::DualStack, "full", "never", STEADY));
     }
 }
 
 #[test]
 fn ipv6_only_pods_across_two_locations() {
     if common::can_run("ipv6_only_pods_across_two_locations") {
-        drop(steady_pod_mesh(Pods::Ipv6Only, "location", "never"));
+        drop(steady_pod_mesh(Pods::Ipv6Only, "location", "never", STEADY));
     }
 }
 
@@ -197,7 +214,7 @@ fn kgctl_and_a_peer_see_both_families() {
     if !common::can_run("kgctl_and_a_peer_see_both_families") {
         return;
     }
-    let c = steady_pod_mesh(Pods::DualStack, "location", "never");
+    let c = steady_pod_mesh(Pods::DualStack, "location", "never", STEADY);
     let dir = format!("--cluster-dir={}", c.dir.display());
     let graph = common::run(&[
         common::cluster::kgctl_bin(),

@@ -264,6 +264,34 @@ fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
     );
 }
 
+/// IPIP on dual-stack hosts whose internal IPs are IPv6: each kg also publishes its IPv4
+/// address (`kilotun.io/second-internal-ip`), so the location's IPv4 pods go through IPIP in
+/// IPv4 to that address, which the receiving node's `KILO-IPIP` chain and IPIP device accept.
+#[test]
+fn location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay() {
+    if common::can_run("location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay") {
+        let c = steady_mesh(Underlay::DualStack, "location", "always");
+        let route = c
+            .node("a1")
+            .ns
+            .run(&["ip", "route", "show", "10.42.2.0/24"]);
+        assert!(
+            route.contains("via 192.168.10.2 dev kilo-ipip"),
+            "{route}\n{}",
+            c.logs()
+        );
+    }
+}
+
+/// Full granularity has no encapsulation inside a location (every node is a segment of its
+/// own), so `--encapsulate=always` must change nothing on an IPv6-only underlay.
+#[test]
+fn full_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
+    if common::can_run("full_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay") {
+        drop(steady_mesh(Underlay::Ipv6Only, "full", "always"));
+    }
+}
+
 /// Pings `target` from `node`'s host addresses (no pod source).
 fn host_reaches(c: &Cluster, node: &str, target: &str) -> bool {
     common::ping_ok(&c.node(node).ns.name, target, Duration::from_secs(5))

@@ -97,6 +97,18 @@ impl Segment {
             .iter()
             .filter_map(|m| m.private_ip.map(|n| n.addr()))
     }
+
+    /// The addresses IPIP from the segment's members may come from: their private IPs and,
+    /// on dual-stack hosts, their second private IPs (a member with an IPv6 internal IP sends
+    /// IPv4 pods from its IPv4 address when it has one).
+    pub fn ipip_sources(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.members.iter().flat_map(|m| {
+            [m.private_ip, m.second_private_ip]
+                .into_iter()
+                .flatten()
+                .map(|n| n.addr())
+        })
+    }
 }
 
 /// What the topology is computed from, besides the nodes and peers.

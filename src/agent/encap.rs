@@ -224,7 +224,7 @@ impl Tunnel {
 
     /// For the userspace device: the gateways of the routes `plan` sends over link `index` (a
     /// route without one, to a node with an IPv6 internal IP, goes to that internal IP), and the
-    /// location's private IPs as the only accepted sources.
+    /// location's private IPs (their second ones too) as the only accepted sources.
     pub fn update(&self, plan: &RoutePlan, index: u32, topology: &Topology) {
         let Self::Userspace(device) = self else {
             return;
@@ -241,7 +241,7 @@ impl Tunnel {
             });
         let sources: Vec<IpAddr> = topology
             .local_segment()
-            .map(|s| s.private_ips().collect())
+            .map(|s| s.ipip_sources().collect())
             .unwrap_or_default();
         device.set_table(IpipTable::new(routes, sources));
     }

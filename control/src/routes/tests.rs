@@ -58,6 +58,12 @@ fn show(plan: &RoutePlan) -> Vec<String> {
     lines
 }
 
+/// Fails, listing `routes`, unless `line` is one of them.
+#[track_caller]
+fn assert_has_route(routes: &[String], line: &str) {
+    assert!(routes.iter().any(|r| r == line), "{line} not in {routes:?}");
+}
+
 fn show_rules(plan: &RoutePlan) -> Vec<String> {
     plan.rules
         .iter()
@@ -158,10 +164,7 @@ fn a_peers_own_endpoint_is_not_routed_into_the_tunnel() {
     peers[1].endpoint = Some(crate::ip::Endpoint::parse("192.168.9.9:51820").unwrap());
     let t = Topology::new(&f1_nodes(), &peers, &f1_params("b", Granularity::Location)).unwrap();
     let routes = show(&t.route_plan(&options(true, Encapsulate::Always)));
-    assert!(
-        routes.contains(&"10.6.0.0/24 dev 1 src 192.168.0.1".to_string()),
-        "{routes:?}"
-    );
+    assert_has_route(&routes, "10.6.0.0/24 dev 1 src 192.168.0.1");
     assert!(
         routes.iter().all(|r| !r.starts_with("192.168.9.9/32")),
         "{routes:?}"
@@ -596,22 +599,13 @@ fn an_endpoint_inside_a_peers_allowed_ips_keeps_to_the_underlay() {
     );
     let routes = show(&plan);
     // The longest underlay prefix wins; the tunnel route itself stays.
-    assert!(
-        routes.contains(&"10.1.0.1/32 via 192.168.0.253 dev 2 onlink".to_string()),
-        "{routes:?}"
-    );
-    assert!(
-        routes.contains(&"192.168.0.1/32 dev 2".to_string()),
-        "{routes:?}"
-    );
+    assert_has_route(&routes, "10.1.0.1/32 via 192.168.0.253 dev 2 onlink");
+    assert_has_route(&routes, "192.168.0.1/32 dev 2");
     assert!(
         !routes.iter().any(|r| r.starts_with("192.168.0.1/32 via")),
         "{routes:?}"
     );
-    assert!(
-        routes.contains(&"10.1.0.4/32 via 192.168.0.253 dev 2 onlink".to_string()),
-        "{routes:?}"
-    );
+    assert_has_route(&routes, "10.1.0.4/32 via 192.168.0.253 dev 2 onlink");
     assert!(routes.contains(&"10.1.0.0/16 dev 1 src 192.168.0.1".to_string()));
     assert!(bypasses[0].to_string().contains("inside 10.1.0.0/16"));
 }
@@ -697,10 +691,7 @@ fn ipv6_internal_ips_never_mix_families_in_a_route() {
     assert_no_mixed_family(&plan);
     let routes = show(&plan);
     // b1's IPv6 private IP: straight onto the WireGuard link, no IPv4 gateway.
-    assert!(
-        routes.contains(&"fd50::3/128 dev 1 src fd50::1".to_string()),
-        "{routes:?}"
-    );
+    assert_has_route(&routes, "fd50::3/128 dev 1 src fd50::1");
     // b1's IPv4 pods: through its IPv4 WireGuard IP, from this node's own pod address.
     assert!(
         routes
@@ -713,9 +704,9 @@ fn ipv6_internal_ips_never_mix_families_in_a_route() {
     o.pod_sources = vec!["10.42.2.1".parse().unwrap()];
     let member = Topology::new(&nodes, &[], &f1_params("a2", Granularity::Location)).unwrap();
     let routes = show(&member.route_plan(&o));
-    assert!(
-        routes.contains(&"10.42.3.0/24 via fd50::1 dev 2 src 10.42.2.1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "10.42.3.0/24 via fd50::1 dev 2 src 10.42.2.1 onlink",
     );
 }
 
@@ -742,9 +733,9 @@ fn ipip_never_carries_traffic_to_an_ipv6_internal_ip() {
         o.pod_sources = vec!["10.42.1.1".parse().unwrap()];
         let leader = Topology::new(&nodes, &[], &f1_params("a1", Granularity::Location)).unwrap();
         let routes = show(&leader.route_plan(&o));
-        assert!(
-            routes.contains(&"10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink".to_string()),
-            "{routes:?}"
+        assert_has_route(
+            &routes,
+            "10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink",
         );
     }
 }
@@ -761,10 +752,7 @@ fn userspace_ipip_carries_ipv4_pods_to_an_ipv6_internal_ip() {
     let routes = show(&plan);
     // The location's IPv4 pods go onto the tunnel with no gateway (the kernel refuses one of
     // the other family there); the device sends them to the node's IPv6 internal IP.
-    assert!(
-        routes.contains(&"10.42.2.0/24 dev 3 src 10.42.1.1".to_string()),
-        "{routes:?}"
-    );
+    assert_has_route(&routes, "10.42.2.0/24 dev 3 src 10.42.1.1");
     assert_eq!(
         plan.tunnel_gateways.get(&"10.42.2.0/24".parse().unwrap()),
         Some(&"fd50::2".parse().unwrap())
@@ -846,10 +834,7 @@ fn dual_stack_pods_are_routed_in_both_families() {
         let routes = show(&plan);
         // The other location's IPv6 pods: onto the WireGuard link without a gateway (its
         // WireGuard IP is IPv4), from this node's IPv6 pod address.
-        assert!(
-            routes.contains(&"fd42:3::/64 dev 1 src fd42:1::1".to_string()),
-            "{routes:?}"
-        );
+        assert_has_route(&routes, "fd42:3::/64 dev 1 src fd42:1::1");
         // Its own location's IPv6 pods: straight to the member's IPv6 address, never onto
         // the IPv4-only tunnel.
         assert!(
@@ -939,13 +924,13 @@ fn ipv6_only_pods_are_routed_over_an_ipv4_underlay() {
     let plan = member.route_plan(&o);
     assert_no_mixed_family(&plan);
     let routes = show(&plan);
-    assert!(
-        routes.contains(&"fd42:3::/64 via fd50::1 dev 2 src fd42:2::1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "fd42:3::/64 via fd50::1 dev 2 src fd42:2::1 onlink",
     );
-    assert!(
-        routes.contains(&"fd42:1::/64 via fd50::1 dev 2 src fd42:2::1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "fd42:1::/64 via fd50::1 dev 2 src fd42:2::1 onlink",
     );
     // No table-1107 rule pairs the IPv6 pods with an IPv4 internal IP.
     assert!(
@@ -970,9 +955,9 @@ fn the_kernels_ip6tnl_carries_ipv4_pods_to_an_ipv6_internal_ip() {
     let routes = show(&plan);
     // An IPv4 route via an IPv6 gateway on the ip6tnl link: the kernel sends the packet in an
     // IPv6 header to that gateway. Nothing for the userspace device, nothing on tunl0.
-    assert!(
-        routes.contains(&"10.42.2.0/24 via fd50::2 dev 4 src 10.42.1.1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "10.42.2.0/24 via fd50::2 dev 4 src 10.42.1.1 onlink",
     );
     assert!(
         plan.tunnel_gateways.is_empty(),
@@ -984,17 +969,17 @@ fn the_kernels_ip6tnl_carries_ipv4_pods_to_an_ipv6_internal_ip() {
     o.pod_sources = vec!["10.42.2.1".parse().unwrap()];
     let member = Topology::new(&nodes, &[], &f1_params("a2", Granularity::Location)).unwrap();
     let routes = show(&member.route_plan(&o));
-    assert!(
-        routes.contains(&"10.42.3.0/24 via fd50::1 dev 4 src 10.42.2.1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "10.42.3.0/24 via fd50::1 dev 4 src 10.42.2.1 onlink",
     );
     // crosssubnet: a member of the same IPv6 subnet is reached unencapsulated.
     let mut o = options(true, Encapsulate::CrossSubnet);
     o.links.tunnel6 = TUNL6;
     o.pod_sources = vec!["10.42.1.1".parse().unwrap()];
     let routes = show(&leader.route_plan(&o));
-    assert!(
-        routes.contains(&"10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink".to_string()),
-        "{routes:?}"
+    assert_has_route(
+        &routes,
+        "10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink",
     );
 }
