@@ -743,13 +743,17 @@ impl Topology {
 
 impl Topology {
     /// The routes a Peer running `kgctl connect` needs on its WireGuard link `link`:
-    /// each segment's pod CIDRs, private IPs and allowed location IPs via its WireGuard IP, the
+    /// each segment's pod CIDRs, private IPs and allowed location IPs via its WireGuard IP (with
+    /// no gateway where the WireGuard IP is of the other family), the
     /// WireGuard IPs themselves, the other Peers' allowed IPs, and `extra` CIDRs via the first
     /// segment. Unlike Kilo, a private IP that is also the segment's endpoint is not routed into
     /// the tunnel, which would swallow the tunnel's own packets.
     pub fn peer_routes(&self, peer: &str, link: u32, extra: &[IpNet]) -> RoutePlan {
         let mut plan = RoutePlan::default();
         let mut route = |dst: IpNet, gateway: Option<IpAddr>| {
+            // The WireGuard link needs no gateway; one of the other family (IPv6 pods through
+            // an IPv4 WireGuard IP) the kernel refuses.
+            let gateway = gateway.filter(|g| g.is_ipv4() == dst.addr().is_ipv4());
             plan.insert_route(Route {
                 table: MAIN_TABLE,
                 dst: dst.trunc(),

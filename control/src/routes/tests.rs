@@ -983,3 +983,35 @@ fn the_kernels_ip6tnl_carries_ipv4_pods_to_an_ipv6_internal_ip() {
         "10.42.2.0/24 via fd50::2 dev 2 src 10.42.1.1 onlink",
     );
 }
+
+#[test]
+fn a_connecting_peer_routes_ipv6_pods_without_an_ipv4_gateway() {
+    let nodes = dual_stack_pod_nodes();
+    let peers = vec![crate::peer::Peer {
+        name: "laptop".into(),
+        allowed_ips: vec![
+            "10.5.0.1/32".parse().unwrap(),
+            "fd05::1/128".parse().unwrap(),
+        ],
+        public_key: Some(crate::key::Key::padded("laptop")),
+        endpoint: None,
+        persistent_keepalive: 0,
+        preshared_key: None,
+    }];
+    let t = Topology::new(&nodes, &peers, &f1_params("a1", Granularity::Location)).unwrap();
+    let plan = t.peer_routes("laptop", 9, &[]);
+    let routes = show(&plan);
+    assert_has_route(&routes, "fd42:3::/64 dev 9");
+    assert_has_route(&routes, "fd42:2::/64 dev 9");
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.starts_with("10.42.3.0/24 via 10.4.0.")),
+        "{routes:?}"
+    );
+    for r in &plan.routes {
+        if let Some(gw) = r.gateway {
+            assert_eq!(gw.is_ipv4(), r.dst.addr().is_ipv4(), "{r:?}");
+        }
+    }
+}
