@@ -162,6 +162,8 @@ fn dual_stack_pods_across_two_locations() {
     // Inside location x the IPv4 pods go through IPIP, the IPv6 pods straight to a2's IPv6
     // address (the IPIP device carries IPv4 only).
     let a1 = &c.node("a1").ns;
+    let ipv4_route = a1.run(&["ip", "route", "show", "10.42.2.0/24"]);
+    assert!(ipv4_route.contains("dev kilo-ipip"), "{ipv4_route}");
     let ipv6_route = a1.run(&["ip", "-6", "route", "show", "fd42:2::/64"]);
     assert!(ipv6_route.contains("via fd50::2 dev eth0"), "{ipv6_route}");
     assert_eq!(

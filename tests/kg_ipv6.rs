@@ -264,9 +264,9 @@ fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
     );
 }
 
-/// IPIP on dual-stack hosts whose internal IPs are IPv6: each kg also publishes its IPv4
-/// address (`kilotun.io/second-internal-ip`), so the location's IPv4 pods go through IPIP in
-/// IPv4 to that address, which the receiving node's `KILO-IPIP` chain and IPIP device accept.
+/// IPIP on dual-stack hosts whose internal IPs are IPv6: the location's IPv4 pods still go to
+/// the internal IP the user chose, in an outer IPv6 header, although each kg also publishes its
+/// IPv4 address (`kilotun.io/second-internal-ip`, the gateway for IPv6 destinations only).
 #[test]
 fn location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay() {
     if common::can_run("location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay") {
@@ -276,9 +276,15 @@ fn location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay() {
             .ns
             .run(&["ip", "route", "show", "10.42.2.0/24"]);
         assert!(
-            route.contains("via 192.168.10.2 dev kilo-ipip"),
+            route.contains("dev kilo-ipip") && !route.contains("via"),
             "{route}\n{}",
             c.logs()
+        );
+        assert_eq!(
+            c.annotations("a2")
+                .get("kilotun.io/second-internal-ip")
+                .map(String::as_str),
+            Some("192.168.10.2/24")
         );
     }
 }

@@ -72,25 +72,22 @@ pub fn update_conflist(
     ))
 }
 
-/// True when `current` (an IPAM `ranges` value) lists the same subnets, range set by range
-/// set, as `wanted`; other keys of a range (a `gateway`, a `rangeStart`) are left as they are.
+/// True when `current` (an IPAM `ranges` value) has as many range sets as `wanted` and each
+/// set's first subnet is the wanted one (what Kilo compares for its single range); other ranges
+/// of a set and other keys of a range (a `gateway`, a `rangeStart`) are left as they are.
 fn same_subnets(current: Option<&Value>, wanted: &[Value]) -> bool {
-    let subnets = |sets: &[Value]| -> Vec<Vec<Option<String>>> {
+    let first_subnets = |sets: &[Value]| -> Vec<Option<String>> {
         sets.iter()
             .map(|set| {
-                set.as_array()
-                    .map(|ranges| {
-                        ranges
-                            .iter()
-                            .map(|r| r.get("subnet").and_then(Value::as_str).map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default()
+                set.get(0)
+                    .and_then(|r| r.get("subnet"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
             })
             .collect()
     };
     match current.and_then(Value::as_array) {
-        Some(sets) => subnets(sets) == subnets(wanted),
+        Some(sets) => first_subnets(sets) == first_subnets(wanted),
         None => false,
     }
 }
@@ -168,6 +165,17 @@ mod tests {
             "{single}"
         );
         assert!(update_conflist(&single, &pods, None).unwrap().is_some());
+    }
+
+    #[test]
+    fn ranges_added_by_hand_to_a_set_are_left_alone() {
+        let pods: IpNet = "10.42.3.0/24".parse().unwrap();
+        let conf = KILO_CONFLIST.replace(
+            r#""ipam": {"type": "host-local"}"#,
+            r#""ipam": {"type": "host-local", "ranges": [[{"subnet": "10.42.3.0/24"}, {"subnet": "10.99.0.0/24"}]]}"#,
+        );
+        assert_ne!(conf, KILO_CONFLIST);
+        assert_eq!(update_conflist(&conf, &[pods], None).unwrap(), None);
     }
 
     #[test]

@@ -162,10 +162,15 @@ pub fn cluster_findings_with_leases(
 
     let mut claims = Vec::new();
     for n in nodes {
-        for cidr in n.pod_cidrs() {
+        for (i, cidr) in n.pod_cidrs().enumerate() {
+            let field = if i == 0 {
+                "spec.podCIDR"
+            } else {
+                "spec.podCIDRs"
+            };
             claims.push(Claim {
                 cidr,
-                owner: format!("node {} (spec.podCIDR)", n.name),
+                owner: format!("node {} ({field})", n.name),
                 location: Some(n.location.clone()),
                 location_wide: false,
             });

@@ -229,7 +229,7 @@ impl Topology {
         let Some(segment) = self.local_segment() else {
             return;
         };
-        for ip in segment.ipip_sources() {
+        for ip in segment.private_ips() {
             let net = IpNet::from(ip);
             let spec = format!("-s {net} {} -j ACCEPT", comment("Kilo: allow IPIP traffic"));
             let chain = r.family(&net).kilo_ipip.get_or_insert_with(Vec::new);

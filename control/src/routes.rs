@@ -51,8 +51,10 @@ pub enum Compatibility {
 }
 
 impl Compatibility {
-    /// Kilo's `enc.Gw` for one node, for traffic to `dst`: of `dst`'s family where the node has
-    /// an address of it (its second internal IP, its pod CIDR of that family), else Kilo's.
+    /// Kilo's `enc.Gw` for one node, for traffic to `dst`: Kilo's, except that an IPv6
+    /// destination goes through an IPv6 address of the node where Kilo's is IPv4 (its second
+    /// internal IP, its IPv6 pod CIDR). An IPv4 destination keeps an IPv6 internal IP as its
+    /// gateway (`via inet6` works, and the internal IP is the address the user chose).
     fn gateway(self, member: &Member, dst: &IpNet) -> Option<IpAddr> {
         let family = |ip: &IpAddr| ip.is_ipv4() == dst.addr().is_ipv4();
         let pod_network = || {
@@ -63,9 +65,16 @@ impl Compatibility {
                 .unwrap_or(member.pod_cidr.network())
         };
         match self {
-            Self::Ipip => member
-                .private_ip_for(dst.addr())
-                .or(member.private_ip.map(|n| n.addr())),
+            Self::Ipip => match member.private_ip.map(|n| n.addr()) {
+                Some(internal) if internal.is_ipv4() && dst.addr().is_ipv6() => Some(
+                    member
+                        .second_private_ip
+                        .map(|n| n.addr())
+                        .filter(family)
+                        .unwrap_or(internal),
+                ),
+                internal => internal,
+            },
             Self::Flannel => Some(pod_network()),
             Self::Cilium => Some(
                 member
@@ -193,7 +202,7 @@ impl std::fmt::Display for NoGateway {
         };
         write!(
             f,
-            "not routing {} on this node: node {} has no {family} internal IP to route it through (its kilotun.io/second-internal-ip is empty: its host has no {family} address, or its kg is not kilotun's)",
+            "not routing {} on this node: node {} has no {family} address to route it through (its kilotun.io/second-internal-ip is empty: its host has no {family} address, or its kg is not kilotun's; with --compatibility=flannel or cilium, it has no {family} pod CIDR)",
             self.dst, self.via
         )
     }

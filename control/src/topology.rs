@@ -74,15 +74,6 @@ impl Member {
     pub fn pod_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
         std::iter::once(self.pod_cidr).chain(self.extra_pod_cidrs.iter().copied())
     }
-
-    /// Its private IP of the family of `ip`: the internal IP, else the second one.
-    pub fn private_ip_for(&self, ip: IpAddr) -> Option<IpAddr> {
-        [self.private_ip, self.second_private_ip]
-            .into_iter()
-            .flatten()
-            .map(|n| n.addr())
-            .find(|a| a.is_ipv4() == ip.is_ipv4())
-    }
 }
 
 impl Segment {
@@ -96,18 +87,6 @@ impl Segment {
         self.members
             .iter()
             .filter_map(|m| m.private_ip.map(|n| n.addr()))
-    }
-
-    /// The addresses IPIP from the segment's members may come from: their private IPs and,
-    /// on dual-stack hosts, their second private IPs (a member with an IPv6 internal IP sends
-    /// IPv4 pods from its IPv4 address when it has one).
-    pub fn ipip_sources(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.members.iter().flat_map(|m| {
-            [m.private_ip, m.second_private_ip]
-                .into_iter()
-                .flatten()
-                .map(|n| n.addr())
-        })
     }
 }
 

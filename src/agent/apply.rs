@@ -21,9 +21,10 @@ use ipnet::IpNet;
 use super::shells::{Engine, Firewall, Kernel};
 use super::{state, Agent};
 
-/// What the tunnel was prepared for: the pod CIDR, the private link's MTU and whether the
-/// private IP is IPv6 (a larger outer header).
-type TunnelInputs = (IpNet, Option<u32>, bool);
+/// What the tunnel was prepared for: the IPv4 pod CIDR, the private link's MTU, whether the
+/// private IP is IPv6 (a larger outer header) and whether a node of the location has an IPv6
+/// internal IP (the kernel's IPv6-outer link is needed).
+type TunnelInputs = (IpNet, Option<u32>, bool, bool);
 
 /// What kg last applied to the host, part by part (`None`: unknown, apply it).
 #[derive(Debug, Default)]
@@ -31,8 +32,7 @@ pub(super) struct Applied {
     wg: Option<DeviceConfig>,
     address: Option<Option<IpNet>>,
     cni: Option<(Vec<IpNet>, u32)>,
-    /// The tunnel's inputs (pod CIDR, private link's MTU, private IP family), the link it
-    /// gave and the kernel's IPv6-outer link beside it.
+    /// The tunnel's inputs, the link it gave and the kernel's IPv6-outer link beside it.
     tunnel: Option<(TunnelInputs, Option<u32>, Option<u32>)>,
     /// The kernel's routes and rules as last observed, with kg's changes since.
     kernel_routes: Option<RoutePlan>,
@@ -122,18 +122,27 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let private = host.private_link(t.private_ip);
         let private_mtu = host.link(private).filter(|_| private != 0).map(|l| l.mtu);
         let private_ipv6 = t.private_ip.is_some_and(|n| n.addr().is_ipv6());
-        let inputs = (t.subnet, private_mtu, private_ipv6);
+        // The tunnel's address comes from the IPv4 pod CIDR (IPIP carries IPv4 only).
+        let ipv4_pods = t
+            .local_pod_cidrs()
+            .find(|n| n.addr().is_ipv4())
+            .unwrap_or(t.subnet);
+        // A node of the location with an IPv6 internal IP: IPv4 to it goes in IPv6.
+        let ipv6_members = t
+            .local_segment()
+            .is_some_and(|s| s.private_ips().any(|ip| ip.is_ipv6()));
+        let inputs = (ipv4_pods, private_mtu, private_ipv6, ipv6_members);
         let (tunnel, tunnel6) = match self.memo.applied.tunnel {
             Some((applied, Some(index), six)) if applied == inputs => (Some(index), six),
             _ => {
                 let index = self
                     .tunnel
-                    .prepare(&self.netlink, t.subnet, private_mtu, private_ipv6)
+                    .prepare(&self.netlink, ipv4_pods, private_mtu, private_ipv6)
                     .await?;
                 let six = match index {
                     Some(_) => {
                         self.tunnel
-                            .prepare_ipv6_outer(&self.netlink, private_mtu)
+                            .prepare_ipv6_outer(&self.netlink, ipv6_members, private, private_mtu)
                             .await?
                     }
                     None => None,

@@ -43,8 +43,9 @@ pub enum Tunnel {
         name: &'static str,
         /// Whether kg sets its MTU and address.
         owned: bool,
-        /// The kernel `ip6tnl` link beside it that carries IPv4 to IPv6 internal IPs
-        /// ([`KERNEL_IP6TNL`]), where kg made one.
+        /// The kernel `ip6tnl` link kg creates beside it, when a node of the location has an
+        /// IPv6 internal IP, to carry IPv4 there ([`KERNEL_IP6TNL`]); `None` beside a tunnel
+        /// kg does not own.
         ipv6_outer: Option<&'static str>,
     },
     /// kilotun's userspace IPIP device.
@@ -95,23 +96,10 @@ impl Tunnel {
         match netlink.add_ipip(KERNEL_IPIP).await {
             Ok(()) => {
                 tracing::info!("encapsulating inside locations with the kernel's IPIP ({KERNEL_IPIP})");
-                let ipv6_outer = match netlink.add_ip6tnl(KERNEL_IP6TNL).await {
-                    Ok(()) => {
-                        tracing::info!("IPv4 to nodes with IPv6 internal IPs is encapsulated with the kernel's ip6tnl ({KERNEL_IP6TNL}, ipip6 mode)");
-                        Some(KERNEL_IP6TNL)
-                    }
-                    Err(e) => {
-                        tracing::info!(
-                            reason = format!("{e:#}"),
-                            "the kernel has no ip6_tunnel: IPv4 to nodes with IPv6 internal IPs is routed without encapsulation"
-                        );
-                        None
-                    }
-                };
                 return Ok(Self::Kernel {
                     name: KERNEL_IPIP,
                     owned: true,
-                    ipv6_outer,
+                    ipv6_outer: Some(KERNEL_IP6TNL),
                 });
             }
             Err(e) => tracing::info!(
@@ -194,11 +182,16 @@ impl Tunnel {
         Ok(Some(link.index))
     }
 
-    /// Brings up the kernel's `ip6tnl` link, where kg made one, with an MTU that leaves room for
-    /// the 40-byte outer IPv6 header. Returns its index, or `None` when there is none.
+    /// The kernel's `ip6tnl` link for IPv4 to IPv6 internal IPs, when `needed` (a node of the
+    /// location has an IPv6 internal IP) and the tunnel is kg's `tunl0`: created over the
+    /// private link `private` on first use, brought up with an MTU that leaves room for the
+    /// 40-byte outer IPv6 header. Returns its index, or `None` (said once per call, which the
+    /// agent makes only when its inputs change) when the kernel cannot have one.
     pub async fn prepare_ipv6_outer<N: Kernel>(
         &self,
         netlink: &N,
+        needed: bool,
+        private: u32,
         private_mtu: Option<u32>,
     ) -> Result<Option<u32>> {
         let Self::Kernel {
@@ -208,8 +201,25 @@ impl Tunnel {
         else {
             return Ok(None);
         };
-        let Some(link) = netlink.link_by_name(name).await? else {
+        if !needed || private == 0 {
             return Ok(None);
+        }
+        let link = match netlink.link_by_name(name).await? {
+            Some(link) => link,
+            None => {
+                if let Err(e) = netlink.add_ip6tnl(name, private).await {
+                    tracing::info!(
+                        reason = format!("{e:#}"),
+                        "no kernel ip6tnl: IPv4 to nodes with IPv6 internal IPs is routed without encapsulation"
+                    );
+                    return Ok(None);
+                }
+                tracing::info!("IPv4 to nodes with IPv6 internal IPs is encapsulated with the kernel's ip6tnl ({name}, ipip6 mode)");
+                match netlink.link_by_name(name).await? {
+                    Some(link) => link,
+                    None => return Ok(None),
+                }
+            }
         };
         if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(IPIP6_OVERHEAD)) {
             if link.mtu != mtu {
@@ -224,7 +234,7 @@ impl Tunnel {
 
     /// For the userspace device: the gateways of the routes `plan` sends over link `index` (a
     /// route without one, to a node with an IPv6 internal IP, goes to that internal IP), and the
-    /// location's private IPs (their second ones too) as the only accepted sources.
+    /// location's private IPs as the only accepted sources.
     pub fn update(&self, plan: &RoutePlan, index: u32, topology: &Topology) {
         let Self::Userspace(device) = self else {
             return;
@@ -241,7 +251,7 @@ impl Tunnel {
             });
         let sources: Vec<IpAddr> = topology
             .local_segment()
-            .map(|s| s.ipip_sources().collect())
+            .map(|s| s.private_ips().collect())
             .unwrap_or_default();
         device.set_table(IpipTable::new(routes, sources));
     }
@@ -320,41 +330,37 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(tunnel.name(), Some(KERNEL_IPIP));
-        assert!(matches!(
-            tunnel,
-            Tunnel::Kernel {
-                owned: true,
-                ipv6_outer: None,
-                ..
-            }
-        ));
+        assert!(matches!(tunnel, Tunnel::Kernel { owned: true, .. }));
         // Without ip6_tunnel there is no IPv6-outer link: such routes stay unencapsulated.
         assert_eq!(
             tunnel
-                .prepare_ipv6_outer(&kernel, Some(1500))
+                .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
                 .await
                 .unwrap(),
             None
         );
+        assert_eq!(kernel.link_names(), ["eth0", KERNEL_IPIP]);
     }
 
     // This machine's kernel has neither IPIP nor ip6_tunnel, so the kernel path for IPv4 over
     // IPv6 internal IPs is shown on the in-memory twin.
     #[tokio::test]
-    async fn where_the_kernel_has_ip6tnl_kg_adds_one_beside_tunl0() {
+    async fn kg_adds_an_ip6tnl_beside_tunl0_only_when_a_node_has_an_ipv6_internal_ip() {
         let kernel = host().with_ipip().with_ip6tnl();
         let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Ipip)
             .await
             .unwrap();
-        assert!(matches!(
-            tunnel,
-            Tunnel::Kernel {
-                ipv6_outer: Some(KERNEL_IP6TNL),
-                ..
-            }
-        ));
+        // An IPv4-only location: nothing created, nothing loaded.
+        assert_eq!(
+            tunnel
+                .prepare_ipv6_outer(&kernel, false, 2, Some(1500))
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(!kernel.link_names().contains(&KERNEL_IP6TNL.to_string()));
         let index = tunnel
-            .prepare_ipv6_outer(&kernel, Some(1500))
+            .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
             .await
             .unwrap()
             .expect("the ip6tnl link");
@@ -368,13 +374,23 @@ mod tests {
         assert_eq!(link.name, KERNEL_IP6TNL);
         assert_eq!(link.mtu, 1460, "1500 less the 40-byte IPv6 header");
         assert!(link.up);
+        // Asked again: the same link, nothing written.
+        let writes = kernel.calls().writes;
+        assert_eq!(
+            tunnel
+                .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
+                .await
+                .unwrap(),
+            Some(index)
+        );
+        assert_eq!(kernel.calls().writes, writes);
         // Cilium's own tunnel gets none.
         let cilium = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
             .await
             .unwrap();
         assert_eq!(
             cilium
-                .prepare_ipv6_outer(&kernel, Some(1500))
+                .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
                 .await
                 .unwrap(),
             None

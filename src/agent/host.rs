@@ -77,9 +77,13 @@ impl HostView {
             .map_or(0, |(i, _)| *i)
     }
 
-    /// The host's address of the other family than `internal`'s, on `internal`'s link (see
-    /// [`ipdetect::second_internal_ip`]).
-    pub(super) fn second_internal_ip(&self, internal: IpNet) -> Option<IpNet> {
+    /// The host's address of the other family than `internal`'s, on `internal`'s link, the
+    /// `published` one while the host still has it (see [`ipdetect::second_internal_ip`]).
+    pub(super) fn second_internal_ip(
+        &self,
+        internal: IpNet,
+        published: Option<IpNet>,
+    ) -> Option<IpNet> {
         let link = self.private_link(Some(internal));
         if link == 0 {
             return None;
@@ -90,7 +94,7 @@ impl HostView {
             .filter(|(i, _)| *i == link)
             .map(|(_, n)| *n)
             .collect();
-        ipdetect::second_internal_ip(internal, &same_link, &self.exclude)
+        ipdetect::second_internal_ip(internal, &same_link, &self.exclude, published)
     }
 
     /// The link with index `index`.

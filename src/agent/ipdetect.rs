@@ -134,11 +134,13 @@ pub fn choose(c: &Candidates, exclude: &Exclusions, internal_cidrs: &[IpNet]) ->
 /// `kilotun.io/second-internal-ip`: among `same_link` (the addresses of the link holding
 /// `internal`), one usable as for detection, a private one before a public one, lowest first.
 /// On a dual-stack host it is the gateway the location's other nodes route that family's pods
-/// through.
+/// through. The `published` one is kept while the link still has it, so an address added
+/// later (an IPv6 privacy address, say) does not move the location's routes.
 pub fn second_internal_ip(
     internal: IpNet,
     same_link: &[IpNet],
     exclude: &Exclusions,
+    published: Option<IpNet>,
 ) -> Option<IpNet> {
     let mut pool: Vec<IpNet> = same_link
         .iter()
@@ -150,6 +152,9 @@ pub fn second_internal_ip(
         })
         .copied()
         .collect();
+    if let Some(kept) = published.filter(|p| pool.contains(p)) {
+        return Some(kept);
+    }
     pool.sort_by(compare_ips);
     pool.iter()
         .find(|n| !is_public(n.addr()))
@@ -335,5 +340,45 @@ mod tests {
         let d = choose(&c, &Exclusions::default(), &both).unwrap();
         assert_eq!(d.private, Some("192.168.1.5/24".parse().unwrap()));
         assert_eq!(d.public, "203.0.113.5/24".parse().unwrap());
+    }
+
+    #[test]
+    fn the_second_internal_ip_is_of_the_other_family_and_stays_put() {
+        let internal: IpNet = "192.168.1.5/24".parse().unwrap();
+        let link = nets(&[
+            "192.168.1.5/24",
+            "fe80::5/64",
+            "2001:db8:1::5/64",
+            "fd50::9/64",
+            "fd50::5/64",
+        ]);
+        let none = Exclusions::default();
+        // Link-local never; a private address before a global one, lowest first.
+        assert_eq!(
+            second_internal_ip(internal, &link, &none, None),
+            Some("fd50::5/64".parse().unwrap())
+        );
+        // The published one stays while the link has it, even when a lower one appears.
+        let published = Some("fd50::9/64".parse().unwrap());
+        assert_eq!(
+            second_internal_ip(internal, &link, &none, published),
+            published
+        );
+        // Gone from the link: the choice starts over.
+        let gone = Some("fd50::7/64".parse().unwrap());
+        assert_eq!(
+            second_internal_ip(internal, &link, &none, gone),
+            Some("fd50::5/64".parse().unwrap())
+        );
+        // An IPv4-only link has none.
+        assert_eq!(
+            second_internal_ip(
+                internal,
+                &nets(&["192.168.1.5/24", "fe80::5/64"]),
+                &none,
+                None
+            ),
+            None
+        );
     }
 }

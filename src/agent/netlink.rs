@@ -120,14 +120,25 @@ impl Netlink {
         }
     }
 
-    /// Makes sure the kernel's `ip6tnl` link `name` exists in `ipip6` mode with no fixed
-    /// endpoints (`ip link add NAME type ip6tnl mode ipip6 encaplimit none`): IPv4 inside an
-    /// IPv6 header whose next header is 4, sent to the IPv6 gateway of each route through it
-    /// (the kernel's NBMA mode for IPv4), the bytes kilotun's userspace device sends. Fails
-    /// where the kernel has no `ip6_tunnel`.
-    pub async fn add_ip6tnl(&self, name: &str) -> Result<()> {
+    /// Makes sure the kernel's `ip6tnl` link `name` exists in `ipip6` mode over link `over`
+    /// with no fixed endpoints (`ip link add NAME type ip6tnl mode ipip6 dev OVER encaplimit
+    /// none`): IPv4 inside an IPv6 header whose next header is 4, sent to the IPv6 gateway of
+    /// each route through it, the bytes kilotun's userspace device sends. Binding it to `over`
+    /// keeps it apart from the module's own `ip6tnl0`, which has no endpoints either. The kernel
+    /// takes the outer destination from an IPv4 route's IPv6 gateway since Linux 5.18 (before,
+    /// such packets are dropped), so an older kernel is refused here. Fails where the kernel has
+    /// no `ip6_tunnel`.
+    pub async fn add_ip6tnl(&self, name: &str, over: u32) -> Result<()> {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        if !routes_ipv4_to_ipv6_gateways(&release) {
+            anyhow::bail!(
+                "kernel {} is older than 5.18, whose ip6tnl cannot send IPv4 to a route's IPv6 gateway",
+                release.trim()
+            );
+        }
         let link = LinkIp6Tnl::new(name)
             .mode(netlink_packet_route::IpProtocol::Ipip)
+            .dev(over)
             .set_flag(Ip6TunnelFlags::IgnEncapLimit, true)
             .build();
         let added = self.handle.link().add(link).execute().await;
@@ -523,4 +534,38 @@ fn build_route(r: &Route) -> Result<RouteMessage> {
         };
     }
     Ok(msg)
+}
+
+/// True when kernel release `release` (`/proc/sys/kernel/osrelease`) is 5.18 or later: its
+/// `ip6tnl` in NBMA mode sends IPv4 to the IPv6 gateway of the route that chose it.
+pub fn routes_ipv4_to_ipv6_gateways(release: &str) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (5, 18),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routes_ipv4_to_ipv6_gateways;
+
+    #[test]
+    fn ip6tnl_routes_ipv4_to_ipv6_gateways_from_linux_5_18() {
+        for (release, yes) in [
+            ("6.18.0-1-cloud-amd64\n", true),
+            ("5.18.0", true),
+            ("5.17.15-200.fc35.x86_64", false),
+            ("5.4.0-150-generic", false),
+            ("4.18.0-553.el8_10.x86_64", false),
+            ("10.0", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(routes_ipv4_to_ipv6_gateways(release), yes, "{release:?}");
+        }
+    }
 }

@@ -264,9 +264,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.s.args.prioritise_private_addresses,
             self.s.args.port,
         );
+        let published = local.second_internal_ip;
         local.second_internal_ip = local
             .internal_ip
-            .and_then(|internal| host.second_internal_ip(internal));
+            .and_then(|internal| host.second_internal_ip(internal, published));
         local.key = Some(self.public);
         local.last_seen = now_unix;
         local.granularity = Some(self.s.granularity);

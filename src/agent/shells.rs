@@ -30,9 +30,9 @@ pub trait Kernel: Send + Sync {
     }
     /// Makes sure the kernel IPIP link `name` exists.
     fn add_ipip(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Makes sure the kernel `ip6tnl` link `name` exists in `ipip6` mode, with no fixed
-    /// endpoints (IPv4 to IPv6 gateways).
-    fn add_ip6tnl(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Makes sure the kernel `ip6tnl` link `name` exists in `ipip6` mode over link `over`, with
+    /// no fixed endpoints (IPv4 to the IPv6 gateways of its routes).
+    fn add_ip6tnl(&self, name: &str, over: u32) -> impl Future<Output = Result<()>> + Send;
     /// True when the kernel has IPIP (loaded or loadable), without creating anything.
     fn has_ipip(&self) -> impl Future<Output = Result<bool>> + Send;
     /// Deletes a link.
@@ -66,8 +66,8 @@ impl Kernel for Netlink {
     async fn add_ipip(&self, name: &str) -> Result<()> {
         Netlink::add_ipip(self, name).await
     }
-    async fn add_ip6tnl(&self, name: &str) -> Result<()> {
-        Netlink::add_ip6tnl(self, name).await
+    async fn add_ip6tnl(&self, name: &str, over: u32) -> Result<()> {
+        Netlink::add_ip6tnl(self, name, over).await
     }
     async fn has_ipip(&self) -> Result<bool> {
         Netlink::has_ipip(self).await

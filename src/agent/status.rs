@@ -215,7 +215,9 @@ fn run_probes(published: &Published, peers: &[PeerStatus]) -> Probes {
                 if published.encapsulate == Encapsulate::CrossSubnet && same_subnet {
                     continue;
                 }
-                let Some(target) = m.pod_cidr.hosts().next() else {
+                // IPIP carries IPv4 only: the member's IPv4 pod CIDR.
+                let ipv4_pods = m.pod_cidrs().find(|n| n.addr().is_ipv4());
+                let Some(target) = ipv4_pods.and_then(|n| n.hosts().next()) else {
                     continue;
                 };
                 ipip_targets.push((m.name.clone(), private.addr(), target));

@@ -170,9 +170,12 @@ impl Kernel for MemKernel {
         self.write(|s| s.add_link(name, 1480));
         Ok(())
     }
-    async fn add_ip6tnl(&self, name: &str) -> Result<()> {
+    async fn add_ip6tnl(&self, name: &str, over: u32) -> Result<()> {
         if !self.read(|s| s.ip6tnl) {
             anyhow::bail!("this kernel has no ip6_tunnel (creating {name})")
+        }
+        if !self.read(|s| s.links.iter().any(|l| l.index == over)) {
+            anyhow::bail!("no link {over} to create {name} over")
         }
         self.write(|s| s.add_link(name, 1452));
         Ok(())

@@ -895,9 +895,10 @@ fn ipv6_pods_behind_a_leader_without_an_ipv6_address_are_named_not_routed() {
     let named: Vec<String> = plan.no_gateway.iter().map(ToString::to_string).collect();
     assert!(
         named.contains(
-            &"not routing fd42:3::/64 on this node: node a1 has no IPv6 internal IP to route it \
+            &"not routing fd42:3::/64 on this node: node a1 has no IPv6 address to route it \
               through (its kilotun.io/second-internal-ip is empty: its host has no IPv6 \
-              address, or its kg is not kilotun's)"
+              address, or its kg is not kilotun's; with --compatibility=flannel or cilium, it \
+              has no IPv6 pod CIDR)"
                 .to_string()
         ),
         "{named:?}"
