@@ -24,6 +24,11 @@ enum Pods {
 /// a1, a2 in location x and b1, b2 in y, on one L2 segment with `192.168.10.<n>/24` and
 /// `fd50::<n>/64`; pod bridges with `10.42.<n>.1` and `fd42:<n>::1`; kg with `extra`.
 fn pod_mesh(pods: Pods, extra: &[&str]) -> Cluster {
+    pod_mesh_with(pods, extra, &[])
+}
+
+/// [`pod_mesh`], where the hosts named in `ipv4_only_hosts` have no IPv6 underlay address.
+fn pod_mesh_with(pods: Pods, extra: &[&str], ipv4_only_hosts: &[&str]) -> Cluster {
     let mut c = Cluster::new(&["seg"]);
     for (i, (name, location)) in [("a1", "x"), ("a2", "x"), ("b1", "y"), ("b2", "y")]
         .into_iter()
@@ -37,10 +42,11 @@ fn pod_mesh(pods: Pods, extra: &[&str]) -> Cluster {
         };
         let index = c.add_node_on(&spec, "seg", n as u8);
         let ns = &c.nodes[index].ns;
-        for (address, dev) in [
-            (format!("fd50::{n}/64"), "eth0"),
-            (format!("fd42:{n}::1/64"), "pods0"),
-        ] {
+        let mut addresses = vec![(format!("fd42:{n}::1/64"), "pods0")];
+        if !ipv4_only_hosts.contains(&name) {
+            addresses.push((format!("fd50::{n}/64"), "eth0"));
+        }
+        for (address, dev) in addresses {
             ns.run(&["ip", "-6", "addr", "add", &address, "dev", dev, "nodad"]);
         }
         ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
@@ -249,5 +255,59 @@ fn kgctl_and_a_peer_see_both_families() {
             "the laptop cannot reach {target}\n{conf}\n{}",
             c.logs()
         );
+    }
+}
+
+/// A leader whose host has no IPv6 underlay address publishes no second internal IP: the other
+/// node of its location cannot route IPv6 pods through it and says so once, naming the CIDR
+/// and the leader, with no route through a gateway of the other family and no failed route
+/// change; the IPv4 pods and the other location's IPv6 pods keep working.
+#[test]
+fn a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works() {
+    if !common::can_run("a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works")
+    {
+        return;
+    }
+    let c = pod_mesh_with(Pods::DualStack, &["--encapsulate=never"], &["a1"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    assert_eq!(
+        c.annotations("a1")
+            .get("kilotun.io/second-internal-ip")
+            .map(String::as_str),
+        Some("")
+    );
+    let named = "not routing fd42:3::/64 on this node: node a1 has no IPv6 address to route it \
+                 through";
+    let said = c.wait_for(Duration::from_secs(10), |c| {
+        c.node("a2").log_text().contains(named)
+    });
+    assert!(said, "{}", c.node("a2").log_text());
+    // Resyncs later: said once, nothing failed, nothing mixed.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(c.node("a2").log_text().matches(named).count(), 1);
+    assert_eq!(
+        c.failed_route_changes(),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(c.mixed_routes(), Vec::<String>::new(), "{}", c.logs());
+    let a2_routes = c
+        .node("a2")
+        .ns
+        .run(&["ip", "-6", "route", "show", "fd42:3::/64"]);
+    assert_eq!(a2_routes.trim(), "", "{a2_routes}");
+    assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
+    // The leader's own IPv6 pods and location y's still reach each other over WireGuard.
+    for (from, to) in [(1, 3), (3, 1), (3, 4), (4, 1)] {
+        let node = &c.nodes[from - 1];
+        let reached = common::ping_from_ok(
+            &node.ns.name,
+            Some(&ipv6_pod(from)),
+            &ipv6_pod(to),
+            Duration::from_secs(5),
+        );
+        assert!(reached, "{} → {}\n{}", node.name, ipv6_pod(to), c.logs());
     }
 }
