@@ -49,9 +49,9 @@ pub mod annotation {
     /// relay between two locations behind NAT; without it, any reachable location may.
     pub const RELAY: &str = "kilotun.io/relay";
     /// Written by kilotun's kg (not Kilo's): on a host with addresses of both families, its
-    /// address of the family `internal-ip` is not (with mask), else `""`. The other nodes of
-    /// its location route that family's pods and Peers through it (a route cannot take a
-    /// gateway of the other family).
+    /// address of the family `internal-ip` is not (with mask), else `""`. When `internal-ip` is
+    /// IPv4, the other nodes of its location route IPv6 pods and Peers through it (a route
+    /// cannot take a gateway of the other family).
     pub const SECOND_INTERNAL_IP: &str = "kilotun.io/second-internal-ip";
 
     /// Every annotation kg writes, in the order it writes them.

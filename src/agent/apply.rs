@@ -71,7 +71,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             link.mtu = mtu;
         }
         let pod_cidrs: Vec<IpNet> = t.local_pod_cidrs().collect();
-        if self.s.args.cni && self.memo.applied.cni.as_ref() != Some(&(pod_cidrs.clone(), mtu)) {
+        let cni_applied = self
+            .memo
+            .applied
+            .cni
+            .as_ref()
+            .is_some_and(|(cidrs, m)| *cidrs == pod_cidrs && *m == mtu);
+        if self.s.args.cni && !cni_applied {
             self.sync_cni(&pod_cidrs, mtu);
             self.memo.applied.cni = Some((pod_cidrs, mtu));
         }

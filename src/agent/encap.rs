@@ -15,6 +15,7 @@ use control::Topology;
 use dataplane::ipip::{IpipTable, UserspaceIpip, IPIP6_OVERHEAD, IPIP_OVERHEAD};
 use ipnet::IpNet;
 
+use super::netlink::Link;
 use super::shells::Kernel;
 
 /// The kernel's IPIP fallback device.
@@ -164,11 +165,7 @@ impl Tunnel {
             } else {
                 IPIP_OVERHEAD
             };
-            if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(overhead)) {
-                if link.mtu != mtu {
-                    netlink.set_mtu(link.index, mtu).await?;
-                }
-            }
+            set_mtu_below(netlink, &link, private_mtu, overhead).await?;
             if let IpNet::V4(v4) = pod_cidr {
                 let first = std::net::Ipv4Addr::from(u32::from(v4.network()).saturating_add(1));
                 netlink
@@ -221,11 +218,7 @@ impl Tunnel {
                 }
             }
         };
-        if let Some(mtu) = private_mtu.map(|m| m.saturating_sub(IPIP6_OVERHEAD)) {
-            if link.mtu != mtu {
-                netlink.set_mtu(link.index, mtu).await?;
-            }
-        }
+        set_mtu_below(netlink, &link, private_mtu, IPIP6_OVERHEAD).await?;
         if !link.up {
             netlink.set_up(link.index, true).await?;
         }
@@ -257,10 +250,23 @@ impl Tunnel {
     }
 }
 
+/// Sets `link`'s MTU to the private link's less `overhead` (the outer header), when the private
+/// link's is known and the link's differs.
+async fn set_mtu_below<N: Kernel>(
+    netlink: &N,
+    link: &Link,
+    private_mtu: Option<u32>,
+    overhead: u32,
+) -> Result<()> {
+    match private_mtu.map(|m| m.saturating_sub(overhead)) {
+        Some(mtu) if link.mtu != mtu => netlink.set_mtu(link.index, mtu).await,
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::netlink::Link;
     use crate::agent::twins::MemKernel;
 
     fn host() -> MemKernel {

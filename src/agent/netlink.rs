@@ -8,7 +8,7 @@ use control::routes::{Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{Ip6TunnelFlags, LinkAttribute, LinkFlags};
+use netlink_packet_route::link::{Ip6TunnelFlags, LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType, RouteVia,
 };
@@ -105,17 +105,18 @@ impl Netlink {
     /// Makes sure the kernel IPIP link `name` exists (`ip tunnel add NAME mode ipip`): created,
     /// or already there. Fails where the kernel has no IPIP.
     pub async fn add_ipip(&self, name: &str) -> Result<()> {
-        let added = self
-            .handle
-            .link()
-            .add(LinkIpIp::new(name).build())
-            .execute()
-            .await;
-        match added {
+        self.add_link_once(LinkIpIp::new(name).build(), name, "IPIP")
+            .await
+    }
+
+    /// Adds the link `message` describes, called `name`: created, or already there (the
+    /// kernel's error is returned only when no link of that name exists afterwards).
+    async fn add_link_once(&self, message: LinkMessage, name: &str, kind: &str) -> Result<()> {
+        match self.handle.link().add(message).execute().await {
             Ok(()) => Ok(()),
             Err(e) => match self.link_by_name(name).await? {
                 Some(_) => Ok(()),
-                None => Err(anyhow::Error::new(e).context(format!("creating IPIP link {name}"))),
+                None => Err(anyhow::Error::new(e).context(format!("creating {kind} link {name}"))),
             },
         }
     }
@@ -141,14 +142,7 @@ impl Netlink {
             .dev(over)
             .set_flag(Ip6TunnelFlags::IgnEncapLimit, true)
             .build();
-        let added = self.handle.link().add(link).execute().await;
-        match added {
-            Ok(()) => Ok(()),
-            Err(e) => match self.link_by_name(name).await? {
-                Some(_) => Ok(()),
-                None => Err(anyhow::Error::new(e).context(format!("creating ip6tnl link {name}"))),
-            },
-        }
+        self.add_link_once(link, name, "ip6tnl").await
     }
 
     /// True when the kernel has IPIP, loaded or loadable: its fallback device `tunl0` exists,
