@@ -14,6 +14,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::{RecvBatch, SendOutcome, UdpIo};
@@ -41,6 +42,11 @@ pub struct UdpSocketIo {
     ipv6: bool,
     /// Whether sends may use `UDP_SEGMENT`; cleared the first time the kernel refuses one.
     gso: AtomicBool,
+    /// The send scratch, reused by every [`UdpIo::send_batch`]: building it afresh (some
+    /// 30 KiB of names, iovecs and headers) cost more than the sends of a small batch. Each
+    /// socket serves one worker (the timer thread sends on the first now and then), so the
+    /// lock is all but never contended.
+    scratch: Mutex<Box<SendRun>>,
 }
 
 impl UdpSocketIo {
@@ -91,6 +97,7 @@ impl UdpSocketIo {
             socket: socket.into(),
             ipv6,
             gso: AtomicBool::new(gso),
+            scratch: Mutex::new(Box::new(SendRun::new())),
         })
     }
 
@@ -126,7 +133,10 @@ impl UdpIo for UdpSocketIo {
         let mut names: [MaybeUninit<libc::sockaddr_storage>; MAX_MMSG] =
             [MaybeUninit::uninit(); MAX_MMSG];
         let mut headers: [MaybeUninit<libc::mmsghdr>; MAX_MMSG] = [MaybeUninit::uninit(); MAX_MMSG];
-        let mut controls = [[0u64; CONTROL_WORDS]; MAX_MMSG];
+        // Only the `n` slots in use are initialised (zeroing all of them cost more than a
+        // small receive).
+        let mut controls: [MaybeUninit<[u64; CONTROL_WORDS]>; MAX_MMSG] =
+            [MaybeUninit::uninit(); MAX_MMSG];
         let base = batch.buffer.as_mut_ptr();
         for i in 0..n {
             // SAFETY: slot i lies within `batch.buffer`, whose length is capacity * slot_size.
@@ -141,8 +151,8 @@ impl UdpIo for UdpSocketIo {
             header.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             header.msg_hdr.msg_iov = iovecs[i].as_mut_ptr();
             header.msg_hdr.msg_iovlen = 1;
-            header.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
-            header.msg_hdr.msg_controllen = std::mem::size_of_val(&controls[i]);
+            header.msg_hdr.msg_control = controls[i].write([0; CONTROL_WORDS]).as_mut_ptr().cast();
+            header.msg_hdr.msg_controllen = std::mem::size_of::<[u64; CONTROL_WORDS]>();
             headers[i].write(header);
         }
         // SAFETY: `headers[..n]` are initialised and point at live iovecs, names and buffer
@@ -174,8 +184,10 @@ impl UdpIo for UdpSocketIo {
     }
 
     fn send_batch(&self, batch: &Batch) -> io::Result<SendOutcome> {
-        // Everything on the stack: no allocation per batch or per packet.
-        let mut run = SendRun::new();
+        // The scratch is reused: no allocation or initialisation per batch or per packet.
+        let mut scratch = self.scratch.lock();
+        let run = &mut **scratch;
+        run.clear();
         let mut outcome = SendOutcome::default();
         let gso = self.uses_gso();
         for (destination, packet) in batch.iter() {
@@ -183,12 +195,12 @@ impl UdpIo for UdpSocketIo {
                 continue;
             };
             if run.is_full() {
-                self.send_run(&mut run, &mut outcome);
+                self.send_run(run, &mut outcome);
             }
             run.push(destination, packet, gso);
         }
         if !run.is_empty() {
-            self.send_run(&mut run, &mut outcome);
+            self.send_run(run, &mut outcome);
         }
         Ok(outcome)
     }
@@ -210,20 +222,21 @@ impl UdpSocketIo {
     /// Sends the messages of `run` with `sendmmsg`, retrying after partial sends and
     /// skipping messages the kernel refuses; then empties `run`.
     fn send_run(&self, run: &mut SendRun, outcome: &mut SendOutcome) {
-        // SAFETY: an all-zero mmsghdr is a valid value; the pointers set below outlive the call.
-        let mut headers: [libc::mmsghdr; MAX_MMSG] = [unsafe { std::mem::zeroed() }; MAX_MMSG];
-        let mut controls = [[0u64; CONTROL_WORDS]; MAX_MMSG];
         let messages = run.messages;
         for m in 0..messages {
             let message = run.message[m];
-            let header = &mut headers[m].msg_hdr;
+            // Every field is written: the slot holds whatever the last send left there.
+            let header = &mut run.headers[m].msg_hdr;
             header.msg_name = (&mut run.names[m] as *mut libc::sockaddr_in6).cast();
             header.msg_namelen = run.name_lens[m];
             header.msg_iov = &mut run.iovecs[message.first_iovec];
             header.msg_iovlen = message.iovecs;
+            header.msg_control = std::ptr::null_mut();
+            header.msg_controllen = 0;
+            header.msg_flags = 0;
             if message.iovecs > 1 {
-                header.msg_control = controls[m].as_mut_ptr().cast();
-                header.msg_controllen = std::mem::size_of_val(&controls[m]);
+                header.msg_control = run.controls[m].as_mut_ptr().cast();
+                header.msg_controllen = std::mem::size_of_val(&run.controls[m]);
                 // SAFETY: the control buffer is large enough for one cmsghdr with a u16, and
                 // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
                 unsafe {
@@ -243,7 +256,7 @@ impl UdpSocketIo {
             let sent = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
-                    headers[start..messages].as_mut_ptr(),
+                    run.headers[start..messages].as_mut_ptr(),
                     (messages - start) as u32,
                     0,
                 )
@@ -287,7 +300,11 @@ struct Message {
 /// Datagrams gathered for one `sendmmsg`, grouped into messages: consecutive datagrams to the
 /// same destination, all of the first one's size but the last (which may be shorter), up to
 /// [`MAX_SEGMENTS`] and [`MAX_GSO_BYTES`] per message. Without GSO each datagram is a message.
+/// The headers and control buffers point into the run itself (and at the batch's bytes) only
+/// while one `sendmmsg` is prepared and made; between sends they are stale and never read.
 struct SendRun {
+    headers: [libc::mmsghdr; MAX_MMSG],
+    controls: [[u64; CONTROL_WORDS]; MAX_MMSG],
     names: [libc::sockaddr_in6; MAX_MMSG],
     name_lens: [libc::socklen_t; MAX_MMSG],
     destinations: [Option<SocketAddr>; MAX_MMSG],
@@ -297,9 +314,25 @@ struct SendRun {
     messages: usize,
 }
 
+impl std::fmt::Debug for SendRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendRun")
+            .field("datagrams", &self.datagrams)
+            .field("messages", &self.messages)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the raw pointers in the headers and iovecs are written and used only inside one
+// `send_batch` call, under the socket's scratch lock; no pointer is followed across threads.
+unsafe impl Send for SendRun {}
+
 impl SendRun {
     fn new() -> Self {
         Self {
+            // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
+            headers: [unsafe { std::mem::zeroed() }; MAX_MMSG],
+            controls: [[0; CONTROL_WORDS]; MAX_MMSG],
             // SAFETY: an all-zero sockaddr_in6 is a valid value; it is overwritten before use.
             names: [unsafe { std::mem::zeroed() }; MAX_MMSG],
             name_lens: [0; MAX_MMSG],
