@@ -9,6 +9,7 @@
 //! boringtun's `Tunn` keeps its own coarse clock, advanced by `update_timers`; the runtime must
 //! call [`Engine::handle_timers`] every [`TIMER_TICK`].
 
+mod held;
 mod peer;
 mod run;
 mod timers;
@@ -31,6 +32,7 @@ use crate::key::{PublicKey, SecretKey};
 use crate::outbox::{offset_within, Outbox};
 use crate::packet;
 use crate::stats::{DropCounters, DropReason, PeerStats, RejectedHandshake, RejectedHandshakes};
+use held::HeldInitiations;
 use peer::{new_tunn, PeerEntry, PeerShared};
 use run::{cached_lookup, PeerRun, Run};
 
@@ -89,6 +91,8 @@ pub struct Engine {
     next_index: AtomicU32,
     drops: DropCounters,
     rejected: RejectedHandshakes,
+    /// Initiations from keys that were not peers yet, answered if they become peers soon.
+    held: HeldInitiations,
     last_rate_reset: Mutex<Option<Instant>>,
     /// Pairs a monotonic instant with wall-clock time to report handshakes as wall-clock times.
     clock_anchor: (Instant, SystemTime),
@@ -114,6 +118,7 @@ impl Engine {
             next_index: AtomicU32::new(first_index & 0x00ff_ffff),
             drops: DropCounters::default(),
             rejected: RejectedHandshakes::default(),
+            held: HeldInitiations::default(),
             last_rate_reset: Mutex::new(None),
             clock_anchor: anchor,
         }
@@ -403,6 +408,7 @@ impl Engine {
     fn find_sender<'s>(
         &self,
         state: &'s State,
+        now: Instant,
         from: SocketAddr,
         datagram: &[u8],
         out: &mut Outbox,
@@ -434,6 +440,7 @@ impl Engine {
                 .map_err(|_| DropReason::HandshakeFailed)?;
                 let key = PublicKey::from_bytes(half.peer_static_public);
                 return state.peers.get(&key).ok_or_else(|| {
+                    self.held.hold(now, from, key, datagram);
                     self.rejected.record(RejectedHandshake {
                         reason: DropReason::UnknownPeer,
                         from,
@@ -462,7 +469,7 @@ impl Engine {
         run: &mut Run<'s>,
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
-        let entry = self.find_sender(state, from, datagram, out)?;
+        let entry = self.find_sender(state, now, from, datagram, out)?;
         let message_type = datagram[0];
         let peer = PeerRun::switch_to(&mut run.peer, entry);
         let shared = peer.shared();

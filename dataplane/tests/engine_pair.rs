@@ -208,6 +208,57 @@ fn handshake_from_an_unknown_key_is_refused() {
     assert!(pair.a.delivered.is_empty());
 }
 
+/// A's first initiation reaches B a moment before B adds A as a peer (two nodes learning of
+/// each other at once, as a new leader and the mesh do).
+fn initiation_before_the_responder_knows_the_initiator(pair: &mut EnginePair, now: Instant) {
+    let mut unconfigured = pair.b.config_with_peer(&pair.a);
+    unconfigured.peers.clear();
+    pair.b.engine.apply(&unconfigured);
+    pair.send_a_to_b(now, b"early");
+    assert_eq!(pair.b.engine.drops().get(DropReason::UnknownPeer), 1);
+    assert!(pair.b.delivered.is_empty());
+    pair.b.engine.apply(&pair.b.config_with_peer(&pair.a));
+}
+
+#[test]
+fn an_initiation_that_beat_its_senders_configuration_is_answered_at_the_next_tick() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    initiation_before_the_responder_knows_the_initiator(&mut pair, now);
+    // B's next timer tick answers the held initiation: no wait for A's retry (5 s later), so
+    // the clock does not move here.
+    let mut out = Outbox::default();
+    pair.b.engine.handle_timers(now, &mut out);
+    assert_eq!(out.to_network.len(), 1, "the handshake response");
+    pair.run(now, out, false);
+    assert_eq!(
+        pair.b.delivered.len(),
+        1,
+        "A's queued packet, sent once the session is up"
+    );
+    assert_eq!(payload_of(&pair.b.delivered[0]), b"early");
+    assert_eq!(pair.b.engine.peer_stats()[0].handshakes, 1);
+    let mut out = Outbox::default();
+    pair.b.engine.handle_timers(now, &mut out);
+    assert!(out.to_network.is_empty(), "answered once");
+}
+
+#[test]
+fn a_held_initiation_expires_after_the_initiators_retry_time() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    initiation_before_the_responder_knows_the_initiator(&mut pair, now);
+    let mut out = Outbox::default();
+    pair.b
+        .engine
+        .handle_timers(now + Duration::from_secs(5), &mut out);
+    assert!(
+        out.to_network.is_empty(),
+        "by now A has sent a fresh initiation"
+    );
+    assert!(pair.b.delivered.is_empty());
+}
+
 #[test]
 fn random_datagrams_are_counted_and_never_panic() {
     let pair = EnginePair::new();

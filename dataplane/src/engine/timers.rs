@@ -12,9 +12,16 @@ use crate::outbox::{offset_within, Outbox};
 
 impl Engine {
     /// Runs every peer's timers: handshake retries, rekeys, passive and persistent keepalives.
-    /// Call every [`TIMER_TICK`].
+    /// First it answers the initiations held because their sender was not a peer when they
+    /// arrived, if it is one now (see [`super::held`]). Call every [`TIMER_TICK`].
     pub fn handle_timers(&self, now: Instant, out: &mut Outbox) {
         let state = self.state.load();
+        let claimed = self
+            .held
+            .take_claimed(now, |key| state.peers.contains_key(key));
+        for (from, message) in &claimed {
+            self.handle_datagram(now, *from, message, out);
+        }
         if let Some(identity) = &state.identity {
             let mut last = self.last_rate_reset.lock();
             if last.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
