@@ -19,9 +19,9 @@ use parking_lot::Mutex;
 use crate::key::PublicKey;
 
 /// How long an initiation is held: WireGuard's `REKEY_TIMEOUT`, after which its sender retries.
-pub const HOLD_FOR: Duration = Duration::from_secs(5);
+pub(crate) const HOLD_FOR: Duration = Duration::from_secs(5);
 /// Most initiations held at once; beyond it the oldest goes.
-pub const HELD_KEPT: usize = 32;
+pub(crate) const HELD_KEPT: usize = 32;
 /// Length of a WireGuard handshake initiation.
 const INITIATION_LEN: usize = 148;
 
@@ -88,7 +88,8 @@ impl HeldInitiations {
     }
 
     /// How many initiations are held.
-    pub(crate) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.held.lock().len()
     }
 }
