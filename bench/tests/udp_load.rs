@@ -1,0 +1,60 @@
+//! `udp-load`, the UDP generator and sink of `bench/throughput.sh`, over loopback: what it says
+//! it sent arrives and is counted, at the rate asked for.
+
+use std::net::UdpSocket;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const UDP_LOAD: &str = env!("CARGO_BIN_EXE_udp-load");
+
+fn counts(output: &[u8], word: &str) -> (u64, u64) {
+    let text = String::from_utf8_lossy(output);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&word), "{text}");
+    (fields[1].parse().unwrap(), fields[2].parse().unwrap())
+}
+
+#[test]
+fn what_is_sent_over_loopback_is_received_at_the_offered_rate() {
+    let port = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sink = Command::new(UDP_LOAD)
+        .args(["recv", &port.to_string(), "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let sender = Command::new(UDP_LOAD)
+        .args(["send", &format!("127.0.0.1:{port}"), "80", "1", "1000"])
+        .output()
+        .unwrap();
+    assert!(sender.status.success(), "{sender:?}");
+    let (sent, sent_bytes) = counts(&sender.stdout, "sent");
+    let sink = sink.wait_with_output().unwrap();
+    let (received, received_bytes) = counts(&sink.stdout, "received");
+    // 80 Mbit/s of 1000-byte datagrams for 1 s is 10,000 datagrams.
+    assert!((9_000..=10_000).contains(&sent), "sent {sent}");
+    assert_eq!(sent_bytes, sent * 1000);
+    assert_eq!((received, received_bytes), (sent, sent_bytes));
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let out = Command::new(UDP_LOAD)
+        .args(["send", "127.0.0.1:9", "10", "1", "4"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("DATAGRAM_BYTES must be 8 to 65507, not 4")
+    );
+    let out = Command::new(UDP_LOAD)
+        .args(["send", "nowhere"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage: udp-load"));
+}
