@@ -85,16 +85,7 @@ fn send(to: SocketAddr, mbit: f64, duration: Duration, size: usize) -> Result<(u
                 iov_len: size,
             });
         }
-        let mut headers: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
-            .map(|iov| {
-                // SAFETY: an all-zero mmsghdr is valid; the iovec pointer outlives the call.
-                let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                header.msg_hdr.msg_iov = iov;
-                header.msg_hdr.msg_iovlen = 1;
-                header
-            })
-            .collect();
+        let mut headers = one_iovec_each(&mut iovecs);
         // SAFETY: `headers` holds `n` initialised headers pointing at live buffers.
         let rc = unsafe { libc::sendmmsg(socket.as_raw_fd(), headers.as_mut_ptr(), n as u32, 0) };
         if rc < 0 {
@@ -139,16 +130,7 @@ fn recv(port: u16, duration: Duration) -> Result<(u64, u64)> {
                 iov_len: RECV_SLOT,
             })
             .collect();
-        let mut headers: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
-            .map(|iov| {
-                // SAFETY: an all-zero mmsghdr is valid; the iovec pointer outlives the call.
-                let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                header.msg_hdr.msg_iov = iov;
-                header.msg_hdr.msg_iovlen = 1;
-                header
-            })
-            .collect();
+        let mut headers = one_iovec_each(&mut iovecs);
         // SAFETY: `headers` holds BATCH initialised headers pointing at live buffer slots.
         let rc = unsafe {
             libc::recvmmsg(
@@ -170,4 +152,19 @@ fn recv(port: u16, duration: Duration) -> Result<(u64, u64)> {
             .sum::<u64>();
     }
     Ok((count, bytes))
+}
+
+/// One `mmsghdr` per iovec, no address and no control data: the headers of a `sendmmsg` on a
+/// connected socket or of a `recvmmsg`. They point into `iovecs`, which must outlive their use.
+fn one_iovec_each(iovecs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovecs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: an all-zero mmsghdr is valid; the iovec pointer is set here.
+            let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            header.msg_hdr.msg_iov = iov;
+            header.msg_hdr.msg_iovlen = 1;
+            header
+        })
+        .collect()
 }
