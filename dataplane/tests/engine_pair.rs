@@ -220,6 +220,13 @@ fn initiation_before_the_responder_knows_the_initiator(pair: &mut EnginePair, no
     pair.b.engine.apply(&pair.b.config_with_peer(&pair.a));
 }
 
+/// What one run of `side`'s timers at `now` sends.
+fn timer_output(side: &Side, now: Instant) -> Outbox {
+    let mut out = Outbox::default();
+    side.engine.handle_timers(now, &mut out);
+    out
+}
+
 #[test]
 fn an_initiation_that_beat_its_senders_configuration_is_answered_at_the_next_tick() {
     let mut pair = EnginePair::new();
@@ -227,8 +234,7 @@ fn an_initiation_that_beat_its_senders_configuration_is_answered_at_the_next_tic
     initiation_before_the_responder_knows_the_initiator(&mut pair, now);
     // B's next timer tick answers the held initiation: no wait for A's retry (5 s later), so
     // the clock does not move here.
-    let mut out = Outbox::default();
-    pair.b.engine.handle_timers(now, &mut out);
+    let out = timer_output(&pair.b, now);
     assert_eq!(out.to_network.len(), 1, "the handshake response");
     pair.run(now, out, false);
     assert_eq!(
@@ -238,9 +244,10 @@ fn an_initiation_that_beat_its_senders_configuration_is_answered_at_the_next_tic
     );
     assert_eq!(payload_of(&pair.b.delivered[0]), b"early");
     assert_eq!(pair.b.engine.peer_stats()[0].handshakes, 1);
-    let mut out = Outbox::default();
-    pair.b.engine.handle_timers(now, &mut out);
-    assert!(out.to_network.is_empty(), "answered once");
+    assert!(
+        timer_output(&pair.b, now).to_network.is_empty(),
+        "answered once"
+    );
 }
 
 #[test]
@@ -248,12 +255,10 @@ fn a_held_initiation_expires_after_the_initiators_retry_time() {
     let mut pair = EnginePair::new();
     let now = Instant::now();
     initiation_before_the_responder_knows_the_initiator(&mut pair, now);
-    let mut out = Outbox::default();
-    pair.b
-        .engine
-        .handle_timers(now + Duration::from_secs(5), &mut out);
     assert!(
-        out.to_network.is_empty(),
+        timer_output(&pair.b, now + Duration::from_secs(5))
+            .to_network
+            .is_empty(),
         "by now A has sent a fresh initiation"
     );
     assert!(pair.b.delivered.is_empty());

@@ -19,9 +19,9 @@ use parking_lot::Mutex;
 use crate::key::PublicKey;
 
 /// How long an initiation is held: WireGuard's `REKEY_TIMEOUT`, after which its sender retries.
-pub(crate) const HOLD_FOR: Duration = Duration::from_secs(5);
+const HOLD_FOR: Duration = Duration::from_secs(5);
 /// Most initiations held at once; beyond it the oldest goes.
-pub(crate) const HELD_KEPT: usize = 32;
+const HELD_KEPT: usize = 32;
 /// Length of a WireGuard handshake initiation.
 const INITIATION_LEN: usize = 148;
 
@@ -63,21 +63,18 @@ impl HeldInitiations {
     }
 
     /// Removes and returns, oldest first, the held initiations whose sender `is_peer` now
-    /// says is configured; forgets those older than [`HOLD_FOR`]. Costs one atomic check when
-    /// nothing is held.
+    /// says is configured; forgets those older than [`HOLD_FOR`]. Nothing is allocated when
+    /// nothing is claimed.
     pub(crate) fn take_claimed(
         &self,
         now: Instant,
         is_peer: impl Fn(&PublicKey) -> bool,
     ) -> Vec<(SocketAddr, [u8; INITIATION_LEN])> {
-        let mut held = self.held.lock();
-        if held.is_empty() {
-            return Vec::new();
-        }
-        held.retain(|h| now.saturating_duration_since(h.at) < HOLD_FOR);
         let mut claimed = Vec::new();
-        held.retain(|h| {
-            if is_peer(&h.sender) {
+        self.held.lock().retain(|h| {
+            if now.saturating_duration_since(h.at) >= HOLD_FOR {
+                false
+            } else if is_peer(&h.sender) {
                 claimed.push((h.from, h.message));
                 false
             } else {
