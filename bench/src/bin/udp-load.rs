@@ -61,10 +61,17 @@ fn send(to: SocketAddr, mbit: f64, duration: Duration, size: usize) -> Result<(u
     let socket = UdpSocket::bind(bind)?;
     socket.connect(to)?;
     let mut buffers = vec![vec![0u8; size]; BATCH];
+    let mut iovecs: Vec<libc::iovec> = buffers
+        .iter_mut()
+        .map(|buffer| libc::iovec {
+            iov_base: buffer.as_mut_ptr().cast(),
+            iov_len: size,
+        })
+        .collect();
+    let mut headers = one_iovec_each(&mut iovecs);
     let per_second = mbit * 1e6 / 8.0 / size as f64;
     let start = Instant::now();
     let (mut sent, mut bytes) = (0u64, 0u64);
-    let mut sequence = 0u64;
     loop {
         let elapsed = start.elapsed();
         if elapsed >= duration {
@@ -76,17 +83,8 @@ fn send(to: SocketAddr, mbit: f64, duration: Duration, size: usize) -> Result<(u
             continue;
         }
         let n = ((due - sent) as usize).min(BATCH);
-        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(n);
-        for buffer in buffers.iter_mut().take(n) {
-            buffer[..8].copy_from_slice(&sequence.to_be_bytes());
-            sequence += 1;
-            iovecs.push(libc::iovec {
-                iov_base: buffer.as_mut_ptr().cast(),
-                iov_len: size,
-            });
-        }
-        let mut headers = one_iovec_each(&mut iovecs);
-        // SAFETY: `headers` holds `n` initialised headers pointing at live buffers.
+        // SAFETY: `headers` holds BATCH headers pointing, through `iovecs`, at `buffers`, all
+        // alive until the function returns; the first `n` are sent.
         let rc = unsafe { libc::sendmmsg(socket.as_raw_fd(), headers.as_mut_ptr(), n as u32, 0) };
         if rc < 0 {
             let error = std::io::Error::last_os_error();
@@ -113,6 +111,14 @@ fn recv(port: u16, duration: Duration) -> Result<(u64, u64)> {
     socket.bind(&addr.into())?;
     socket.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut buffer = vec![0u8; RECV_SLOT * BATCH];
+    let mut iovecs: Vec<libc::iovec> = buffer
+        .chunks_mut(RECV_SLOT)
+        .map(|slot| libc::iovec {
+            iov_base: slot.as_mut_ptr().cast(),
+            iov_len: RECV_SLOT,
+        })
+        .collect();
+    let mut headers = one_iovec_each(&mut iovecs);
     let start = Instant::now();
     let (mut count, mut bytes) = (0u64, 0u64);
     let mut last = None;
@@ -123,14 +129,6 @@ fn recv(port: u16, duration: Duration) -> Result<(u64, u64)> {
         {
             break;
         }
-        let mut iovecs: Vec<libc::iovec> = buffer
-            .chunks_mut(RECV_SLOT)
-            .map(|slot| libc::iovec {
-                iov_base: slot.as_mut_ptr().cast(),
-                iov_len: RECV_SLOT,
-            })
-            .collect();
-        let mut headers = one_iovec_each(&mut iovecs);
         // SAFETY: `headers` holds BATCH initialised headers pointing at live buffer slots.
         let rc = unsafe {
             libc::recvmmsg(
