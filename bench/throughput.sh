@@ -18,9 +18,10 @@
 # Needs: iperf3, wireguard-tools, iproute2, python3.
 #
 # Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R);
-# ping RTT through the idle tunnel (average of 20); and UDP from udp-load (sendmmsg/recvmmsg): the
-# highest rate sent with loss under 1%, up a fixed ladder of offered rates; once per run, what
-# udp-load sends over the bare veth with no tunnel, the ceiling of that figure.
+# ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice, one datagram per
+# message (sendmmsg/recvmmsg) and QUIC-style (UDP_SEGMENT/UDP_GRO): the highest rate sent with
+# loss under 1%, up a fixed ladder of offered rates; once per run, what udp-load sends over the
+# bare veth with no tunnel, the ceiling of those figures.
 set -euo pipefail
 
 secs=${1:-10}
@@ -157,28 +158,32 @@ iperf() {
     python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))'
 }
 
-# udp_probe ADDRESS RATE -> "LOSS SENT": 3 s of 1300-byte datagrams (they fit the tunnel's MTU)
-# offered at RATE Mbit/s by udp-load (bench/src/bin/udp-load.rs), which sends and receives with
-# sendmmsg/recvmmsg: iperf3 moves one datagram per syscall and on this kind of machine cannot
-# offer more than about 1.5 Gbit/s even with no tunnel. LOSS is in percent of what was sent,
-# SENT is the rate actually sent (Mbit/s; the sender waits when the path cannot take more).
+# udp_probe ADDRESS RATE [gso] -> "LOSS SENT": 3 s of 1300-byte datagrams (they fit the tunnel's
+# MTU) offered at RATE Mbit/s by udp-load (bench/src/bin/udp-load.rs), which sends and receives
+# with sendmmsg/recvmmsg: iperf3 moves one datagram per syscall and on this kind of machine cannot
+# offer more than about 1.5 Gbit/s even with no tunnel. With gso, sender and receiver batch the
+# way QUIC stacks do (UDP_SEGMENT runs of up to 50 datagrams, UDP_GRO). LOSS is in percent of
+# what was sent, SENT is the rate actually sent (Mbit/s; the sender waits when the path cannot
+# take more).
 udp_probe() {
-  local received sent
-  ip netns exec "$nsb" "$udp_load" recv 5201 3 >"$work/udp-received" &
+  local received sent send_flags=() recv_flags=()
+  if [ "${3:-}" = gso ]; then send_flags=(--gso); recv_flags=(--gro); fi
+  ip netns exec "$nsb" "$udp_load" recv "${recv_flags[@]}" 5201 3 >"$work/udp-received" &
   sleep 0.3
-  sent=$(ip netns exec "$nsa" "$udp_load" send "$1:5201" "$2" 3 1300 | awk '{print $3}')
+  sent=$(ip netns exec "$nsa" "$udp_load" send "${send_flags[@]}" "$1:5201" "$2" 3 1300 | awk '{print $3}')
   wait
   received=$(awk '{print $3}' "$work/udp-received")
   python3 -c "import sys; s, r = int(sys.argv[1] or 0), int(sys.argv[2] or 0); print(100 * (s - r) / s if s else 100, round(s * 8 / 3 / 1e6))" "$sent" "$received"
 }
 
-# udp_sustained -> "SENT LOSS OFFERED": the highest UDP rate sent through the tunnel (Mbit/s) with
-# loss under 1%, climbing a fixed ladder of offered rates; it stops at the first step with 1% loss
-# or more, or where the sender could not reach 90% of the offered rate (the path takes no more).
+# udp_sustained [gso] -> "SENT LOSS OFFERED": the highest UDP rate sent through the tunnel
+# (Mbit/s) with loss under 1%, climbing a fixed ladder of offered rates; it stops at the first
+# step with 1% loss or more, or where the sender could not reach 90% of the offered rate (the
+# path takes no more).
 udp_sustained() {
   local best=0 best_loss=- best_offered=0 rate loss sent
-  for rate in 250 500 750 1000 1250 1500 2000 2500 3000 4000 5000; do
-    read -r loss sent < <(udp_probe 10.80.0.2 "$rate")
+  for rate in 250 500 750 1000 1250 1500 2000 2500 3000 4000 5000 6000; do
+    read -r loss sent < <(udp_probe 10.80.0.2 "$rate" "${1:-}")
     if python3 -c "import sys; sys.exit(0 if $loss < 1 else 1)"; then
       best=$sent; best_loss=$(printf '%.2f' "$loss"); best_offered=$rate
     else
@@ -199,6 +204,7 @@ results="$work/results"
 setup_underlay
 # What udp-load can send over the bare veth, no tunnel: the ceiling of the UDP figures.
 read -r bare_loss bare_sent < <(udp_probe 192.168.210.2 5000)
+read -r bare_gso_loss bare_gso_sent < <(udp_probe 192.168.210.2 8000 gso)
 for round in $(seq "$rounds"); do
   for engine in "${engines[@]}"; do
     echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
@@ -210,6 +216,7 @@ for round in $(seq "$rounds"); do
     done
     echo "$engine $round rtt $(rtt)" >>"$results"
     echo "$engine $round udp $(udp_sustained)" >>"$results"
+    echo "$engine $round udp-gso $(udp_sustained gso)" >>"$results"
     teardown_tunnel
   done
 done
@@ -217,10 +224,10 @@ done
 labels=$(for engine in "${engines[@]}"; do printf '%s=%s\n' "$engine" "${label[$engine]}"; done)
 echo "# $(date -u +%F) $(nproc) cores, $(uname -r), iperf3 TCP $secs s per run, $rounds rounds" \
   "(engines alternate within each round), medians over the rounds"
-python3 - "$results" "$labels" "$bare_sent" "$bare_loss" <<'EOF'
+python3 - "$results" "$labels" "$bare_sent" "$bare_loss" "$bare_gso_sent" "$bare_gso_loss" <<'EOF'
 import statistics, sys
 
-results, labels, bare_sent, bare_loss = sys.argv[1:5]
+results, labels, bare_sent, bare_loss, bare_gso_sent, bare_gso_loss = sys.argv[1:7]
 label = dict(line.split("=", 1) for line in labels.splitlines())
 engines = list(label)
 values = {}
@@ -254,20 +261,24 @@ for engine in engines:
     runs = " ".join(v[0] for v in values[(engine, "rtt")])
     print(f"  {label[engine]:<{width}}  {median(engine, 'rtt'):.3f}  (rounds: {runs})")
 
-print()
-print("UDP, highest rate sent (Mbit/s) with loss under 1%, median over the rounds:")
-k = median("kilotun", "udp")
-for engine in engines:
-    m = median(engine, "udp")
-    runs = " ".join(f"{v[0]} ({v[1]}%, {v[2]} offered)" for v in values[(engine, "udp")])
-    r = "" if engine == "kilotun" else f"  kilotun ratio {ratio(k, m)}"
-    print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss and the rate offered: {runs})")
-print(f"  no tunnel (the bare veth), 5000 offered: udp-load sent {bare_sent} Mbit/s, loss {float(bare_loss):.2f}%")
+for metric, title, sent, loss, offered in (
+    ("udp", "one datagram per message (sendmmsg/recvmmsg)", bare_sent, bare_loss, 5000),
+    ("udp-gso", "QUIC-style sender and receiver (UDP_SEGMENT/UDP_GRO)", bare_gso_sent, bare_gso_loss, 8000),
+):
+    print()
+    print(f"UDP, {title}: highest rate sent (Mbit/s) with loss under 1%, median over the rounds:")
+    k = median("kilotun", metric)
+    for engine in engines:
+        m = median(engine, metric)
+        runs = " ".join(f"{v[0]} ({v[1]}%, {v[2]} offered)" for v in values[(engine, metric)])
+        r = "" if engine == "kilotun" else f"  kilotun ratio {ratio(k, m)}"
+        print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss and the rate offered: {runs})")
+    print(f"  no tunnel (the bare veth), {offered} offered: udp-load sent {sent} Mbit/s, loss {float(loss):.2f}%")
 
 print()
 print("kilotun's ratio to each engine (medians):")
-print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev    UDP")
+print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev    UDP  UDP-GSO")
 for engine in engines[1:]:
-    cells = [ratio(median("kilotun", m), median(engine, m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev", "udp")]
-    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:4]) + f"  {cells[4]:>5}")
+    cells = [ratio(median("kilotun", m), median(engine, m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev", "udp", "udp-gso")]
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:5]) + f"  {cells[5]:>7}")
 EOF
