@@ -17,7 +17,8 @@
 # (kilotun, built here, always: the ratios are to it).
 # Needs: iperf3, wireguard-tools, iproute2, python3.
 #
-# Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R);
+# Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R), with
+# the CPU seconds per GB carried (the machine's, and the engines' own);
 # ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice, one datagram per
 # message (sendmmsg/recvmmsg) and QUIC-style (UDP_SEGMENT/UDP_GRO): the highest rate sent with
 # loss under 1%, up a fixed ladder of offered rates; once per run, what udp-load sends over the
@@ -148,14 +149,44 @@ teardown_tunnel() {
   sleep 0.5
 }
 
-# iperf STREAMS DIRECTION(fwd|rev) -> Mbit/s
+# busy_ticks: CPU time the machine spent busy so far (user, nice, system, irq, softirq), in ticks.
+busy_ticks() {
+  awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat
+}
+
+# engine_ticks PID…: CPU time of the processes PID… so far, in ticks.
+engine_ticks() {
+  local pid total=0
+  for pid in "$@"; do
+    total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+# iperf STREAMS DIRECTION(fwd|rev) -> "MBIT_S MACHINE_S_PER_GB ENGINES_S_PER_GB": the rate, and
+# the CPU seconds per GB carried of the whole machine (iperf3 and kernel included) and of the
+# two engines' processes (which include the kernel work done in their threads: the receiving
+# TCP stack runs in the softirq of the thread writing the TUN device). CPU per GB is steadier
+# than the rate on a shared machine and says where a faster engine could still gain.
 iperf() {
-  local flags=(-c 10.80.0.2 -t "$secs" -P "$1" -J)
+  local flags=(-c 10.80.0.2 -t "$secs" -P "$1" -J) busy0 engine0 json pids
   [ "$2" = rev ] && flags+=(-R)
+  # The engines' daemons: all that runs in the namespaces before iperf3 starts.
+  mapfile -t pids < <(ip netns pids "$nsa"; ip netns pids "$nsb")
+  engine0=$(engine_ticks "${pids[@]}")
   ip netns exec "$nsb" iperf3 -s -1 -D >/dev/null 2>&1
   sleep 0.3
-  ip netns exec "$nsa" iperf3 "${flags[@]}" 2>/dev/null |
-    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))'
+  busy0=$(busy_ticks)
+  json=$(ip netns exec "$nsa" iperf3 "${flags[@]}" 2>/dev/null)
+  python3 -c '
+import json, os, sys
+end = json.loads(sys.argv[1])["end"]["sum_received"]
+hz = os.sysconf("SC_CLK_TCK")
+gb = end["bytes"] / 1e9
+busy = (int(sys.argv[3]) - int(sys.argv[2])) / hz
+engines = (int(sys.argv[5]) - int(sys.argv[4])) / hz
+print(round(end["bits_per_second"] / 1e6), round(busy / gb, 3), round(engines / gb, 3))
+' "$json" "$busy0" "$(busy_ticks)" "$engine0" "$(engine_ticks "${pids[@]}")"
 }
 
 # udp_probe ADDRESS RATE [gso] -> "LOSS SENT": 3 s of 1300-byte datagrams (they fit the tunnel's
@@ -254,6 +285,29 @@ for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
         runs = " ".join(v[0] for v in values[(engine, metric)])
         r = "" if engine == "kilotun" else ratio(k, m)
         print(f"{label[engine]:<{width}}  {streams:>7}  {direction:<9}  {m:>7.0f}  {r:>13}  {runs}")
+
+print()
+print("CPU seconds per GB carried, medians over the rounds: the whole machine / the two engines:")
+print(f"  {'engine':<{width}}" + "".join(f"  {m:>13}" for m in ("1 fwd", "1 rev", "4 fwd", "4 rev")))
+for engine in engines:
+    cells = []
+    for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
+        runs = [v for v in values[(engine, metric)] if len(v) >= 3]
+        machine = statistics.median(float(v[1]) for v in runs) if runs else float("nan")
+        own = statistics.median(float(v[2]) for v in runs) if runs else float("nan")
+        cells.append(f"{machine:.2f} / {own:.2f}")
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>13}" for c in cells))
+
+
+def own_cpu(engine, metric):
+    runs = [float(v[2]) for v in values[(engine, metric)] if len(v) >= 3]
+    return statistics.median(runs) if runs else 0
+
+
+print("each engine's own CPU per GB as a multiple of kilotun's:")
+for engine in engines[1:]:
+    cells = [ratio(own_cpu(engine, m), own_cpu("kilotun", m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev")]
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>13}" for c in cells))
 
 print()
 print("ping RTT through the idle tunnel, average of 20 pings (ms), median over the rounds:")
