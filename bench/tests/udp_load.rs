@@ -28,23 +28,38 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn what_is_sent_over_loopback_is_received_at_the_offered_rate() {
-    let port = free_port();
+/// A sink on a free loopback port (with `recv_flags`) and 80 Mbit/s of 1000-byte datagrams sent
+/// to it for 1 s (with `send_flags`): the sender's and the sink's counts.
+fn run_over_loopback(
+    send_flags: &[&str],
+    recv_flags: &[&str],
+) -> ((u64, u64, u64), (u64, u64, u64)) {
+    let port = free_port().to_string();
     let sink = Command::new(UDP_LOAD)
-        .args(["recv", &port.to_string(), "2"])
+        .arg("recv")
+        .args(recv_flags)
+        .args([port.as_str(), "2"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let sender = Command::new(UDP_LOAD)
-        .args(["send", &format!("127.0.0.1:{port}"), "80", "1", "1000"])
+        .arg("send")
+        .args(send_flags)
+        .args([&format!("127.0.0.1:{port}"), "80", "1", "1000"])
         .output()
         .unwrap();
     assert!(sender.status.success(), "{sender:?}");
-    let (sent, sent_bytes, _) = counts(&sender.stdout, "sent");
     let sink = sink.wait_with_output().unwrap();
-    let (received, received_bytes, _) = counts(&sink.stdout, "received");
+    (
+        counts(&sender.stdout, "sent"),
+        counts(&sink.stdout, "received"),
+    )
+}
+
+#[test]
+fn what_is_sent_over_loopback_is_received_at_the_offered_rate() {
+    let ((sent, sent_bytes, _), (received, received_bytes, _)) = run_over_loopback(&[], &[]);
     // 80 Mbit/s of 1000-byte datagrams for 1 s is 10,000 datagrams.
     assert!((9_000..=10_000).contains(&sent), "sent {sent}");
     assert_eq!(sent_bytes, sent * 1000);
@@ -53,28 +68,8 @@ fn what_is_sent_over_loopback_is_received_at_the_offered_rate() {
 
 #[test]
 fn a_quic_style_run_is_sent_and_received_whole_and_counted_by_the_datagram() {
-    let port = free_port();
-    let sink = Command::new(UDP_LOAD)
-        .args(["recv", "--gro", &port.to_string(), "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let sender = Command::new(UDP_LOAD)
-        .args([
-            "send",
-            "--gso",
-            &format!("127.0.0.1:{port}"),
-            "80",
-            "1",
-            "1000",
-        ])
-        .output()
-        .unwrap();
-    assert!(sender.status.success(), "{sender:?}");
-    let (sent, sent_bytes, sends) = counts(&sender.stdout, "sent");
-    let sink = sink.wait_with_output().unwrap();
-    let (received, received_bytes, receives) = counts(&sink.stdout, "received");
+    let ((sent, sent_bytes, sends), (received, received_bytes, receives)) =
+        run_over_loopback(&["--gso"], &["--gro"]);
     // 10,000 datagrams of 1000 bytes, in runs of 64 (65,000 bytes at most per send).
     assert!((9_000..=10_000).contains(&sent), "sent {sent}");
     assert_eq!(sent_bytes, sent * 1000);
