@@ -4,14 +4,23 @@
 # file backend (one shared cluster directory); locations are bridges joined by a router namespace;
 # pod CIDRs are addresses on a port-less bridge. Prints `kgctl graph`, `wg show` of a
 # leader and a cross-location ping from a non-leader, then tears everything down (also on Ctrl-C).
+# DEMO_KG and DEMO_KGCTL (both) run those binaries instead of building them; DEMO_SVG is where
+# the picture goes (default: mesh.svg at the repository's root).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (network namespaces, TUN)" >&2; exit 1; }
 if ! command -v wg >/dev/null || ! command -v ping >/dev/null; then
   apt-get update -qq && apt-get install -y --no-install-recommends wireguard-tools iputils-ping iproute2
 fi
-(cd "$root" && cargo build --release --quiet --bin kg --bin kgctl)
-kg="$root/target/release/kg"; kgctl="$root/target/release/kgctl"
+if [ -n "${DEMO_KG:-}" ] && [ -n "${DEMO_KGCTL:-}" ]; then
+  kg=$DEMO_KG; kgctl=$DEMO_KGCTL
+else
+  (cd "$root" && cargo build --release --quiet --bin kg --bin kgctl)
+  target=${CARGO_TARGET_DIR:-target}
+  case "$target" in /*) ;; *) target="$root/$target" ;; esac
+  kg="$target/release/kg"; kgctl="$target/release/kgctl"
+fi
+svg=${DEMO_SVG:-$root/mesh.svg}
 
 id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir"
 router="demo${id}r"
@@ -64,15 +73,21 @@ EOF
 done
 
 echo "== waiting for the mesh (n2 in east pings n4's pod address 10.42.4.1 in west)"
+meshed=false
 for _ in $(seq 60); do
-  if ip netns exec "$(ns n2)" ping -c 1 -W 1 10.42.4.1 >/dev/null 2>&1; then break; fi
+  if ip netns exec "$(ns n2)" ping -c 1 -W 1 10.42.4.1 >/dev/null 2>&1; then meshed=true; break; fi
   sleep 0.5
 done
+if [ "$meshed" != true ]; then
+  echo "demo: n2 could not reach 10.42.4.1 within 30 s; the agents' logs:" >&2
+  for n in "${nodes[@]}"; do echo "-- $n" >&2; tail -n 20 "$work/$n.log" >&2; done
+  exit 1
+fi
 echo "== kgctl graph"
 "$kgctl" --backend=file --cluster-dir="$dir" graph | tee "$work/mesh.dot"
 if command -v circo >/dev/null; then
-  circo -Tsvg "$work/mesh.dot" >"$root/mesh.svg"
-  echo "== the mesh as a picture: $root/mesh.svg"
+  circo -Tsvg "$work/mesh.dot" >"$svg"
+  echo "== the mesh as a picture: $svg"
 else
   echo "== install graphviz to draw the mesh (circo -Tsvg)"
 fi
