@@ -151,9 +151,10 @@ fn full_granularity_builds_a_direct_mesh() {
     }
     // Each node gets Kilo's shipped conflist to manage (--cni is on by default).
     let conflist = r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},{"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}"#;
-    let cni_dir = std::env::temp_dir().join(common::unique("cni"));
-    std::fs::create_dir_all(&cni_dir).unwrap();
     let mut c = Cluster::with_nodes(&["east", "west"], &FOUR);
+    // In the cluster's work directory, removed with it.
+    let cni_dir = c.work.join("cni");
+    std::fs::create_dir_all(&cni_dir).unwrap();
     for (i, (name, _)) in FOUR.iter().enumerate() {
         let path = cni_dir.join(format!("{name}.conflist"));
         std::fs::write(&path, conflist).unwrap();
