@@ -116,12 +116,13 @@ fn send(
     } else {
         BATCH
     };
-    let run = vec![0u8; size * per_call];
-    let mut buffers = vec![vec![0u8; size]; BATCH];
-    let mut iovecs: Vec<libc::iovec> = buffers
-        .iter_mut()
-        .map(|buffer| libc::iovec {
-            iov_base: buffer.as_mut_ptr().cast(),
+    // One buffer of `per_call` datagrams: sent whole with `--gso`, one iovec per datagram
+    // with sendmmsg.
+    let mut run = vec![0u8; size * per_call];
+    let mut iovecs: Vec<libc::iovec> = run
+        .chunks_mut(size)
+        .map(|datagram| libc::iovec {
+            iov_base: datagram.as_mut_ptr().cast(),
             iov_len: size,
         })
         .collect();
@@ -147,8 +148,8 @@ fn send(
             // One run of `n` equal datagrams; the kernel cuts it at `size` (UDP_SEGMENT).
             socket.send(&run[..n * size]).map(|b| b / size)
         } else {
-            // SAFETY: `headers` holds BATCH headers pointing, through `iovecs`, at `buffers`,
-            // all alive until the function returns; the first `n` are sent.
+            // SAFETY: `headers` holds `per_call` headers pointing, through `iovecs`, at `run`,
+            // all alive until the function returns; the first `n` (at most `per_call`) are sent.
             let rc =
                 unsafe { libc::sendmmsg(socket.as_raw_fd(), headers.as_mut_ptr(), n as u32, 0) };
             if rc < 0 {
