@@ -2,7 +2,7 @@
 //! HTTP list/watch/patch) in a node's namespace. The fake stays here only for what a real API
 //! server cannot be made to do on cue: count every request kg sends (so the check-in load is
 //! exactly one patch per node per 30 s) and answer 503 to everything during an outage while its
-//! watches are cut. Everything else runs against a real kube-apiserver in `tests/real_kube.rs`
+//! watches are cut. Everything else runs against a real kube-apiserver in `tests/real_kube/`
 //! and `tests/kube_backend.rs`.
 
 mod common;
