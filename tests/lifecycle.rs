@@ -169,3 +169,88 @@ fn a_deleted_link_under_a_running_device_does_not_make_it_spin() {
         );
     }
 }
+
+/// Context switches (voluntary and not) of every thread of process `pid` so far: each is a
+/// wake-up of one of its threads.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// Most Kilo nodes are not leaders and have no WireGuard peer: their device must cost nothing
+/// while idle. Before, its threads woke about 16 times a second (the UAPI listener every 100
+/// ms, the timers every 250 ms, each worker every second). Once a peer is added, its timers
+/// run: a persistent keepalive to a peer that never answers keeps sending handshake
+/// initiations.
+#[test]
+fn an_idle_device_without_peers_never_wakes_and_its_first_peer_gets_timers() {
+    if !can_run("an_idle_device_without_peers_never_wakes_and_its_first_peer_gets_timers") {
+        return;
+    }
+    let ns = common::Netns::new();
+    ns.run(&["ip", "link", "set", "lo", "up"]);
+    let device = WgDevice::start(&ns, Impl::Kilotun);
+    // A key and a port, so the sockets are bound; the link stays down, so the kernel sends it
+    // nothing of its own (IPv6 router solicitations would wake a worker, rightly).
+    device.wg(&[
+        "set",
+        &device.name,
+        "private-key",
+        &device.key_file,
+        "listen-port",
+        "51820",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = context_switches(device.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    let woke = context_switches(device.pid()) - before;
+    assert!(
+        woke <= 3,
+        "an idle kilotun with no peer woke {woke} times in 3 s"
+    );
+
+    // A peer at a loopback port nobody answers on: the keepalive starts a handshake, and the
+    // timers retry it. Only the timer thread sends these.
+    let peer_key = common::run(&["wg", "genkey"]);
+    let peer = common::pipe_to(&["wg", "pubkey"], peer_key.as_bytes());
+    device.wg(&[
+        "set",
+        &device.name,
+        "peer",
+        peer.trim(),
+        "endpoint",
+        "127.0.0.1:9",
+        "persistent-keepalive",
+        "1",
+        "allowed-ips",
+        "10.78.0.2/32",
+    ]);
+    let sent = || -> u64 {
+        let transfer = device.wg(&["show", &device.name, "transfer"]);
+        transfer
+            .split_whitespace()
+            .nth(2)
+            .and_then(|tx| tx.parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while sent() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no handshake initiation sent 5 s after a peer with a keepalive was added"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -9,7 +9,6 @@
 //! sockets first, so a port in use fails the change and leaves everything as it was.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -20,6 +19,7 @@ use parking_lot::Mutex;
 
 use crate::config::{ApplyReport, DeviceConfig};
 use crate::engine::{Engine, TIMER_TICK};
+use crate::eventfd::{poll, readable, EventFd};
 use crate::io::udp::UdpSocketIo;
 use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
 use crate::outbox::Outbox;
@@ -217,7 +217,12 @@ impl<B: UdpBinder> Device<B> {
             }
             None
         };
+        let had_peers = self.shared.engine.has_peers();
         let report = self.shared.engine.apply(desired);
+        if !had_peers && self.shared.engine.has_peers() {
+            // The timer thread sleeps while there is no peer: the first one needs its timers.
+            self.shared.wakers[workers].wake();
+        }
         if let Some(sockets) = new_sockets {
             self.shared.sockets.store(Arc::new(sockets));
             self.shared.generation.fetch_add(1, Ordering::Release);
@@ -299,15 +304,15 @@ fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
         }
         let v4 = pick(&sockets.v4, index);
         let v6 = pick(&sockets.v6, index);
+        // Negative descriptors (a family with no socket) are ignored by poll. No timeout: a
+        // shutdown or a socket change wakes the worker through its eventfd.
         let mut fds = [
-            pollfd(tun.readiness_fd()),
-            pollfd(v4.map_or(-1, UdpIo::readiness_fd)),
-            pollfd(v6.map_or(-1, UdpIo::readiness_fd)),
-            pollfd(waker.fd()),
+            readable(tun.readiness_fd()),
+            readable(v4.map_or(-1, UdpIo::readiness_fd)),
+            readable(v6.map_or(-1, UdpIo::readiness_fd)),
+            readable(waker.fd()),
         ];
-        // SAFETY: `fds` is a live array of pollfd; negative fds are ignored by poll.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
-        if ready <= 0 {
+        if poll(&mut fds, None) == 0 {
             continue;
         }
         if fds[3].revents != 0 {
@@ -350,14 +355,6 @@ fn pick<S>(sockets: &[S], index: usize) -> Option<&S> {
     }
 }
 
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }
-}
-
 /// Writes the outbox: decrypted packets to the TUN queue, datagrams to the sockets.
 fn flush<S: UdpIo, T: TunIo>(
     shared: &Shared<S>,
@@ -382,7 +379,8 @@ fn flush<S: UdpIo, T: TunIo>(
     out.clear();
 }
 
-/// The timer loop: every [`TIMER_TICK`], run the engine's timers and send what they produce.
+/// The timer loop: every [`TIMER_TICK`] while the engine has a peer, run the engine's timers and
+/// send what they produce; with no peer, sleep until one is added.
 fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
     let mut out = Outbox::with_capacity(64, 256);
     let waker = &shared.wakers[waker_index];
@@ -403,45 +401,15 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
             out.clear();
             next = now + TIMER_TICK;
         }
-        let wait = next.saturating_duration_since(Instant::now());
-        let mut fds = [pollfd(waker.fd())];
-        // SAFETY: `fds` is a live array of one pollfd.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, wait.as_millis() as libc::c_int) };
-        if fds[0].revents != 0 {
+        // With no peer there is nothing to time: sleep until set_config adds one (or shutdown).
+        let wait = shared
+            .engine
+            .has_peers()
+            .then(|| next.saturating_duration_since(Instant::now()));
+        let mut fds = [readable(waker.fd())];
+        if poll(&mut fds, wait) > 0 {
             waker.drain();
         }
-    }
-}
-
-/// A Linux eventfd used to wake a thread out of `poll`.
-#[derive(Debug)]
-struct EventFd(OwnedFd);
-
-impl EventFd {
-    fn new() -> io::Result<Self> {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    fn drain(&self) {
-        let mut value: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-        unsafe { libc::read(self.fd(), (&mut value as *mut u64).cast(), 8) };
     }
 }
 

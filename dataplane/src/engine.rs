@@ -247,6 +247,12 @@ impl Engine {
         self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
     }
 
+    /// Whether any peer is configured. Without one the timers have nothing to do, so a device
+    /// stops ticking until a peer is added.
+    pub fn has_peers(&self) -> bool {
+        !self.state.load().peers.is_empty()
+    }
+
     /// The running configuration, with endpoints as configured (not as roamed).
     pub fn config(&self) -> DeviceConfig {
         let state = self.state.load();

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -26,6 +26,7 @@ use ipnet::IpNet;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::allowed_ips::AllowedIps;
+use crate::eventfd::{poll, readable, StopSignal};
 use crate::io::linux_tun::{LinuxTun, TunError};
 use crate::io::TunIo;
 
@@ -35,8 +36,6 @@ pub const IPPROTO_IPIP: u8 = 4;
 pub const IPIP_OVERHEAD: u32 = 20;
 /// Bytes the outer IPv6 header adds (to a gateway with an IPv6 address).
 pub const IPIP6_OVERHEAD: u32 = 40;
-/// How long an idle worker sleeps in `poll` before checking whether to stop.
-const POLL_MS: i32 = 200;
 
 /// Why a packet was not forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,7 +206,7 @@ pub struct UserspaceIpip {
     name: String,
     table: Arc<ArcSwap<IpipTable>>,
     counters: Arc<IpipCounters>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     workers: Vec<JoinHandle<()>>,
     carries_ipv6_outer: bool,
 }
@@ -266,19 +265,22 @@ impl RawSockets {
     }
 }
 
-/// Waits up to [`POLL_MS`] for any of `fds` to be readable.
-fn wait_readable(fds: &[RawFd]) {
-    let mut pfds: [libc::pollfd; 2] = [libc::pollfd {
-        fd: -1,
-        events: libc::POLLIN,
-        revents: 0,
-    }; 2];
-    for (pfd, fd) in pfds.iter_mut().zip(fds) {
-        pfd.fd = *fd;
+/// Sleeps until one of `fds` (at most two) is readable or `stop` is given; no timeout, so an
+/// idle device never wakes. A descriptor in error (the TUN link deleted under us) is waited
+/// on at most every 100 ms instead of in a busy loop.
+fn wait_readable(fds: &[RawFd], stop: &StopSignal) {
+    let mut pfds = [readable(-1); 3];
+    for (pfd, fd) in pfds.iter_mut().zip(fds.iter().take(2)) {
+        *pfd = readable(*fd);
     }
-    let count = fds.len().min(pfds.len()) as libc::nfds_t;
-    // SAFETY: `count` valid pollfds for the duration of the call.
-    unsafe { libc::poll(pfds.as_mut_ptr(), count, POLL_MS) };
+    pfds[2] = readable(stop.fd());
+    poll(&mut pfds, None);
+    let broken = pfds[..2]
+        .iter()
+        .any(|p| p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0);
+    if broken && !stop.is_stopped() {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 impl UserspaceIpip {
@@ -291,7 +293,7 @@ impl UserspaceIpip {
         let carries_ipv6_outer = sockets.v6.is_some();
         let table = Arc::new(ArcSwap::from_pointee(IpipTable::default()));
         let counters = Arc::new(IpipCounters::default());
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopSignal::new().map_err(IpipError::Thread)?);
         let mut workers = Vec::new();
         let outbound = {
             let (tun, sockets, table, counters, stop) = (
@@ -348,7 +350,7 @@ impl UserspaceIpip {
 
 impl Drop for UserspaceIpip {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.stop();
         for worker in self.workers.drain(..) {
             let _ = worker.join();
         }
@@ -361,11 +363,11 @@ fn outbound(
     sockets: &RawSockets,
     table: &ArcSwap<IpipTable>,
     counters: &IpipCounters,
-    stop: &AtomicBool,
+    stop: &StopSignal,
 ) {
     let mut buf = vec![0u8; 65_535];
-    while !stop.load(Ordering::Relaxed) {
-        wait_readable(&[tun.readiness_fd()]);
+    while !stop.is_stopped() {
+        wait_readable(&[tun.readiness_fd()], stop);
         let table = table.load();
         loop {
             let len = match tun.recv(&mut buf) {
@@ -392,14 +394,14 @@ fn inbound(
     sockets: &RawSockets,
     table: &ArcSwap<IpipTable>,
     counters: &IpipCounters,
-    stop: &AtomicBool,
+    stop: &StopSignal,
 ) {
     let mut buf = vec![0u8; 65_535];
     let v4 = sockets.v4.as_raw_fd();
     let v6 = sockets.v6.as_ref().map(AsRawFd::as_raw_fd);
     let fds: Vec<RawFd> = std::iter::once(v4).chain(v6).collect();
-    while !stop.load(Ordering::Relaxed) {
-        wait_readable(&fds);
+    while !stop.is_stopped() {
+        wait_readable(&fds, stop);
         let table = table.load();
         loop {
             // SAFETY: reading into an initialised byte buffer.

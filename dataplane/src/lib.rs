@@ -11,6 +11,7 @@ pub mod allowed_ips;
 pub mod config;
 pub mod device;
 pub mod engine;
+mod eventfd;
 pub mod fuzzing;
 pub mod gro;
 pub mod io;

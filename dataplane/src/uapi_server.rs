@@ -10,11 +10,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::eventfd::{poll, readable, StopSignal};
 use crate::uapi::{UapiError, EINVAL, EPROTO, MAX_REQUEST_BYTES};
 
 /// The directory `wg` looks in.
@@ -87,7 +87,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, UapiBindError> {
 #[derive(Debug)]
 pub struct UapiServer {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -95,14 +95,14 @@ impl UapiServer {
     /// Serves `listener` (bound at `path`) with `handler` until dropped.
     ///
     /// # Errors
-    /// Failure to spawn the accept thread.
+    /// Failure to create the stop eventfd or to spawn the accept thread.
     pub fn start(
         listener: UnixListener,
         path: PathBuf,
         handler: Arc<dyn UapiHandler>,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopSignal::new()?);
         let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("kilotun-uapi".into())
@@ -117,7 +117,7 @@ impl UapiServer {
 
 impl Drop for UapiServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -125,15 +125,12 @@ impl Drop for UapiServer {
     }
 }
 
-fn accept_loop(listener: &UnixListener, handler: &Arc<dyn UapiHandler>, stop: &AtomicBool) {
-    while !stop.load(Ordering::Acquire) {
-        let mut fds = [libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: `fds` is a live array of one pollfd.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, 100) };
+/// Accepts connections until told to stop, each served on its own thread. It sleeps in `poll`
+/// until a client connects or [`UapiServer`] is dropped: no periodic wake-up.
+fn accept_loop(listener: &UnixListener, handler: &Arc<dyn UapiHandler>, stop: &StopSignal) {
+    while !stop.is_stopped() {
+        let mut fds = [readable(listener.as_raw_fd()), readable(stop.fd())];
+        poll(&mut fds, None);
         match listener.accept() {
             Ok((stream, _)) => {
                 let handler = Arc::clone(handler);
