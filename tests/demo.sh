@@ -5,7 +5,8 @@
 # pod CIDRs are addresses on a port-less bridge. Prints `kgctl graph`, `wg show` of a
 # leader and a cross-location ping from a non-leader, then tears everything down (also on Ctrl-C).
 # DEMO_KG and DEMO_KGCTL (both) run those binaries instead of building them; DEMO_SVG is where
-# the picture goes (default: mesh.svg at the repository's root).
+# the picture goes (default: mesh.svg at the repository's root). DEMO_HOLD=SECONDS keeps the
+# mesh up that long before tearing it down, to look around (`ip netns list`, `wg show`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (network namespaces, TUN)" >&2; exit 1; }
@@ -97,3 +98,7 @@ echo "== ping from n2 (east, not a leader) to n4's pod address (west)"
 ip netns exec "$(ns n2)" ping -c 3 10.42.4.1
 echo "== routes on n2 (everything via its leader n1 over userspace IPIP, proto static)"
 ip -n "$(ns n2)" route show proto static
+if [ -n "${DEMO_HOLD:-}" ]; then
+  echo "== holding the mesh for ${DEMO_HOLD} s (namespaces $(ns n1) to $(ns n4))"
+  sleep "$DEMO_HOLD"
+fi

@@ -52,6 +52,8 @@ pub mod xtables;
 pub const CHECK_IN_PERIOD: Duration = Duration::from_secs(30);
 /// How long one DNS lookup may take.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Least time between two reconciles started for DNS lookups.
+const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// The MTU used when the default route's cannot be read.
 pub const DEFAULT_MTU: u32 = 1420;
 /// WireGuard's overhead, subtracted by `--mtu=auto`.
@@ -300,9 +302,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.s.args.leader_election == args::LeaderElection::Lease
     }
 
-    /// True when DNS lookups are due.
-    pub fn dns_due(&self) -> bool {
-        !self.dns.due(Instant::now()).is_empty()
+    /// When the next DNS lookup is due: `None` with no name to resolve (or no resolver), so
+    /// the loop sets no timer for it.
+    pub fn dns_deadline(&self) -> Option<Instant> {
+        self.resolver.as_ref()?;
+        self.dns.next_deadline()
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {
@@ -456,12 +460,17 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut snapshots = agent.subscribe();
     let mut resync_timer = tokio::time::interval(resync);
     let mut check_in_timer = tokio::time::interval(CHECK_IN_PERIOD);
-    let mut dns_timer = tokio::time::interval(Duration::from_secs(1));
     let leases = agent.leases_on();
     let mut lease_timer = tokio::time::interval(lease::LEASE_PERIOD);
     let mut kernel_changes = kernel_watch::watch_changes(KERNEL_SETTLE)?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // DNS lookups run when the book says one is due, at most once a second: a reconcile that
+    // fails before it resolves leaves the deadline in the past, and must not spin.
+    let mut last_dns: Option<Instant> = None;
     loop {
+        let dns_deadline = agent
+            .dns_deadline()
+            .map(|due| last_dns.map_or(due, |last| due.max(last + DNS_MIN_INTERVAL)));
         let trigger = tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
@@ -469,12 +478,15 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = resync_timer.tick() => Trigger::Resync,
             _ = check_in_timer.tick() => Trigger::CheckIn,
             Some(()) = kernel_changes.recv() => Trigger::Kernel,
-            _ = dns_timer.tick() => if agent.dns_due() { Trigger::Dns } else { continue },
+            () = sleep_until(dns_deadline) => Trigger::Dns,
             _ = lease_timer.tick(), if leases => Trigger::Lease,
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.
         agent.ingest(&snapshots.borrow_and_update());
+        if trigger == Trigger::Dns {
+            last_dns = Some(Instant::now());
+        }
         tracing::trace!(?trigger, "reconcile");
         if let Err(e) = agent.settle(trigger).await {
             agent.metrics.error("apply");
@@ -485,4 +497,12 @@ pub async fn run(settings: Settings) -> Result<()> {
     tracing::info!("shutting down");
     agent.shut_down().await;
     Ok(())
+}
+
+/// Sleeps until `deadline`; with none, never returns (a `select!` branch that never fires).
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
 }
