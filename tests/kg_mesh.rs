@@ -179,19 +179,9 @@ fn full_granularity_builds_a_direct_mesh() {
 
     // Steady state: resyncs (every 2 s here) change nothing, neither WireGuard nor routes
     // (Kilo's reconfigure-every-resync problem, issues #82 and #273).
-    let churn = |c: &Cluster| -> Vec<usize> {
-        c.nodes
-            .iter()
-            .map(|n| {
-                let log = n.log_text();
-                log.matches("WireGuard configuration applied").count()
-                    + log.matches("reconciling routes").count()
-            })
-            .collect()
-    };
-    let before = churn(&c);
+    let before = c.reconfigurations();
     std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(churn(&c), before, "{}", c.logs());
+    assert_eq!(c.reconfigurations(), before, "{}", c.logs());
 
     // No private key in any log, metric or graph.
     for n in &c.nodes {

@@ -596,6 +596,20 @@ impl Cluster {
         out
     }
 
+    /// Per node, how many times its kg has applied a WireGuard configuration or reconciled
+    /// routes so far: unchanged across resyncs in a steady state (Kilo's
+    /// reconfigure-every-resync problem, issues #82 and #273).
+    pub fn reconfigurations(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let log = n.log_text();
+                log.matches("WireGuard configuration applied").count()
+                    + log.matches("reconciling routes").count()
+            })
+            .collect()
+    }
+
     /// Logs of every node, for failure messages.
     pub fn logs(&self) -> String {
         self.nodes

@@ -348,19 +348,9 @@ fn full_granularity_meshes_directly_and_resyncs_change_nothing() {
     );
     // Steady state: resyncs (every 2 s) and the watch's check-in events change neither
     // WireGuard nor routes (Kilo's reconfigure-every-resync problem, issues #82 and #273).
-    let churn = |c: &Cluster| -> Vec<usize> {
-        c.nodes
-            .iter()
-            .map(|n| {
-                let log = n.log_text();
-                log.matches("WireGuard configuration applied").count()
-                    + log.matches("reconciling routes").count()
-            })
-            .collect()
-    };
-    let before = churn(&k.c);
+    let before = k.c.reconfigurations();
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(churn(&k.c), before, "{}", k.c.logs());
+    assert_eq!(k.c.reconfigurations(), before, "{}", k.c.logs());
 }
 
 #[test]
