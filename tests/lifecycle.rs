@@ -179,12 +179,12 @@ fn context_switches(pid: u32) -> u64 {
     tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .flat_map(|status| {
+        .map(|status| {
             status
                 .lines()
                 .filter(|l| l.contains("ctxt_switches:"))
                 .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
+                .sum::<u64>()
         })
         .sum()
 }

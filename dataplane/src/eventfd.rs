@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A non-blocking eventfd used to wake a thread out of `poll`.
 #[derive(Debug)]
@@ -66,7 +67,7 @@ pub(crate) fn readable(fd: RawFd) -> libc::pollfd {
 /// stays readable once set (every thread polling it wakes, none drains it).
 #[derive(Debug)]
 pub(crate) struct StopSignal {
-    flag: std::sync::atomic::AtomicBool,
+    flag: AtomicBool,
     waker: EventFd,
 }
 
@@ -74,20 +75,20 @@ impl StopSignal {
     /// A signal not yet given.
     pub(crate) fn new() -> io::Result<Self> {
         Ok(Self {
-            flag: std::sync::atomic::AtomicBool::new(false),
+            flag: AtomicBool::new(false),
             waker: EventFd::new()?,
         })
     }
 
     /// Asks every thread watching this signal to stop, and wakes them.
     pub(crate) fn stop(&self) {
-        self.flag.store(true, std::sync::atomic::Ordering::Release);
+        self.flag.store(true, Ordering::Release);
         self.waker.wake();
     }
 
     /// Whether [`StopSignal::stop`] was called.
     pub(crate) fn is_stopped(&self) -> bool {
-        self.flag.load(std::sync::atomic::Ordering::Acquire)
+        self.flag.load(Ordering::Acquire)
     }
 
     /// The descriptor that becomes readable on [`StopSignal::stop`], to poll beside others.
