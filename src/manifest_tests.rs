@@ -123,7 +123,9 @@ fn check_kg_containers(file: &str, pod: &PodSpec) -> usize {
                 .map(|p| p.container_port)
                 .collect();
             for listen in [&parsed.listen, &parsed.listen_metrics] {
-                let port = crate::agent::http::listen_addr(listen).unwrap().port() as i32;
+                let port = crate::agent::serve::http::listen_addr(listen)
+                    .unwrap()
+                    .port() as i32;
                 assert!(
                     ports.contains(&port),
                     "{file}: {listen} is not a container port"
@@ -174,7 +176,7 @@ fn check_kg_containers(file: &str, pod: &PodSpec) -> usize {
                 !mounts.iter().any(|m| m.starts_with("/lib/modules")),
                 "{file}: mounts kernel modules"
             );
-            let port = crate::agent::http::listen_addr(&settings.args.listen)
+            let port = crate::agent::serve::http::listen_addr(&settings.args.listen)
                 .unwrap()
                 .port() as i32;
             assert!(

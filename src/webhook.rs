@@ -26,8 +26,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
-use crate::agent::http::listen_addr;
-use crate::agent::metrics::{encode_registry, Format, ProcessCollector};
+use crate::agent::serve::http::listen_addr;
+use crate::agent::serve::metrics::{encode_registry, Format, ProcessCollector};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use control::fixtures::{kube_node, synthetic_cluster};
 use control::node::annotation;
 use control::routes::RoutePlan;
-use kilotun::agent::twins::{Calls, TwinAgent};
 use kilotun::agent::Trigger;
+use kilotun::agent::{shells::twins::Calls, twin_agent::TwinAgent};
 use kilotun::backend::Snapshot;
 
 const NODES: usize = 1000;

@@ -24,7 +24,7 @@ use control::table::NodeTable;
 use control::{translate_node, Topology, TopologyParams};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kilotun::agent::twins::TwinAgent;
+use kilotun::agent::twin_agent::TwinAgent;
 use kilotun::agent::Trigger;
 use kilotun::backend::Snapshot;
 

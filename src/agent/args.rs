@@ -1,6 +1,7 @@
 //! `kg`'s command line: every flag of Kilo's `kg` with the same name and default, plus
 //! `--backend=file`, `--cluster-dir` and `--key-file`.
 
+use super::host::Mtu;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ pub struct KgArgs {
     pub iptables_forward_rules: bool,
     /// Which iptables back end to write to: auto (the one the host's rules are already in), legacy or nft.
     #[arg(long, value_enum, default_value = "auto")]
-    pub iptables_backend: super::xtables::BackendMode,
+    pub iptables_backend: super::shells::xtables::BackendMode,
     /// How each location's leader is chosen: kilo (Kilo's rule: annotated, then public, then
     /// first by name; a dead leader is replaced once its last-seen is 60 s old) or lease (a
     /// lease per location, renewed by its healthy holder: failover in seconds).
@@ -120,15 +121,6 @@ pub struct KgArgs {
     /// Directory of UAPI sockets (for tests).
     #[arg(long, default_value = "/var/run/wireguard", hide = true)]
     pub socket_dir: PathBuf,
-}
-
-/// `--mtu`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mtu {
-    /// The default-route interface's MTU minus 80, re-detected every reconcile.
-    Auto,
-    /// A fixed MTU.
-    Fixed(u32),
 }
 
 /// `--leader-election`.

@@ -1,6 +1,16 @@
 //! The `kg` agent: watches the backend, computes Kilo's topology, and drives the WireGuard
-//! device, the link and the routes. I/O lives here and in the modules below; every decision is
-//! made by the pure `control` crate.
+//! device, the link and the routes. Every decision is made by the pure `control` crate.
+//!
+//! The tree reads by role:
+//! - the pipeline, here: this loop, [`reconcile`] (snapshot → node table → topology → desired
+//!   state, each stage a value compared with the last), [`apply`] (desired state → shells) and
+//!   [`lease`] (leader election's side effects);
+//! - [`shells`]: every adapter that talks to the kernel, a child process or a file, each behind
+//!   a small trait, with their in-memory twins beside them;
+//! - [`host`]: what kg learns from and sets up on its own node (its IP, links, MTU, tunnel);
+//! - [`serve`]: what kg serves (HTTP, `/status`, metrics, path probes).
+//!
+//! Imports go one way: the pipeline uses the three folders, never the reverse.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -19,34 +29,21 @@ use tokio::sync::watch;
 
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use args::{BackendKind, Settings};
-use local::ProblemLog;
-use metrics::Metrics;
-use netlink::Netlink;
+use host::{encap, local::ProblemLog};
+use serve::{http, metrics::Metrics, status};
+use shells::netlink::Netlink;
+use shells::wireguard::WireGuard;
+use shells::{kernel_watch, keyfile, state, xtables};
 use shells::{Engine, Firewall, Iptables, Kernel};
-use wireguard::WireGuard;
 
 mod apply;
 pub mod args;
-mod cni;
-pub mod encap;
-mod host;
-pub mod http;
-pub mod ipdetect;
-pub mod iptables;
-mod kernel_watch;
-pub mod keyfile;
+pub mod host;
 mod lease;
-pub mod local;
-pub mod metrics;
-pub mod netlink;
-pub mod probe;
 mod reconcile;
+pub mod serve;
 pub mod shells;
-pub mod state;
-pub mod status;
-pub mod twins;
-pub mod wireguard;
-pub mod xtables;
+pub mod twin_agent;
 
 /// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
 pub const CHECK_IN_PERIOD: Duration = Duration::from_secs(30);
@@ -54,10 +51,6 @@ pub const CHECK_IN_PERIOD: Duration = Duration::from_secs(30);
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Least time between two reconciles started for DNS lookups.
 const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
-/// The MTU used when the default route's cannot be read.
-pub const DEFAULT_MTU: u32 = 1420;
-/// WireGuard's overhead, subtracted by `--mtu=auto`.
-pub const WIREGUARD_OVERHEAD: u32 = 80;
 /// How long kg lets a burst of kernel notifications settle before listing the host again.
 pub const KERNEL_SETTLE: Duration = Duration::from_millis(200);
 
@@ -431,17 +424,6 @@ impl Agent {
             }
         }
     }
-}
-
-/// Replaces `path` with `text` (mode `mode`) through a temporary file and a rename.
-fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.kg.tmp"));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
 }
 
 /// Runs kg until SIGINT or SIGTERM.

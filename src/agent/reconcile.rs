@@ -17,9 +17,10 @@ use control::{translate_peer, Peer, Topology, TopologyParams};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
 use super::apply::Applied;
-use super::host::{DetectionInputs, HostView};
+use super::host::local;
+use super::host::{read_host, DetectionInputs, HostView, OwnSide};
 use super::shells::{Engine, Firewall, Kernel};
-use super::{local, unix_ms, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
+use super::{unix_ms, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
 /// Annotations to set (`Some`) or remove (`None`), as sent to the backend.
@@ -109,7 +110,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let readiness_now = self.readiness.now(now_unix);
         self.memo.table.advance(readiness_now);
         if full {
-            self.memo.host = Some(self.read_host(&detection).await?);
+            let own = OwnSide {
+                kilo_index: self.kilo_index,
+                tunnel: self.tunnel.name(),
+                hostname_ips: &self.hostname_ips,
+                subnet: self.s.subnet,
+                internal_cidrs: &self.s.internal_cidrs,
+            };
+            self.memo.host = Some(read_host(&self.netlink, &own, &detection).await?);
             self.memo.detection = detection;
         }
 

@@ -15,8 +15,8 @@ use dataplane::SecretKey;
 use ipnet::IpNet;
 
 use crate::agent::args::{parse_duration, BackendKind};
-use crate::agent::netlink::Netlink;
-use crate::agent::wireguard::WireGuard;
+use crate::agent::shells::netlink::Netlink;
+use crate::agent::shells::wireguard::WireGuard;
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 
 use super::KgctlArgs;
@@ -186,7 +186,7 @@ pub async fn run(global: &KgctlArgs, args: &ConnectArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let resync = parse_duration(&args.resync_period).context("--resync-period")?;
     let key = match &args.private_key {
-        Some(path) => crate::agent::keyfile::load_or_generate(path)?,
+        Some(path) => crate::agent::shells::keyfile::load_or_generate(path)?,
         None => SecretKey::generate(),
     };
 

@@ -1,4 +1,4 @@
-//! In-memory twins of the shells ([`super::shells`]) for tests and benchmarks: each holds the
+//! In-memory twins of the shells ([`super`]) for tests and benchmarks: each holds the
 //! state the real one would change on the host and counts every call, split into reads (a
 //! netlink dump, `iptables -S`, a UAPI `get`) and writes.
 
@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use parking_lot::Mutex;
 
 use super::netlink::Link;
-use super::shells::{Engine, Firewall, Kernel};
+use super::{Engine, Firewall, Kernel};
 
 /// What a twin was asked to do.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -343,57 +343,5 @@ impl MemKernel {
     /// Replaces kg's routes and rules, as someone else changing the kernel would.
     pub fn set_routes(&self, routes: RoutePlan) {
         self.state.lock().routes = routes;
-    }
-}
-
-/// An agent on in-memory twins, and the twins, to count what it does.
-pub struct TwinAgent {
-    /// The agent.
-    pub agent: super::Agent<MemKernel, MemFirewall, MemEngine>,
-    /// Its kernel.
-    pub kernel: MemKernel,
-    /// Its firewall.
-    pub firewall: MemFirewall,
-    /// Its WireGuard device.
-    pub engine: MemEngine,
-}
-
-impl TwinAgent {
-    /// Starts an agent with `kg` flags `args` (which must use `--backend=file`, whose
-    /// directory it may write its Node into) on a fresh kernel ([`MemKernel::host`]), firewall
-    /// and device.
-    pub async fn start(args: &[&str]) -> Result<Self> {
-        use clap::Parser as _;
-        let settings =
-            super::args::KgArgs::try_parse_from(std::iter::once("kg").chain(args.iter().copied()))?
-                .settings()?;
-        let backend = crate::backend::Backend::File(crate::backend::file::FileBackend::open(
-            std::path::Path::new(&settings.args.cluster_dir),
-        )?);
-        let kernel = MemKernel::host(&settings.args.interface);
-        let firewall = MemFirewall::default();
-        let engine = MemEngine::default();
-        let shells = super::Shells {
-            kernel: kernel.clone(),
-            firewall: firewall.clone(),
-            engine: engine.clone(),
-        };
-        let key = dataplane::SecretKey::generate();
-        let agent = super::Agent::with_shells(settings, key, backend, shells, None).await?;
-        Ok(Self {
-            agent,
-            kernel,
-            firewall,
-            engine,
-        })
-    }
-
-    /// Every twin's calls: kernel, firewall, device.
-    pub fn calls(&self) -> [Calls; 3] {
-        [
-            self.kernel.calls(),
-            self.firewall.calls(),
-            self.engine.calls(),
-        ]
     }
 }

@@ -15,8 +15,8 @@ use control::Topology;
 use dataplane::ipip::{IpipTable, UserspaceIpip, IPIP6_OVERHEAD, IPIP_OVERHEAD};
 use ipnet::IpNet;
 
-use super::netlink::Link;
-use super::shells::Kernel;
+use crate::agent::shells::netlink::Link;
+use crate::agent::shells::Kernel;
 
 /// The kernel's IPIP fallback device.
 pub const KERNEL_IPIP: &str = "tunl0";
@@ -267,7 +267,7 @@ async fn set_mtu_below<N: Kernel>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::twins::MemKernel;
+    use crate::agent::shells::twins::MemKernel;
 
     fn host() -> MemKernel {
         let eth0 = Link {

@@ -1,7 +1,9 @@
 //! The three shells kg changes the host through, as small traits: the kernel's links, addresses,
 //! routes and rules ([`Kernel`], rtnetlink in [`Netlink`]), the firewall ([`Firewall`],
 //! `iptables-restore` in [`Iptables`]) and the WireGuard device ([`Engine`], [`WireGuard`]).
-//! [`super::twins`] holds in-memory twins of each that count what they are asked to do.
+//! [`twins`] holds in-memory twins of each that count what they are asked to do. Every adapter
+//! that talks to the kernel, a child process or a file lives in this folder; nothing here
+//! imports the pipeline above it.
 
 use std::future::Future;
 
@@ -12,9 +14,32 @@ use control::routes::{Route, RouteOp, RoutePlan};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
-use super::iptables;
-use super::netlink::{Link, Netlink};
-use super::wireguard::WireGuard;
+pub mod iptables;
+pub mod kernel_watch;
+pub mod keyfile;
+pub mod netlink;
+pub mod state;
+pub mod twins;
+pub mod wireguard;
+pub mod xtables;
+
+use netlink::{Link, Netlink};
+use wireguard::WireGuard;
+
+/// Replaces `path` with `text` (mode `mode`) through a temporary file and a rename.
+pub fn write_file(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.kg.tmp"));
+    anyhow::Context::with_context(std::fs::write(&tmp, text), || {
+        format!("writing {}", tmp.display())
+    })?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+    anyhow::Context::with_context(std::fs::rename(&tmp, path), || {
+        format!("replacing {}", path.display())
+    })?;
+    Ok(())
+}
 
 /// Links, addresses, routes and policy rules.
 pub trait Kernel: Send + Sync {

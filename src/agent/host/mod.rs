@@ -8,15 +8,31 @@ use std::net::IpAddr;
 use anyhow::{Context, Result};
 use ipnet::IpNet;
 
-use super::args::Mtu;
-use super::ipdetect::{self, Candidates, Detected, Exclusions};
-use super::netlink::Link;
-use super::shells::{Engine, Firewall, Kernel};
-use super::{encap, Agent, DEFAULT_MTU, WIREGUARD_OVERHEAD};
+use crate::agent::shells::netlink::Link;
+use crate::agent::shells::Kernel;
+use ipdetect::{Candidates, Detected, Exclusions};
+
+pub mod encap;
+pub mod ipdetect;
+pub mod local;
+
+/// The MTU used when the default route's cannot be read.
+pub const DEFAULT_MTU: u32 = 1420;
+/// WireGuard's overhead, subtracted by `--mtu=auto`.
+pub const WIREGUARD_OVERHEAD: u32 = 80;
+
+/// `--mtu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mtu {
+    /// The default-route interface's MTU minus 80, re-detected every reconcile.
+    Auto,
+    /// A fixed MTU.
+    Fixed(u32),
+}
 
 /// What detection takes from this node's own Node object: the read is repeated when they change.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(super) struct DetectionInputs {
+pub(crate) struct DetectionInputs {
     /// `spec.podCIDR` and `spec.podCIDRs`: the pod bridge's addresses are never the node's.
     pub pod_cidrs: Vec<IpNet>,
     /// The `InternalIP` addresses of `status.addresses` (Kilo #367).
@@ -25,7 +41,7 @@ pub(super) struct DetectionInputs {
 
 impl DetectionInputs {
     /// The inputs of `node` (none without a Node object yet).
-    pub(super) fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
+    pub(crate) fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
         let spec = node.and_then(|n| n.spec.as_ref());
         let mut pod_cidrs: Vec<IpNet> = spec
             .and_then(|s| s.pod_cidrs.clone())
@@ -52,7 +68,7 @@ impl DetectionInputs {
 
 /// The host as last listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct HostView {
+pub(crate) struct HostView {
     /// The node's IPs, chosen among the host's addresses.
     pub detected: Detected,
     /// The default route's link.
@@ -69,7 +85,7 @@ pub(super) struct HostView {
 
 impl HostView {
     /// The index of the link holding the private IP `private` (0 when there is none).
-    pub(super) fn private_link(&self, private: Option<IpNet>) -> u32 {
+    pub(crate) fn private_link(&self, private: Option<IpNet>) -> u32 {
         let Some(private) = private else { return 0 };
         self.addresses
             .iter()
@@ -79,7 +95,7 @@ impl HostView {
 
     /// The host's address of the other family than `internal`'s, on `internal`'s link, the
     /// `published` one while the host still has it (see [`ipdetect::second_internal_ip`]).
-    pub(super) fn second_internal_ip(
+    pub(crate) fn second_internal_ip(
         &self,
         internal: IpNet,
         published: Option<IpNet>,
@@ -98,7 +114,7 @@ impl HostView {
     }
 
     /// The link with index `index`.
-    pub(super) fn link(&self, index: u32) -> Option<&Link> {
+    pub(crate) fn link(&self, index: u32) -> Option<&Link> {
         self.links.iter().find(|l| l.index == index)
     }
 
@@ -108,7 +124,7 @@ impl HostView {
     /// host addresses (`/32`, `/128`: no connected route, only a local one, which no route of
     /// kg's overrides; kube-proxy's `kube-ipvs0` holds every Service IP so). The routes kg
     /// installs must never replace or cover these networks.
-    pub(super) fn connected_networks(&self, own: &[u32]) -> Vec<IpNet> {
+    pub(crate) fn connected_networks(&self, own: &[u32]) -> Vec<IpNet> {
         let mut nets: Vec<IpNet> = self
             .addresses
             .iter()
@@ -127,7 +143,7 @@ impl HostView {
 
     /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
     /// as this node's gateway inside the location.
-    pub(super) fn cilium_host_ip(&self) -> Option<IpNet> {
+    pub(crate) fn cilium_host_ip(&self) -> Option<IpNet> {
         let host = self.links.iter().find(|l| l.name == encap::CILIUM_HOST)?;
         self.addresses
             .iter()
@@ -137,7 +153,7 @@ impl HostView {
 
     /// The WireGuard link's MTU: `--mtu`, or with `auto` the default route's link's minus
     /// WireGuard's overhead, never under 1280 (1420 when the default route's link is unknown).
-    pub(super) fn mtu(&self, mtu: Mtu) -> u32 {
+    pub(crate) fn mtu(&self, mtu: Mtu) -> u32 {
         match mtu {
             Mtu::Fixed(m) => m,
             Mtu::Auto => self
@@ -150,71 +166,88 @@ impl HostView {
     }
 }
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// Lists the host's links, addresses and default route, and chooses this node's IP among
-    /// its addresses, ignoring kg's own links, the pod CIDRs of `local` (this node's object)
-    /// and the Kilo subnet, and preferring the Node's `InternalIP` after the hostname's
-    /// addresses.
-    pub(super) async fn read_host(&self, local: &DetectionInputs) -> Result<HostView> {
-        let links = self.netlink.links().await?;
-        let addresses = self.netlink.addresses().await?;
-        let ignored_links: Vec<u32> = links
-            .iter()
-            .filter(|l| {
-                l.index == self.kilo_index
-                    || l.name == "kube-bridge"
-                    || Some(l.name.as_str()) == self.tunnel.name()
-            })
-            .map(|l| l.index)
-            .collect();
-        let exclude = Exclusions {
-            addresses: addresses
-                .iter()
-                .filter(|(i, _)| ignored_links.contains(i))
-                .map(|(_, n)| n.addr())
-                .collect(),
-            networks: local
-                .pod_cidrs
-                .iter()
-                .copied()
-                .chain([self.s.subnet])
-                .collect(),
-        };
-        let node_internal = &local.internal_ips;
-        let main_routes = self.netlink.main_routes().await?;
-        let default_link = main_routes
-            .iter()
-            .find(|r| r.dst.prefix_len() == 0)
-            .map(|r| r.link);
-        let candidates = Candidates {
-            hostname: addresses
-                .iter()
-                .filter(|(_, n)| self.hostname_ips.contains(&n.addr()))
-                .map(|(_, n)| *n)
-                .collect(),
-            node_internal: addresses
-                .iter()
-                .filter(|(_, n)| node_internal.contains(&n.addr()))
-                .map(|(_, n)| *n)
-                .collect(),
-            default_route: addresses
-                .iter()
-                .filter(|(i, _)| Some(*i) == default_link)
-                .map(|(_, n)| *n)
-                .collect(),
-            all: addresses.iter().map(|(_, n)| *n).collect(),
-        };
-        let detected = ipdetect::choose(&candidates, &exclude, &self.s.internal_cidrs)
-            .context("no valid IP was found")?;
-        Ok(HostView {
-            detected,
-            default_link,
-            links,
-            addresses,
-            main_routes,
-            exclude,
+/// What kg knows of its own node before it lists the host: its own links (never the node's
+/// IP), the hostname's addresses, the Kilo subnet and `--internal-cidr`.
+pub struct OwnSide<'a> {
+    /// The WireGuard link's index.
+    pub kilo_index: u32,
+    /// The tunnel link's name, if kg uses one.
+    pub tunnel: Option<&'a str>,
+    /// The addresses the hostname resolved to.
+    pub hostname_ips: &'a [IpAddr],
+    /// `--subnet`.
+    pub subnet: IpNet,
+    /// `--internal-cidr`.
+    pub internal_cidrs: &'a [IpNet],
+}
+
+/// Lists the host's links, addresses and default route through `kernel`, and chooses this
+/// node's IP among its addresses, ignoring kg's own links, the pod CIDRs of `local` (this
+/// node's object) and the Kilo subnet, and preferring the Node's `InternalIP` after the
+/// hostname's addresses.
+pub(crate) async fn read_host(
+    kernel: &impl Kernel,
+    own: &OwnSide<'_>,
+    local: &DetectionInputs,
+) -> Result<HostView> {
+    let links = kernel.links().await?;
+    let addresses = kernel.addresses().await?;
+    let ignored_links: Vec<u32> = links
+        .iter()
+        .filter(|l| {
+            l.index == own.kilo_index
+                || l.name == "kube-bridge"
+                || Some(l.name.as_str()) == own.tunnel
         })
-    }
+        .map(|l| l.index)
+        .collect();
+    let exclude = Exclusions {
+        addresses: addresses
+            .iter()
+            .filter(|(i, _)| ignored_links.contains(i))
+            .map(|(_, n)| n.addr())
+            .collect(),
+        networks: local
+            .pod_cidrs
+            .iter()
+            .copied()
+            .chain([own.subnet])
+            .collect(),
+    };
+    let node_internal = &local.internal_ips;
+    let main_routes = kernel.main_routes().await?;
+    let default_link = main_routes
+        .iter()
+        .find(|r| r.dst.prefix_len() == 0)
+        .map(|r| r.link);
+    let candidates = Candidates {
+        hostname: addresses
+            .iter()
+            .filter(|(_, n)| own.hostname_ips.contains(&n.addr()))
+            .map(|(_, n)| *n)
+            .collect(),
+        node_internal: addresses
+            .iter()
+            .filter(|(_, n)| node_internal.contains(&n.addr()))
+            .map(|(_, n)| *n)
+            .collect(),
+        default_route: addresses
+            .iter()
+            .filter(|(i, _)| Some(*i) == default_link)
+            .map(|(_, n)| *n)
+            .collect(),
+        all: addresses.iter().map(|(_, n)| *n).collect(),
+    };
+    let detected = ipdetect::choose(&candidates, &exclude, own.internal_cidrs)
+        .context("no valid IP was found")?;
+    Ok(HostView {
+        detected,
+        default_link,
+        links,
+        addresses,
+        main_routes,
+        exclude,
+    })
 }
 
 #[cfg(test)]

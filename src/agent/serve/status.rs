@@ -14,9 +14,9 @@ use control::status::{NodeStatus, PeerKind, PeerStatus, Probes, RejectedHandshak
 use control::Topology;
 use parking_lot::Mutex;
 
-use super::netlink::Netlink;
 use super::probe;
-use super::wireguard::WireGuard;
+use crate::agent::shells::netlink::Netlink;
+use crate::agent::shells::wireguard::WireGuard;
 
 /// How many reconcile errors `/status` keeps.
 pub const ERRORS_KEPT: usize = 8;
@@ -179,7 +179,10 @@ async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
     let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
     if let Some(rules) = published.rules.clone() {
         let firewall = tokio::task::spawn_blocking(move || {
-            super::iptables::drift(&rules, super::iptables::v6_available())
+            crate::agent::shells::iptables::drift(
+                &rules,
+                crate::agent::shells::iptables::v6_available(),
+            )
         })
         .await??;
         lines.extend(firewall);

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::metrics::{Format, Metrics, WireGuardScrape};
 use super::status::StatusBoard;
-use super::wireguard::WireGuard;
+use crate::agent::shells::wireguard::WireGuard;
 
 /// What the handlers read.
 #[derive(Clone)]

@@ -38,7 +38,7 @@ fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
 
 /// Subscribes to the kernel's address, route and rule notifications. The receiver gets one
 /// message per burst: after a relevant notification, further ones are swallowed for `settle`.
-pub(super) fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
+pub fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
     let (mut connection, _handle, mut messages) =
         rtnetlink::new_connection().context("opening rtnetlink for notifications")?;
     let groups = RTMGRP_IPV4_IFADDR
