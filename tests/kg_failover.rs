@@ -269,3 +269,78 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
         pinger.longest_gap_after(unblocked).as_secs_f64()
     );
 }
+
+#[test]
+fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
+    if !common::can_run("three_leaders_dying_in_a_row_are_each_replaced_within_seconds") {
+        return;
+    }
+    let east = ["n1", "n2", "n4", "n5"];
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[
+            ("n1", "east"),
+            ("n2", "east"),
+            ("n3", "west"),
+            ("n4", "east"),
+            ("n5", "east"),
+        ],
+    );
+    for i in 0..5 {
+        c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok() && leading(c, &east).len() == 1
+    });
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    // Kilo's rule makes the other east nodes leaders in name order, so the last of them by
+    // name survives the three deaths: n3 (west) pings its pod throughout.
+    let first = leading(&c, &east)[0].clone();
+    let survivor = *east.iter().rev().find(|n| **n != first).unwrap();
+    let pinger = Pinger::start(&c.node("n3").ns.name, &c.node(survivor).pod_ip);
+    assert!(
+        pinger.wait_flowing(Instant::now(), Duration::from_secs(10)),
+        "{}",
+        c.logs()
+    );
+    let mut dead: Vec<String> = Vec::new();
+    for death in 1..=3 {
+        let leader = leading(&c, &east)
+            .into_iter()
+            .find(|n| !dead.contains(n))
+            .unwrap_or_else(|| panic!("no live leader before death {death}\n{}", c.logs()));
+        let index = c.nodes.iter().position(|n| n.name == leader).unwrap();
+        // The leader dies: kg killed, its links cut. Its Node still looks ready for a minute.
+        let killed = Instant::now();
+        c.nodes[index].kill();
+        c.node(&leader)
+            .ns
+            .run(&["ip", "link", "set", "eth0", "down"]);
+        dead.push(leader.clone());
+        let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+        let gap = pinger.longest_gap_after(killed);
+        eprintln!(
+            "leader death {death} ({leader}): traffic back after a gap of {:.1} s",
+            gap.as_secs_f64()
+        );
+        assert!(back, "death {death}: traffic never came back\n{}", c.logs());
+        assert!(
+            gap < Duration::from_secs(10),
+            "death {death}: gap {gap:?}\n{}",
+            c.logs()
+        );
+        // The new leader writes the lease at its next lease step (every 2 s).
+        let taken = c.wait_for(Duration::from_secs(5), |c| {
+            lease_holder(c, "east").is_some_and(|h| !dead.contains(&h))
+        });
+        assert!(
+            taken,
+            "death {death}: the lease is still {:?}\n{}",
+            lease_holder(&c, "east"),
+            c.logs()
+        );
+        // Let the pinger see a stable stretch before the next death.
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert_eq!(lease_holder(&c, "east").as_deref(), Some(survivor));
+}

@@ -55,6 +55,45 @@ fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
     assert_eq!(routes_after, routes_before, "the same routes, none twice");
 }
 
+/// n2 (east) pings n3's pod (west, its only node and so its leader) 10 times a second for 8 s
+/// while `victim`'s kg is killed with SIGKILL 2 s in and started again at once. Returns the
+/// pings lost.
+fn pings_lost_across_a_restart_of(c: &mut Cluster, victim: usize) -> u32 {
+    let n2 = c.node("n2");
+    let pinger = common::ping_series(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 80);
+    std::thread::sleep(Duration::from_secs(2));
+    c.nodes[victim].kill();
+    c.start_kg(victim, &["--encapsulate=never"]);
+    let out = pinger.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    80 - common::ping_received(&text)
+}
+
+#[test]
+fn a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_pings() {
+    if !common::can_run(
+        "a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_pings",
+    ) {
+        return;
+    }
+    let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
+    // n3 only answers: the pings reach it on the session that died with its engine, and a
+    // restored peer starts no handshake by itself. The new engine starts them at once.
+    let lost = pings_lost_across_a_restart_of(&mut c, 2);
+    eprintln!(
+        "restart of the answering leader: {lost} of 80 pings at 100 ms lost ({} ms)",
+        lost * 100
+    );
+    assert!(lost <= 10, "{lost} pings lost\n{}", c.logs());
+    assert!(
+        c.node("n3")
+            .log_text()
+            .contains("starting handshakes with the restored peers"),
+        "{}",
+        c.logs()
+    );
+}
+
 #[test]
 fn a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh() {
     if !common::can_run("a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh") {

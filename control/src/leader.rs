@@ -8,11 +8,19 @@
 //! - otherwise Kilo's rule picks among the candidates, leaving out the holder of an expired
 //!   lease (it stopped renewing: it is dead or gave up).
 //!
-//! Only locations whose every ready node runs kilotun (and says so with
-//! [`crate::node::annotation::LEADER_ELECTION`]) use leases; a location with Kilo's own agents
-//! among its nodes keeps Kilo's rule, which those agents follow. A recovered leader does not take
-//! leadership back while the lease is held (hold-down), and a leaving or broken holder hands the
-//! lease to the next candidate itself, so no node waits for it to expire.
+//! Leases are used only while every ready node of the cluster runs kilotun with lease election
+//! (and says so with [`crate::node::annotation::LEADER_ELECTION`]): every agent chooses a peer
+//! for every location, so a single Kilo agent anywhere, which follows Kilo's rule for all
+//! locations, would otherwise disagree with the rest about some location's leader and cut the
+//! traffic between them. Until then every node follows Kilo's rule ([`lease_agreement`] says
+//! which node holds the cluster back). A recovered leader does not take leadership back while
+//! the lease is held (hold-down), and a leaving or broken holder hands the lease to the next
+//! candidate itself, so no node waits for it to expire.
+//!
+//! A holder whose lease expired (or that a verifier found cut off) is recorded in the lease as
+//! deposed, with the `last-seen` it had then; it is no candidate until it checks in again. A
+//! dead node still counts as ready for a minute by Kilo's rule, so without this record the
+//! second of two leaders dying in a row would be succeeded by the first, dead, one.
 //!
 //! A holder whose tunnels to every other location went silent does not give the lead away
 //! blindly: the whole location may be cut off, and then every candidate would be as cut off as
@@ -49,6 +57,9 @@ pub struct LeaseState {
     /// The holder says its tunnels to every other location went silent: other candidates check
     /// whether they reach those locations, and one that does takes the lease over.
     pub cut_off: bool,
+    /// Earlier holders that stopped renewing (or were cut off), with the `last-seen` each had
+    /// when it was deposed: no candidate until its `last-seen` moves on.
+    pub deposed: BTreeMap<String, i64>,
 }
 
 /// What a lease write expects to find: the compare of its compare-and-swap.
@@ -73,6 +84,63 @@ impl LeaseState {
     /// True while the lease is held and not expired at `now_ms`.
     pub fn is_valid(&self, now_ms: i64) -> bool {
         self.holder.is_some() && now_ms < self.renewed_ms + self.duration_ms
+    }
+
+    /// True when `node` was deposed and has not checked in since.
+    pub fn keeps_out(&self, node: &Node) -> bool {
+        self.deposed
+            .get(&node.name)
+            .is_some_and(|&last_seen| node.last_seen <= last_seen)
+    }
+
+    /// The deposed record a new holder writes, among the location's `members`: the entries of
+    /// nodes still kept out, plus the previous holder when `deposing` it (its lease expired, or
+    /// it was cut off) with the `last-seen` it has now.
+    pub fn deposed_after(&self, members: &[&Node], deposing: bool) -> BTreeMap<String, i64> {
+        let mut deposed: BTreeMap<String, i64> = members
+            .iter()
+            .filter(|n| self.keeps_out(n))
+            .map(|n| (n.name.clone(), self.deposed[&n.name]))
+            .collect();
+        if deposing {
+            let previous = self.holder.as_deref();
+            if let Some(n) = members.iter().find(|n| Some(n.name.as_str()) == previous) {
+                deposed.insert(n.name.clone(), n.last_seen);
+            }
+        }
+        deposed
+    }
+}
+
+/// Whether the ready nodes agree to leases: every one runs kilotun with lease election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Agreement {
+    /// Leases decide where they are held.
+    Leases,
+    /// Kilo's rule everywhere: the first node (by name) that does not take part, and how many
+    /// do not.
+    KiloRule {
+        /// The first ready node without lease election.
+        holdout: String,
+        /// How many ready nodes lack it.
+        count: usize,
+    },
+}
+
+/// Whether every ready node in `nodes` takes part in lease election (see [`Agreement`]).
+pub fn lease_agreement<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> Agreement {
+    let mut holdouts: Vec<&str> = nodes
+        .into_iter()
+        .filter(|n| !n.lease_election)
+        .map(|n| n.name.as_str())
+        .collect();
+    holdouts.sort_unstable();
+    match holdouts.first() {
+        None => Agreement::Leases,
+        Some(first) => Agreement::KiloRule {
+            holdout: first.to_string(),
+            count: holdouts.len(),
+        },
     }
 }
 
@@ -154,10 +222,14 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
     let expired_holder = lease
         .filter(|l| !l.is_valid(now_ms))
         .and_then(|l| l.holder.as_deref());
-    if candidates.len() > 1 {
-        if let Some(gone) = expired_holder {
-            candidates.retain(|n| n.name != gone);
-        }
+    let alive: Vec<&Node> = candidates
+        .iter()
+        .copied()
+        .filter(|n| Some(n.name.as_str()) != expired_holder)
+        .filter(|n| !lease.is_some_and(|l| l.keeps_out(n)))
+        .collect();
+    if !alive.is_empty() {
+        candidates = alive;
     }
     let i = find_leader(&candidates);
     Some(Election {
@@ -189,20 +261,22 @@ pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
     in_order_of_succession(members, holder, 1).pop()
 }
 
-/// The leaders chosen by lease, by location name, for every location of the ready `nodes` whose
-/// members all take part in lease election; locations left out follow Kilo's rule alone.
+/// The leaders chosen by lease, by location name, when every one of the ready `nodes` takes
+/// part in lease election (see [`lease_agreement`]); otherwise none: Kilo's rule everywhere.
 pub fn lease_leaders<'n>(
-    nodes: impl IntoIterator<Item = &'n Node>,
+    nodes: impl IntoIterator<Item = &'n Node> + Clone,
     leases: &BTreeMap<String, LeaseState>,
     now_ms: i64,
 ) -> BTreeMap<String, Election> {
+    if lease_agreement(nodes.clone()) != Agreement::Leases {
+        return BTreeMap::new();
+    }
     let mut by_location: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
     for n in nodes.into_iter().filter(|n| n.internal_ip.is_some()) {
         by_location.entry(n.location.as_str()).or_default().push(n);
     }
     by_location
         .into_iter()
-        .filter(|(_, members)| members.iter().all(|n| n.lease_election))
         .filter_map(|(location, members)| {
             let lease = leases.get(&lease_name(location));
             elect(&members, lease, now_ms).map(|e| (location.to_string(), e))

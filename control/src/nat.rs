@@ -20,16 +20,19 @@ pub struct DevicePeer {
 
 /// Kilo's `discoverNATEndpoints`: for every ready node with a non-zero keepalive, and every
 /// ready Peer, that the device has completed a handshake with, the endpoint the device uses now.
+///
+/// Unlike Kilo, what was learned before (`previous`: the last discovery, or after a restart
+/// what this node published and what the restored device held) is kept for a peer the device
+/// still has but has not completed a handshake with since: the device has learned nothing
+/// newer, and forgetting the endpoint would send the next configuration to the peer's
+/// announced, often unreachable, address until the peer's next packet taught it again.
 pub fn discover_nat_endpoints(
     device: &[DevicePeer],
     nodes: &[Node],
     peers: &[Peer],
+    previous: &BTreeMap<Key, SocketAddr>,
 ) -> BTreeMap<Key, SocketAddr> {
-    let live: BTreeMap<Key, SocketAddr> = device
-        .iter()
-        .filter(|p| p.has_handshake)
-        .filter_map(|p| Some((p.public_key, p.endpoint?)))
-        .collect();
+    let live: BTreeMap<Key, &DevicePeer> = device.iter().map(|p| (p.public_key, p)).collect();
     let mut found = BTreeMap::new();
     let node_keys = nodes
         .iter()
@@ -37,8 +40,13 @@ pub fn discover_nat_endpoints(
         .filter_map(|n| n.key);
     let peer_keys = peers.iter().filter_map(|p| p.public_key);
     for key in node_keys.chain(peer_keys) {
-        if let Some(addr) = live.get(&key) {
-            found.insert(key, *addr);
+        let learned = match live.get(&key) {
+            Some(p) if p.has_handshake => p.endpoint,
+            Some(_) => previous.get(&key).copied(),
+            None => None,
+        };
+        if let Some(addr) = learned {
+            found.insert(key, addr);
         }
     }
     found
@@ -75,7 +83,7 @@ mod tests {
                 has_handshake: false,
             },
         ];
-        let found = discover_nat_endpoints(&device, &nodes, &peers);
+        let found = discover_nat_endpoints(&device, &nodes, &peers, &BTreeMap::new());
         assert_eq!(
             found,
             BTreeMap::from([
@@ -83,5 +91,44 @@ mod tests {
                 (Key::padded("key5"), "7.7.7.7:1000".parse().unwrap()),
             ])
         );
+    }
+
+    #[test]
+    fn an_endpoint_learned_before_is_kept_until_a_new_handshake_teaches_another() {
+        let nodes = f1_nodes(); // a (key1) has keepalive 25
+        let learned: SocketAddr = "5.5.5.5:1000".parse().unwrap();
+        let previous = BTreeMap::from([
+            (Key::padded("key1"), learned),
+            (Key::padded("key2"), "6.6.6.6:1".parse().unwrap()),
+        ]);
+        let restarted = |endpoint: &str, has_handshake| {
+            vec![
+                DevicePeer {
+                    public_key: Key::padded("key1"),
+                    endpoint: Some(endpoint.parse().unwrap()),
+                    has_handshake,
+                },
+                DevicePeer {
+                    public_key: Key::padded("key2"),
+                    endpoint: Some("6.6.6.6:1".parse().unwrap()),
+                    has_handshake: false,
+                },
+            ]
+        };
+        // Just restarted: no handshake yet, whatever endpoint the device holds.
+        let found =
+            discover_nat_endpoints(&restarted("10.0.0.1:51820", false), &nodes, &[], &previous);
+        assert_eq!(
+            found,
+            BTreeMap::from([(Key::padded("key1"), learned)]),
+            "kept for the NATed node; key2 (keepalive 0) is never discovered"
+        );
+        // A handshake from a new address wins.
+        let found =
+            discover_nat_endpoints(&restarted("7.7.7.7:2000", true), &nodes, &[], &previous);
+        assert_eq!(found[&Key::padded("key1")], "7.7.7.7:2000".parse().unwrap());
+        // A peer the device no longer has is forgotten.
+        let found = discover_nat_endpoints(&[], &nodes, &[], &previous);
+        assert!(found.is_empty());
     }
 }

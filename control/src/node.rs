@@ -213,6 +213,9 @@ struct GoUdpAddr {
 
 /// Encodes discovered endpoints as Kilo's annotation value (`""` when there are none).
 pub fn encode_discovered_endpoints(map: &BTreeMap<Key, SocketAddr>) -> String {
+    if map.is_empty() {
+        return String::new();
+    }
     let shaped: BTreeMap<String, GoUdpAddr> = map
         .iter()
         .map(|(k, a)| {

@@ -233,6 +233,16 @@ impl<B: UdpBinder> Device<B> {
         Ok(report)
     }
 
+    /// Starts handshakes with every peer that has an endpoint and no session yet, at the next
+    /// timer tick (see [`Engine::initiate_handshakes`]). Returns how many peers it asked.
+    pub fn initiate_handshakes(&self) -> usize {
+        let marked = self.shared.engine.initiate_handshakes();
+        if marked > 0 {
+            self.shared.wakers[self.shared.wakers.len() - 1].wake();
+        }
+        marked
+    }
+
     /// Answers a UAPI `get=1`.
     pub fn uapi_get(&self) -> String {
         let engine = &self.shared.engine;

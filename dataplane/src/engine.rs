@@ -247,6 +247,23 @@ impl Engine {
         self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
     }
 
+    /// Marks every peer with an endpoint and no handshake in this engine's life for a handshake
+    /// initiation at the next timer tick. A restarted device calls it after restoring the peers
+    /// of its last run: the other side still sends on a session that died with the old process,
+    /// and would wait for its own timers (up to about 15 s) before it starts a new one.
+    pub fn initiate_handshakes(&self) -> usize {
+        let state = self.state.load();
+        let mut marked = 0;
+        for entry in state.peers.values() {
+            let mut core = entry.shared.core.lock();
+            if core.endpoint.is_some() && core.last_handshake.is_none() {
+                core.handshake_due = true;
+                marked += 1;
+            }
+        }
+        marked
+    }
+
     /// Whether any peer is configured. Without one the timers have nothing to do, so a device
     /// stops ticking until a peer is added.
     pub fn has_peers(&self) -> bool {

@@ -520,3 +520,49 @@ fn a_batch_that_alternates_between_peers_counts_and_routes_each_packet_to_its_ow
         "an authenticated packet refused for its source still counts as received"
     );
 }
+
+/// B's process restarts: a fresh engine with B's key and its last configuration, and A still
+/// holding the session that died with the old one.
+fn restart_b(pair: &mut EnginePair) {
+    let anchor = (Instant::now(), std::time::SystemTime::now());
+    let mut fresh = dataplane::testing::Side::numbered(anchor, 2);
+    fresh.key = pair.b.key.clone();
+    fresh.engine.apply(&fresh.config_with_peer(&pair.a));
+    pair.b = fresh;
+}
+
+#[test]
+fn a_restarted_engine_that_initiates_handshakes_is_reached_again_at_its_first_tick() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"before");
+    assert_eq!(pair.b.delivered.len(), 1);
+
+    // Without the call, A's data on the dead session is refused and nothing is sent back.
+    restart_b(&mut pair);
+    pair.send_a_to_b(now, b"lost");
+    assert!(pair.b.delivered.is_empty(), "the old session died with B");
+    assert!(
+        timer_output(&pair.b, now).to_network.is_empty(),
+        "a restored peer alone starts no handshake"
+    );
+
+    restart_b(&mut pair);
+    assert_eq!(pair.b.engine.initiate_handshakes(), 1);
+    let out = timer_output(&pair.b, now);
+    assert_eq!(out.to_network.len(), 1, "B's handshake initiation");
+    pair.run(now, out, false);
+    assert_eq!(pair.b.engine.peer_stats()[0].handshakes, 1);
+    pair.send_a_to_b(now, b"after");
+    assert_eq!(
+        pair.b.delivered.len(),
+        1,
+        "A's data reaches B on the new session"
+    );
+    assert_eq!(payload_of(&pair.b.delivered[0]), b"after");
+    assert_eq!(
+        pair.b.engine.initiate_handshakes(),
+        0,
+        "a peer with a session is not asked again"
+    );
+}

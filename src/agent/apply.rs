@@ -121,7 +121,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
 
         if full {
-            self.discovered = discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers);
+            self.discovered =
+                discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers, &self.discovered);
         }
 
         let host = self.memo.host.as_ref().expect("listed above");

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use control::leader::{
-    cut_off, hears_any, lease_leaders, lease_name, successor, Election, Expectation, LeaseState,
-    TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
+    cut_off, hears_any, lease_agreement, lease_leaders, lease_name, successor, Agreement, Election,
+    Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
 };
 use control::Node;
 
@@ -32,6 +32,8 @@ pub(super) struct Leases {
     pub(super) changed: bool,
     /// The leaders last computed, by location.
     pub(super) leaders: BTreeMap<String, Election>,
+    /// Whether the ready nodes agreed to leases at the last election (logged when it changes).
+    agreement: Option<Agreement>,
     /// Traffic samples of the tunnels while this node leads, oldest first.
     samples: VecDeque<TrafficSample>,
     /// This node verifies a cut-off holder and its standby handshake was already complete at
@@ -77,10 +79,24 @@ impl Leases {
     /// leader or a verifier changed.
     pub(super) fn elect<'n>(
         &mut self,
-        nodes: impl IntoIterator<Item = &'n Node>,
+        nodes: impl IntoIterator<Item = &'n Node> + Clone,
         now_ms: i64,
     ) -> bool {
         self.changed = false;
+        let agreement = lease_agreement(nodes.clone());
+        if self.agreement.as_ref() != Some(&agreement) {
+            match &agreement {
+                Agreement::Leases => tracing::info!(
+                    "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease"
+                ),
+                Agreement::KiloRule { holdout, count } => tracing::info!(
+                    node = %holdout,
+                    without_leases = count,
+                    "leaders are chosen by Kilo's rule: {count} ready node(s), {holdout} first, do not take part in lease election (Kilo's agent, or kg with --leader-election=kilo) and pick every location's leader by Kilo's rule"
+                ),
+            }
+            self.agreement = Some(agreement);
+        }
         let leaders = lease_leaders(nodes, &self.observed(), now_ms);
         let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String, Vec<String>)> {
             m.iter()
@@ -132,12 +148,24 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .unwrap_or_default();
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
         let now = unix_ms();
-        let handing = |to: String| LeaseState {
+        let expired = self
+            .memo
+            .leases
+            .seen
+            .get(&name)
+            .is_some_and(|s| now >= s.observed_ms + s.state.duration_ms);
+        let kept_out = current.deposed_after(&members, false);
+        let handing = |to: String, deposing: bool| LeaseState {
             holder: Some(to),
             renewed_ms: now,
             duration_ms: LEASE_DURATION_MS,
             transitions: current.transitions + 1,
             cut_off: false,
+            deposed: if deposing {
+                current.deposed_after(&members, true)
+            } else {
+                kept_out.clone()
+            },
         };
         let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
@@ -150,6 +178,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 duration_ms: LEASE_DURATION_MS,
                 transitions: current.transitions + i32::from(taking),
                 cut_off,
+                deposed: current.deposed_after(&members, taking && expired),
             };
             let why = if taking {
                 Some(format!("taking the lead of {location}"))
@@ -166,7 +195,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
                 election.leader
             );
-            (handing(election.leader.clone()), Some(why), false)
+            (handing(election.leader.clone(), false), Some(why), false)
         } else if current.cut_off && election.verifiers.contains(&hostname) {
             let reached = self.standby_handshakes();
             let confirmed =
@@ -179,7 +208,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 election.leader,
                 reached.join(", ")
             );
-            (handing(hostname.clone()), Some(why), true)
+            (handing(hostname.clone(), true), Some(why), true)
         } else {
             self.memo.leases.samples.clear();
             self.memo.leases.standby_confirmed = false;

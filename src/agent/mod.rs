@@ -122,6 +122,9 @@ pub struct Agent<N = Netlink, F = Iptables, W = WireGuard> {
     owned: RoutePlan,
     problems: ProblemLog,
     discovered: BTreeMap<Key, SocketAddr>,
+    /// True once this node's own published `discovered-endpoints` were merged into
+    /// `discovered` (at the first reconcile that sees its Node).
+    discovery_seeded: bool,
     warned: BTreeMap<&'static str, bool>,
     /// Kilo's metrics and kilotun's own.
     pub metrics: Arc<Metrics>,
@@ -230,10 +233,20 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             },
             peers: Vec::new(),
         })?;
+        // The endpoints the last run used, NAT-discovered ones among them: kept as discovered
+        // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
+        // reconcile does not send the restored peers back to their announced addresses.
+        let mut discovered = BTreeMap::new();
         if let Some(restored) = restored {
             let peers = restored.peers.len();
-            wg.apply(&restored)?;
+            wg.restore(&restored)?;
             tracing::info!(peers, "restored the WireGuard peers of the last run");
+            discovered.extend(
+                restored
+                    .peers
+                    .iter()
+                    .filter_map(|p| Some((Key(*p.public_key.as_bytes()), p.endpoint?))),
+            );
         }
         let resolver = match TokioResolver::builder_tokio() {
             Ok(mut builder) => {
@@ -274,7 +287,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             hostname_ips,
             owned: RoutePlan::default(),
             problems: ProblemLog::default(),
-            discovered: BTreeMap::new(),
+            discovered,
+            discovery_seeded: false,
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),

@@ -127,6 +127,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .as_ref()
             .and_then(|o| o.metadata.annotations.as_ref())
             .unwrap_or(&empty);
+        if !self.discovery_seeded {
+            if let Some(own) = self.memo.table.get(&self.s.hostname) {
+                // What the last run published is as good as what the device learned then.
+                self.discovered.extend(own.discovered_endpoints.clone());
+                self.discovery_seeded = true;
+            }
+        }
         let (mut local, refused) = self.local_node(local_annotations, now_unix)?;
         let refusals = refused.iter().map(ToString::to_string).collect();
         for line in self
@@ -279,6 +286,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         local.key = Some(self.public);
         local.last_seen = now_unix;
         local.granularity = Some(self.s.granularity);
+        // What this kg does, not what its Node said before its annotations were written.
+        local.lease_election = self.leases_on();
         local.discovered_endpoints = self.discovered.clone();
         Ok((local, refused))
     }

@@ -156,6 +156,14 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
 /// The election state of a Kubernetes Lease.
 pub fn lease_state(lease: &Lease) -> LeaseState {
     let spec = lease.spec.as_ref();
+    let annotation = |key: &str| {
+        lease
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    };
     LeaseState {
         holder: spec
             .and_then(|s| s.holder_identity.clone())
@@ -167,14 +175,32 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             .and_then(|s| s.lease_duration_seconds)
             .map_or(0, |d| i64::from(d) * 1000),
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
-        cut_off: lease
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CUT_OFF_ANNOTATION))
-            .is_some_and(|v| v == "true"),
+        cut_off: annotation(CUT_OFF_ANNOTATION).is_some_and(|v| v == "true"),
+        deposed: annotation(DEPOSED_ANNOTATION).map_or_else(BTreeMap::new, decode_deposed),
     }
 }
+
+/// `name=last-seen` pairs, comma-separated (node names hold neither character); a malformed
+/// pair is skipped.
+fn decode_deposed(text: &str) -> BTreeMap<String, i64> {
+    text.split(',')
+        .filter_map(|pair| {
+            let (name, seen) = pair.split_once('=')?;
+            Some((name.to_string(), seen.parse().ok()?))
+        })
+        .collect()
+}
+
+fn encode_deposed(deposed: &BTreeMap<String, i64>) -> String {
+    deposed
+        .iter()
+        .map(|(name, seen)| format!("{name}={seen}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The Lease annotation that lists deposed holders (see `control::leader::LeaseState`).
+pub const DEPOSED_ANNOTATION: &str = "kilotun.io/deposed";
 
 /// The Lease annotation by which a holder says it is cut off (see `control::leader`).
 pub const CUT_OFF_ANNOTATION: &str = "kilotun.io/cut-off";
@@ -186,11 +212,19 @@ pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
     Lease {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            annotations: state.cut_off.then(|| {
-                [(CUT_OFF_ANNOTATION.to_string(), "true".to_string())]
-                    .into_iter()
-                    .collect()
-            }),
+            annotations: {
+                let mut annotations = BTreeMap::new();
+                if state.cut_off {
+                    annotations.insert(CUT_OFF_ANNOTATION.to_string(), "true".to_string());
+                }
+                if !state.deposed.is_empty() {
+                    annotations.insert(
+                        DEPOSED_ANNOTATION.to_string(),
+                        encode_deposed(&state.deposed),
+                    );
+                }
+                (!annotations.is_empty()).then_some(annotations)
+            },
             ..Default::default()
         },
         spec: Some(LeaseSpec {

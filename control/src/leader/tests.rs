@@ -43,6 +43,7 @@ fn lease(holder: &str, renewed_ms: i64) -> LeaseState {
         duration_ms: LEASE_DURATION_MS,
         transitions: 0,
         cut_off: false,
+        deposed: BTreeMap::new(),
     }
 }
 
@@ -125,10 +126,21 @@ fn only_locations_that_all_take_part_use_leases() {
         (lease_name("east"), lease("n3", NOW)),
         (lease_name("west"), lease("w1", NOW)),
     ]);
+    // West's Kilo agent follows Kilo's rule for east too: east by lease would disagree with it.
+    assert!(lease_leaders(&nodes, &leases, NOW).is_empty());
+    assert_eq!(
+        lease_agreement(&nodes),
+        Agreement::KiloRule {
+            holdout: "w1".into(),
+            count: 1
+        }
+    );
+    nodes[3].lease_election = true; // w1 migrated
     let leaders = lease_leaders(&nodes, &leases, NOW);
-    assert_eq!(leaders.keys().collect::<Vec<_>>(), ["east"]);
+    assert_eq!(leaders.keys().collect::<Vec<_>>(), ["east", "west"]);
     assert_eq!(leaders["east"].leader, "n3");
-    // One Kilo agent in east takes the whole location back to Kilo's rule.
+    assert_eq!(lease_agreement(&nodes), Agreement::Leases);
+    // One Kilo agent anywhere takes the whole cluster back to Kilo's rule.
     nodes[1].lease_election = false;
     assert!(lease_leaders(&nodes, &leases, NOW).is_empty());
 }
@@ -235,4 +247,60 @@ fn a_cut_off_holder_keeps_the_lead_and_names_its_verifiers_in_order_of_successio
     nodes[0].cordoned = true;
     let refs: Vec<&Node> = nodes.iter().collect();
     assert_eq!(elect(&refs, Some(&l), NOW).unwrap().verifiers, ["n3"]);
+}
+
+#[test]
+fn a_deposed_leader_is_passed_over_until_it_checks_in_again() {
+    let mut nodes = members();
+    for n in &mut nodes {
+        n.last_seen = NOW / 1000 - 5;
+    }
+    // n1 led and died; n2 took its expired lease and deposed it.
+    let first = lease("n1", NOW - 10_000);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let mut second = lease("n2", NOW - 3_000);
+    second.deposed = first.deposed_after(&refs, true);
+    assert_eq!(
+        second.deposed,
+        BTreeMap::from([("n1".into(), NOW / 1000 - 5)])
+    );
+    assert_eq!(leader(&nodes, Some(&second)), ("n2".into(), Basis::Lease));
+    // n2 dies too: its lease expires while n1 still looks ready (last-seen 5 s old).
+    let expired = LeaseState {
+        renewed_ms: NOW - 7_000,
+        ..second
+    };
+    assert_eq!(
+        leader(&nodes, Some(&expired)),
+        ("n3".into(), Basis::KiloRule),
+        "neither dead leader"
+    );
+    // n3 takes the lease and keeps both records.
+    let mut third = lease("n3", NOW);
+    third.deposed = expired.deposed_after(&refs, true);
+    assert_eq!(third.deposed.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+    // n1 comes back (a fresh check-in): it is a candidate again, and drops off the record.
+    nodes[0].last_seen = NOW / 1000;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    assert!(!third.keeps_out(&nodes[0]));
+    assert_eq!(
+        third.deposed_after(&refs, false).keys().collect::<Vec<_>>(),
+        ["n2"]
+    );
+    let gone = LeaseState {
+        renewed_ms: NOW - 7_000,
+        ..third
+    };
+    assert_eq!(leader(&nodes, Some(&gone)), ("n1".into(), Basis::KiloRule));
+}
+
+#[test]
+fn when_every_candidate_is_deposed_kilos_rule_still_picks_one() {
+    let nodes = members();
+    let mut l = lease("n1", NOW - 10_000);
+    l.deposed = nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.last_seen))
+        .collect();
+    assert_eq!(leader(&nodes, Some(&l)).1, Basis::KiloRule);
 }

@@ -263,6 +263,8 @@ fn discovered_endpoints_use_gos_udpaddr_shape() {
     );
     assert_eq!(decode_discovered_endpoints(&text).unwrap(), map);
     assert_eq!(decode_discovered_endpoints("").unwrap(), BTreeMap::new());
+    assert_eq!(decode_discovered_endpoints("{}").unwrap(), BTreeMap::new());
+    assert_eq!(encode_discovered_endpoints(&BTreeMap::new()), "");
     assert!(decode_discovered_endpoints("{nope").is_err());
     let n = translate(&[(a::DISCOVERED_ENDPOINTS, "{nope")]);
     assert!(n.discovered_endpoints.is_empty());
@@ -320,7 +322,7 @@ fn written_annotations_use_kilos_formats() {
     assert_eq!(map[a::KEY], "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
     assert_eq!(map[a::LAST_SEEN], "1700000000");
     assert_eq!(map[a::WIREGUARD_IP], "");
-    assert_eq!(map[a::DISCOVERED_ENDPOINTS], "{}");
+    assert_eq!(map[a::DISCOVERED_ENDPOINTS], "", "as Kilo writes none");
     assert_eq!(map[a::GRANULARITY], "full");
     assert_eq!(map[a::CNI_COMPATIBILITY_IP], "");
     assert_eq!(map[a::SECOND_INTERNAL_IP], "");

@@ -59,6 +59,7 @@ fn topology(host: &str, cut_off: bool) -> Topology {
             duration_ms: LEASE_DURATION_MS,
             transitions: 0,
             cut_off,
+            deposed: BTreeMap::new(),
         },
     )]);
     let elections = lease_leaders(&nodes, &leases, NOW);

@@ -37,6 +37,9 @@ pub(crate) struct PeerCore {
     pub(crate) last_handshake: Option<Instant>,
     /// Set when persistent keepalive was just enabled: send one at the next timer tick.
     pub(crate) keepalive_due: bool,
+    /// Set by [`Engine::initiate_handshakes`](super::Engine::initiate_handshakes): send a
+    /// handshake initiation at the next timer tick unless a session is up by then.
+    pub(crate) handshake_due: bool,
     /// We sent a handshake initiation and no handshake has completed since.
     pub(crate) initiation_pending: bool,
 }
@@ -57,6 +60,7 @@ impl PeerShared {
                 last_received: None,
                 last_handshake: None,
                 keepalive_due: config.persistent_keepalive > 0,
+                handshake_due: false,
                 initiation_pending: false,
             }),
             rx_bytes: AtomicU64::new(0),

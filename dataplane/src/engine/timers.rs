@@ -34,12 +34,18 @@ impl Engine {
             let shared = &entry.shared;
             let mut core = shared.core.lock();
             let endpoint = core.endpoint;
+            let initiate = std::mem::take(&mut core.handshake_due) && core.last_handshake.is_none();
             let Some(tunn) = core.tunn.as_mut() else {
                 continue;
             };
             let slot = out.to_network.reserve(MIN_OUTPUT);
             let base = slot.as_ptr();
-            let sent = match tunn.update_timers(slot) {
+            let result = if initiate {
+                tunn.format_handshake_initiation(slot, false)
+            } else {
+                tunn.update_timers(slot)
+            };
+            let sent = match result {
                 TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
                     let (offset, len) = (offset_within(base, packet), packet.len());
                     shared.note_sent(&mut core, packet);

@@ -148,6 +148,11 @@ pub trait Engine: Send + Sync {
     /// Makes the device's configuration `desired`, changing only what differs; true when
     /// something changed.
     fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
+    /// Applies the peers of the last run after a restart and starts handshakes with them at
+    /// once: the other ends still send on sessions that died with the last process.
+    fn restore(&self, last_run: &DeviceConfig) -> Result<()> {
+        self.apply(last_run).map(|_| ())
+    }
     /// The device's peers as NAT discovery needs them.
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
     /// Bytes received and sent per peer.
@@ -157,6 +162,14 @@ pub trait Engine: Send + Sync {
 impl Engine for WireGuard {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         WireGuard::apply(self, desired)
+    }
+    fn restore(&self, last_run: &DeviceConfig) -> Result<()> {
+        WireGuard::apply(self, last_run)?;
+        if let WireGuard::Embedded { device, .. } = self {
+            let asked = device.initiate_handshakes();
+            tracing::info!(peers = asked, "starting handshakes with the restored peers");
+        }
+        Ok(())
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)

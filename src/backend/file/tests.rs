@@ -186,15 +186,21 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
         duration_ms: 6_000,
         transitions: 3,
         cut_off: true,
+        deposed: BTreeMap::from([("n0".to_string(), 1_700_000_000), ("n2".to_string(), 5)]),
     };
     let object = lease_object("kilotun-leader-east", &state);
     assert_eq!(
         object.metadata.annotations.as_ref().unwrap()[CUT_OFF_ANNOTATION],
         "true"
     );
+    assert_eq!(
+        object.metadata.annotations.as_ref().unwrap()[DEPOSED_ANNOTATION],
+        "n0=1700000000,n2=5"
+    );
     assert_eq!(lease_state(&object), state);
     let healthy = LeaseState {
         cut_off: false,
+        deposed: BTreeMap::new(),
         ..state
     };
     let object = lease_object("kilotun-leader-east", &healthy);
