@@ -344,3 +344,81 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
     }
     assert_eq!(lease_holder(&c, "east").as_deref(), Some(survivor));
 }
+
+#[test]
+fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
+    if !common::can_run("a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates") {
+        return;
+    }
+    // East runs kilotun with leases; west's node still elects by Kilo's rule (as Kilo's own
+    // agent does, for every location). East must follow Kilo's rule too, or the two sides
+    // would disagree about east's leader.
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    let lease = ["--encapsulate=never", "--leader-election=lease"];
+    let kilo = ["--encapsulate=never", "--leader-election=kilo"];
+    c.start_kg(0, &lease);
+    c.start_kg(1, &lease);
+    c.start_kg(2, &kilo);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok() && leading(c, &["n1", "n2"]) == ["n1"]
+    });
+    assert!(meshed, "{:?}\n{}", leading(&c, &["n1", "n2"]), c.logs());
+    // Kilo's rule decides; its leader keeps east's lease current in its own name meanwhile.
+    let mirrored = c.wait_for(Duration::from_secs(5), |c| {
+        lease_holder(c, "east").as_deref() == Some("n1")
+    });
+    assert!(mirrored, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    assert!(
+        c.node("n1")
+            .log_text()
+            .contains("leaders are chosen by Kilo's rule: 1 ready node(s), n3 first"),
+        "{}",
+        c.logs()
+    );
+    let pinger = Pinger::start(&c.node("n3").ns.name, "10.42.2.1");
+    assert!(pinger.wait_flowing(Instant::now(), Duration::from_secs(10)));
+
+    // East's leader restarts: by Kilo's rule it stays the leader, and its next kg shakes hands
+    // at once.
+    let restarted = Instant::now();
+    c.nodes[0].kill();
+    c.start_kg(0, &lease);
+    assert!(pinger.wait_flowing(restarted, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(restarted);
+    eprintln!(
+        "mixed cluster, east's leader restarted: longest gap {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
+
+    // West's node migrates to leases (its agent replaced in place): now every node agrees to
+    // leases, and east's first lease goes to the leader Kilo's rule had chosen.
+    let migrated = Instant::now();
+    c.nodes[2].kill();
+    c.start_kg(2, &lease);
+    let leased = c.wait_for(Duration::from_secs(15), |c| {
+        lease_holder(c, "east").as_deref() == Some("n1")
+    });
+    assert!(leased, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    assert!(pinger.wait_flowing(migrated, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(migrated);
+    eprintln!(
+        "mixed cluster, the last Kilo-rule node migrated: longest gap {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(gap <= Duration::from_secs(2), "gap {gap:?}\n{}", c.logs());
+    assert_eq!(leading(&c, &["n1", "n2"]), ["n1"], "no leader moved");
+    assert!(c
+        .node("n1")
+        .log_text()
+        .contains("leaders are chosen by lease"));
+}

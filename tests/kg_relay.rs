@@ -4,9 +4,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::cluster::{kgctl_bin, Cluster, NodeSpec};
+use common::pinger::Pinger;
 
 const KEEPALIVE: (&str, &str) = ("kilo.squat.ai/persistent-keepalive", "5");
 
@@ -164,4 +165,108 @@ fn a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out() {
     });
     assert!(said, "{}", c.logs());
     assert!(c.node("c1").wg("peers").trim().is_empty(), "{}", c.logs());
+}
+
+/// The endpoint `on`'s WireGuard device uses for `peer`'s key.
+fn endpoint_for(c: &Cluster, on: &str, peer: &str) -> String {
+    let key = public_key(c, peer);
+    c.node(on)
+        .wg("endpoints")
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}\t")).map(str::to_string))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes() {
+    if !common::can_run("a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes") {
+        return;
+    }
+    // Two homes behind their own NAT routers reach each other only through the cloud's hub,
+    // which knows them only by the NAT addresses their packets came from. A keepalive of 15 s
+    // means a hub that forgot them would wait up to 15 s for a home to teach it again.
+    let mut c = Cluster::new(&["cloud", "home1", "home2"]);
+    c.add_node(
+        &NodeSpec {
+            name: "c1",
+            location: "cloud",
+            annotations: &[],
+        },
+        1,
+    );
+    let mut outside = Vec::new();
+    for (i, (name, location)) in [("h1", "home1"), ("h2", "home2")].into_iter().enumerate() {
+        let (_, nat) = c.add_nated_node(
+            &NodeSpec {
+                name,
+                location,
+                annotations: &[("kilo.squat.ai/persistent-keepalive", "15")],
+            },
+            i as u8 + 2,
+        );
+        outside.push(nat);
+    }
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let learned = |c: &Cluster| {
+        endpoint_for(c, "c1", "h1").starts_with(&format!("{}:", outside[0]))
+            && endpoint_for(c, "c1", "h2").starts_with(&format!("{}:", outside[1]))
+    };
+    let published = |c: &Cluster| {
+        let value = c
+            .annotations("c1")
+            .get("kilo.squat.ai/discovered-endpoints")
+            .cloned()
+            .unwrap_or_default();
+        outside
+            .iter()
+            .all(|ip| value.contains(&format!("\"IP\":\"{ip}\"")))
+    };
+    let ready = c.wait_for(Duration::from_secs(20), |c| learned(c) && published(c));
+    assert!(ready, "{:?}\n{}", c.annotations("c1"), c.logs());
+
+    // h1 pings h2's pod through the hub while the hub's kg is killed and started again.
+    let pinger = Pinger::start(&c.node("h1").ns.name, &c.node("h2").pod_ip);
+    assert!(
+        pinger.wait_flowing(Instant::now(), Duration::from_secs(10)),
+        "{}",
+        c.logs()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let killed = Instant::now();
+    c.nodes[0].kill();
+    c.start_kg(0, &["--encapsulate=never"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    // The restarted hub still sends to the homes' NAT addresses and publishes them, at once
+    // and after its first resyncs (which read the device again).
+    let kept = c.wait_for(Duration::from_secs(3), |c| {
+        c.node("c1").log_text().contains("kg started")
+    });
+    assert!(kept, "{}", c.logs());
+    for _ in 0..3 {
+        assert!(
+            learned(&c),
+            "{} {}\n{}",
+            endpoint_for(&c, "c1", "h1"),
+            endpoint_for(&c, "c1", "h2"),
+            c.logs()
+        );
+        assert!(published(&c), "{:?}\n{}", c.annotations("c1"), c.logs());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "restart of the hub: relayed traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
 }

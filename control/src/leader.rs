@@ -284,6 +284,27 @@ pub fn lease_leaders<'n>(
         .collect()
 }
 
+/// Kilo's rule's leader of every location of the ready `nodes`, by location name, as the
+/// topology picks it when no lease decides. While Kilo's rule governs, each location's leader
+/// keeps the lease in its own name anyway, so the lease is current (and names the same leader)
+/// the moment every node agrees to leases.
+pub fn kilo_rule_leaders<'n>(
+    nodes: impl IntoIterator<Item = &'n Node>,
+) -> BTreeMap<String, String> {
+    let mut by_location: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
+    for n in nodes {
+        by_location.entry(n.location.as_str()).or_default().push(n);
+    }
+    by_location
+        .into_iter()
+        .map(|(location, mut members)| {
+            members.sort_by(|a, b| a.name.cmp(&b.name));
+            let leader = members[find_leader(&members)].name.clone();
+            (location.to_string(), leader)
+        })
+        .collect()
+}
+
 /// Bytes received and sent per WireGuard peer at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TrafficSample {

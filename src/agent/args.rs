@@ -33,6 +33,12 @@ pub struct KgArgs {
     /// Should Kilo clean up routes and annotations when it shuts down?
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub clean_up: bool,
+    /// kilotun: when kg stops while its DaemonSet remains (a rollout, a restart), leave the
+    /// node's annotations, routes, rules, iptables and link to the kg that replaces it, so
+    /// traffic through this node pauses only while no engine runs; `--clean-up` and
+    /// `--clean-up-interface` then apply when kilotun is uninstalled.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub keep_on_replace: bool,
     /// Should Kilo delete its interface when it shuts down?
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub clean_up_interface: bool,

@@ -9,8 +9,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use control::leader::{
-    cut_off, hears_any, lease_agreement, lease_leaders, lease_name, successor, Agreement, Election,
-    Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
+    cut_off, hears_any, kilo_rule_leaders, lease_agreement, lease_leaders, lease_name, successor,
+    Agreement, Basis, Election, Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS,
+    LEASE_DURATION_MS, LEASE_RENEW_MS,
 };
 use control::Node;
 
@@ -34,6 +35,8 @@ pub(super) struct Leases {
     pub(super) leaders: BTreeMap<String, Election>,
     /// Whether the ready nodes agreed to leases at the last election (logged when it changes).
     agreement: Option<Agreement>,
+    /// While Kilo's rule governs: its leader of every location, who keeps the lease current.
+    kilo_rule: BTreeMap<String, String>,
     /// Traffic samples of the tunnels while this node leads, oldest first.
     samples: VecDeque<TrafficSample>,
     /// This node verifies a cut-off holder and its standby handshake was already complete at
@@ -84,6 +87,10 @@ impl Leases {
     ) -> bool {
         self.changed = false;
         let agreement = lease_agreement(nodes.clone());
+        self.kilo_rule = match &agreement {
+            Agreement::Leases => BTreeMap::new(),
+            Agreement::KiloRule { .. } => kilo_rule_leaders(nodes.clone()),
+        };
         if self.agreement.as_ref() != Some(&agreement) {
             match &agreement {
                 Agreement::Leases => tracing::info!(
@@ -135,8 +142,19 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             return;
         };
         let location = local.location.clone();
-        let Some(election) = self.memo.leases.leaders.get(&location).cloned() else {
-            return;
+        // While Kilo's rule governs, its leader holds the lease (never cut off, no verifiers),
+        // so the lease names the same leader once every node agrees to leases.
+        let mirroring = !self.memo.leases.leaders.contains_key(&location);
+        let election = match self.memo.leases.leaders.get(&location) {
+            Some(e) => e.clone(),
+            None => match self.memo.leases.kilo_rule.get(&location) {
+                Some(leader) => Election {
+                    leader: leader.clone(),
+                    basis: Basis::KiloRule,
+                    verifiers: Vec::new(),
+                },
+                None => return,
+            },
         };
         let name = lease_name(&location);
         let current = self
@@ -169,8 +187,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         };
         let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
-            let cut_off =
-                self.cut_off_now(now, current.cut_off) && successor(&members, &hostname).is_some();
+            let cut_off = !mirroring
+                && self.cut_off_now(now, current.cut_off)
+                && successor(&members, &hostname).is_some();
             let taking = current.holder.as_deref() != Some(hostname.as_str());
             let state = LeaseState {
                 holder: Some(hostname.clone()),

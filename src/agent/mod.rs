@@ -373,8 +373,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
 impl Agent {
     /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),
-    /// and the engine.
+    /// and the engine. When another kg replaces this one (`--keep-on-replace` and a backend
+    /// that says so), only the engine stops: the node keeps everything else for its successor.
     pub async fn shut_down(self) {
+        let cleaning = self.s.args.clean_up || self.s.args.clean_up_interface;
+        if cleaning && self.s.args.keep_on_replace {
+            match self.backend.departure().await {
+                crate::backend::Departure::Replaced { by } => {
+                    tracing::info!(
+                        "{by} replaces this kg: keeping the node's annotations, routes, rules and link for the next one"
+                    );
+                    return self.stop_engine(false).await;
+                }
+                crate::backend::Departure::Removed { why } => {
+                    tracing::info!("cleaning up: {why}")
+                }
+            }
+        }
         if self.s.args.clean_up {
             let v6 = self.ip6tables;
             let firewall = self.firewall;
@@ -427,12 +442,18 @@ impl Agent {
                 }
             }
         }
+        let delete_link = self.s.args.clean_up_interface;
+        self.stop_engine(delete_link).await;
+    }
+
+    /// Stops the engine, and deletes its link with `delete_link` when the link is its own.
+    async fn stop_engine(self, delete_link: bool) {
         let index = self.kilo_index;
         let wg = match Arc::try_unwrap(self.wg) {
             Ok(wg) => wg,
             Err(_) => return, // the HTTP server still holds it; the process is exiting anyway
         };
-        if wg.shutdown(self.s.args.clean_up_interface) {
+        if wg.shutdown(delete_link) {
             if let Err(e) = self.netlink.delete_link(index).await {
                 tracing::warn!(error = format!("{e:#}"), "deleting the interface failed");
             }

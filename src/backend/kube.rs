@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::backoff::WatchBackoff;
 use super::Snapshot;
 
+pub mod departure;
 mod lease;
 pub mod pace;
 pub mod slim;
@@ -264,6 +265,18 @@ impl KubeBackend {
 }
 
 impl KubeBackend {
+    /// Why kg is stopping (see [`departure`]), within the write timeout.
+    pub async fn departure(&self) -> super::Departure {
+        match tokio::time::timeout(WRITE_TIMEOUT, departure::departure(&self.client)).await {
+            Ok(d) => d,
+            Err(_) => super::Departure::Removed {
+                why: format!(
+                    "the API server did not say within {WRITE_TIMEOUT:?} whether kg's DaemonSet still exists"
+                ),
+            },
+        }
+    }
+
     fn peers_api(&self) -> Api<DynamicObject> {
         Api::all_with(self.client.clone(), &peer_resource())
     }

@@ -188,7 +188,32 @@ pub enum Backend {
     Kube(kube::KubeBackend),
 }
 
+/// Why kg is stopping, as far as the backend can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Departure {
+    /// Another kg takes over this node (its DaemonSet still exists): a rollout, a restart.
+    Replaced {
+        /// What replaces it.
+        by: String,
+    },
+    /// Nothing is known to take over: kilotun is being removed from this node.
+    Removed {
+        /// Why kg thinks so.
+        why: String,
+    },
+}
+
 impl Backend {
+    /// Why kg is stopping. The file backend has no orchestrator that restarts kg.
+    pub async fn departure(&self) -> Departure {
+        match self {
+            Self::File(_) => Departure::Removed {
+                why: "the file backend has nothing that restarts kg".to_string(),
+            },
+            Self::Kube(k) => k.departure().await,
+        }
+    }
+
     /// Snapshots, updated whenever a Node or Peer changes.
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         match self {

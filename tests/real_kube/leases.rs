@@ -145,3 +145,112 @@ fn a_dead_leader_hands_over_through_a_kubernetes_lease() {
         k.c.logs()
     );
 }
+
+/// A DaemonSet `kilo` in kube-system (no controller runs it here) and a Pod per node that it
+/// owns, as the DaemonSet controller would create them; kg finds its Pod by `POD_NAME`.
+fn daemon_set_with_pods(k: &KubeCluster) {
+    k.kube.apply(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: kilo\n  namespace: kube-system\nspec:\n  selector:\n    matchLabels:\n      app: kilo\n  template:\n    metadata:\n      labels:\n        app: kilo\n    spec:\n      containers:\n        - name: kilo\n          image: kilotun:0.1.0\n",
+    );
+    let uid = k.kube.get(&["-n", "kube-system", "daemonset", "kilo"])["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for n in &k.c.nodes {
+        k.kube.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kilo-{node}\n  namespace: kube-system\n  labels:\n    app: kilo\n  ownerReferences:\n    - apiVersion: apps/v1\n      kind: DaemonSet\n      name: kilo\n      uid: {uid}\n      controller: true\nspec:\n  nodeName: {node}\n  serviceAccountName: kilo\n  automountServiceAccountToken: false\n  containers:\n    - name: kilo\n      image: kilotun:0.1.0\n",
+            node = n.name
+        ));
+    }
+}
+
+#[test]
+fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_up() {
+    let test = "a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_up";
+    let Some(mut k) = KubeCluster::new(
+        test,
+        "",
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    ) else {
+        return;
+    };
+    daemon_set_with_pods(&k);
+    let start = |k: &mut KubeCluster, i: usize| {
+        let kubeconfig = format!("--kubeconfig={}", k.kilo_kubeconfig.display());
+        let mut flags = KG_FLAGS.to_vec();
+        flags.extend([kubeconfig.as_str(), "--leader-election=lease"]);
+        let env = [
+            ("POD_NAME", format!("kilo-{}", k.c.nodes[i].name)),
+            ("POD_NAMESPACE", "kube-system".to_string()),
+        ];
+        k.c.start_kg_with_env(i, &flags, &env);
+    };
+    for i in 0..3 {
+        start(&mut k, i);
+    }
+    k.assert_meshed(60);
+    let held =
+        k.c.wait_for(Duration::from_secs(20), |_| east_lease_holder(&k).is_some());
+    assert!(held, "no lease\n{}", k.c.logs());
+    let leader = east_lease_holder(&k).unwrap();
+    let index = k.c.nodes.iter().position(|n| n.name == leader).unwrap();
+    let other = if leader == "n1" {
+        "10.42.2.1"
+    } else {
+        "10.42.1.1"
+    };
+    let pinger = Pinger::start(&k.c.node("n3").ns.name, other);
+    assert!(pinger.wait_flowing(Instant::now(), Duration::from_secs(10)));
+
+    // A rollout or restart: SIGTERM while the DaemonSet remains. The node keeps its
+    // annotations (so nobody elects around it) and the lease; the next kg takes over.
+    let stopped = Instant::now();
+    k.c.nodes[index].stop();
+    let log = k.c.node(&leader).log_text();
+    assert!(
+        log.contains("DaemonSet kube-system/kilo replaces this kg"),
+        "{log}"
+    );
+    let annotations = k.annotations(&leader);
+    assert!(
+        annotations["kilo.squat.ai/key"].is_string()
+            && annotations["kilo.squat.ai/endpoint"].is_string(),
+        "{annotations}"
+    );
+    start(&mut k, index);
+    let back = pinger.wait_flowing(stopped, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    let gap = pinger.longest_gap_after(stopped);
+    eprintln!(
+        "SIGTERM and restart of east's leader under its DaemonSet: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", k.c.logs());
+    assert!(gap < Duration::from_secs(2), "gap {gap:?}\n{}", k.c.logs());
+    assert_eq!(
+        east_lease_holder(&k).as_deref(),
+        Some(leader.as_str()),
+        "the lease stays"
+    );
+
+    // An uninstall: the DaemonSet is gone, so SIGTERM cleans up as Kilo does.
+    // Background deletion (the default): no garbage collector runs here, so the Pods stay,
+    // owned by a DaemonSet that no longer exists, as they are for a moment in a real cluster.
+    k.kube.kubectl(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "daemonset",
+        "kilo",
+        "--wait=false",
+    ]);
+    k.c.nodes[index].stop();
+    let log = k.c.node(&leader).log_text();
+    assert!(
+        log.contains("cleaning up: its DaemonSet kube-system/kilo is deleted"),
+        "{log}"
+    );
+    let annotations = k.annotations(&leader);
+    assert!(annotations["kilo.squat.ai/key"].is_null(), "{annotations}");
+}

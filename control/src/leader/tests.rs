@@ -135,6 +135,11 @@ fn only_locations_that_all_take_part_use_leases() {
             count: 1
         }
     );
+    // Meanwhile each location's Kilo-rule leader keeps the lease in its name.
+    assert_eq!(
+        kilo_rule_leaders(&nodes),
+        BTreeMap::from([("east".into(), "n1".into()), ("west".into(), "w1".into())])
+    );
     nodes[3].lease_election = true; // w1 migrated
     let leaders = lease_leaders(&nodes, &leases, NOW);
     assert_eq!(leaders.keys().collect::<Vec<_>>(), ["east", "west"]);
