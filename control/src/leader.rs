@@ -93,18 +93,24 @@ impl LeaseState {
             .is_some_and(|&last_seen| node.last_seen <= last_seen)
     }
 
-    /// The deposed record a new holder writes, among the location's `members`: the entries of
-    /// nodes still kept out, plus the previous holder when `deposing` it (its lease expired, or
-    /// it was cut off) with the `last-seen` it has now.
-    pub fn deposed_after(&self, members: &[&Node], deposing: bool) -> BTreeMap<String, i64> {
+    /// The deposed record `holder` writes, among the location's `members`: the entries of
+    /// other nodes still kept out, plus the previous holder when `deposing` it (its lease
+    /// expired, or it was cut off) with the `last-seen` it has now.
+    pub fn deposed_after(
+        &self,
+        members: &[&Node],
+        holder: &str,
+        deposing: bool,
+    ) -> BTreeMap<String, i64> {
         let mut deposed: BTreeMap<String, i64> = members
             .iter()
-            .filter(|n| self.keeps_out(n))
+            .filter(|n| n.name != holder && self.keeps_out(n))
             .map(|n| (n.name.clone(), self.deposed[&n.name]))
             .collect();
         if deposing {
             let previous = self.holder.as_deref();
-            if let Some(n) = members.iter().find(|n| Some(n.name.as_str()) == previous) {
+            let deposable = |n: &&&Node| Some(n.name.as_str()) == previous && n.name != holder;
+            if let Some(n) = members.iter().find(deposable) {
                 deposed.insert(n.name.clone(), n.last_seen);
             }
         }
@@ -291,8 +297,10 @@ pub fn lease_leaders<'n>(
 pub fn kilo_rule_leaders<'n>(
     nodes: impl IntoIterator<Item = &'n Node>,
 ) -> BTreeMap<String, String> {
+    // A node without an internal IP is a segment of its own in the topology, never its
+    // location's leader.
     let mut by_location: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
-    for n in nodes {
+    for n in nodes.into_iter().filter(|n| n.internal_ip.is_some()) {
         by_location.entry(n.location.as_str()).or_default().push(n);
     }
     by_location

@@ -236,11 +236,8 @@ impl<B: UdpBinder> Device<B> {
     /// Starts handshakes with every peer that has an endpoint and no session yet, at the next
     /// timer tick (see [`Engine::initiate_handshakes`]). Returns how many peers it asked.
     pub fn initiate_handshakes(&self) -> usize {
-        let marked = self.shared.engine.initiate_handshakes();
-        if marked > 0 {
-            self.shared.wakers[self.shared.wakers.len() - 1].wake();
-        }
-        marked
+        // The timer thread ticks every TIMER_TICK while there is a peer: nothing to wake.
+        self.shared.engine.initiate_handshakes()
     }
 
     /// Answers a UAPI `get=1`.

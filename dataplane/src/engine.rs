@@ -250,7 +250,8 @@ impl Engine {
     /// Marks every peer with an endpoint and no handshake in this engine's life for a handshake
     /// initiation at the next timer tick. A restarted device calls it after restoring the peers
     /// of its last run: the other side still sends on a session that died with the old process,
-    /// and would wait for its own timers (up to about 15 s) before it starts a new one.
+    /// and would wait for its own timers (up to about 15 s) before it starts a new one. (A peer
+    /// with a persistent keepalive starts one at its first tick anyway; this is for the rest.)
     pub fn initiate_handshakes(&self) -> usize {
         let state = self.state.load();
         let mut marked = 0;

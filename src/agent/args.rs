@@ -36,7 +36,9 @@ pub struct KgArgs {
     /// kilotun: when kg stops while its DaemonSet remains (a rollout, a restart), leave the
     /// node's annotations, routes, rules, iptables and link to the kg that replaces it, so
     /// traffic through this node pauses only while no engine runs; `--clean-up` and
-    /// `--clean-up-interface` then apply when kilotun is uninstalled.
+    /// `--clean-up-interface` then apply when kilotun is uninstalled. (A node taken out of the
+    /// DaemonSet's node selector keeps them too; and a leader whose next kg is slow to start
+    /// is failed over by lease after 6 s, by Kilo's rule only after 60 s.)
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub keep_on_replace: bool,
     /// Should Kilo delete its interface when it shuts down?

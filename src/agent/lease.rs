@@ -145,6 +145,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         // While Kilo's rule governs, its leader holds the lease (never cut off, no verifiers),
         // so the lease names the same leader once every node agrees to leases.
         let mirroring = !self.memo.leases.leaders.contains_key(&location);
+        if mirroring {
+            self.memo.leases.samples.clear();
+        }
         let election = match self.memo.leases.leaders.get(&location) {
             Some(e) => e.clone(),
             None => match self.memo.leases.kilo_rule.get(&location) {
@@ -172,18 +175,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .seen
             .get(&name)
             .is_some_and(|s| now >= s.observed_ms + s.state.duration_ms);
-        let kept_out = current.deposed_after(&members, false);
         let handing = |to: String, deposing: bool| LeaseState {
+            deposed: current.deposed_after(&members, &to, deposing),
             holder: Some(to),
             renewed_ms: now,
             duration_ms: LEASE_DURATION_MS,
             transitions: current.transitions + 1,
             cut_off: false,
-            deposed: if deposing {
-                current.deposed_after(&members, true)
-            } else {
-                kept_out.clone()
-            },
         };
         let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
@@ -197,7 +195,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 duration_ms: LEASE_DURATION_MS,
                 transitions: current.transitions + i32::from(taking),
                 cut_off,
-                deposed: current.deposed_after(&members, taking && expired),
+                deposed: current.deposed_after(&members, &hostname, taking && expired),
             };
             let why = if taking {
                 Some(format!("taking the lead of {location}"))
@@ -210,6 +208,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             };
             (state, why, false)
         } else if current.holder.as_deref() == Some(hostname.as_str()) {
+            // While mirroring Kilo's rule, a leader that takes no part in leases (Kilo's agent)
+            // would never renew what it was handed: the lease lapses instead, naming this node,
+            // so it cannot later count against that leader as an expired holder.
+            let takes_part = members
+                .iter()
+                .any(|n| n.name == election.leader && n.lease_election);
+            if mirroring && !takes_part {
+                return;
+            }
             let why = format!(
                 "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
                 election.leader

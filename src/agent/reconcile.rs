@@ -129,8 +129,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .unwrap_or(&empty);
         if !self.discovery_seeded {
             if let Some(own) = self.memo.table.get(&self.s.hostname) {
-                // What the last run published is as good as what the device learned then.
-                self.discovered.extend(own.discovered_endpoints.clone());
+                // What the last run published, where the restored device knows nothing newer.
+                for (key, addr) in &own.discovered_endpoints {
+                    self.discovered.entry(*key).or_insert(*addr);
+                }
                 self.discovery_seeded = true;
             }
         }

@@ -186,6 +186,7 @@ fn decode_deposed(text: &str) -> BTreeMap<String, i64> {
     text.split(',')
         .filter_map(|pair| {
             let (name, seen) = pair.split_once('=')?;
+            (!name.is_empty()).then_some(())?;
             Some((name.to_string(), seen.parse().ok()?))
         })
         .collect()

@@ -34,7 +34,9 @@ impl Engine {
             let shared = &entry.shared;
             let mut core = shared.core.lock();
             let endpoint = core.endpoint;
-            let initiate = std::mem::take(&mut core.handshake_due) && core.last_handshake.is_none();
+            let initiate = std::mem::take(&mut core.handshake_due)
+                && core.last_handshake.is_none()
+                && endpoint.is_some();
             let Some(tunn) = core.tunn.as_mut() else {
                 continue;
             };

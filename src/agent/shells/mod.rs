@@ -148,8 +148,9 @@ pub trait Engine: Send + Sync {
     /// Makes the device's configuration `desired`, changing only what differs; true when
     /// something changed.
     fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
-    /// Applies the peers of the last run after a restart and starts handshakes with them at
-    /// once: the other ends still send on sessions that died with the last process.
+    /// Applies the peers of the last run after a restart. A device that lost its sessions with
+    /// the last process (the embedded engine) also starts handshakes with them at once: the
+    /// other ends still send on the dead sessions.
     fn restore(&self, last_run: &DeviceConfig) -> Result<()> {
         self.apply(last_run).map(|_| ())
     }

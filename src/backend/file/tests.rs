@@ -201,8 +201,18 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
     let healthy = LeaseState {
         cut_off: false,
         deposed: BTreeMap::new(),
-        ..state
+        ..state.clone()
     };
+    let mut garbled = lease_object("kilotun-leader-east", &state);
+    garbled.metadata.annotations.as_mut().unwrap().insert(
+        DEPOSED_ANNOTATION.to_string(),
+        "n0=1700000000,nonsense,=5,n3=x,n4=7".to_string(),
+    );
+    assert_eq!(
+        lease_state(&garbled).deposed,
+        BTreeMap::from([("n0".to_string(), 1_700_000_000), ("n4".to_string(), 7)]),
+        "malformed pairs are skipped"
+    );
     let object = lease_object("kilotun-leader-east", &healthy);
     assert!(object.metadata.annotations.is_none());
     assert_eq!(lease_state(&object), healthy);

@@ -40,7 +40,11 @@ pub async fn departure(client: &Client) -> Departure {
         .owner_references
         .unwrap_or_default()
         .into_iter()
-        .find(|o| o.kind == "DaemonSet");
+        .find(|o| {
+            o.kind == "DaemonSet"
+                && o.api_version.starts_with("apps/")
+                && o.controller == Some(true)
+        });
     let Some(owner) = owner else {
         return Departure::Removed {
             why: format!("its Pod {namespace}/{pod_name} is not run by a DaemonSet"),
@@ -48,14 +52,17 @@ pub async fn departure(client: &Client) -> Departure {
     };
     let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
     match daemon_sets.get_opt(&owner.name).await {
-        Ok(Some(ds))
-            if ds.metadata.deletion_timestamp.is_none()
-                && ds.metadata.uid.as_deref() == Some(owner.uid.as_str()) =>
-        {
-            Departure::Replaced {
-                by: format!("DaemonSet {namespace}/{}", owner.name),
+        Ok(Some(ds)) if ds.metadata.uid.as_deref() != Some(owner.uid.as_str()) => {
+            Departure::Removed {
+                why: format!(
+                    "its DaemonSet {namespace}/{} was deleted (one of that name was created since)",
+                    owner.name
+                ),
             }
         }
+        Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => Departure::Replaced {
+            by: format!("DaemonSet {namespace}/{}", owner.name),
+        },
         Ok(Some(_)) | Ok(None) => Departure::Removed {
             why: format!("its DaemonSet {namespace}/{} is deleted", owner.name),
         },
