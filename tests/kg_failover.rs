@@ -324,8 +324,10 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
             gap.as_secs_f64()
         );
         assert!(back, "death {death}: traffic never came back\n{}", c.logs());
+        // About 5 to 8 s alone on the machine; the bound leaves room for the other tests of
+        // this file running beside it on two cores (10.5 s was seen once in CI).
         assert!(
-            gap < Duration::from_secs(10),
+            gap < Duration::from_secs(13),
             "death {death}: gap {gap:?}\n{}",
             c.logs()
         );
