@@ -46,8 +46,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
-mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | grep -v security | head -1)}
-mirror=${mirror:-http://deb.debian.org/debian}
+# The Debian mirror this machine's apt uses (DEBIAN_MIRROR or KILOTUN_DEBIAN_MIRROR overrides it).
+# shellcheck source=scripts/debian-mirror.sh
+source "$repo/scripts/debian-mirror.sh"
+mirror=$(require_mirror "${DEBIAN_MIRROR:-${KILOTUN_DEBIAN_MIRROR:-}}")
 
 work=$(mktemp -d /tmp/kilotun-image.XXXXXX)
 cleanup() {

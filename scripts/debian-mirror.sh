@@ -2,7 +2,9 @@
 #
 # detect_mirror prints the Debian mirror this machine uses: the URI of the first enabled bookworm
 # entry, in one-line (`deb [opts] URI bookworm main`) or deb822 (`URIs:` / `Suites:` stanza)
-# format. The callers fall back to deb.debian.org when it prints nothing.
+# format. require_mirror is what the callers use: the override they pass, else that mirror, else
+# it stops with a message naming KILOTUN_DEBIAN_MIRROR (no public host is assumed: air-gapped
+# builders use their own).
 detect_mirror() {
 	local f
 	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
@@ -26,4 +28,15 @@ detect_mirror() {
 			if (uri != "" && bookworm && enabled) { print uri; exit }
 		}' "$f"
 	done
+}
+
+# require_mirror [OVERRIDE]: prints OVERRIDE, or the mirror this machine's apt uses for bookworm,
+# without a trailing slash; exits 1 naming the variable to set when there is neither.
+require_mirror() {
+	local mirror=${1:-$(detect_mirror | head -n1)}
+	if [[ -z $mirror ]]; then
+		echo "no Debian mirror: this machine's apt sources list no bookworm entry; set KILOTUN_DEBIAN_MIRROR to your mirror's URL" >&2
+		exit 1
+	fi
+	echo "${mirror%/}"
 }

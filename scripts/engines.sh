@@ -20,7 +20,7 @@
 # apt runs with a private configuration (its own sources list, package lists and download
 # directory under CACHE/backports), so the machine's apt sources and lists are neither read for
 # sources nor changed. The Debian mirror is the one this machine's apt uses for bookworm
-# (KILOTUN_DEBIAN_MIRROR overrides it), else http://deb.debian.org/debian.
+# (KILOTUN_DEBIAN_MIRROR overrides it; with neither, it stops and says so).
 #
 # On a fresh 2-core machine the wireguard-go download takes seconds; gotatun and boringtun-cli are
 # compiled (minutes, CPU-bound: run this under `nice` on a shared machine). Concurrent callers
@@ -72,9 +72,7 @@ wireguard_go_2023() {
 			command -v "$tool" >/dev/null || die "$tool not found; this needs a Debian-based system"
 		done
 		[[ -r $KEYRING ]] || die "$KEYRING missing (package debian-archive-keyring)"
-		mirror=${KILOTUN_DEBIAN_MIRROR:-$(detect_mirror | head -n1)}
-		mirror=${mirror:-http://deb.debian.org/debian}
-		mirror=${mirror%/}
+		mirror=$(require_mirror "${KILOTUN_DEBIAN_MIRROR:-}")
 		apt_dir="$cache_root/backports"
 		mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache"
 		echo "deb [signed-by=$KEYRING] $mirror bookworm-backports main" >"$apt_dir/sources.list"

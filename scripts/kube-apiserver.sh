@@ -19,8 +19,8 @@
 #
 # Environment:
 #   KILOTUN_CACHE            cache root (default /var/cache/kilotun); must be outside the repository
-#   KILOTUN_DEBIAN_MIRROR    Debian mirror for bookworm (default: the one this machine's apt uses,
-#                            else http://deb.debian.org/debian)
+#   KILOTUN_DEBIAN_MIRROR    Debian mirror for bookworm (default: the one this machine's apt uses;
+#                            with neither, the script stops and says so)
 #   KILOTUN_BULLSEYE_MIRROR  Debian mirror for bullseye's Go 1.15 (default: the bookworm mirror)
 #
 # The first run takes a few minutes (the kube-apiserver build is CPU-bound; run it under `nice` on
@@ -129,11 +129,10 @@ fi
 
 ########################################################################################################
 phase apt-index
-# The Debian mirror this machine uses (scripts/debian-mirror.sh), else deb.debian.org.
+# The Debian mirror this machine uses (scripts/debian-mirror.sh).
 # shellcheck source=scripts/debian-mirror.sh
 source "$script_dir/debian-mirror.sh"
-mirror=${KILOTUN_DEBIAN_MIRROR:-$(detect_mirror | head -n1)}
-mirror=${mirror:-http://deb.debian.org/debian}
+mirror=$(require_mirror "${KILOTUN_DEBIAN_MIRROR:-}")
 mirror=${mirror%/}
 bullseye_mirror=${KILOTUN_BULLSEYE_MIRROR:-$mirror}
 bullseye_mirror=${bullseye_mirror%/}
