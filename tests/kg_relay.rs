@@ -15,11 +15,10 @@ fn public_key(c: &Cluster, node: &str) -> String {
     c.node(node).wg("public-key").trim().to_string()
 }
 
-#[test]
-fn locations_behind_nat_reach_each_other_through_a_relay() {
-    if !common::can_run("locations_behind_nat_reach_each_other_through_a_relay") {
-        return;
-    }
+/// Cloud node c1 and homes h1 and h2, each behind its own masquerading router with the
+/// annotation `keepalive`, every kg running, returned once every pod reaches every other (the
+/// test fails if that takes over 60 s), with the routers' outside addresses.
+fn cloud_and_two_nated_homes(keepalive: (&str, &str)) -> (Cluster, Vec<String>) {
     let mut c = Cluster::new(&["cloud", "home1", "home2"]);
     c.add_node(
         &NodeSpec {
@@ -29,21 +28,32 @@ fn locations_behind_nat_reach_each_other_through_a_relay() {
         },
         1,
     );
+    let mut outside = Vec::new();
     for (i, (name, location)) in [("h1", "home1"), ("h2", "home2")].into_iter().enumerate() {
-        c.add_nated_node(
+        let (_, nat) = c.add_nated_node(
             &NodeSpec {
                 name,
                 location,
-                annotations: &[KEEPALIVE],
+                annotations: &[keepalive],
             },
             i as u8 + 2,
         );
+        outside.push(nat);
     }
     for i in 0..3 {
         c.start_kg(i, &["--encapsulate=never"]);
     }
     let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    (c, outside)
+}
+
+#[test]
+fn locations_behind_nat_reach_each_other_through_a_relay() {
+    if !common::can_run("locations_behind_nat_reach_each_other_through_a_relay") {
+        return;
+    }
+    let (c, _) = cloud_and_two_nated_homes(KEEPALIVE);
 
     // The homes peer only with the cloud; the cloud with both.
     let peers = |node: &str| -> Vec<String> {
@@ -185,32 +195,7 @@ fn a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes() {
     // Two homes behind their own NAT routers reach each other only through the cloud's hub,
     // which knows them only by the NAT addresses their packets came from. A keepalive of 15 s
     // means a hub that forgot them would wait up to 15 s for a home to teach it again.
-    let mut c = Cluster::new(&["cloud", "home1", "home2"]);
-    c.add_node(
-        &NodeSpec {
-            name: "c1",
-            location: "cloud",
-            annotations: &[],
-        },
-        1,
-    );
-    let mut outside = Vec::new();
-    for (i, (name, location)) in [("h1", "home1"), ("h2", "home2")].into_iter().enumerate() {
-        let (_, nat) = c.add_nated_node(
-            &NodeSpec {
-                name,
-                location,
-                annotations: &[("kilo.squat.ai/persistent-keepalive", "15")],
-            },
-            i as u8 + 2,
-        );
-        outside.push(nat);
-    }
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let (mut c, outside) = cloud_and_two_nated_homes(("kilo.squat.ai/persistent-keepalive", "15"));
     let learned = |c: &Cluster| {
         endpoint_for(c, "c1", "h1").starts_with(&format!("{}:", outside[0]))
             && endpoint_for(c, "c1", "h2").starts_with(&format!("{}:", outside[1]))
