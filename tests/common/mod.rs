@@ -106,9 +106,15 @@ impl Netns {
     }
 
     pub fn spawn(&self, args: &[&str]) -> Child {
+        self.spawn_with_env(args, &[])
+    }
+
+    /// [`Netns::spawn`] with extra environment variables.
+    pub fn spawn_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Child {
         Command::new("ip")
             .args(["netns", "exec", &self.name])
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -198,6 +204,82 @@ pub enum Impl {
     WireguardGo2023,
     /// Mullvad's gotatun 0.10.2 (boringtun's successor), from [`engine_bin`].
     Gotatun,
+    /// kilotun cross-built for another architecture (`KILOTUN_CROSS_KILOTUN`, see
+    /// [`foreign_kilotun`]), run by qemu-user through binfmt_misc.
+    ForeignKilotun,
+}
+
+/// A kilotun binary of another architecture, as `scripts/cross-build.sh` builds it.
+pub struct Foreign {
+    pub bin: String,
+    /// `aarch64` or `arm`.
+    pub arch: &'static str,
+    /// The directory qemu-user takes the dynamic loader and glibc from (`QEMU_LD_PREFIX`).
+    pub ld_prefix: String,
+}
+
+/// The foreign kilotun named by `KILOTUN_CROSS_KILOTUN` (for example
+/// `target/aarch64-unknown-linux-gnu/release/kilotun`): `Ok(None)` when the variable is unset,
+/// `Err(why)` when it is set but the binary cannot run here. Its glibc is the bookworm sysroot
+/// the script links against, `${KILOTUN_CACHE:-/var/cache/kilotun}/cross/sysroot-{arm64,armhf}`
+/// (`KILOTUN_CROSS_LD_PREFIX` overrides it); it runs through the machine's binfmt_misc entry
+/// (qemu-user-static registers `qemu-aarch64` and `qemu-arm`).
+pub fn foreign_kilotun() -> Result<Option<Foreign>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(bin) = std::env::var_os("KILOTUN_CROSS_KILOTUN") else {
+        return Ok(None);
+    };
+    let bin = std::path::absolute(&bin)
+        .map_err(|e| format!("KILOTUN_CROSS_KILOTUN={bin:?}: {e}"))?
+        .to_string_lossy()
+        .into_owned();
+    let meta = std::fs::metadata(&bin).map_err(|e| format!("KILOTUN_CROSS_KILOTUN={bin}: {e}"))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!(
+            "KILOTUN_CROSS_KILOTUN={bin} is not an executable file"
+        ));
+    }
+    let mut header = [0u8; 20];
+    File::open(&bin)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(|e| format!("reading {bin}: {e}"))?;
+    if &header[..4] != b"\x7fELF" {
+        return Err(format!("{bin} is not an ELF file"));
+    }
+    let (arch, debian) = match u16::from_le_bytes([header[18], header[19]]) {
+        183 => ("aarch64", "arm64"),
+        40 => ("arm", "armhf"),
+        machine => {
+            return Err(format!(
+                "{bin}: ELF machine {machine} is neither aarch64 nor arm"
+            ))
+        }
+    };
+    let binfmt = format!("/proc/sys/fs/binfmt_misc/qemu-{arch}");
+    match std::fs::read_to_string(&binfmt) {
+        Ok(entry) if entry.starts_with("enabled") => {}
+        _ => {
+            return Err(format!(
+                "{binfmt} is missing or disabled: install qemu-user-static (it registers the \
+                 entry; mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc if need be)"
+            ))
+        }
+    }
+    let ld_prefix = std::env::var("KILOTUN_CROSS_LD_PREFIX").unwrap_or_else(|_| {
+        let cache = std::env::var("KILOTUN_CACHE").unwrap_or_else(|_| "/var/cache/kilotun".into());
+        format!("{cache}/cross/sysroot-{debian}")
+    });
+    if !std::path::Path::new(&ld_prefix).join("lib").is_dir() {
+        return Err(format!(
+            "no {debian} sysroot at {ld_prefix} (scripts/cross-build.sh creates it; \
+             KILOTUN_CROSS_LD_PREFIX overrides the path)"
+        ));
+    }
+    Ok(Some(Foreign {
+        bin,
+        arch,
+        ld_prefix,
+    }))
 }
 
 /// Where an engine that `scripts/engines.sh` fetches is looked for: (its name, the environment
@@ -215,7 +297,9 @@ fn engine_location(engine: Impl) -> Option<(&'static str, &'static str, String)>
             "KILOTUN_GOTATUN",
             "gotatun-0.10.2/bin/gotatun",
         ),
-        Impl::Kilotun | Impl::KilotunWithoutOffload | Impl::WireguardGo => return None,
+        Impl::Kilotun | Impl::KilotunWithoutOffload | Impl::WireguardGo | Impl::ForeignKilotun => {
+            return None
+        }
     };
     let path = std::env::var(variable).unwrap_or_else(|_| {
         let cache = std::env::var("KILOTUN_CACHE").unwrap_or_else(|_| "/var/cache/kilotun".into());
@@ -238,6 +322,18 @@ pub fn engine_bin(engine: Impl) -> Option<String> {
 pub fn engine_available(engine: Impl, test: &str) -> bool {
     match engine {
         Impl::Kilotun | Impl::KilotunWithoutOffload => true,
+        // Unset: skipped (CI does not cross-build yet); set but unusable: a failure.
+        Impl::ForeignKilotun => match foreign_kilotun() {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                eprintln!(
+                    "skipped {test}: set KILOTUN_CROSS_KILOTUN to a kilotun built by \
+                     scripts/cross-build.sh (target/aarch64-unknown-linux-gnu/release/kilotun)"
+                );
+                false
+            }
+            Err(why) => panic!("{test}: {why}"),
+        },
         Impl::WireguardGo => {
             let found = which("wireguard-go");
             if !found {
@@ -286,6 +382,17 @@ impl WgDevice {
                 ns.spawn(&[kilotun_bin(), "-f", "--threads", "2", "--no-offload", &name])
             }
             Impl::WireguardGo => ns.spawn(&["wireguard-go", "-f", &name]),
+            // binfmt_misc runs it under qemu-user, which takes the dynamic loader and glibc
+            // from QEMU_LD_PREFIX.
+            Impl::ForeignKilotun => {
+                let foreign = foreign_kilotun()
+                    .expect("foreign kilotun")
+                    .expect("KILOTUN_CROSS_KILOTUN (engine_available)");
+                ns.spawn_with_env(
+                    &[&foreign.bin, "-f", "--threads", "2", &name],
+                    &[("QEMU_LD_PREFIX", &foreign.ld_prefix)],
+                )
+            }
             Impl::WireguardGo2023 => {
                 let bin = engine_bin(which).expect("wireguard-go 0.0.20231211 (engine_available)");
                 ns.spawn(&[&bin, "-f", &name])
