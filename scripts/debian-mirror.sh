@@ -1,4 +1,4 @@
-# Shared by scripts/kube-apiserver.sh and scripts/engines.sh (sourced, not run).
+# Shared by the scripts that fetch from Debian (sourced, not run): kube-apiserver.sh, kube-node-bins.sh, kilo.sh, engines.sh, cross-build.sh, image/build.sh.
 #
 # detect_mirror prints the Debian mirror this machine uses: the URI of the first enabled bookworm
 # entry, in one-line (`deb [opts] URI bookworm main`) or deb822 (`URIs:` / `Suites:` stanza)

@@ -59,6 +59,8 @@ lock() {
 # The Debian mirror this machine uses (scripts/debian-mirror.sh).
 # shellcheck source=scripts/debian-mirror.sh
 source "$script_dir/debian-mirror.sh"
+# shellcheck source=scripts/cache-build.sh
+source "$script_dir/cache-build.sh"
 
 wireguard_go_2023() {
 	local dir="$cache_root/wireguard-go-$WIREGUARD_GO_VERSION"
@@ -67,31 +69,14 @@ wireguard_go_2023() {
 		lock "wireguard-go-$WIREGUARD_GO_VERSION"
 	fi
 	if [[ ! -x $bin ]]; then
-		local start=$SECONDS mirror apt_dir work deb
+		local start=$SECONDS mirror apt_dir work deb apt_opts
 		for tool in apt-get dpkg flock; do
 			command -v "$tool" >/dev/null || die "$tool not found; this needs a Debian-based system"
 		done
 		[[ -r $KEYRING ]] || die "$KEYRING missing (package debian-archive-keyring)"
 		mirror=$(require_mirror "${KILOTUN_DEBIAN_MIRROR:-}")
 		apt_dir="$cache_root/backports"
-		mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache"
-		echo "deb [signed-by=$KEYRING] $mirror bookworm-backports main" >"$apt_dir/sources.list"
-		local apt_opts=(
-			-q
-			-o "Dir::Etc::SourceList=$apt_dir/sources.list"
-			-o Dir::Etc::SourceParts=/dev/null
-			-o Dir::Etc::Preferences=/dev/null
-			-o Dir::Etc::PreferencesParts=/dev/null
-			-o "Dir::State::Lists=$apt_dir/lists"
-			-o "Dir::Cache=$apt_dir/cache"
-			-o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
-			-o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
-			-o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false
-			-o Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false
-			-o Acquire::Languages=none
-			# apt's _apt sandbox user could not write the private download directory.
-			-o APT::Sandbox::User=root
-		)
+		private_apt "$apt_dir" "deb [signed-by=$KEYRING] $mirror bookworm-backports main"
 		log "wireguard-go $WIREGUARD_GO_VERSION from $mirror bookworm-backports"
 		apt-get "${apt_opts[@]}" --error-on=any update >&2 ||
 			die "apt-get update failed for $mirror bookworm-backports; set KILOTUN_DEBIAN_MIRROR"

@@ -59,51 +59,14 @@ if cache_complete; then
 	exit 0
 fi
 
-# The cache must not end up in the repository (it is hundreds of MB of binaries, and `cargo`/git
-# would see it).
-case "$(realpath -m "$cache_dir")/" in
-"$repo_root"/*) die "KILOTUN_CACHE ($cache_root) is inside the repository $repo_root; pick a directory outside it" ;;
-esac
-
-mkdir -p "$cache_root" || die "cannot create cache root $cache_root (set KILOTUN_CACHE to a writable directory)"
-
-# One builder at a time: take an exclusive lock on a file next to the cache directory. A second
-# caller waits here and then finds the cache complete.
-exec 9>"$cache_root/.k8s-$K8S_VERSION.lock"
-if ! flock -n 9; then
-	log "another build holds $cache_root/.k8s-$K8S_VERSION.lock; waiting for it"
-	flock 9
-fi
+# shellcheck source=scripts/cache-build.sh
+source "$script_dir/cache-build.sh"
+cache_lock "k8s-$K8S_VERSION"
 if cache_complete; then
 	printf '%s\n' "$cache_dir"
 	exit 0
 fi
-
-# All work happens in a temporary directory under the cache root (same filesystem, so the final
-# rename is atomic); it is removed on exit whatever happens.
-work=$(mktemp -d "$cache_root/.k8s-$K8S_VERSION.build.XXXXXX")
-cleanup() {
-	# If something in the tree was left read-only (Go does that to module caches), make it
-	# writable and retry; a plain rm is tried first because walking the tree twice is slow.
-	rm -rf "$work" 2>/dev/null || { chmod -R u+w "$work" && rm -rf "$work"; }
-}
-trap cleanup EXIT
-# Turn an interrupt into a normal exit so the EXIT trap removes the work directory.
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# Phase timing, reported on stderr.
-total_start=$SECONDS
-phase_start=$SECONDS
-phase_name=
-phase() {
-	if [[ -n $phase_name ]]; then
-		log "phase $phase_name: $((SECONDS - phase_start))s"
-	fi
-	phase_name=$1
-	phase_start=$SECONDS
-	[[ -z $phase_name ]] || log "phase $phase_name ..."
-}
+cache_workdir "k8s-$K8S_VERSION"
 
 ########################################################################################################
 phase tools
@@ -138,34 +101,10 @@ bullseye_mirror=${KILOTUN_BULLSEYE_MIRROR:-$mirror}
 bullseye_mirror=${bullseye_mirror%/}
 log "Debian mirror: $mirror (bullseye: $bullseye_mirror)"
 
-# Private apt: its own sources list, package lists, caches and no preferences, so neither the
-# machine's apt configuration nor its package lists are read or touched. Other apt.conf settings
-# (a proxy, for example) still apply, which is what a CI machine wants.
-apt_dir="$work/apt"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/cache"
-cat >"$apt_dir/sources.list" <<EOF
-deb-src [signed-by=$KEYRING] $mirror bookworm main
-deb [signed-by=$KEYRING] $mirror bookworm main
-deb [signed-by=$KEYRING] $bullseye_mirror bullseye main
-EOF
-apt_opts=(
-	-q
-	-o "Dir::Etc::SourceList=$apt_dir/sources.list"
-	-o Dir::Etc::SourceParts=/dev/null
-	-o Dir::Etc::Preferences=/dev/null
-	-o Dir::Etc::PreferencesParts=/dev/null
-	-o "Dir::State::Lists=$apt_dir/lists"
-	-o "Dir::Cache=$apt_dir/cache"
-	-o "Dir::Cache::archives=$apt_dir/archives"
-	# Fetch only Packages/Sources indexes (no AppStream metadata, icons or Contents files).
-	-o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
-	-o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
-	-o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false
-	-o Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false
-	-o Acquire::Languages=none
-	# The work directory is private to root (mktemp); apt's _apt sandbox user could not write it.
-	-o APT::Sandbox::User=root
-)
+private_apt "$work/apt" \
+	"deb-src [signed-by=$KEYRING] $mirror bookworm main" \
+	"deb [signed-by=$KEYRING] $mirror bookworm main" \
+	"deb [signed-by=$KEYRING] $bullseye_mirror bullseye main"
 # --error-on=any: a mirror that cannot be reached must fail here, not as "no deb-src" later.
 apt-get "${apt_opts[@]}" --error-on=any update >&2 ||
 	die "apt-get update failed for $mirror (bookworm) / $bullseye_mirror (bullseye); set KILOTUN_DEBIAN_MIRROR or KILOTUN_BULLSEYE_MIRROR"
@@ -266,7 +205,7 @@ mv -T "$stage" "$cache_dir"
 ########################################################################################################
 phase cleanup
 # The source tree, Go toolchain, downloads and Go build cache are all under $work.
-cleanup
+cache_workdir_remove
 trap - EXIT
 phase ''
 log "total: $((SECONDS - total_start))s; cache $(du -sh "$cache_dir" | cut -f1) in $cache_dir"

@@ -14,10 +14,23 @@ pub struct Pinger {
 
 impl Pinger {
     pub fn start(ns: &str, target: &str) -> Self {
+        Self::spawn(&[
+            "netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1", target,
+        ])
+    }
+
+    /// [`Pinger::start`] from the address `source` (`ping -I`): a pod's address, so that the
+    /// echoes can only travel through the mesh, never the underlay.
+    #[allow(dead_code)]
+    pub fn start_from(ns: &str, source: &str, target: &str) -> Self {
+        Self::spawn(&[
+            "netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1", "-I", source, target,
+        ])
+    }
+
+    fn spawn(args: &[&str]) -> Self {
         let mut child = Command::new("ip")
-            .args([
-                "netns", "exec", ns, "ping", "-n", "-i", "0.1", "-W", "1", target,
-            ])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
