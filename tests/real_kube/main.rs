@@ -8,6 +8,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod kilo_peer;
 mod leases;
 mod peers;
 
