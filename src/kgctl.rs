@@ -16,7 +16,7 @@ use crate::backend::Snapshot;
 
 /// kgctl: inspect a Kilo mesh.
 #[derive(Debug, Parser)]
-#[command(name = "kgctl", version, about, args_override_self = true)]
+#[command(name = "kgctl", version = crate::VERSION, about, args_override_self = true)]
 pub struct KgctlArgs {
     /// The backend for the mesh.
     #[arg(long, value_enum, default_value = "kubernetes", global = true)]

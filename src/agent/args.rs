@@ -22,7 +22,7 @@ pub enum BackendKind {
 
 /// kg: the Kilo agent with an embedded userspace WireGuard engine.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "kg", version, about, args_override_self = true)]
+#[command(name = "kg", version = crate::VERSION, about, args_override_self = true)]
 pub struct KgArgs {
     /// The backend for the mesh.
     #[arg(long, value_enum, default_value = "kubernetes")]
@@ -293,6 +293,20 @@ mod tests {
         let mut full = vec!["kg", "--hostname=n1"];
         full.extend_from_slice(args);
         KgArgs::try_parse_from(full)?.settings()
+    }
+
+    #[test]
+    fn version_names_the_target_it_was_built_for() {
+        use clap::CommandFactory;
+        let version = KgArgs::command().render_version();
+        assert!(version.starts_with("kg "), "{version}");
+        assert!(version.contains(crate::TARGET), "{version}");
+        // The triple is the one this binary runs as (under qemu-user too).
+        let arch = match std::env::consts::ARCH {
+            "arm" => "arm", // armv7-…, armv6-…
+            other => other,
+        };
+        assert!(crate::TARGET.starts_with(arch), "{} vs {arch}", crate::TARGET);
     }
 
     #[test]

@@ -22,7 +22,7 @@ const READY_FD_ENV: &str = "KILOTUN_READY_FD";
 
 /// Userspace WireGuard device, driven by `wg` like wireguard-go.
 #[derive(Debug, Parser)]
-#[command(name = "kilotun", version, about)]
+#[command(name = "kilotun", version = kilotun::VERSION, about)]
 struct Args {
     /// Stay in the foreground instead of detaching.
     #[arg(short = 'f', long)]
