@@ -126,6 +126,61 @@ fn impossible_starts_fail_with_one_clear_line() {
     let out = ns.output(&[kilotun_bin(), "this-name-is-far-too-long"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid interface name"));
+
+    // The container runtime's device rules leave /dev/net/tun out (runc 1.2.0 to 1.2.3, crun
+    // of 2022 to 2025): the same devices-cgroup rule, on this host's cgroup v1 controller.
+    let denied = "/dev/net/tun exists but opening it is denied";
+    let dir = std::env::temp_dir().join(common::unique("kg-tun-denied"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kg_args = [
+        common::cluster::kg_bin().to_string(),
+        "--backend=file".into(),
+        format!("--cluster-dir={}", dir.display()),
+        "--hostname=n1".into(),
+        "--interface=kz2".into(),
+        format!("--key-file={}", dir.join("key").display()),
+        format!("--socket-dir={}", dir.display()),
+    ];
+    let kg_args: Vec<&str> = kg_args.iter().map(String::as_str).collect();
+    match with_tun_denied(&ns, &[kilotun_bin(), "kz2"]) {
+        Some(out) => {
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(denied) && err.contains("runc 1.2.0"), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            let out = with_tun_denied(&ns, &kg_args).unwrap();
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(denied), "{err}");
+            assert!(!err.contains("CAP_NET_ADMIN"), "{err}");
+        }
+        None => eprintln!(
+            "impossible_starts_fail_with_one_clear_line: no cgroup v1 devices controller here; the denied /dev/net/tun case is not run"
+        ),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `args` in `ns` inside a new cgroup whose device rules deny `/dev/net/tun` (character
+/// device 10:200), as a container runtime's do; `None` without a cgroup v1 devices controller.
+fn with_tun_denied(ns: &Netns, args: &[&str]) -> Option<std::process::Output> {
+    let root = std::path::Path::new("/sys/fs/cgroup/devices");
+    if !root.join("devices.deny").exists() {
+        return None;
+    }
+    let cgroup = root.join(common::unique("kilotun-tun-denied"));
+    std::fs::create_dir(&cgroup).unwrap();
+    std::fs::write(cgroup.join("devices.deny"), "c 10:200 rwm").unwrap();
+    let procs = cgroup.join("cgroup.procs");
+    // Joined before `ip netns exec`, which mounts a sysfs of its own over /sys.
+    let script = format!("echo $$ > {} && exec \"$@\"", procs.display());
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script, "sh", "ip", "netns", "exec", &ns.name])
+        .args(args)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&cgroup);
+    Some(out)
 }
 
 #[test]

@@ -115,6 +115,8 @@ struct Shared<S> {
     sockets: ArcSwap<Bound<S>>,
     generation: AtomicU64,
     stop: AtomicBool,
+    /// Set to make the timer thread run its timers at once rather than at its next tick.
+    timers_now: AtomicBool,
     wakers: Vec<EventFd>,
     tun_write_errors: AtomicU64,
 }
@@ -123,7 +125,8 @@ struct Shared<S> {
 pub struct Device<B: UdpBinder> {
     shared: Arc<Shared<B::Socket>>,
     binder: B,
-    threads: Vec<JoinHandle<()>>,
+    /// The workers and the timer thread; emptied by [`Device::stop`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
     config_lock: Mutex<()>,
 }
 
@@ -155,6 +158,7 @@ impl<B: UdpBinder> Device<B> {
             sockets: ArcSwap::from_pointee(sockets),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            timers_now: AtomicBool::new(false),
             wakers,
             tun_write_errors: AtomicU64::new(0),
         });
@@ -176,7 +180,7 @@ impl<B: UdpBinder> Device<B> {
         Ok(Self {
             shared,
             binder,
-            threads,
+            threads: Mutex::new(threads),
             config_lock: Mutex::new(()),
         })
     }
@@ -203,6 +207,9 @@ impl<B: UdpBinder> Device<B> {
     /// `AddrInUse` (or another bind error) when the new port cannot be bound; nothing changed.
     pub fn set_config(&self, desired: &DeviceConfig) -> io::Result<ApplyReport> {
         let _serial = self.config_lock.lock();
+        if self.shared.stop.load(Ordering::Acquire) {
+            return Err(io::Error::other("the device is stopped"));
+        }
         let current = self.shared.engine.config();
         let workers = self.shared.wakers.len() - 1;
         let new_port = desired.interface.listen_port;
@@ -236,8 +243,13 @@ impl<B: UdpBinder> Device<B> {
     /// Starts handshakes with every peer that has an endpoint and no session yet, at the next
     /// timer tick (see [`Engine::initiate_handshakes`]). Returns how many peers it asked.
     pub fn initiate_handshakes(&self) -> usize {
-        // The timer thread ticks every TIMER_TICK while there is a peer: nothing to wake.
-        self.shared.engine.initiate_handshakes()
+        let asked = self.shared.engine.initiate_handshakes();
+        if asked > 0 {
+            // Now rather than at the next tick (up to TIMER_TICK away): the peers are waiting.
+            self.shared.timers_now.store(true, Ordering::Release);
+            self.shared.wakers[self.shared.wakers.len() - 1].wake();
+        }
+        asked
     }
 
     /// Answers a UAPI `get=1`.
@@ -263,24 +275,37 @@ impl<B: UdpBinder> Device<B> {
     }
 
     /// Stops every thread and closes the TUN queues and sockets.
-    pub fn shutdown(mut self) {
-        self.stop_threads();
+    pub fn shutdown(self) {
+        self.stop();
     }
 
-    fn stop_threads(&mut self) {
+    /// Stops every thread and closes the TUN queues (each worker owns its own) and the
+    /// sockets, even while other holders of this device remain (a UAPI client, an HTTP
+    /// handler): when this returns the listen port is free and the TUN link has no queue of
+    /// this process. The device still answers reads (`uapi_get`, the engine's statistics);
+    /// [`Device::set_config`] fails. Calling it again does nothing.
+    pub fn stop(&self) {
+        // Under the configuration lock: no rebind can store new sockets after the swap below.
+        let _serial = self.config_lock.lock();
         self.shared.stop.store(true, Ordering::Release);
         for waker in &self.shared.wakers {
             waker.wake();
         }
-        for thread in self.threads.drain(..) {
+        for thread in self.threads.lock().drain(..) {
             let _ = thread.join();
         }
+        let port = self.shared.sockets.load().port;
+        self.shared.sockets.store(Arc::new(Bound {
+            port,
+            v4: Vec::new(),
+            v6: Vec::new(),
+        }));
     }
 }
 
 impl<B: UdpBinder> Drop for Device<B> {
     fn drop(&mut self) {
-        self.stop_threads();
+        self.stop();
     }
 }
 
@@ -394,7 +419,7 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
     let mut next = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
         let now = Instant::now();
-        if now >= next {
+        if now >= next || shared.timers_now.swap(false, Ordering::AcqRel) {
             shared.engine.handle_timers(now, &mut out);
             if !out.to_network.is_empty() {
                 let sockets = shared.sockets.load();

@@ -89,7 +89,16 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         };
         let desired = crate::wiring::device_config(&conf, &self.key);
         if self.memo.applied.wg.as_ref() != Some(&desired) {
-            if self.wg.apply(&desired)? {
+            // The first configuration of this process's engine handshakes at once, restored
+            // peers or not (a node whose last agent was Kilo has nothing to restore).
+            let changed = if self.memo.engine_configured {
+                self.wg.apply(&desired)?
+            } else {
+                let changed = self.wg.apply_and_handshake(&desired)?;
+                self.memo.engine_configured = true;
+                changed
+            };
+            if changed {
                 tracing::info!(
                     leader = t.leader,
                     peers = desired.peers.len(),

@@ -31,6 +31,7 @@ use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use args::{BackendKind, Settings};
 use host::{encap, local::ProblemLog};
 use serve::{http, metrics::Metrics, status};
+use shells::engine_lock::EngineLock;
 use shells::netlink::Netlink;
 use shells::wireguard::WireGuard;
 use shells::{kernel_watch, keyfile, state, xtables};
@@ -225,21 +226,43 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .with_context(|| format!("failed to get interface index of {}", s.args.interface))?
             .index;
         // Start with our key and port, so `wg show` is meaningful before the first reconcile.
-        wg.apply(&DeviceConfig {
+        // The kg this one replaces may still be closing its sockets after it let go of the
+        // engine lock: a port in use is tried again for a few seconds.
+        let first = DeviceConfig {
             interface: InterfaceConfig {
                 private_key: Some(key.clone()),
                 listen_port: s.args.port,
                 fwmark: 0,
             },
             peers: Vec::new(),
-        })?;
+        };
+        // (A kg of this version closes its engine before it lets go of the lock, so the port
+        // is free at once; an older one, or a crashed one's lingering sockets, are waited for.)
+        let asked = Instant::now();
+        let deadline = asked + PORT_RELEASE_WAIT;
+        let mut retries = 0u32;
+        while let Err(e) = wg.apply(&first) {
+            if !port_in_use(&e) || Instant::now() >= deadline {
+                return Err(e.context(format!("listening on UDP port {}", s.args.port)));
+            }
+            retries += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if retries > 0 {
+            tracing::info!(
+                retries,
+                waited_ms = asked.elapsed().as_millis() as u64,
+                port = s.args.port,
+                "waited for the UDP port to be released"
+            );
+        }
         // The endpoints the last run used, NAT-discovered ones among them: kept as discovered
         // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
         // reconcile does not send the restored peers back to their announced addresses.
         let mut discovered = BTreeMap::new();
         if let Some(restored) = restored {
             let peers = restored.peers.len();
-            wg.restore(&restored)?;
+            wg.apply_and_handshake(&restored)?;
             tracing::info!(peers, "restored the WireGuard peers of the last run");
             discovered.extend(
                 restored
@@ -270,7 +293,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             _ => s.hostname.parse::<IpAddr>().into_iter().collect(),
         };
         let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
-        tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, "kg started");
+        tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
         Ok(Self {
             dns: DnsBook::new(s.resync),
             memo: reconcile::Memo::new(&s.args.topology_label),
@@ -449,11 +472,8 @@ impl Agent {
     /// Stops the engine, and deletes its link with `delete_link` when the link is its own.
     async fn stop_engine(self, delete_link: bool) {
         let index = self.kilo_index;
-        let wg = match Arc::try_unwrap(self.wg) {
-            Ok(wg) => wg,
-            Err(_) => return, // the HTTP server still holds it; the process is exiting anyway
-        };
-        if wg.shutdown(delete_link) {
+        // The HTTP handlers hold the engine too: it stops all the same (see `WireGuard::shutdown`).
+        if self.wg.shutdown(delete_link) {
             if let Err(e) = self.netlink.delete_link(index).await {
                 tracing::warn!(error = format!("{e:#}"), "deleting the interface failed");
             }
@@ -465,6 +485,12 @@ impl Agent {
 pub async fn run(settings: Settings) -> Result<()> {
     let resync = settings.resync;
     let listen = settings.args.listen.clone();
+    // Held until the engine is stopped: the next kg of this node waits on it (see `engine_lock`).
+    let engine_lock = if settings.args.create_interface {
+        Some(take_engine(&settings.args.socket_dir, &settings.args.interface, &listen).await?)
+    } else {
+        None
+    };
     let mut agent = Agent::start(settings).await?;
     let state = http::HttpState {
         metrics: Arc::clone(&agent.metrics),
@@ -513,7 +539,49 @@ pub async fn run(settings: Settings) -> Result<()> {
     }
     tracing::info!("shutting down");
     agent.shut_down().await;
+    // Only now, with the engine's sockets closed and its TUN queues released, may the next kg
+    // of this node (a surge rollout's new pod, waiting on the lock) take over.
+    drop(engine_lock);
     Ok(())
+}
+
+/// How long kg waits for its UDP port to be released by the kg it replaces.
+const PORT_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// True when `e` says a socket already holds the port.
+fn port_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
+
+/// Takes the engine lock of `interface`; while another kg of this node holds it (the old pod of
+/// a surge rollout), stands by, answering `/health` on `listen`, until that kg exits.
+async fn take_engine(socket_dir: &Path, interface: &str, listen: &str) -> Result<EngineLock> {
+    let mut lock = EngineLock::open(socket_dir, interface)?;
+    if lock.try_lock()? {
+        return Ok(lock);
+    }
+    let holder = lock
+        .holder()
+        .map_or_else(|| "another kg".to_string(), |pid| format!("kg (pid {pid})"));
+    let why = format!(
+        "{holder} runs the engine of {interface} on this node ({} is locked); standing by until it exits",
+        lock.path().display()
+    );
+    tracing::info!("{why}");
+    let standby = http::serve_standby(listen, why)?;
+    let waited = Instant::now();
+    let taken = tokio::task::spawn_blocking(move || lock.lock()).await;
+    standby.abort();
+    let lock = taken.context("waiting for the engine lock")??;
+    tracing::info!(
+        waited_ms = waited.elapsed().as_millis() as u64,
+        "the engine of {interface} is free: taking over"
+    );
+    Ok(lock)
 }
 
 /// Sleeps until `deadline`; with none, never returns (a `select!` branch that never fires).

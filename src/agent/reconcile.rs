@@ -54,6 +54,8 @@ pub(super) struct Memo {
     settled: bool,
     /// What was last applied to the host.
     pub(super) applied: Applied,
+    /// True once the engine was first configured (and asked to handshake with every peer).
+    pub(super) engine_configured: bool,
     /// Leader-election leases and the leaders they give.
     pub(super) leases: super::lease::Leases,
 }
@@ -75,6 +77,7 @@ impl Memo {
             topology: None,
             settled: false,
             applied: Applied::default(),
+            engine_configured: false,
             leases: Default::default(),
         }
     }

@@ -58,6 +58,10 @@ fn main() -> ExitCode {
         Job::Agent(settings) => runtime.block_on(agent::run(*settings)),
         Job::Webhook(args) => runtime.block_on(webhook::run(args)),
     };
+    // Dropping the runtime would wait for every blocking task, such as a name lookup stuck in
+    // the resolver's timeout; the work is done, so the process exits within a moment instead
+    // (the kubelet and the next kg of a rollout wait on it).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

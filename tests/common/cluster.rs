@@ -81,20 +81,67 @@ impl KgNode {
     }
 
     pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            terminate(child);
+        }
+    }
+
+    /// Lets go of the running kg so a successor can start beside it, as a surge rollout's new
+    /// pod does: the node's log moves to a new file, and the old process is the caller's.
+    pub fn detach(&mut self) -> Detached {
+        let log = self.log.clone();
+        let mut next = log.clone().into_os_string();
+        next.push(".next");
+        self.log = next.into();
+        Detached {
+            child: self.child.take(),
+            log,
+        }
+    }
+}
+
+/// A kg a test let go of with [`KgNode::detach`]; killed if still running when dropped.
+pub struct Detached {
+    child: Option<Child>,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl Detached {
+    /// SIGTERM, then waits (SIGKILL after 5 s).
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            terminate(child);
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling our own child process.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// SIGTERM, then SIGKILL if `child` has not exited 5 s later.
+fn terminate(mut child: Child) {
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl KgNode {

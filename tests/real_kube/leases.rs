@@ -234,6 +234,60 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
         "the lease stays"
     );
 
+    // A surge rollout (`maxSurge`, Kubernetes 1.22 and later): the new pod's kg starts beside
+    // the old one, stands by (answering /health, so the pod turns Ready) without touching the
+    // engine, and takes over the moment the old kg exits.
+    let mut old = k.c.nodes[index].detach();
+    start(&mut k, index);
+    let standing_by = k.c.wait_for(Duration::from_secs(10), |c| {
+        c.nodes[index]
+            .log_text()
+            .contains("standing by until it exits")
+    });
+    assert!(standing_by, "{}", k.c.nodes[index].log_text());
+    let beside = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        pinger.longest_gap_after(beside) < Duration::from_millis(500),
+        "the standby disturbed the running kg\n{}",
+        k.c.logs()
+    );
+    assert_eq!(k.c.nodes[index].http_get("/health").0, 200);
+    let stopped = Instant::now();
+    old.stop();
+    assert!(
+        old.log_text().contains("replaces this kg"),
+        "{}",
+        old.log_text()
+    );
+    let back = pinger.wait_flowing(stopped, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    let gap = pinger.longest_gap_after(stopped);
+    eprintln!(
+        "surge handover of east's leader (the new kg waited beside the old one): traffic back after a gap of {:.2} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", k.c.logs());
+    assert!(
+        k.c.nodes[index].log_text().contains("taking over"),
+        "{}",
+        k.c.nodes[index].log_text()
+    );
+    // The old kg closed its engine before it let go of the lock: the port was free at once.
+    assert!(
+        !k.c.nodes[index]
+            .log_text()
+            .contains("waited for the UDP port to be released"),
+        "{}",
+        k.c.nodes[index].log_text()
+    );
+    assert!(gap < Duration::from_secs(1), "gap {gap:?}\n{}", k.c.logs());
+    assert_eq!(
+        east_lease_holder(&k).as_deref(),
+        Some(leader.as_str()),
+        "the lease stays"
+    );
+
     // An uninstall: the DaemonSet is gone, so SIGTERM cleans up as Kilo does.
     // Background deletion (the default): no garbage collector runs here, so the Pods stay,
     // owned by a DaemonSet that no longer exists, as they are for a moment in a real cluster.

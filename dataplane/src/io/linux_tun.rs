@@ -40,6 +40,13 @@ pub enum TunError {
     /// `/dev/net/tun` does not exist.
     #[error("/dev/net/tun is missing: load the tun module or give the container the device")]
     NoTunDevice,
+    /// `/dev/net/tun` exists but may not be opened: a device rule of the container runtime
+    /// (the devices cgroup) or a `nodev` mount denies it, whatever the process's capabilities.
+    #[error("/dev/net/tun exists but opening it is denied ({source}): the container runtime's device rules leave it out (runc 1.2.0 to 1.2.3 and crun from 2022 to 2025 dropped it from their default devices); allow the character device 10:200 for the container (a device plugin, a CDI device, or a runtime with it in its defaults) or run it privileged")]
+    DeviceDenied {
+        /// The error opening the device.
+        source: io::Error,
+    },
     /// The caller lacks CAP_NET_ADMIN.
     #[error("creating TUN device {name:?} needs CAP_NET_ADMIN (run as root)")]
     NotPermitted {
@@ -152,9 +159,7 @@ impl LinuxTun {
 
     fn open_with(name: &str, queues: usize, offload: bool) -> Result<(Vec<Self>, bool), TunError> {
         validate_name(name)?;
-        if !Path::new("/dev/net/tun").exists() {
-            return Err(TunError::NoTunDevice);
-        }
+        check_device(Path::new("/dev/net/tun"))?;
         let existed = match existing_link(name) {
             Some(false) => return Err(TunError::NameTaken { name: name.into() }),
             Some(true) => true,
@@ -268,6 +273,28 @@ impl LinuxTun {
     }
 }
 
+/// Opens the clone device once to tell a missing or denied device from a missing capability
+/// (opening needs none: only creating or attaching to a link needs CAP_NET_ADMIN).
+fn check_device(path: &Path) -> Result<(), TunError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(TunError::NoTunDevice),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) => {
+            Err(TunError::DeviceDenied { source: e })
+        }
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENXIO) || e.raw_os_error() == Some(libc::ENODEV) =>
+        {
+            Err(TunError::NoTunDevice)
+        }
+        Err(_) => Ok(()), // anything else shows up, with its name, when the link is made
+    }
+}
+
 fn map_error(name: &str, e: io::Error) -> TunError {
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => TunError::NotPermitted { name: name.into() },
@@ -366,6 +393,13 @@ mod tests {
         assert!(validate_name("sixteen-chars-xx").is_err());
         assert!(validate_name("a/b").is_err());
         assert!(validate_name("a b").is_err());
+    }
+
+    #[test]
+    fn a_missing_clone_device_is_named() {
+        let err = check_device(Path::new("/surely/absent/net/tun")).unwrap_err();
+        assert!(matches!(err, TunError::NoTunDevice), "{err}");
+        // (A denied device is tested end to end, under a devices cgroup, in tests/bad_input.rs.)
     }
 
     #[test]

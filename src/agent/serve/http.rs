@@ -41,12 +41,26 @@ pub fn listen_addr(listen: &str) -> Result<SocketAddr> {
         .with_context(|| format!("--listen: {listen:?} is not host:port or :port"))
 }
 
+/// Binds `addr` with `SO_REUSEPORT`, so the kg of a surge rollout's new pod can answer its
+/// readiness probe on the same port while the old pod's kg still serves.
+fn bind_shared(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }?;
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket
+        .bind(addr)
+        .and_then(|()| socket.listen(1024))
+        .with_context(|| format!("listening on {addr}"))
+}
+
 /// Binds `listen` and serves in the background.
 pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
     let addr = listen_addr(listen)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listening on {addr}"))?;
+    let listener = bind_shared(addr)?;
     let local = listener.local_addr()?;
     let app = Router::new()
         .route("/", get(index))
@@ -61,6 +75,29 @@ pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
         }
     });
     Ok(local)
+}
+
+/// Serves what a kg standing by for the engine can say (see `shells::engine_lock`): `/health`
+/// answers (the process is fine, and the pod must turn Ready for the rollout to go on) and
+/// `/status` says why nothing else does. Abort the returned task to stop serving.
+pub fn serve_standby(listen: &str, why: String) -> Result<tokio::task::JoinHandle<()>> {
+    let addr = listen_addr(listen)?;
+    let listener = bind_shared(addr)?;
+    let status = serde_json::json!({ "standby": why }).to_string();
+    let app = Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route(
+            "/status",
+            get(move || {
+                let status = status.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], status) }
+            }),
+        );
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    }))
 }
 
 async fn index() -> Html<&'static str> {

@@ -14,6 +14,7 @@ use control::routes::{Route, RouteOp, RoutePlan};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
+pub mod engine_lock;
 pub mod iptables;
 pub mod kernel_watch;
 pub mod keyfile;
@@ -148,11 +149,14 @@ pub trait Engine: Send + Sync {
     /// Makes the device's configuration `desired`, changing only what differs; true when
     /// something changed.
     fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
-    /// Applies the peers of the last run after a restart. A device that lost its sessions with
-    /// the last process (the embedded engine) also starts handshakes with them at once: the
-    /// other ends still send on the dead sessions.
-    fn restore(&self, last_run: &DeviceConfig) -> Result<()> {
-        self.apply(last_run).map(|_| ())
+    /// [`Engine::apply`] for a device this process just started: the peers of the last run
+    /// after a restart, or the first configuration. A device that has no sessions yet (the
+    /// embedded engine) also starts handshakes with every peer at once: the other ends may
+    /// still send on sessions that died with the last process (kg's own, or Kilo's
+    /// wireguard-go when a node migrates) and, on a link where only they send, would wait for
+    /// their own timers (about 15 s) before starting a new one.
+    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
+        self.apply(desired)
     }
     /// The device's peers as NAT discovery needs them.
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
@@ -164,13 +168,13 @@ impl Engine for WireGuard {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         WireGuard::apply(self, desired)
     }
-    fn restore(&self, last_run: &DeviceConfig) -> Result<()> {
-        WireGuard::apply(self, last_run)?;
+    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
+        let changed = WireGuard::apply(self, desired)?;
         if let WireGuard::Embedded { device, .. } = self {
             let asked = device.initiate_handshakes();
-            tracing::info!(peers = asked, "starting handshakes with the restored peers");
+            tracing::info!(peers = asked, "starting handshakes with every peer at once");
         }
-        Ok(())
+        Ok(changed)
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)

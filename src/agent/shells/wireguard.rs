@@ -20,8 +20,9 @@ pub enum WireGuard {
     Embedded {
         /// The running device.
         device: Arc<Device<LinuxUdpBinder>>,
-        /// Its UAPI socket server (so `wg show` works).
-        server: Option<UapiServer>,
+        /// Its UAPI socket server (so `wg show` works); taken and stopped by
+        /// [`WireGuard::shutdown`].
+        server: parking_lot::Mutex<Option<UapiServer>>,
         /// The interface name.
         interface: String,
     },
@@ -67,7 +68,7 @@ impl WireGuard {
             .context("serving the UAPI socket")?;
         Ok(Self::Embedded {
             device,
-            server: Some(server),
+            server: parking_lot::Mutex::new(Some(server)),
             interface: name.to_string(),
         })
     }
@@ -182,13 +183,16 @@ impl WireGuard {
     /// Stops the embedded engine (removing its socket). Returns true when the caller should
     /// delete the TUN link: `delete_link` is set and the link is the engine's (a persistent link
     /// kg attached to after a restart counts as its own).
-    pub fn shutdown(self, delete_link: bool) -> bool {
+    ///
+    /// It takes `&self`: other holders (the HTTP handlers' copies) may remain, and still the
+    /// engine's threads end, its sockets close and its TUN queues are released when this
+    /// returns. That is what lets the next kg of the node, waiting on the engine lock, bind the
+    /// port at once.
+    pub fn shutdown(&self, delete_link: bool) -> bool {
         match self {
             Self::Embedded { device, server, .. } => {
-                drop(server);
-                if let Ok(device) = Arc::try_unwrap(device) {
-                    device.shutdown();
-                }
+                drop(server.lock().take());
+                device.stop();
                 delete_link
             }
             Self::Uapi { .. } => false,
