@@ -264,7 +264,11 @@ fn a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second() {
         c.nodes[2].log_text().contains("standing by until it exits")
     });
     assert!(standing_by, "{}", c.nodes[2].log_text());
-    assert_eq!(c.nodes[2].http_get("/health").0, 200, "the standby answers /health");
+    assert_eq!(
+        c.nodes[2].http_get("/health").0,
+        200,
+        "the standby answers /health"
+    );
     // Both run for a while (a pod waiting for its readiness probe): the standby must not
     // disturb the running engine.
     std::thread::sleep(Duration::from_secs(2));

@@ -80,21 +80,28 @@ fn two_devices_over_the_in_memory_twins_exchange_packets_both_ways() {
 #[test]
 fn a_stopped_device_frees_its_port_while_others_still_hold_it() {
     use std::sync::Arc;
-    let device = Arc::new(
-        Device::start(vec![MemTun::new()], dataplane::device::LinuxUdpBinder).unwrap(),
-    );
+    let device =
+        Arc::new(Device::start(vec![MemTun::new()], dataplane::device::LinuxUdpBinder).unwrap());
     let key = SecretKey::generate();
     device
         .uapi_set(&format!("private_key={}\nlisten_port=0\n", key.to_hex()))
         .unwrap();
     let port = device.listen_port();
-    assert!(std::net::UdpSocket::bind(("0.0.0.0", port)).is_err(), "the device holds {port}");
+    assert!(
+        std::net::UdpSocket::bind(("0.0.0.0", port)).is_err(),
+        "the device holds {port}"
+    );
     let other_holder = Arc::clone(&device);
     device.stop();
     let rebound = std::net::UdpSocket::bind(("0.0.0.0", port));
-    assert!(rebound.is_ok(), "port {port} still held after stop: {rebound:?}");
+    assert!(
+        rebound.is_ok(),
+        "port {port} still held after stop: {rebound:?}"
+    );
     // Reads still answer; a change is refused rather than binding the port again.
-    assert!(other_holder.uapi_get().contains(&format!("listen_port={port}\n")));
+    assert!(other_holder
+        .uapi_get()
+        .contains(&format!("listen_port={port}\n")));
     assert!(other_holder.uapi_set("listen_port=0\n").is_err());
     device.stop(); // twice is harmless
     drop(device);

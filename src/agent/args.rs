@@ -306,7 +306,11 @@ mod tests {
             "arm" => "arm", // armv7-…, armv6-…
             other => other,
         };
-        assert!(crate::TARGET.starts_with(arch), "{} vs {arch}", crate::TARGET);
+        assert!(
+            crate::TARGET.starts_with(arch),
+            "{} vs {arch}",
+            crate::TARGET
+        );
     }
 
     #[test]
