@@ -13,23 +13,33 @@ use serde_json::Value;
 
 /// `kgctl diagnose n1 ARGS…` run inside n1, asking n1's kg.
 fn run_diagnose(c: &Cluster, args: &[&str]) -> Output {
+    run_diagnose_on(c, "n1", args)
+}
+
+/// `kgctl diagnose NODE ARGS…` run inside NODE, asking its kg.
+fn run_diagnose_on(c: &Cluster, node: &str, args: &[&str]) -> Output {
     let dir = format!("--cluster-dir={}", c.dir.display());
     let mut command = vec![
         kgctl_bin(),
         "--backend=file",
         &dir,
         "diagnose",
-        "n1",
+        node,
         "--kg-url=http://127.0.0.1:1107",
     ];
     command.extend_from_slice(args);
-    c.node("n1").ns.output(&command)
+    c.node(node).ns.output(&command)
 }
 
 /// `kgctl diagnose n1 -o json` run inside n1: (exit success, report).
 fn diagnose(c: &Cluster, probe: bool) -> (bool, Value) {
+    diagnose_on(c, "n1", probe)
+}
+
+/// `kgctl diagnose NODE -o json` run inside NODE: (exit success, report).
+fn diagnose_on(c: &Cluster, node: &str, probe: bool) -> (bool, Value) {
     let probe = format!("--probe={probe}");
-    let out = run_diagnose(c, &[&probe, "-o", "json"]);
+    let out = run_diagnose_on(c, node, &[&probe, "-o", "json"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "kgctl diagnose printed no JSON ({e}): {}\n{}",
@@ -65,6 +75,14 @@ fn diagnose_until(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The problems that can name a wrong key: a handshake refused, or traffic unanswered with the
+/// refusals as evidence (when this node also sends to the peer).
+fn key_findings(report: &Value) -> Vec<&Value> {
+    let mut found = findings(report, "problem", "handshake");
+    found.extend(findings(report, "problem", "unanswered"));
+    found
 }
 
 /// Checks that find nothing while only south's UDP and the laptop's key are broken.
@@ -114,26 +132,36 @@ fn diagnose_names_each_broken_thing() {
 
     // Waits for the laptop's refused handshakes to show and for the rest of the mesh to settle
     // (a probe may lose its echoes while the Peer's configuration is being applied).
-    let (ok, report) = diagnose_until(&c, true, Duration::from_secs(30), |r| {
-        findings(r, "problem", "handshake")
+    // South is named once n1's first handshake with it has gone unanswered for 15 s.
+    let south_named = |r: &Value| {
+        findings(r, "problem", "unanswered")
             .iter()
-            .any(|f| f["subject"] == "Peer laptop" && text(f).contains(&real))
+            .any(|f| f["subject"] == "location:south (leader n4)")
+    };
+    let (ok, report) = diagnose_until(&c, true, Duration::from_secs(40), |r| {
+        south_named(r)
+            && key_findings(r)
+                .iter()
+                .any(|f| f["subject"] == "Peer laptop" && text(f).contains(&real))
             && HEALTHY_CHECKS
                 .iter()
                 .all(|check| findings(r, "problem", check).is_empty())
     });
     assert!(!ok, "problems must exit non-zero: {}", text(&report));
     let handshakes = findings(&report, "problem", "handshake");
-    let south = handshakes
+    let unanswered = findings(&report, "problem", "unanswered");
+    let south = unanswered
         .iter()
         .find(|f| f["subject"] == "location:south (leader n4)")
         .unwrap_or_else(|| panic!("south not named: {}", text(&report)));
     assert!(
-        text(south).contains("nothing has arrived") && text(south).contains("UDP port 51820"),
+        text(south).contains("nothing has come back from")
+            && text(south).contains("dropping WireGuard's UDP (port 51820 there"),
         "{}",
         text(south)
     );
-    let peer = handshakes
+    let keys = key_findings(&report);
+    let peer = keys
         .iter()
         .find(|f| f["subject"] == "Peer laptop")
         .unwrap_or_else(|| panic!("the laptop's key not named: {}", text(&report)));
@@ -144,7 +172,10 @@ fn diagnose_names_each_broken_thing() {
     );
     // The healthy parts are not named: west's link, IPIP to n2, the path MTU, the host.
     assert!(
-        !handshakes.iter().any(|f| text(f).contains("west")),
+        !handshakes
+            .iter()
+            .chain(&unanswered)
+            .any(|f| text(f).contains("west")),
         "{}",
         text(&report)
     );
@@ -161,8 +192,8 @@ fn diagnose_names_each_broken_thing() {
     eprintln!("{printed}");
     assert!(!out.status.success());
     assert!(
-        printed.contains("PROBLEM  handshake: location:south (leader n4)\n")
-            && printed.contains("what to do: UDP port 51820 is blocked"),
+        printed.contains("PROBLEM  unanswered: location:south (leader n4)\n")
+            && printed.contains("what to do: allow UDP to "),
         "{printed}"
     );
     let probes = &report["status"]["probes"];
@@ -242,4 +273,164 @@ fn diagnose_names_each_broken_thing() {
     assert!(too_small(&report), "{}", text(&report));
     c.router.run(&["ip", "link", "set", "br1", "mtu", "1500"]);
     drop(laptop);
+}
+
+/// The unanswered-traffic problems of `report` about `subject`.
+fn unanswered_about<'a>(report: &'a Value, subject: &str) -> Vec<&'a Value> {
+    findings(report, "problem", "unanswered")
+        .into_iter()
+        .filter(|f| f["subject"] == subject)
+        .collect()
+}
+
+/// The break operators meet most: a firewall that starts dropping WireGuard's UDP after the
+/// mesh was up. Four nodes in three locations; south's only node (n4) gets
+/// `iptables -I INPUT -p udp --dport 51820 -j DROP` while n1 pings n4's pod. Long before the
+/// 180 s a session lives, diagnose names the link from both ends: on n1 its own traffic to
+/// south goes unanswered; on n4, which only answers and so sends nothing, it is n1's kg that
+/// says its packets stopped arriving. Once the rule goes, the findings go. The busy link
+/// (n1 pings n3 all along) and the idle one (west to south) are never named. Five rounds;
+/// the median time from the DROP to both findings is printed.
+#[test]
+fn a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s() {
+    if !common::can_run("a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(
+        &["east", "west", "south"],
+        &[
+            ("n1", "east"),
+            ("n2", "east"),
+            ("n3", "west"),
+            ("n4", "south"),
+        ],
+    );
+    for i in 0..4 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let n1 = c.node("n1").ns.name.clone();
+    let (south_pod, west_pod) = ("10.42.3.1", "10.42.2.1");
+    let meshed = c.wait_for(Duration::from_secs(40), |_| {
+        common::ping_ok(&n1, south_pod, Duration::from_secs(1))
+            && common::ping_ok(&n1, west_pod, Duration::from_secs(1))
+    });
+    assert!(meshed, "{}", c.logs());
+    let busy = common::pinger::Pinger::start(&n1, west_pod);
+    let drop_rule = ["-p", "udp", "--dport", "51820", "-j", "DROP"];
+    let mut times = Vec::new();
+    for round in 1..=5 {
+        let pinger = common::pinger::Pinger::start(&n1, south_pod);
+        assert!(
+            pinger.wait_flowing(Instant::now(), Duration::from_secs(20)),
+            "round {round}: south unreachable before the DROP\n{}",
+            c.logs()
+        );
+        let dropped = Instant::now();
+        let mut insert = vec!["iptables", "-I", "INPUT"];
+        insert.extend(drop_rule);
+        c.node("n4").ns.run(&insert);
+        let (mut from_n1, mut from_n4) = (None, None);
+        let (mut last_n1, mut last_n4) = (Value::Null, Value::Null);
+        while (from_n1.is_none() || from_n4.is_none())
+            && dropped.elapsed() < Duration::from_secs(45)
+        {
+            if from_n1.is_none() {
+                let (ok, report) = diagnose_on(&c, "n1", false);
+                if !unanswered_about(&report, "location:south (leader n4)").is_empty() {
+                    assert!(!ok, "a problem exits non-zero");
+                    from_n1 = Some(dropped.elapsed());
+                }
+                last_n1 = report;
+            }
+            if from_n4.is_none() {
+                let (ok, report) = diagnose_on(&c, "n4", false);
+                if !unanswered_about(&report, "node n1 → node n4").is_empty() {
+                    assert!(!ok, "a problem exits non-zero");
+                    from_n4 = Some(dropped.elapsed());
+                }
+                last_n4 = report;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let (Some(t1), Some(t4)) = (from_n1, from_n4) else {
+            panic!(
+                "round {round}: not named within 45 s\nn1: {}\nn4: {}",
+                text(&last_n1),
+                text(&last_n4)
+            );
+        };
+        eprintln!(
+            "round {round}: named on n1 after {:.1} s, on n4 after {:.1} s",
+            t1.as_secs_f64(),
+            t4.as_secs_f64()
+        );
+        times.push(t1.max(t4));
+        if round == 1 {
+            let n1_finding = text(unanswered_about(&last_n1, "location:south (leader n4)")[0]);
+            assert!(
+                n1_finding.contains("nothing has come back from")
+                    && n1_finding.contains(":51820")
+                    && n1_finding.contains("dropping WireGuard's UDP"),
+                "{n1_finding}"
+            );
+            let n4_finding = text(unanswered_about(&last_n4, "node n1 → node n4")[0]);
+            assert!(
+                n4_finding.contains("node n1 has sent to this node")
+                    && n4_finding.contains("UDP port 51820"),
+                "{n4_finding}"
+            );
+            // No false alarm: the busy link east-west, and west's idle link to south.
+            let (_, west) = diagnose_on(&c, "n3", false);
+            for report in [&last_n1, &last_n4, &west] {
+                let about_west_or_idle: Vec<&Value> = key_findings(report)
+                    .into_iter()
+                    .filter(|f| {
+                        let subject = f["subject"].as_str().unwrap_or_default();
+                        subject.contains("west")
+                            || subject.contains("n3")
+                            || (report["node"] == "n3" && subject.contains("south"))
+                    })
+                    .collect();
+                assert!(
+                    about_west_or_idle.is_empty(),
+                    "a false alarm: {}",
+                    text(report)
+                );
+            }
+        }
+        // The rule goes: traffic flows again, and so do the findings.
+        let mut delete = vec!["iptables", "-D", "INPUT"];
+        delete.extend(drop_rule);
+        c.node("n4").ns.run(&delete);
+        let healed = Instant::now();
+        let cleared = c.wait_for(Duration::from_secs(30), |c| {
+            let (_, r1) = diagnose_on(c, "n1", false);
+            let (_, r4) = diagnose_on(c, "n4", false);
+            findings(&r1, "problem", "unanswered").is_empty()
+                && findings(&r4, "problem", "unanswered").is_empty()
+        });
+        assert!(
+            cleared,
+            "round {round}: findings stayed 30 s after the rule went\n{}",
+            c.logs()
+        );
+        eprintln!(
+            "round {round}: cleared {:.1} s after the rule went",
+            healed.elapsed().as_secs_f64()
+        );
+    }
+    times.sort();
+    eprintln!(
+        "time from the DROP to a named finding on both ends, 5 rounds: median {:.1} s (min {:.1}, max {:.1})",
+        times[2].as_secs_f64(),
+        times[0].as_secs_f64(),
+        times[4].as_secs_f64()
+    );
+    for t in &times {
+        assert!(*t <= Duration::from_secs(30), "{times:?}");
+    }
+    assert!(
+        busy.longest_gap_after(Instant::now() - Duration::from_secs(60)) < Duration::from_secs(2),
+        "the busy east-west link kept flowing"
+    );
 }

@@ -20,6 +20,10 @@ use crate::topology::Topology;
 pub const CLOCK_SKEW_SECS: i64 = 10;
 /// A session older than this is dead (WireGuard rejects data after 180 s without a rekey).
 pub const STALE_HANDSHAKE_SECS: i64 = 180;
+/// Traffic that has gone this long without an answer is failing: WireGuard itself gives up on
+/// a session and starts a new handshake once data has gone unanswered for keepalive (10 s) plus
+/// rekey timeout (5 s). A busy link is answered far sooner, an idle one awaits nothing.
+pub const UNANSWERED_SECS: i64 = 15;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -351,6 +355,151 @@ fn handshake_evidence(
     }
 }
 
+/// The finding about one peer of a device that reports unanswered traffic (the embedded
+/// engine): a problem once what this node sends has gone [`UNANSWERED_SECS`] without an answer,
+/// naming a refused key when the peer's handshakes were refused here, else the UDP path; an
+/// idle link with an old handshake is no problem (WireGuard makes no handshake on a link that
+/// carries nothing), only said.
+fn answer_finding(
+    status: &NodeStatus,
+    peer: &PeerStatus,
+    subject: &str,
+    addresses: &[IpAddr],
+    owner: &str,
+    now_unix: i64,
+) -> Option<Finding> {
+    let refused = status.rejected_handshakes.iter().any(|r| {
+        now_unix - r.at_unix <= STALE_HANDSHAKE_SECS
+            && r.from
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|f| addresses.contains(&f.ip()))
+    });
+    let age = peer.last_handshake_unix.map(|t| now_unix - t);
+    let fresh = age.is_some_and(|age| age <= STALE_HANDSHAKE_SECS);
+    let unanswered = peer
+        .unanswered_since_unix
+        .map(|t| now_unix - t)
+        .filter(|secs| *secs >= UNANSWERED_SECS);
+    let endpoint = peer
+        .endpoint
+        .as_deref()
+        .or(peer.configured_endpoint.as_deref())
+        .unwrap_or("its endpoint");
+    match unanswered {
+        Some(secs) => {
+            let tries = match peer.handshake_failures {
+                0 => String::new(),
+                n => format!("; {n} handshake attempts in all went unanswered"),
+            };
+            let (evidence, advice) = if refused {
+                handshake_evidence(status, peer, addresses, owner)
+            } else {
+                (
+                    format!(
+                        "nothing has come back from {endpoint} since: a firewall, security group or NAT between the two is likely dropping WireGuard's UDP (port {} there, {} here), in one direction or both",
+                        endpoint_port(endpoint).map_or_else(|| "?".to_string(), |p| p.to_string()),
+                        status.port
+                    ),
+                    format!(
+                        "allow UDP to {endpoint} and from it to port {} of this node; kgctl diagnose {} tells whether this node's packets arrive there",
+                        status.port,
+                        if peer.leader.is_empty() { owner.to_string() } else { peer.leader.clone() }
+                    ),
+                )
+            };
+            Some(Finding::new(
+                Severity::Problem,
+                "unanswered",
+                subject,
+                format!("traffic sent to {owner} for {secs} s has had no answer ({}{tries}): {evidence}", match age {
+                    None => "no handshake has ever completed".to_string(),
+                    Some(age) => format!("last handshake {age} s ago"),
+                }),
+                advice,
+            ))
+        }
+        None if fresh => None,
+        None if refused => {
+            let (evidence, advice) = handshake_evidence(status, peer, addresses, owner);
+            let when = match age {
+                None => "no handshake has ever completed".to_string(),
+                Some(age) => format!("the last handshake was {age} s ago"),
+            };
+            Some(Finding::new(
+                Severity::Problem,
+                "handshake",
+                subject,
+                format!("{when}: {evidence}"),
+                advice,
+            ))
+        }
+        None => Some(Finding::new(
+            Severity::Info,
+            "handshake",
+            subject,
+            format!(
+                "idle: {}, and nothing sent to it awaits an answer (WireGuard makes no handshake on a link that carries no traffic)",
+                match age {
+                    None => "no handshake yet".to_string(),
+                    Some(age) => format!("the last handshake was {age} s ago"),
+                }
+            ),
+            "",
+        )),
+    }
+}
+
+/// The port of `host:port` (`[v6]:port` too).
+fn endpoint_port(endpoint: &str) -> Option<u16> {
+    endpoint.rsplit_once(':')?.1.parse().ok()
+}
+
+/// What `remote`, the kg of a leader at the other end of one of this node's links, says about
+/// this node: traffic it sent here that has gone unanswered for [`UNANSWERED_SECS`]. This node
+/// may send nothing itself (a node that only answers), so only the other side can tell that
+/// its packets no longer arrive.
+pub fn remote_findings(status: &NodeStatus, remote: &NodeStatus, now_unix: i64) -> Vec<Finding> {
+    if !remote.tracks_answers {
+        return Vec::new();
+    }
+    remote
+        .peers
+        .iter()
+        .filter(|p| p.leader == status.node)
+        .filter_map(|p| {
+            let secs = now_unix - p.unanswered_since_unix?;
+            (secs >= UNANSWERED_SECS).then_some((p, secs))
+        })
+        .map(|(p, secs)| {
+            let endpoint = p
+                .endpoint
+                .as_deref()
+                .or(p.configured_endpoint.as_deref())
+                .unwrap_or("this node's endpoint");
+            let both = status.peers.iter().any(|mine| {
+                mine.leader == remote.node
+                    && mine
+                        .unanswered_since_unix
+                        .is_some_and(|t| now_unix - t >= UNANSWERED_SECS)
+            });
+            Finding::new(
+                Severity::Problem,
+                "unanswered",
+                format!("node {} → node {}", remote.node, status.node),
+                format!(
+                    "node {} has sent to this node at {endpoint} for {secs} s without an answer{}: its packets do not arrive here, or this node's answers do not arrive there",
+                    remote.node,
+                    if both { ", and this node's own traffic to it is unanswered too" } else { "" }
+                ),
+                format!(
+                    "a firewall on this node or in front of it is likely dropping UDP port {}: check `iptables -S INPUT` / `nft list ruleset` here and any security group; allow UDP {} from {}",
+                    status.port, status.port, remote.node
+                ),
+            )
+        })
+        .collect()
+}
+
 /// The findings about one node, from its kg's `status`. `nodes` are every Node, translated (to
 /// name a segment's leader and its announced endpoint).
 pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<Finding> {
@@ -397,21 +546,27 @@ pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<
             PeerKind::Peer => format!("Peer {}", peer.name),
         };
         let age = peer.last_handshake_unix.map(|t| now_unix - t);
-        match age {
-            Some(age) if age <= STALE_HANDSHAKE_SECS => {}
-            _ => {
-                let (evidence, advice) = handshake_evidence(status, peer, &addresses, &owner);
-                let when = match age {
-                    None => "no handshake has ever completed".to_string(),
-                    Some(age) => format!("the last handshake was {age} s ago"),
-                };
-                out.push(Finding::new(
-                    Severity::Problem,
-                    "handshake",
-                    subject.clone(),
-                    format!("{when}: {evidence}"),
-                    advice,
-                ));
+        if status.tracks_answers {
+            out.extend(answer_finding(
+                status, peer, &subject, &addresses, &owner, now_unix,
+            ));
+        } else {
+            match age {
+                Some(age) if age <= STALE_HANDSHAKE_SECS => {}
+                _ => {
+                    let (evidence, advice) = handshake_evidence(status, peer, &addresses, &owner);
+                    let when = match age {
+                        None => "no handshake has ever completed".to_string(),
+                        Some(age) => format!("the last handshake was {age} s ago"),
+                    };
+                    out.push(Finding::new(
+                        Severity::Problem,
+                        "handshake",
+                        subject.clone(),
+                        format!("{when}: {evidence}"),
+                        advice,
+                    ));
+                }
             }
         }
         if let (Some(used), Some(configured)) = (&peer.endpoint, &peer.configured_endpoint) {

@@ -33,6 +33,10 @@ pub struct NodeStatus {
     pub peers: Vec<PeerStatus>,
     /// Packets the engine dropped, by reason (empty for a device driven over UAPI).
     pub drops: BTreeMap<String, u64>,
+    /// True when the device reports [`PeerStatus::unanswered_since_unix`] (the embedded engine;
+    /// a device driven over UAPI, or a kg from before it, does not).
+    #[serde(default)]
+    pub tracks_answers: bool,
     /// The last handshakes the engine refused.
     pub rejected_handshakes: Vec<RejectedHandshakeStatus>,
     /// Routes, rules and iptables rules kg installs that the host lacks (or has wrong), one line
@@ -77,6 +81,11 @@ pub struct PeerStatus {
     pub persistent_keepalive: u16,
     /// Unix time of the last completed handshake.
     pub last_handshake_unix: Option<i64>,
+    /// Unix time of the oldest data packet or handshake initiation sent to it that nothing has
+    /// answered yet (no authenticated message from it since); `None` while nothing awaits an
+    /// answer. Keepalives do not count.
+    #[serde(default)]
+    pub unanswered_since_unix: Option<i64>,
     /// Handshakes completed.
     pub handshakes: u64,
     /// Handshakes that failed (unanswered or refused).

@@ -38,6 +38,9 @@ use run::{cached_lookup, PeerRun, Run};
 
 /// How often [`Engine::handle_timers`] should run.
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
+/// WireGuard's passive keepalive: data received and not followed by anything sent for this long
+/// is acknowledged with a keepalive, so its sender knows the path works.
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshake messages per second the whole device verifies before answering with cookies.
 const DEVICE_HANDSHAKE_RATE_LIMIT: u64 = 100;
@@ -302,6 +305,7 @@ impl Engine {
                     public_key: *k,
                     endpoint: core.endpoint,
                     last_handshake: core.last_handshake.map(|at| self.wall_time(at)),
+                    unanswered_since: core.unanswered_since.map(|at| self.wall_time(at)),
                     rx_bytes: shared.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: shared.tx_bytes.load(Ordering::Relaxed),
                     handshakes: shared.handshakes.load(Ordering::Relaxed),
@@ -373,9 +377,10 @@ impl Engine {
         match tunn.encapsulate(packet, slot) {
             TunnResult::WriteToNetwork(sent) => {
                 let (offset, len) = (offset_within(base, sent), sent.len());
-                shared.note_sent(core, sent);
+                // A packet from the TUN is data (an empty one would be a keepalive).
+                shared.note_sent(core, sent, !packet.is_empty(), now);
                 out.to_network.commit(Some(endpoint), offset, len);
-                core.last_sent = Some(now);
+                core.sent_at(now);
                 peer.add_tx(len);
                 Ok(())
             }
@@ -505,6 +510,10 @@ impl Engine {
         let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
         let base = slot.as_ptr();
         let result = tunn.decapsulate(Some(from.ip()), datagram, slot);
+        let carried_data = matches!(
+            result,
+            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..)
+        );
         let mut replied = false;
         let outcome = match result {
             TunnResult::WriteToTunnelV4(inner, source) => {
@@ -541,6 +550,10 @@ impl Engine {
         // The message authenticated (even if its inner packet was then refused): roam to its
         // source, count it, and note handshakes.
         core.last_received = Some(now);
+        core.unanswered_since = None;
+        if carried_data {
+            core.unacknowledged_since.get_or_insert(now);
+        }
         if message_type != COOKIE_REPLY {
             shared.set_endpoint(core, from);
         }
@@ -551,7 +564,7 @@ impl Engine {
         }
         if replied {
             // A session just came up: send what the tunnel queued while it had none.
-            core.last_sent = Some(now);
+            core.sent_at(now);
             Self::flush_queued(core, shared, out);
         }
         peer.add_rx(datagram.len());

@@ -123,6 +123,10 @@ pub struct PeerStats {
     pub endpoint: Option<SocketAddr>,
     /// Wall-clock time of the last completed handshake.
     pub last_handshake: Option<SystemTime>,
+    /// Since when data or handshake initiations sent to this peer have had no answer: the
+    /// oldest one sent after the last authenticated message from it. `None` while nothing
+    /// awaits one (an idle link, or one whose packets come back). Keepalives do not count.
+    pub unanswered_since: Option<SystemTime>,
     /// Bytes received from this peer (whole WireGuard messages, as the kernel counts).
     pub rx_bytes: u64,
     /// Bytes sent to this peer (whole WireGuard messages).

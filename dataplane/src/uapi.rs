@@ -350,6 +350,7 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
                     public_key: key,
                     endpoint: None,
                     last_handshake: None,
+                    unanswered_since: None,
                     rx_bytes: 0,
                     tx_bytes: 0,
                     handshakes: 0,

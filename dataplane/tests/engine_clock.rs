@@ -79,3 +79,30 @@ fn a_lost_initiation_is_retried_after_rekey_timeout() {
     }
     assert_eq!(pair.a.engine.peer_stats()[0].handshake_failures, 1);
 }
+
+/// A request answered once, then silence: the side that sent last (the answer) gets WireGuard's
+/// passive keepalive 10 s later, so on a healthy link nothing waits for an answer for the 15 s
+/// after which `kgctl diagnose` calls traffic unanswered.
+#[test]
+fn the_last_answer_on_a_quiet_link_is_acknowledged_within_ten_seconds() {
+    let mut pair = EnginePair::new();
+    let mut now = Instant::now();
+    pair.send_a_to_b(now, b"request");
+    advance(&mut now, Duration::from_millis(20));
+    pair.send_b_to_a(now, b"response");
+    assert_eq!(pair.a.engine.peer_stats()[0].unanswered_since, None);
+    assert!(
+        pair.b.engine.peer_stats()[0].unanswered_since.is_some(),
+        "the response awaits A's keepalive"
+    );
+    for _ in 0..48 {
+        advance(&mut now, Duration::from_millis(250));
+        pair.tick(now);
+    }
+    assert_eq!(pair.a.engine.peer_stats()[0].unanswered_since, None);
+    assert_eq!(
+        pair.b.engine.peer_stats()[0].unanswered_since,
+        None,
+        "A's passive keepalive answered B within 12 s"
+    );
+}

@@ -566,3 +566,61 @@ fn a_restarted_engine_that_initiates_handshakes_is_reached_again_at_its_first_ti
         "a peer with a session is not asked again"
     );
 }
+
+/// What `kgctl diagnose` and the metrics use to name a link whose traffic fails: since when
+/// data (or a handshake initiation) has gone out with nothing authenticated coming back.
+#[test]
+fn unanswered_traffic_is_dated_from_its_first_packet_and_cleared_by_any_answer() {
+    let mut pair = EnginePair::new();
+    let start = Instant::now();
+    pair.send_a_to_b(start, b"ping");
+    pair.send_b_to_a(start, b"pong");
+    let unanswered = |pair: &EnginePair| pair.a.engine.peer_stats()[0].unanswered_since;
+    assert_eq!(unanswered(&pair), None, "the pong answered the ping");
+
+    // The wire is cut: A sends for a while and nothing comes back.
+    let cut_at = start + Duration::from_secs(1);
+    for step in 0..40u64 {
+        let now = cut_at + Duration::from_millis(500 * step);
+        let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"lost");
+        let mut lost = Outbox::default();
+        pair.a
+            .engine
+            .handle_tunnel_packets(now, [packet.as_slice()], &mut lost);
+        assert!(!lost.to_network.is_empty(), "A sent something");
+        let mut lost = Outbox::default();
+        pair.a.engine.handle_timers(now, &mut lost); // retries go nowhere either
+    }
+    let since = unanswered(&pair).expect("A's data awaits an answer");
+    let first_loss = pair.a.engine.peer_stats()[0].last_handshake.unwrap() + Duration::from_secs(1);
+    let off = since
+        .duration_since(first_loss)
+        .unwrap_or_else(|e| e.duration());
+    assert!(
+        off < Duration::from_millis(5),
+        "dated from the first unanswered packet, not the last: {since:?} vs {first_loss:?}"
+    );
+
+    // The wire is back: B's next packet is an answer, and clears it.
+    let healed = cut_at + Duration::from_secs(25);
+    pair.send_b_to_a(healed, b"back");
+    assert_eq!(unanswered(&pair), None, "an answer clears it");
+}
+
+/// A keepalive expects no answer: a link that carries only keepalives (a node behind NAT
+/// keeping its mapping open) never counts as unanswered.
+#[test]
+fn keepalives_alone_never_count_as_unanswered() {
+    let mut pair = EnginePair::new();
+    let mut config = pair.a.config_with_peer(&pair.b);
+    config.peers[0].persistent_keepalive = 5;
+    pair.a.engine.apply(&config);
+    let start = Instant::now();
+    pair.tick(start);
+    for step in 1..=120u64 {
+        pair.tick(start + Duration::from_millis(250 * step));
+    }
+    assert!(pair.b.engine.peer_stats()[0].rx_bytes > 0);
+    assert_eq!(pair.a.engine.peer_stats()[0].unanswered_since, None);
+    assert_eq!(pair.b.engine.peer_stats()[0].unanswered_since, None);
+}

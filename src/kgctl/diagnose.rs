@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use control::diagnosis::{
-    cluster_findings_with_leases, has_problems, node_findings, Finding, Severity,
+    cluster_findings_with_leases, has_problems, node_findings, remote_findings, Finding, Severity,
 };
 use control::status::NodeStatus;
 use control::translate_node;
@@ -19,6 +19,9 @@ use super::{view, KgctlArgs};
 
 /// How long kgctl waits for kg's `/status` (the probes take a few seconds).
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long kgctl waits for the `/status` (without probes) of a leader at the other end of one
+/// of the node's links.
+pub const REMOTE_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `kgctl diagnose`.
 #[derive(Debug, Args)]
@@ -87,23 +90,13 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
     let url = match &d.kg_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None if local => format!("http://127.0.0.1:{}", d.kg_port),
-        None => {
-            let n = all
-                .iter()
-                .find(|n| n.name == node)
-                .with_context(|| format!("no node {node:?} in the cluster"))?;
-            let ip = n
-                .internal_ip
-                .map(|i| i.addr())
-                .or_else(|| n.endpoint.as_ref().and_then(|e| e.ip()))
-                .with_context(|| format!("node {node:?} has no internal IP or endpoint address to reach its kg at; pass --kg-url"))?;
-            format!("http://{}", std::net::SocketAddr::new(ip, d.kg_port))
-        }
+        None => kg_url_of(&all, &node, d.kg_port)?,
     };
     let path = format!("/status?probe={}", d.probe);
-    let status = match get_json::<NodeStatus>(&url, &path).await {
+    let status = match get_json::<NodeStatus>(&url, &path, STATUS_TIMEOUT).await {
         Ok(status) => {
             findings.extend(node_findings(&status, &all, now));
+            findings.extend(other_ends(&status, &all, d.kg_port, now).await);
             Some(status)
         }
         Err(e) => {
@@ -135,6 +128,58 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         render_text(&report)
     };
     Ok((out, wrong))
+}
+
+/// Where the kg of `node` listens: its internal IP, else its endpoint's address, on `port`.
+fn kg_url_of(all: &[control::Node], node: &str, port: u16) -> Result<String> {
+    let n = all
+        .iter()
+        .find(|n| n.name == node)
+        .with_context(|| format!("no node {node:?} in the cluster"))?;
+    let ip = n
+        .internal_ip
+        .map(|i| i.addr())
+        .or_else(|| n.endpoint.as_ref().and_then(|e| e.ip()))
+        .with_context(|| format!("node {node:?} has no internal IP or endpoint address to reach its kg at; pass --kg-url"))?;
+    Ok(format!("http://{}", std::net::SocketAddr::new(ip, port)))
+}
+
+/// What the leaders at the other end of the node's links say about it (see
+/// [`remote_findings`]): a node that only answers sends nothing that could go unanswered, so
+/// only the other side sees that its packets stopped arriving. A leader whose kg cannot be
+/// asked is said as information: its view is missing, nothing more.
+async fn other_ends(
+    status: &NodeStatus,
+    all: &[control::Node],
+    port: u16,
+    now: i64,
+) -> Vec<Finding> {
+    let leaders: std::collections::BTreeSet<&str> = status
+        .peers
+        .iter()
+        .map(|p| p.leader.as_str())
+        .filter(|l| !l.is_empty() && *l != status.node)
+        .collect();
+    let asks = leaders.into_iter().map(|leader| async move {
+        let url = kg_url_of(all, leader, port)?;
+        get_json::<NodeStatus>(&url, "/status?probe=false", REMOTE_STATUS_TIMEOUT)
+            .await
+            .with_context(|| format!("asking node {leader}'s kg at {url}"))
+    });
+    let mut out = Vec::new();
+    for answer in futures::future::join_all(asks).await {
+        match answer {
+            Ok(remote) => out.extend(remote_findings(status, &remote, now)),
+            Err(e) => out.push(Finding {
+                severity: Severity::Info,
+                check: "other-end".into(),
+                subject: format!("node {}", status.node),
+                message: format!("the other end's view is missing: {e:#}"),
+                advice: String::new(),
+            }),
+        }
+    }
+    out
 }
 
 /// The report as text: a heading, then one block per finding.
@@ -176,7 +221,11 @@ pub fn render_text(r: &Report) -> String {
 }
 
 /// `GET url+path` (plain HTTP/1.1, `Connection: close`), decoded from JSON.
-async fn get_json<T: serde::de::DeserializeOwned>(url: &str, path: &str) -> Result<T> {
+async fn get_json<T: serde::de::DeserializeOwned>(
+    url: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<T> {
     let authority = url
         .strip_prefix("http://")
         .with_context(|| format!("{url:?}: only http:// URLs are supported"))?;
@@ -194,9 +243,9 @@ async fn get_json<T: serde::de::DeserializeOwned>(url: &str, path: &str) -> Resu
         stream.read_to_end(&mut raw).await?;
         anyhow::Ok(raw)
     };
-    let raw = tokio::time::timeout(STATUS_TIMEOUT, exchange)
+    let raw = tokio::time::timeout(timeout, exchange)
         .await
-        .with_context(|| format!("no answer within {} s", STATUS_TIMEOUT.as_secs()))??;
+        .with_context(|| format!("no answer within {} s", timeout.as_secs()))??;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
         .split_once("\r\n\r\n")

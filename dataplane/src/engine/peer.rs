@@ -42,6 +42,24 @@ pub(crate) struct PeerCore {
     pub(crate) handshake_due: bool,
     /// We sent a handshake initiation and no handshake has completed since.
     pub(crate) initiation_pending: bool,
+    /// When the oldest data packet or handshake initiation sent since the last authenticated
+    /// message from the peer went out: `None` while nothing awaits an answer. Keepalives do
+    /// not count (nothing answers one), as in WireGuard's own timers, which start a new
+    /// handshake once data has gone unanswered for keepalive + rekey timeout (15 s).
+    pub(crate) unanswered_since: Option<Instant>,
+    /// When the oldest data packet received from the peer that nothing we sent has followed
+    /// arrived: the passive keepalive is due [`KEEPALIVE_TIMEOUT`](super::KEEPALIVE_TIMEOUT)
+    /// after it (see `Engine::passive_keepalive`).
+    pub(crate) unacknowledged_since: Option<Instant>,
+}
+
+impl PeerCore {
+    /// Notes that something went to the peer at `now`: it acknowledges what came from it.
+    #[inline]
+    pub(crate) fn sent_at(&mut self, now: Instant) {
+        self.last_sent = Some(now);
+        self.unacknowledged_since = None;
+    }
 }
 
 impl PeerShared {
@@ -62,6 +80,8 @@ impl PeerShared {
                 keepalive_due: config.persistent_keepalive > 0,
                 handshake_due: false,
                 initiation_pending: false,
+                unanswered_since: None,
+                unacknowledged_since: None,
             }),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
@@ -72,14 +92,25 @@ impl PeerShared {
     }
 
     /// Notes a message we send: a handshake initiation sent while an earlier one is still
-    /// unanswered means that one failed.
+    /// unanswered means that one failed. An initiation, like data (`carries_data`), expects an
+    /// answer (see [`PeerCore::unanswered_since`]).
     #[inline]
-    pub(crate) fn note_sent(&self, core: &mut PeerCore, message: &[u8]) {
-        if message.first() == Some(&HANDSHAKE_INITIATION) {
+    pub(crate) fn note_sent(
+        &self,
+        core: &mut PeerCore,
+        message: &[u8],
+        carries_data: bool,
+        now: Instant,
+    ) {
+        let initiation = message.first() == Some(&HANDSHAKE_INITIATION);
+        if initiation {
             if core.initiation_pending {
                 self.handshake_failures.fetch_add(1, Ordering::Relaxed);
             }
             core.initiation_pending = true;
+        }
+        if initiation || carries_data {
+            core.unanswered_since.get_or_insert(now);
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use boringtun::noise::TunnResult;
 
 use super::peer::{PeerCore, PeerShared};
-use super::{Engine, MIN_OUTPUT};
+use super::{Engine, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
 use crate::config::PeerConfig;
 use crate::outbox::{offset_within, Outbox};
 
@@ -50,7 +50,8 @@ impl Engine {
             let sent = match result {
                 TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
                     let (offset, len) = (offset_within(base, packet), packet.len());
-                    shared.note_sent(&mut core, packet);
+                    // boringtun's timers send initiations and passive keepalives, never data.
+                    shared.note_sent(&mut core, packet, false, now);
                     out.to_network.commit(endpoint, offset, len);
                     shared.add_tx(len);
                     true
@@ -61,10 +62,45 @@ impl Engine {
                 }
             };
             if sent {
-                core.last_sent = Some(now);
+                core.sent_at(now);
             }
             self.persistent_keepalive(&entry.config, &mut core, shared, now, out);
+            self.passive_keepalive(&mut core, shared, now, out);
         }
+    }
+
+    /// WireGuard's passive keepalive, timed exactly as the kernel times it: data that arrived
+    /// and that nothing sent has followed for [`KEEPALIVE_TIMEOUT`] gets a keepalive. boringtun
+    /// has one too, but its timers count in ticks, and a request and its response within one
+    /// tick leave it silent: the peer whose data came last would never hear back.
+    fn passive_keepalive(
+        &self,
+        core: &mut PeerCore,
+        shared: &PeerShared,
+        now: Instant,
+        out: &mut Outbox,
+    ) {
+        let due = core
+            .unacknowledged_since
+            .is_some_and(|at| now.saturating_duration_since(at) >= KEEPALIVE_TIMEOUT);
+        let (true, Some(endpoint)) = (due, core.endpoint) else {
+            return;
+        };
+        let Some(tunn) = core.tunn.as_mut() else {
+            return;
+        };
+        let slot = out.to_network.reserve(MIN_OUTPUT);
+        let base = slot.as_ptr();
+        match tunn.encapsulate(&[], slot) {
+            TunnResult::WriteToNetwork(packet) => {
+                let (offset, len) = (offset_within(base, packet), packet.len());
+                shared.note_sent(core, packet, false, now);
+                out.to_network.commit(Some(endpoint), offset, len);
+                shared.add_tx(len);
+            }
+            _ => out.to_network.abort(),
+        }
+        core.sent_at(now);
     }
 
     fn persistent_keepalive(
@@ -96,13 +132,13 @@ impl Engine {
         match tunn.encapsulate(&[], slot) {
             TunnResult::WriteToNetwork(packet) => {
                 let (offset, len) = (offset_within(base, packet), packet.len());
-                shared.note_sent(core, packet);
+                shared.note_sent(core, packet, false, now);
                 out.to_network.commit(Some(endpoint), offset, len);
                 shared.add_tx(len);
             }
             _ => out.to_network.abort(),
         }
         core.keepalive_due = false;
-        core.last_sent = Some(now);
+        core.sent_at(now);
     }
 }

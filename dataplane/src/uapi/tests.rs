@@ -191,6 +191,7 @@ fn get_answer_has_every_field_in_wireguard_go_order_and_round_trips() {
         public_key: key(1),
         endpoint: Some("198.51.100.7:9".parse().unwrap()),
         last_handshake: Some(handshake),
+        unanswered_since: None,
         rx_bytes: 10,
         tx_bytes: 20,
         handshakes: 1,

@@ -258,6 +258,7 @@ impl Collector for WireGuardCollector {
         let handshakes = Family::<PeerLabels, Counter>::default();
         let failures = Family::<PeerLabels, Counter>::default();
         let roams = Family::<PeerLabels, Counter>::default();
+        let unanswered = Family::<PeerLabels, Gauge>::default();
         for (p, allowed_ips) in &scrape.peers {
             let public_key = p.public_key.to_base64();
             let exporter = WireGuardPeerLabels {
@@ -279,6 +280,11 @@ impl Collector for WireGuardCollector {
             handshakes.get_or_create(&own).inc_by(p.handshakes);
             failures.get_or_create(&own).inc_by(p.handshake_failures);
             roams.get_or_create(&own).inc_by(p.endpoint_changes);
+            let since = p
+                .unanswered_since
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs() as i64);
+            unanswered.get_or_create(&own).set(since);
         }
         if !scrape.peers.is_empty() {
             encode_one(
@@ -327,6 +333,13 @@ impl Collector for WireGuardCollector {
                 "Times the peer's endpoint moved to another address (roaming or reconfiguration).",
                 None,
                 &roams,
+            )?;
+            encode_one(
+                &mut encoder,
+                "kilotun_peer_unanswered_since",
+                "Unix time of the oldest data packet or handshake initiation sent to the peer that nothing has answered since, 0 while nothing awaits an answer; traffic unanswered for 15 s or more is failing (a firewall or NAT dropping WireGuard's UDP, or the peer down).",
+                Some(&Unit::Seconds),
+                &unanswered,
             )?;
         }
         if !drops.is_empty() {

@@ -265,6 +265,7 @@ pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> N
         .map(peer_names)
         .unwrap_or_default();
     let engine = Arc::clone(wg);
+    let tracks_answers = wg.is_embedded();
     let read = tokio::task::spawn_blocking(move || {
         (engine.read(), engine.drops(), engine.rejected_handshakes())
     })
@@ -290,6 +291,7 @@ pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> N
         tunnel: published.tunnel.clone(),
         withheld: published.withheld.clone(),
         errors: published.errors.iter().cloned().collect(),
+        tracks_answers,
         ..Default::default()
     };
     match read {
@@ -311,6 +313,7 @@ pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> N
                     endpoint: s.endpoint.map(|e| e.to_string()),
                     persistent_keepalive: configured.map_or(0, |p| p.persistent_keepalive),
                     last_handshake_unix: s.last_handshake.map(unix),
+                    unanswered_since_unix: s.unanswered_since.map(unix),
                     handshakes: s.handshakes,
                     handshake_failures: s.handshake_failures,
                     rx_bytes: s.rx_bytes,

@@ -21,6 +21,7 @@ fn scrape(key: dataplane::PublicKey, at: Option<SystemTime>) -> WireGuardScrape 
         public_key: key,
         endpoint: None,
         last_handshake: at,
+        unanswered_since: at.map(|t| t + Duration::from_secs(60)),
         rx_bytes: 100,
         tx_bytes: 200,
         handshakes: 3,
@@ -71,6 +72,7 @@ fn kilos_exporters_engines_and_process_series_are_exported() {
             format!("kilotun_peer_handshakes_total{own} 3"),
             format!("kilotun_peer_handshake_failures_total{own} 2"),
             format!("kilotun_peer_endpoint_changes_total{own} 1"),
+            format!("kilotun_peer_unanswered_since_seconds{own} 1700000060"),
             "kilotun_dropped_packets_total{interface=\"kilo0\",reason=\"not_ip\"} 0".into(),
             "kilotun_dropped_packets_total{interface=\"kilo0\",reason=\"no_route\"} 1".into(),
         ] {
@@ -96,6 +98,7 @@ fn kilos_exporters_engines_and_process_series_are_exported() {
     // A peer that never handshook reads 0, as the exporter reports it.
     let text = m.render(Some(scrape(key, None)), Format::Text);
     assert!(text.contains(&format!("wireguard_latest_handshake_seconds{exporter} 0\n")));
+    assert!(text.contains(&format!("kilotun_peer_unanswered_since_seconds{own} 0\n")));
     // A peer that is gone disappears from the next scrape; so does a moved location.
     m.set_leader(false, "west");
     let text = m.render(None, Format::Text);
