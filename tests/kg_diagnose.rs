@@ -124,6 +124,13 @@ fn diagnose_names_each_broken_thing() {
     });
     assert!(meshed, "{}", c.logs());
 
+    // Traffic toward south, as an operator's failing pods would send it: it goes unanswered.
+    // (A link nothing is sent over is idle, not broken: WireGuard makes no handshake on it.)
+    assert!(
+        !common::ping_ok(&n1, &c.node("n4").pod_ip, Duration::from_secs(2)),
+        "south is blocked"
+    );
+
     // A Peer whose announced key is not its device's.
     let wrong = common::run(&["sh", "-c", "wg genkey | wg pubkey"]);
     let wrong = wrong.trim();
@@ -309,17 +316,20 @@ fn a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s() {
         c.start_kg(i, &["--encapsulate=never"]);
     }
     let n1 = c.node("n1").ns.name.clone();
-    let (south_pod, west_pod) = ("10.42.3.1", "10.42.2.1");
+    let (south_pod, west_pod) = (c.node("n4").pod_ip.clone(), c.node("n3").pod_ip.clone());
+    let (south_pod, west_pod) = (south_pod.as_str(), west_pod.as_str());
     let meshed = c.wait_for(Duration::from_secs(40), |_| {
         common::ping_ok(&n1, south_pod, Duration::from_secs(1))
             && common::ping_ok(&n1, west_pod, Duration::from_secs(1))
     });
     assert!(meshed, "{}", c.logs());
-    let busy = common::pinger::Pinger::start(&n1, west_pod);
+    // Pod to pod, as the pods pinged: requests and echoes both cross WireGuard.
+    let n1_pod = c.node("n1").pod_ip.clone();
+    let busy = common::pinger::Pinger::start_from(&n1, &n1_pod, west_pod);
     let drop_rule = ["-p", "udp", "--dport", "51820", "-j", "DROP"];
     let mut times = Vec::new();
     for round in 1..=5 {
-        let pinger = common::pinger::Pinger::start(&n1, south_pod);
+        let pinger = common::pinger::Pinger::start_from(&n1, &n1_pod, south_pod);
         assert!(
             pinger.wait_flowing(Instant::now(), Duration::from_secs(20)),
             "round {round}: south unreachable before the DROP\n{}",

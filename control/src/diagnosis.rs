@@ -274,6 +274,19 @@ fn handshake_evidence(
     addresses: &[IpAddr],
     owner: &str,
 ) -> (String, String) {
+    refusal_evidence(status, peer, addresses, owner)
+        .unwrap_or_else(|| silence_evidence(status, peer))
+}
+
+/// Handshakes this node refused that came from the peer (from its addresses, or, for a peer
+/// with no known address, an unknown key from an address no other peer uses): which key
+/// arrived, which was announced, and what to fix. `None` when nothing points to a key.
+fn refusal_evidence(
+    status: &NodeStatus,
+    peer: &PeerStatus,
+    addresses: &[IpAddr],
+    owner: &str,
+) -> Option<(String, String)> {
     let from_peer = status.rejected_handshakes.iter().find(|r| {
         r.from
             .parse::<std::net::SocketAddr>()
@@ -297,7 +310,7 @@ fn handshake_evidence(
     };
     if from_peer.is_none() && addresses.is_empty() {
         if let Some(r) = unclaimed() {
-            return (
+            return Some((
                 format!(
                     "handshakes arrive from {} with the public key {}, which no node or Peer announces; if that is {owner}, the key it announces ({}) is wrong",
                     r.from,
@@ -305,11 +318,12 @@ fn handshake_evidence(
                     peer.public_key
                 ),
                 "fix the announced key (a Peer's spec.publicKey), or the device's private key".into(),
-            );
+            ));
         }
     }
-    match from_peer.map(|r| (r.reason.as_str(), r)) {
-        Some(("unknown_peer", r)) => (
+    let r = from_peer?;
+    Some(match r.reason.as_str() {
+        "unknown_peer" => (
             format!(
                 "handshakes arrive from {} with the public key {}, but {owner} announces {}",
                 r.from,
@@ -318,15 +332,22 @@ fn handshake_evidence(
             ),
             "the announced key is stale or wrong: restart kg there so it announces its key again, or fix the Peer's spec.publicKey".into(),
         ),
-        Some(("invalid_mac", r)) => (
+        "invalid_mac" => (
             format!("handshakes from {} are made for another public key of this node", r.from),
             "the device there holds a wrong public key for this node: check its configuration (for a Peer, regenerate it with kgctl showconf)".into(),
         ),
-        Some((_, r)) => (
+        _ => (
             format!("handshakes from {} fail to verify", r.from),
             "the keys on the two sides do not match: compare kilo.squat.ai/key with `wg show` on each side".into(),
         ),
-        None if peer.rx_bytes == 0 => (
+    })
+}
+
+/// Why a peer has no handshake when nothing it sent was refused: silence (UDP blocked, or kg
+/// not running there), or packets that arrived without a handshake completing.
+fn silence_evidence(status: &NodeStatus, peer: &PeerStatus) -> (String, String) {
+    if peer.rx_bytes == 0 {
+        (
             if peer.handshake_failures > 0 {
                 format!(
                     "nothing has arrived from it at all ({} handshake attempts unanswered)",
@@ -344,14 +365,15 @@ fn handshake_evidence(
                     .or(peer.configured_endpoint.as_deref())
                     .unwrap_or("its endpoint")
             ),
-        ),
-        None => (
+        )
+    } else {
+        (
             format!(
                 "{} bytes arrived, yet no handshake completed ({} failures)",
                 peer.rx_bytes, peer.handshake_failures
             ),
             "run kgctl diagnose on the other side: its drops tell whether it refuses this node's key".into(),
-        ),
+        )
     }
 }
 
@@ -368,12 +390,7 @@ fn answer_finding(
     owner: &str,
     now_unix: i64,
 ) -> Option<Finding> {
-    let refused = status.rejected_handshakes.iter().any(|r| {
-        now_unix - r.at_unix <= STALE_HANDSHAKE_SECS
-            && r.from
-                .parse::<std::net::SocketAddr>()
-                .is_ok_and(|f| addresses.contains(&f.ip()))
-    });
+    let refused = refusal_evidence(status, peer, addresses, owner);
     let age = peer.last_handshake_unix.map(|t| now_unix - t);
     let fresh = age.is_some_and(|age| age <= STALE_HANDSHAKE_SECS);
     let unanswered = peer
@@ -391,8 +408,8 @@ fn answer_finding(
                 0 => String::new(),
                 n => format!("; {n} handshake attempts in all went unanswered"),
             };
-            let (evidence, advice) = if refused {
-                handshake_evidence(status, peer, addresses, owner)
+            let (evidence, advice) = if let Some(refused) = refused {
+                refused
             } else {
                 (
                     format!(
@@ -419,8 +436,8 @@ fn answer_finding(
             ))
         }
         None if fresh => None,
-        None if refused => {
-            let (evidence, advice) = handshake_evidence(status, peer, addresses, owner);
+        None if refused.is_some() => {
+            let (evidence, advice) = refused.unwrap_or_default();
             let when = match age {
                 None => "no handshake has ever completed".to_string(),
                 Some(age) => format!("the last handshake was {age} s ago"),

@@ -517,3 +517,34 @@ fn the_other_end_names_a_node_whose_incoming_udp_is_dropped() {
     };
     assert!(remote_findings(&n3, &untracked, NOW).is_empty());
 }
+
+#[test]
+fn a_peer_without_an_address_whose_real_key_knocks_is_named_even_when_idle() {
+    // A laptop Peer (no endpoint) announcing a key other than its device's: its handshakes
+    // arrive with the real key from an address no other peer uses, and are refused.
+    let mut p = peer_status("laptop", "", "ANNOUNCED");
+    p.kind = PeerKind::Peer;
+    p.name = "laptop".into();
+    p.endpoint = None;
+    p.configured_endpoint = None;
+    p.last_handshake_unix = None;
+    p.rx_bytes = 0;
+    let mut s = tracked(vec![p]);
+    s.rejected_handshakes = vec![RejectedHandshakeStatus {
+        reason: "unknown_peer".into(),
+        from: "192.168.10.50:47339".into(),
+        public_key: Some("REAL".into()),
+        at_unix: NOW - 5,
+    }];
+    let findings = node_findings(&s, &[], NOW);
+    let f = findings
+        .iter()
+        .find(|f| f.subject == "Peer laptop" && f.severity == Severity::Problem)
+        .unwrap_or_else(|| panic!("{findings:#?}"));
+    assert_eq!(f.check, "handshake");
+    assert!(
+        f.message.contains("REAL") && f.message.contains("ANNOUNCED"),
+        "{}",
+        f.message
+    );
+}
