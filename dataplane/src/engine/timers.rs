@@ -86,21 +86,9 @@ impl Engine {
         let (true, Some(endpoint)) = (due, core.endpoint) else {
             return;
         };
-        let Some(tunn) = core.tunn.as_mut() else {
-            return;
-        };
-        let slot = out.to_network.reserve(MIN_OUTPUT);
-        let base = slot.as_ptr();
-        match tunn.encapsulate(&[], slot) {
-            TunnResult::WriteToNetwork(packet) => {
-                let (offset, len) = (offset_within(base, packet), packet.len());
-                shared.note_sent(core, packet, false, now);
-                out.to_network.commit(Some(endpoint), offset, len);
-                shared.add_tx(len);
-            }
-            _ => out.to_network.abort(),
+        if send_keepalive(core, shared, endpoint, now, out) {
+            core.sent_at(now);
         }
-        core.sent_at(now);
     }
 
     fn persistent_keepalive(
@@ -124,21 +112,36 @@ impl Engine {
         if !due {
             return;
         }
-        let Some(tunn) = core.tunn.as_mut() else {
-            return;
-        };
-        let slot = out.to_network.reserve(MIN_OUTPUT);
-        let base = slot.as_ptr();
-        match tunn.encapsulate(&[], slot) {
-            TunnResult::WriteToNetwork(packet) => {
-                let (offset, len) = (offset_within(base, packet), packet.len());
-                shared.note_sent(core, packet, false, now);
-                out.to_network.commit(Some(endpoint), offset, len);
-                shared.add_tx(len);
-            }
-            _ => out.to_network.abort(),
+        if send_keepalive(core, shared, endpoint, now, out) {
+            core.keepalive_due = false;
+            core.sent_at(now);
         }
-        core.keepalive_due = false;
-        core.sent_at(now);
     }
+}
+
+/// Sends a keepalive to `endpoint` (a handshake initiation instead while the peer has no
+/// session, as boringtun's `encapsulate` does). False when the device has no private key yet,
+/// so nothing could be sent; the caller then leaves its timer due.
+fn send_keepalive(
+    core: &mut PeerCore,
+    shared: &PeerShared,
+    endpoint: std::net::SocketAddr,
+    now: Instant,
+    out: &mut Outbox,
+) -> bool {
+    let Some(tunn) = core.tunn.as_mut() else {
+        return false;
+    };
+    let slot = out.to_network.reserve(MIN_OUTPUT);
+    let base = slot.as_ptr();
+    match tunn.encapsulate(&[], slot) {
+        TunnResult::WriteToNetwork(packet) => {
+            let (offset, len) = (offset_within(base, packet), packet.len());
+            shared.note_sent(core, packet, false, now);
+            out.to_network.commit(Some(endpoint), offset, len);
+            shared.add_tx(len);
+        }
+        _ => out.to_network.abort(),
+    }
+    true
 }
