@@ -360,10 +360,7 @@ fn silence_evidence(status: &NodeStatus, peer: &PeerStatus) -> (String, String) 
                 "UDP port {} is blocked between the two, in one direction or both (firewall, security group), or kg does not run there: allow UDP {} to and from {}",
                 status.port,
                 status.port,
-                peer.endpoint
-                    .as_deref()
-                    .or(peer.configured_endpoint.as_deref())
-                    .unwrap_or("its endpoint")
+                endpoint_shown(peer).unwrap_or("its endpoint")
             ),
         )
     } else {
@@ -397,13 +394,9 @@ fn answer_finding(
         .unanswered_since_unix
         .map(|t| now_unix - t)
         .filter(|secs| *secs >= UNANSWERED_SECS);
-    let endpoint = peer
-        .endpoint
-        .as_deref()
-        .or(peer.configured_endpoint.as_deref())
-        .unwrap_or("its endpoint");
-    match unanswered {
-        Some(secs) => {
+    let endpoint = endpoint_shown(peer).unwrap_or("its endpoint");
+    match (unanswered, refused) {
+        (Some(secs), refused) => {
             let tries = match peer.handshake_failures {
                 0 => String::new(),
                 n => format!("; {n} handshake attempts in all went unanswered"),
@@ -435,22 +428,15 @@ fn answer_finding(
                 advice,
             ))
         }
-        None if fresh => None,
-        None if refused.is_some() => {
-            let (evidence, advice) = refused.unwrap_or_default();
-            let when = match age {
-                None => "no handshake has ever completed".to_string(),
-                Some(age) => format!("the last handshake was {age} s ago"),
-            };
-            Some(Finding::new(
-                Severity::Problem,
-                "handshake",
-                subject,
-                format!("{when}: {evidence}"),
-                advice,
-            ))
-        }
-        None => Some(Finding::new(
+        (None, _) if fresh => None,
+        (None, Some((evidence, advice))) => Some(Finding::new(
+            Severity::Problem,
+            "handshake",
+            subject,
+            format!("{}: {evidence}", last_handshake(age)),
+            advice,
+        )),
+        (None, None) => Some(Finding::new(
             Severity::Info,
             "handshake",
             subject,
@@ -464,6 +450,21 @@ fn answer_finding(
             "",
         )),
     }
+}
+
+/// When the last handshake was, for a finding, from its age in seconds.
+fn last_handshake(age: Option<i64>) -> String {
+    match age {
+        None => "no handshake has ever completed".to_string(),
+        Some(age) => format!("the last handshake was {age} s ago"),
+    }
+}
+
+/// The endpoint a peer's packets go to: the one in use, else the one kg configured.
+fn endpoint_shown(peer: &PeerStatus) -> Option<&str> {
+    peer.endpoint
+        .as_deref()
+        .or(peer.configured_endpoint.as_deref())
 }
 
 /// The port of `host:port` (`[v6]:port` too).
@@ -488,11 +489,7 @@ pub fn remote_findings(status: &NodeStatus, remote: &NodeStatus, now_unix: i64) 
             (secs >= UNANSWERED_SECS).then_some((p, secs))
         })
         .map(|(p, secs)| {
-            let endpoint = p
-                .endpoint
-                .as_deref()
-                .or(p.configured_endpoint.as_deref())
-                .unwrap_or("this node's endpoint");
+            let endpoint = endpoint_shown(p).unwrap_or("this node's endpoint");
             let both = status.peers.iter().any(|mine| {
                 mine.leader == remote.node
                     && mine
@@ -572,15 +569,11 @@ pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<
                 Some(age) if age <= STALE_HANDSHAKE_SECS => {}
                 _ => {
                     let (evidence, advice) = handshake_evidence(status, peer, &addresses, &owner);
-                    let when = match age {
-                        None => "no handshake has ever completed".to_string(),
-                        Some(age) => format!("the last handshake was {age} s ago"),
-                    };
                     out.push(Finding::new(
                         Severity::Problem,
                         "handshake",
                         subject.clone(),
-                        format!("{when}: {evidence}"),
+                        format!("{}: {evidence}", last_handshake(age)),
                         advice,
                     ));
                 }
