@@ -569,7 +569,7 @@ impl Node {
         self.has_usable_endpoint()
             && self.key.is_some()
             && self.subnet.is_some()
-            && now_unix - self.last_seen < READY_WINDOW_SECS
+            && now_unix.saturating_sub(self.last_seen) < READY_WINDOW_SECS
     }
 
     /// An endpoint that resolves, or none at all with a keepalive (see [`Node::is_ready`]).

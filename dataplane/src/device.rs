@@ -23,6 +23,7 @@ use crate::eventfd::{poll, readable, EventFd};
 use crate::io::udp::UdpSocketIo;
 use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
 use crate::outbox::Outbox;
+use crate::stats::PeerStats;
 use crate::uapi::{self, UapiError};
 
 /// Datagrams read per batch from a socket.
@@ -252,10 +253,18 @@ impl<B: UdpBinder> Device<B> {
         asked
     }
 
+    /// Live statistics of every peer, their handshake times read against the wall clock of now
+    /// (it may have been set since the device started).
+    pub fn peer_stats(&self) -> Vec<PeerStats> {
+        self.shared
+            .engine
+            .peer_stats_at((Instant::now(), SystemTime::now()))
+    }
+
     /// Answers a UAPI `get=1`.
     pub fn uapi_get(&self) -> String {
         let engine = &self.shared.engine;
-        uapi::format_get(&engine.config(), self.listen_port(), &engine.peer_stats())
+        uapi::format_get(&engine.config(), self.listen_port(), &self.peer_stats())
     }
 
     /// Answers a UAPI `set=1` with its body.

@@ -86,6 +86,14 @@ impl State {
     }
 }
 
+/// The wall-clock time of the monotonic instant `at`, given one pair `(instant, wall-clock time)`.
+fn wall_time((mono, wall): (Instant, SystemTime), at: Instant) -> SystemTime {
+    match at.checked_duration_since(mono) {
+        Some(after) => wall + after,
+        None => wall - mono.duration_since(at),
+    }
+}
+
 /// A userspace WireGuard device's packet logic. See the module documentation.
 pub struct Engine {
     state: ArcSwap<State>,
@@ -292,8 +300,18 @@ impl Engine {
         self.state.load().identity.as_ref().map(|i| i.public_key)
     }
 
-    /// Live statistics of every peer, in configuration order.
+    /// Live statistics of every peer, in configuration order, with wall-clock times relative to
+    /// the anchor the engine was made with. See [`Engine::peer_stats_at`].
     pub fn peer_stats(&self) -> Vec<PeerStats> {
+        self.peer_stats_at(self.clock_anchor)
+    }
+
+    /// Live statistics of every peer, in configuration order, with wall-clock times relative to
+    /// `now` (a monotonic instant and the wall-clock time at it). A device passes the clocks of
+    /// the moment it reads: the wall clock may have been set since the engine started (a board
+    /// without a real-time clock boots in 1970 until NTP corrects it), and handshake times must
+    /// follow it.
+    pub fn peer_stats_at(&self, now: (Instant, SystemTime)) -> Vec<PeerStats> {
         let state = self.state.load();
         state
             .order
@@ -304,8 +322,8 @@ impl Engine {
                 PeerStats {
                     public_key: *k,
                     endpoint: core.endpoint,
-                    last_handshake: core.last_handshake.map(|at| self.wall_time(at)),
-                    unanswered_since: core.unanswered_since.map(|at| self.wall_time(at)),
+                    last_handshake: core.last_handshake.map(|at| wall_time(now, at)),
+                    unanswered_since: core.unanswered_since.map(|at| wall_time(now, at)),
                     rx_bytes: shared.rx_bytes.load(Ordering::Relaxed),
                     tx_bytes: shared.tx_bytes.load(Ordering::Relaxed),
                     handshakes: shared.handshakes.load(Ordering::Relaxed),
@@ -324,14 +342,6 @@ impl Engine {
     /// The last handshakes refused, per reason and source address.
     pub fn rejected_handshakes(&self) -> Vec<RejectedHandshake> {
         self.rejected.snapshot()
-    }
-
-    fn wall_time(&self, at: Instant) -> SystemTime {
-        let (mono, wall) = self.clock_anchor;
-        match at.checked_duration_since(mono) {
-            Some(after) => wall + after,
-            None => wall - mono.duration_since(at),
-        }
     }
 
     /// Encrypts IP packets read from the TUN device into datagrams in `out.to_network`.

@@ -28,6 +28,24 @@ fn first_packet_triggers_handshake_and_is_delivered_after_it() {
 }
 
 #[test]
+fn handshake_times_follow_a_wall_clock_set_after_the_engine_started() {
+    // A board without a real-time clock starts in 1970; NTP sets the clock later. A handshake
+    // read after that must be dated by the corrected clock, not the one the engine started with.
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"hello");
+    let started_with = pair.a.engine.peer_stats()[0].last_handshake.unwrap();
+    let corrected = started_with + Duration::from_secs(1_700_000_000);
+    let read = pair.a.engine.peer_stats_at((now, corrected))[0]
+        .last_handshake
+        .unwrap();
+    let off = read
+        .duration_since(corrected)
+        .unwrap_or_else(|e| e.duration());
+    assert!(off < Duration::from_secs(1), "{read:?} vs {corrected:?}");
+}
+
+#[test]
 fn data_flows_both_ways_over_one_session() {
     let mut pair = EnginePair::new();
     let now = Instant::now();

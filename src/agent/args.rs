@@ -193,7 +193,10 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
             "h" => 3600.0,
             _ => bail!("{text:?} is not a duration like 30s (unit {unit:?})"),
         };
-        total += Duration::from_secs_f64(value * seconds);
+        total = Duration::try_from_secs_f64(value * seconds)
+            .ok()
+            .and_then(|d| total.checked_add(d))
+            .ok_or_else(|| anyhow::anyhow!("{text:?} is too long a duration"))?;
         rest = tail;
     }
     Ok(total)
@@ -386,5 +389,9 @@ mod tests {
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert!(parse_duration("30").is_err());
+        let too_long = parse_duration("100000000000000000000h")
+            .unwrap_err()
+            .to_string();
+        assert!(too_long.contains("too long"), "{too_long}");
     }
 }

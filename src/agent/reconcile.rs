@@ -431,7 +431,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .get(control::node::annotation::LAST_SEEN)
             .and_then(|v| v.parse::<i64>().ok());
         let last_seen = match current_last_seen {
-            Some(v) if !check_in && now_unix - v < CHECK_IN_PERIOD.as_secs() as i64 => v,
+            Some(v)
+                if !check_in && now_unix.saturating_sub(v) < CHECK_IN_PERIOD.as_secs() as i64 =>
+            {
+                v
+            }
             _ => now_unix,
         };
         let cni_compatibility_ip = match self.s.compatibility {

@@ -300,6 +300,12 @@ fn readiness_follows_kilos_rules() {
     assert!(!n.is_ready(now), "missing last-seen");
     assert!(!ready_node(now - 60).is_ready(now), "60 s old check-in");
     assert!(ready_node(now - 59).is_ready(now));
+    let mut n = ready_node(now);
+    n.last_seen = i64::MIN;
+    assert!(
+        !n.is_ready(now),
+        "a last-seen so far back that now minus it overflows"
+    );
 }
 
 #[test]

@@ -101,9 +101,7 @@ impl WireGuard {
     /// The device's configuration and live peer state.
     pub fn read(&self) -> Result<(DeviceConfig, Vec<PeerStats>)> {
         match self {
-            Self::Embedded { device, .. } => {
-                Ok((device.engine().config(), device.engine().peer_stats()))
-            }
+            Self::Embedded { device, .. } => Ok((device.engine().config(), device.peer_stats())),
             Self::Uapi { path, .. } => {
                 let answer = exchange(path, "get=1\n\n")?;
                 dataplane::uapi::parse_get(&answer)
