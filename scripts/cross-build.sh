@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cross-build kg, kgctl and kilotun for 64-bit and 32-bit ARM, and run tests there under qemu-user:
 #
-#   scripts/cross-build.sh [--target arm64|armv7|all] [--profile release|cross|dev|NAME]
+#   scripts/cross-build.sh [--target arm64|armv7|all] [--profile release|ci|dev|NAME]
 #   scripts/cross-build.sh [--target ...] [--profile ...] --test [CARGO-TEST-ARGS...]
 #   scripts/cross-build.sh [--target ...] [--profile ...] --cargo COMMAND [ARGS...]
 #   scripts/cross-build.sh [--target ...] --prepare
@@ -16,7 +16,7 @@
 # --prepare only creates the toolchain and sysroots (below) when missing.
 #
 # Targets: arm64 = aarch64-unknown-linux-gnu, armv7 = armv7-unknown-linux-gnueabihf; default all.
-# Profile: default release (fat LTO, see Cargo.toml); `cross` is release without LTO, for CI.
+# Profile: default release (fat LTO, see Cargo.toml); `ci` is release without LTO, what CI builds.
 #
 # The toolchain is Debian's (rustup cannot download a target's std here): a Debian sid chroot with
 # rustc, cargo, libstd-rust-dev:arm64/:armhf and the cross gccs, plus two bookworm libc6-dev

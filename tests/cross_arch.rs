@@ -6,9 +6,10 @@
 //! added back, allowed IPs narrowed and widened).
 //!
 //! The foreign binary is named by `KILOTUN_CROSS_KILOTUN` (for example
-//! `target/aarch64-unknown-linux-gnu/release/kilotun`); without it the tests are skipped with a
-//! message, also under CI, which does not cross-build yet. Set but unusable (missing, not ARM,
-//! no binfmt_misc entry, no sysroot) the tests fail. Root only, like the other netns tests.
+//! `target/aarch64-unknown-linux-gnu/release/kilotun`; `.ci/run` builds the arm64 one and sets
+//! it); without it the tests are skipped with a message, except under CI, where they fail. Set
+//! but unusable (missing, not ARM, no binfmt_misc entry, no sysroot) the tests fail. Root only,
+//! like the other netns tests.
 
 mod common;
 

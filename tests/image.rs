@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::cluster::{Cluster, NodeSpec};
-use common::{unique, which};
+use common::{unique, which, Impl, Link, Underlay, WgDevice};
 use serde::Deserialize as _;
 use serde_yaml::Value;
 
@@ -75,14 +75,149 @@ fn archive() -> &'static Path {
     })
 }
 
+/// The digest of the archive's top manifest: the image's, or the index's (which names every
+/// platform's image by digest).
 fn skopeo_digest(archive: &Path) -> String {
     let out = Command::new("skopeo")
-        .args(["inspect", "--format", "{{.Digest}}"])
+        .args(["inspect", "--raw"])
         .arg(format!("oci-archive:{}", archive.display()))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    let sum = common::pipe_to(&["sha256sum"], &out.stdout);
+    format!("sha256:{}", sum.split_whitespace().next().unwrap())
+}
+
+/// One platform's image in the archive.
+struct PlatformImage {
+    /// `linux/amd64`, `linux/arm64/v8`, `linux/arm/v7`.
+    platform: String,
+    /// The image's OCI config.
+    config: serde_json::Value,
+    /// Its layers' blob paths, base first.
+    layers: Vec<PathBuf>,
+    /// Bytes of its compressed layers.
+    compressed: u64,
+}
+
+/// The archive unpacked into a temporary directory (removed on drop).
+struct Unpacked {
+    dir: PathBuf,
+}
+
+impl Unpacked {
+    fn new(archive: &Path) -> Self {
+        let dir = std::env::temp_dir().join(unique("oci"));
+        fs::create_dir_all(&dir).unwrap();
+        common::run(&[
+            "tar",
+            "-xf",
+            archive.to_str().unwrap(),
+            "-C",
+            dir.to_str().unwrap(),
+        ]);
+        Self { dir }
+    }
+
+    fn blob(&self, digest: &str) -> PathBuf {
+        self.dir
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    }
+
+    fn json(&self, digest: &str) -> serde_json::Value {
+        serde_json::from_slice(&fs::read(self.blob(digest)).unwrap()).unwrap()
+    }
+
+    /// Every platform's image: the one image of a single-platform archive, or each image the
+    /// index names.
+    fn images(&self) -> Vec<PlatformImage> {
+        let top: serde_json::Value =
+            serde_json::from_slice(&fs::read(self.dir.join("index.json")).unwrap()).unwrap();
+        let entries = top["manifests"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "one name in the archive: {top}");
+        let entry = &entries[0];
+        let manifests: Vec<serde_json::Value> =
+            if entry["mediaType"] == "application/vnd.oci.image.index.v1+json" {
+                let index = self.json(entry["digest"].as_str().unwrap());
+                index["manifests"].as_array().unwrap().clone()
+            } else {
+                vec![entry.clone()]
+            };
+        manifests
+            .iter()
+            .map(|m| {
+                let manifest = self.json(m["digest"].as_str().unwrap());
+                let config = self.json(manifest["config"]["digest"].as_str().unwrap());
+                let mut platform = format!(
+                    "{}/{}",
+                    config["os"].as_str().unwrap(),
+                    config["architecture"].as_str().unwrap()
+                );
+                if let Some(variant) = config["variant"].as_str() {
+                    platform = format!("{platform}/{variant}");
+                }
+                // The index's platform says the same as the image's own config.
+                if let Some(p) = m.get("platform") {
+                    let mut claimed = format!(
+                        "{}/{}",
+                        p["os"].as_str().unwrap(),
+                        p["architecture"].as_str().unwrap()
+                    );
+                    if let Some(variant) = p["variant"].as_str() {
+                        claimed = format!("{claimed}/{variant}");
+                    }
+                    assert_eq!(claimed, platform, "the index's platform of {m}");
+                }
+                let layers = manifest["layers"].as_array().unwrap();
+                PlatformImage {
+                    platform,
+                    config,
+                    layers: layers
+                        .iter()
+                        .map(|l| self.blob(l["digest"].as_str().unwrap()))
+                        .collect(),
+                    compressed: layers.iter().map(|l| l["size"].as_u64().unwrap()).sum(),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for Unpacked {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The platforms CI's archive holds: `KILOTUN_IMAGE_PLATFORMS` (which image/build.sh reads too)
+/// names them; `all` is the three.
+fn expected_platforms() -> Vec<&'static str> {
+    let names = std::env::var("KILOTUN_IMAGE_PLATFORMS").unwrap_or_else(|_| "amd64".into());
+    let names = if names == "all" {
+        "amd64,arm64,armv7".to_string()
+    } else {
+        names
+    };
+    names
+        .split(',')
+        .map(|p| match p {
+            "amd64" => "linux/amd64",
+            "arm64" => "linux/arm64/v8",
+            "armv7" => "linux/arm/v7",
+            other => panic!("KILOTUN_IMAGE_PLATFORMS names {other:?}"),
+        })
+        .collect()
+}
+
+/// The GNU triple Debian's multiarch paths use, and the ELF machine of the platform's binaries.
+fn multiarch_of(platform: &str) -> (&'static str, u16) {
+    match platform {
+        "linux/amd64" => ("x86_64-linux-gnu", 62),
+        "linux/arm64/v8" => ("aarch64-linux-gnu", 183),
+        "linux/arm/v7" => ("arm-linux-gnueabihf", 40),
+        other => panic!("unexpected platform {other}"),
+    }
 }
 
 /// A private podman: its own storage, run root and configuration, removed on drop, with the
@@ -95,20 +230,27 @@ struct Podman {
 }
 
 impl Podman {
+    /// A podman holding the image of `platform` (`linux/arm64`, `linux/arm/v7`) from the archive,
+    /// pulled as a runtime on that platform pulls it from the index.
+    fn with_platform(platform: &str) -> Self {
+        let mut podman = Self::empty();
+        let out = podman
+            .command()
+            .args(["pull", "--quiet", "--platform", platform])
+            .arg(format!("oci-archive:{}", archive().display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "podman pull --platform {platform}: {}",
+            text(&out)
+        );
+        podman.image = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        podman
+    }
+
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(unique("podman"));
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join("containers.conf"),
-            "[containers]\ncgroups = \"no-conmon\"\n\
-             default_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n\
-             [engine]\nevents_logger = \"file\"\ncgroup_manager = \"cgroupfs\"\nruntime = \"runc\"\n",
-        )
-        .unwrap();
-        let mut podman = Self {
-            dir,
-            image: String::new(),
-        };
+        let mut podman = Self::empty();
         let out = podman
             .command()
             .args(["load", "--quiet", "--input"])
@@ -122,6 +264,23 @@ impl Podman {
             .find_map(|l| l.split_once(": ").map(|(_, name)| name.trim().to_string()))
             .expect("podman load names the image");
         podman
+    }
+
+    /// Its own storage and configuration, no image yet.
+    fn empty() -> Self {
+        let dir = std::env::temp_dir().join(unique("podman"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ncgroups = \"no-conmon\"\n\
+             default_ulimits = [\"nofile=20000:20000\", \"nproc=4096:4096\"]\n\
+             [engine]\nevents_logger = \"file\"\ncgroup_manager = \"cgroupfs\"\nruntime = \"runc\"\n",
+        )
+        .unwrap();
+        Self {
+            dir,
+            image: String::new(),
+        }
     }
 
     fn command(&self) -> Command {
@@ -269,54 +428,28 @@ fn daemonset_kg(
         .arg(format!("--interface={iface}"));
 }
 
-/// Every file the manifests and README promise is in the image, with the right entrypoint,
-/// platform and layers; a second build of the same commit has the same digest.
-#[test]
-fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
-    if !can_run("the_image_holds_the_contract_and_rebuilds_to_the_same_digest") {
-        return;
-    }
-    let archive = archive();
-    let out = Command::new("skopeo")
-        .args(["inspect", "--config"])
-        .arg(format!("oci-archive:{}", archive.display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+/// One platform's image: its config, its two layers, every file the contract promises (under the
+/// platform's own multiarch directory), nothing a package manager brings, and kilotun's
+/// binaries built for that platform (their ELF machine).
+fn check_platform_image(image: &PlatformImage) {
+    let (gnu, machine) = multiarch_of(&image.platform);
+    let config = &image.config;
     assert_eq!(config["os"], "linux");
-    assert_eq!(config["architecture"], "amd64");
     assert_eq!(config["config"]["Entrypoint"][0], "/usr/local/bin/kg");
     let layers = config["rootfs"]["diff_ids"].as_array().unwrap().len();
     assert_eq!(layers, 2, "a Debian layer and kilotun's: {config}");
+    assert_eq!(image.layers.len(), 2);
+    eprintln!(
+        "{}: {} KiB compressed",
+        image.platform,
+        image.compressed / 1024
+    );
 
     // The files, listed from the layers themselves.
-    let unpacked = std::env::temp_dir().join(unique("oci"));
-    fs::create_dir_all(&unpacked).unwrap();
-    common::run(&[
-        "tar",
-        "-xf",
-        archive.to_str().unwrap(),
-        "-C",
-        unpacked.to_str().unwrap(),
-    ]);
-    let blob = |digest: &str| {
-        unpacked
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
-    };
-    let index: serde_json::Value =
-        serde_json::from_slice(&fs::read(unpacked.join("index.json")).unwrap()).unwrap();
-    let manifest: serde_json::Value = serde_json::from_slice(
-        &fs::read(blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap(),
-    )
-    .unwrap();
     let mut files = String::new();
-    for layer in manifest["layers"].as_array().unwrap() {
-        let path = blob(layer["digest"].as_str().unwrap());
-        files += &common::run(&["tar", "-tvzf", path.to_str().unwrap()]);
+    for layer in &image.layers {
+        files += &common::run(&["tar", "-tvzf", layer.to_str().unwrap()]);
     }
-    let _ = fs::remove_dir_all(&unpacked);
     let has = |path: &str| {
         let want = path.trim_start_matches('/');
         files.lines().any(|l| {
@@ -325,6 +458,7 @@ fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
                 .is_some_and(|p| p.trim_start_matches("./").trim_end_matches('/') == want)
         })
     };
+    let graphviz_config = format!("/usr/lib/{gnu}/graphviz/config6a");
     for path in [
         "/usr/local/bin/kg",
         "/usr/local/bin/kgctl",
@@ -345,11 +479,15 @@ fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
         "/usr/sbin/iptables-restore",
         "/usr/sbin/ip6tables",
         "/usr/bin/dot",
-        "/usr/lib/x86_64-linux-gnu/graphviz/config6a",
+        &graphviz_config,
         "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
         "/usr/share/kilotun/debian-packages.txt",
     ] {
-        assert!(has(path), "{path} is missing from the image:\n{files}");
+        assert!(
+            has(path),
+            "{}: {path} is missing from the image:\n{files}",
+            image.platform
+        );
     }
     // Nothing a package manager or a compiler would bring.
     for path in [
@@ -358,8 +496,47 @@ fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
         "/usr/bin/perl",
         "/bin/bash",
     ] {
-        assert!(!has(path), "{path} should not be in the image");
+        assert!(
+            !has(path),
+            "{}: {path} should not be in the image",
+            image.platform
+        );
     }
+    // kilotun's binaries, in the second layer, are of this platform: the ELF header's e_machine.
+    for bin in ["kg", "kgctl", "kilotun"] {
+        let out = Command::new("tar")
+            .arg("-xzOf")
+            .arg(&image.layers[1])
+            .arg("--wildcards")
+            .arg(format!("*usr/local/bin/{bin}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stdout.len() > 20,
+            "{bin}: {}",
+            text(&out)
+        );
+        let found = u16::from_le_bytes([out.stdout[18], out.stdout[19]]);
+        assert_eq!(found, machine, "{}: {bin}'s ELF machine", image.platform);
+    }
+}
+
+/// Every file the manifests and README promise is in the image, with the right entrypoint,
+/// platform and layers; a second build of the same commit has the same digest.
+#[test]
+fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
+    if !can_run("the_image_holds_the_contract_and_rebuilds_to_the_same_digest") {
+        return;
+    }
+    let archive = archive();
+    let unpacked = Unpacked::new(archive);
+    let images = unpacked.images();
+    let platforms: Vec<&str> = images.iter().map(|i| i.platform.as_str()).collect();
+    assert_eq!(platforms, expected_platforms(), "the archive's platforms");
+    for image in &images {
+        check_platform_image(image);
+    }
+    drop(unpacked);
 
     // The same commit built again: the same digest.
     let again = build_image(&std::env::temp_dir().join(format!("{}.oci.tar", unique("again"))));
@@ -743,4 +920,93 @@ fn containerd_imports_the_archive_under_the_manifests_name() {
             .any(|l| l == format!("docker.io/library/kilotun:{VERSION}")),
         "containerd names: {names}"
     );
+}
+
+/// The arm64 and armv7 images of the index, run as a container runtime on such a host runs them
+/// (here by qemu-user through binfmt_misc): kg names its target, the platform's own iptables and
+/// Graphviz load their libraries; then the arm64 engine, in its container with the DaemonSet's
+/// capabilities and `/dev/net/tun`, meshes with this machine's kilotun: a handshake, pings both
+/// ways and a transfer checked byte for byte.
+#[test]
+fn the_arm_images_run_under_emulation_and_the_arm64_engine_meshes() {
+    let test = "the_arm_images_run_under_emulation_and_the_arm64_engine_meshes";
+    if !can_run(test) {
+        return;
+    }
+    if !expected_platforms().contains(&"linux/arm64/v8") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: CI builds the multi-arch image (KILOTUN_IMAGE_PLATFORMS=all in .ci/run)"
+        );
+        eprintln!("skipped {test}: the image is amd64 only (KILOTUN_IMAGE_PLATFORMS=all builds all three)");
+        return;
+    }
+    for (platform, triple) in [
+        ("linux/arm64", "aarch64-unknown-linux-gnu"),
+        ("linux/arm/v7", "armv7-unknown-linux-gnueabihf"),
+    ] {
+        let podman = Podman::with_platform(platform);
+        let run = |entrypoint: &str, args: &[&str]| {
+            let out = podman
+                .command()
+                .args(["run", "--rm", "--network=none", "--entrypoint", entrypoint])
+                .arg(&podman.image)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{platform}: {entrypoint} {args:?}: {}",
+                text(&out)
+            );
+            text(&out)
+        };
+        let version = run("/usr/local/bin/kg", &["--version"]);
+        assert!(
+            version.contains(&format!("kg {VERSION} ({triple})")),
+            "{platform}: {version}"
+        );
+        assert!(run("/usr/local/bin/kilotun", &["--version"]).contains(triple));
+        assert!(run("/usr/local/bin/kgctl", &["--version"]).contains(triple));
+        // (iptables-nft needs NETLINK_NETFILTER, which qemu-user does not translate.)
+        assert!(run("/usr/sbin/iptables-legacy", &["--version"]).contains("legacy"));
+        assert!(run("/usr/bin/dot", &["-V"]).contains("graphviz version"));
+        eprintln!("{test}: {platform}: {}", version.trim());
+    }
+
+    let podman = Podman::with_platform("linux/arm64");
+    let link = Link::new(Underlay::V4);
+    let name = unique("wg");
+    let container = unique("arm64-engine");
+    let child = podman
+        .run_in(&link.left.name, &container)
+        .args(["--device", "/dev/net/tun"])
+        .args(["-v", "/var/run/wireguard:/var/run/wireguard"])
+        .args(["--entrypoint", "/usr/local/bin/kilotun"])
+        .arg(&podman.image)
+        .args(["-f", "--threads", "2", &name])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = WgDevice::started(&link.left, name, child, Duration::from_secs(60));
+    let b = WgDevice::start(&link.right, Impl::Kilotun);
+    a.configure(51820, &["10.72.0.1/24"]);
+    b.configure(51821, &["10.72.0.2/24"]);
+    a.add_peer(&b, "192.168.200.2:51821", "10.72.0.2/32");
+    b.add_peer(&a, "192.168.200.1:51820", "10.72.0.1/32");
+    assert!(
+        common::ping_ok(&a.ns, "10.72.0.2", Duration::from_secs(20)),
+        "ping from the arm64 container"
+    );
+    assert!(
+        common::ping_ok(&b.ns, "10.72.0.1", Duration::from_secs(5)),
+        "ping to the arm64 container"
+    );
+    let bytes = 4 * 1024 * 1024;
+    let took = common::tcp_transfer(&link.right, &link.left, "10.72.0.1".parse().unwrap(), bytes);
+    eprintln!("{test}: {bytes} bytes to the arm64 container's engine in {took:?}");
+    let transfer = a.wg(&["show", &a.name, "transfer"]);
+    let received: u64 = transfer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(received >= bytes, "the arm64 engine counted {transfer}");
 }
