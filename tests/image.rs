@@ -100,6 +100,19 @@ struct PlatformImage {
     compressed: u64,
 }
 
+/// `os/architecture[/variant]` of an image config or an index entry's platform.
+fn platform_of(value: &serde_json::Value) -> String {
+    let mut platform = format!(
+        "{}/{}",
+        value["os"].as_str().unwrap(),
+        value["architecture"].as_str().unwrap()
+    );
+    if let Some(variant) = value["variant"].as_str() {
+        platform = format!("{platform}/{variant}");
+    }
+    platform
+}
+
 /// The archive unpacked into a temporary directory (removed on drop).
 struct Unpacked {
     dir: PathBuf,
@@ -149,25 +162,14 @@ impl Unpacked {
             .map(|m| {
                 let manifest = self.json(m["digest"].as_str().unwrap());
                 let config = self.json(manifest["config"]["digest"].as_str().unwrap());
-                let mut platform = format!(
-                    "{}/{}",
-                    config["os"].as_str().unwrap(),
-                    config["architecture"].as_str().unwrap()
-                );
-                if let Some(variant) = config["variant"].as_str() {
-                    platform = format!("{platform}/{variant}");
-                }
+                let platform = platform_of(&config);
                 // The index's platform says the same as the image's own config.
-                if let Some(p) = m.get("platform") {
-                    let mut claimed = format!(
-                        "{}/{}",
-                        p["os"].as_str().unwrap(),
-                        p["architecture"].as_str().unwrap()
+                if let Some(claimed) = m.get("platform") {
+                    assert_eq!(
+                        platform_of(claimed),
+                        platform,
+                        "the index's platform of {m}"
                     );
-                    if let Some(variant) = p["variant"].as_str() {
-                        claimed = format!("{claimed}/{variant}");
-                    }
-                    assert_eq!(claimed, platform, "the index's platform of {m}");
                 }
                 let layers = manifest["layers"].as_array().unwrap();
                 PlatformImage {
