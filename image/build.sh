@@ -74,7 +74,7 @@ out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 platform_facts() {
   case "$1" in
   amd64) debarch=amd64 gnu=x86_64-linux-gnu oci_arch=amd64 oci_variant='' loader=/lib64/ld-linux-x86-64.so.2 \
-    triple=x86_64-unknown-linux-gnu binfmt='' objcopy_package=binutils ;;
+    triple=x86_64-unknown-linux-gnu binfmt=qemu-x86_64 objcopy_package=binutils-x86-64-linux-gnu ;;
   arm64) debarch=arm64 gnu=aarch64-linux-gnu oci_arch=arm64 oci_variant=v8 loader=/lib/ld-linux-aarch64.so.1 \
     triple=aarch64-unknown-linux-gnu binfmt=qemu-aarch64 objcopy_package=binutils-aarch64-linux-gnu ;;
   armv7) debarch=armhf gnu=arm-linux-gnueabihf oci_arch=arm oci_variant=v7 loader=/lib/ld-linux-armhf.so.3 \
@@ -90,8 +90,11 @@ for tool in mmdebstrap:mmdebstrap buildah:buildah skopeo:skopeo; do
 done
 for p in "${platform_list[@]}"; do
   platform_facts "$p"
-  [ "$debarch" = "$host_arch" ] && objcopy=objcopy || objcopy=$gnu-objcopy
-  command -v "$objcopy" >/dev/null || need+=("$objcopy_package")
+  if [ "$debarch" = "$host_arch" ]; then
+    command -v objcopy >/dev/null || need+=(binutils)
+  else
+    command -v "$gnu-objcopy" >/dev/null || need+=("$objcopy_package")
+  fi
 done
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
