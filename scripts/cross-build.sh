@@ -75,7 +75,7 @@ while (($#)); do
 	--target=*) targets=${1#*=}; shift ;;
 	--profile) profile=${2:?--profile needs a name}; shift 2 ;;
 	--profile=*) profile=${1#*=}; shift ;;
-	--test) test_mode=1; cargo_command=test; shift; test_args=("$@"); break ;;
+	--test) test_mode=1; cargo_command="test"; shift; test_args=("$@"); break ;;
 	--cargo) test_mode=1; cargo_command=${2:?--cargo needs a cargo command}; shift 2; test_args=("$@"); break ;;
 	--prepare) prepare=1; shift ;;
 	-h | --help) usage 0 ;;
@@ -263,7 +263,8 @@ in_chroot() {
 # check_binary TRIPLE FILE: every symbol version FILE needs must be defined by the library of that
 # name in the bookworm sysroot; prints the highest GLIBC_ and fails past MAX_GLIBC.
 check_binary() {
-	local t=$1 file=$2 sysroot=$cross_dir/sysroot-$(debarch_of "$1") gnu
+	local t=$1 file=$2 sysroot gnu
+	sysroot=$cross_dir/sysroot-$(debarch_of "$1")
 	gnu=$(gnu_of "$t")
 	local needs max bad=0 lib ver
 	needs=$(readelf -V --wide "$file" | awk '
