@@ -70,7 +70,7 @@ out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 
 # What each platform is called by Debian, the GNU toolchain, the OCI image config and the
 # dynamic loader; the Rust target its binaries are built for; the qemu-user binfmt entry that runs
-# its programs here; and the Debian package holding an objcopy that knows its ELF files.
+# its programs here; and the objcopy that knows its ELF files, with the Debian package holding it.
 platform_facts() {
   case "$1" in
   amd64) debarch=amd64 gnu=x86_64-linux-gnu oci_arch=amd64 oci_variant='' loader=/lib64/ld-linux-x86-64.so.2 \
@@ -80,6 +80,12 @@ platform_facts() {
   armv7) debarch=armhf gnu=arm-linux-gnueabihf oci_arch=arm oci_variant=v7 loader=/lib/ld-linux-armhf.so.3 \
     triple=armv7-unknown-linux-gnueabihf binfmt=qemu-arm objcopy_package=binutils-arm-linux-gnueabihf ;;
   esac
+  # The host's own binutils know its platform; a foreign one needs the cross objcopy.
+  if [ "$debarch" = "$host_arch" ]; then
+    objcopy=objcopy objcopy_package=binutils
+  else
+    objcopy=$gnu-objcopy
+  fi
 }
 host_arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
 
@@ -90,11 +96,7 @@ for tool in mmdebstrap:mmdebstrap buildah:buildah skopeo:skopeo; do
 done
 for p in "${platform_list[@]}"; do
   platform_facts "$p"
-  if [ "$debarch" = "$host_arch" ]; then
-    command -v objcopy >/dev/null || need+=(binutils)
-  else
-    command -v "$gnu-objcopy" >/dev/null || need+=("$objcopy_package")
-  fi
+  command -v "$objcopy" >/dev/null || need+=("$objcopy_package")
 done
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
@@ -167,10 +169,9 @@ binaries_of() {
 # 2-4 for one platform: commits its image as kilotun-<platform> in the work storage and prints
 # that name.
 build_platform() {
-  local p=$1 bins stage root bin_root objcopy
+  local p=$1 bins stage root bin_root
   platform_facts "$p"
   bins=$(binaries_of "$p")
-  [ "$debarch" = "$host_arch" ] && objcopy=objcopy || objcopy=$gnu-objcopy
   # Set only now: some crates' build scripts watch it, and the binaries should be the ones
   # `cargo test --release` already built.
   export SOURCE_DATE_EPOCH=$epoch

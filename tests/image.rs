@@ -46,6 +46,13 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// Runs `command` to its end and returns its output; a failure names `what` and shows the output.
+fn succeeded(command: &mut Command, what: &str) -> Output {
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{what}: {}", text(&out));
+    out
+}
+
 /// Builds the image into `out` with `image/build.sh` and returns the archive's path.
 fn build_image(out: &Path) -> PathBuf {
     // The binaries this test run was built with, so the image holds exactly what was tested.
@@ -236,16 +243,12 @@ impl Podman {
     /// pulled as a runtime on that platform pulls it from the index.
     fn with_platform(platform: &str) -> Self {
         let mut podman = Self::empty();
-        let out = podman
-            .command()
-            .args(["pull", "--quiet", "--platform", platform])
-            .arg(format!("oci-archive:{}", archive().display()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "podman pull --platform {platform}: {}",
-            text(&out)
+        let out = succeeded(
+            podman
+                .command()
+                .args(["pull", "--quiet", "--platform", platform])
+                .arg(format!("oci-archive:{}", archive().display())),
+            &format!("podman pull --platform {platform}"),
         );
         podman.image = String::from_utf8_lossy(&out.stdout).trim().to_string();
         podman
@@ -949,19 +952,14 @@ fn the_arm_images_run_under_emulation_and_the_arm64_engine_meshes() {
     ] {
         let podman = Podman::with_platform(platform);
         let run = |entrypoint: &str, args: &[&str]| {
-            let out = podman
-                .command()
-                .args(["run", "--rm", "--network=none", "--entrypoint", entrypoint])
-                .arg(&podman.image)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{platform}: {entrypoint} {args:?}: {}",
-                text(&out)
-            );
-            text(&out)
+            text(&succeeded(
+                podman
+                    .command()
+                    .args(["run", "--rm", "--network=none", "--entrypoint", entrypoint])
+                    .arg(&podman.image)
+                    .args(args),
+                &format!("{platform}: {entrypoint} {args:?}"),
+            ))
         };
         let version = run("/usr/local/bin/kg", &["--version"]);
         assert!(

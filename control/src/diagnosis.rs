@@ -128,7 +128,8 @@ pub fn cluster_findings_with_leases(
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in nodes.iter().filter(|n| n.last_seen > 0) {
-        let ahead = n.last_seen - now_unix;
+        let age = n.check_in_age(now_unix);
+        let ahead = age.saturating_neg();
         if ahead > CLOCK_SKEW_SECS {
             out.push(Finding::new(
                 Severity::Problem,
@@ -137,12 +138,12 @@ pub fn cluster_findings_with_leases(
                 format!("its kilo.squat.ai/last-seen is {ahead} s in the future: its clock, or this machine's, is off"),
                 "run NTP (chrony, systemd-timesyncd) on every node: readiness is judged by last-seen, so a skewed node stays in the mesh after it dies, or drops out while alive",
             ));
-        } else if now_unix.saturating_sub(n.last_seen) >= READY_WINDOW_SECS {
+        } else if age >= READY_WINDOW_SECS {
             out.push(Finding::new(
                 Severity::Warning,
                 "check-in",
                 format!("node {}", n.name),
-                format!("it has not checked in for {} s, so it is out of the mesh", now_unix.saturating_sub(n.last_seen)),
+                format!("it has not checked in for {age} s, so it is out of the mesh"),
                 "check that kg runs on it (kubectl -n kube-system get pods -o wide) and can reach the API server",
             ));
         }

@@ -569,7 +569,13 @@ impl Node {
         self.has_usable_endpoint()
             && self.key.is_some()
             && self.subnet.is_some()
-            && now_unix.saturating_sub(self.last_seen) < READY_WINDOW_SECS
+            && self.check_in_age(now_unix) < READY_WINDOW_SECS
+    }
+
+    /// Seconds since its `last-seen` at `now_unix` (negative when `last-seen` is ahead of
+    /// `now_unix`), saturating instead of overflowing on an absurd annotation.
+    pub fn check_in_age(&self, now_unix: i64) -> i64 {
+        now_unix.saturating_sub(self.last_seen)
     }
 
     /// An endpoint that resolves, or none at all with a keepalive (see [`Node::is_ready`]).
