@@ -142,6 +142,20 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
         c.logs()
     );
     assert_eq!(leading(&c, &["n1", "n2"]), [other], "{}", c.logs());
+    // Its saved peers are a leader's: it did not bring them back, not even until its first
+    // reconcile, and it never configured itself as a leader.
+    let log = c.node(leader).log_text();
+    assert!(
+        log.contains(&format!(
+            "not restoring the WireGuard peers of the last run: {other} holds the lease of location east now"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WireGuard configuration applied") && l.contains("leader=true")),
+        "{log}"
+    );
     assert!(pinger.replies_since(since) > 100);
     let gap = pinger.longest_gap_after(since);
     assert!(

@@ -267,6 +267,28 @@ pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
     in_order_of_succession(members, holder, 1).pop()
 }
 
+/// Who leads `node`'s location by a valid lease at `now_ms`, when that is another node that
+/// `node` (not annotated `kilo.squat.ai/leader`) cannot displace: a restarted agent's saved
+/// peers are then stale if it led before it died, and bringing them back, even until its first
+/// reconcile, would make it act as a leader it no longer is. `None` when `node` holds the
+/// lease, no valid lease names anyone, or the annotation may give `node` the lead.
+pub fn led_by_another<'l>(
+    node: &Node,
+    leases: &'l BTreeMap<String, LeaseState>,
+    now_ms: i64,
+) -> Option<&'l str> {
+    if node.leader {
+        return None;
+    }
+    let lease = leases
+        .get(&lease_name(&node.location))
+        .filter(|l| l.is_valid(now_ms))?;
+    lease
+        .holder
+        .as_deref()
+        .filter(|holder| *holder != node.name)
+}
+
 /// The leaders chosen by lease, by location name, when every one of the ready `nodes` takes
 /// part in lease election (see [`lease_agreement`]); otherwise none: Kilo's rule everywhere.
 pub fn lease_leaders<'n>(

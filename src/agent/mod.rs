@@ -256,20 +256,41 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 "waited for the UDP port to be released"
             );
         }
+        // The node's own name is looked up meanwhile (it can take up to a second).
+        let hostname = s.hostname.clone();
+        let hostname_lookup = tokio::spawn(async move {
+            match tokio::time::timeout(
+                HOSTNAME_LOOKUP_TIMEOUT,
+                tokio::net::lookup_host((hostname.as_str(), 0)),
+            )
+            .await
+            {
+                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                _ => hostname.parse::<IpAddr>().into_iter().collect::<Vec<_>>(),
+            }
+        });
         // The endpoints the last run used, NAT-discovered ones among them: kept as discovered
         // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
         // reconcile does not send the restored peers back to their announced addresses.
         let mut discovered = BTreeMap::new();
         if let Some(restored) = restored {
-            let peers = restored.peers.len();
-            wg.apply_and_handshake(&restored)?;
-            tracing::info!(peers, "restored the WireGuard peers of the last run");
             discovered.extend(
                 restored
                     .peers
                     .iter()
                     .filter_map(|p| Some((Key(*p.public_key.as_bytes()), p.endpoint?))),
             );
+            let snapshot = backend.complete_within(RESTORE_WAIT).await;
+            match stale_restore(&snapshot, &s) {
+                Some(why) => {
+                    tracing::info!("not restoring the WireGuard peers of the last run: {why}")
+                }
+                None => {
+                    let peers = restored.peers.len();
+                    wg.apply_and_handshake(&restored)?;
+                    tracing::info!(peers, "restored the WireGuard peers of the last run");
+                }
+            }
         }
         let resolver = match TokioResolver::builder_tokio() {
             Ok(mut builder) => {
@@ -283,15 +304,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 None
             }
         };
-        let hostname_ips = match tokio::time::timeout(
-            Duration::from_secs(1),
-            tokio::net::lookup_host((s.hostname.as_str(), 0)),
-        )
-        .await
-        {
-            Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
-            _ => s.hostname.parse::<IpAddr>().into_iter().collect(),
-        };
+        let hostname_ips = hostname_lookup
+            .await
+            .context("looking up the node's name")?;
         let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
         Ok(Self {
@@ -479,6 +494,29 @@ impl Agent {
             }
         }
     }
+}
+
+/// How long kg waits for the backend to list everything before it restores the last run's
+/// peers: long enough for a healthy API server's lists, so the first reconcile decides from
+/// the cluster as it is; short, since until then a restarted leader forwards nothing.
+const RESTORE_WAIT: Duration = Duration::from_millis(300);
+
+/// How long the lookup of the node's own name may take.
+const HOSTNAME_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why the last run's peers must not come back, judged from `snapshot` (complete or not):
+/// another node holds this node's location's lease, so this node does not lead. Had it led
+/// when it died (a leader returning after its successor took over), its saved peers would make
+/// it act as a leader until its first reconcile; a follower's are not needed before then
+/// either. `None`: restore them.
+fn stale_restore(snapshot: &Snapshot, s: &Settings) -> Option<String> {
+    let own = snapshot.nodes.get(&s.hostname)?;
+    let (node, _) = control::node::translate_node(own, &s.args.topology_label);
+    let holder = control::leader::led_by_another(&node, &snapshot.leases, unix_ms())?;
+    Some(format!(
+        "{holder} holds the lease of location {} now",
+        node.location
+    ))
 }
 
 /// Runs kg until SIGINT or SIGTERM.

@@ -322,7 +322,11 @@ impl FileBackend {
         if !dir.is_dir() {
             bail!("--cluster-dir {} is not a directory", dir.display());
         }
-        let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
+        // Read whole and at once below: the first snapshot a reader sees is complete.
+        let (tx, _) = watch::channel(Arc::new(Snapshot {
+            listed: super::Listed::EVERYTHING,
+            ..Snapshot::default()
+        }));
         let backend = Arc::new(Self {
             dir: dir.to_path_buf(),
             tx,

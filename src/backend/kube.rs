@@ -45,7 +45,6 @@ use slim::SlimNode;
 pub struct KubeBackend {
     client: Client,
     tx: watch::Sender<Arc<Snapshot>>,
-    listed: watch::Sender<bool>,
     healthy: Arc<AtomicBool>,
 }
 
@@ -113,13 +112,19 @@ impl KubeBackend {
     /// leases).
     pub fn start(config: Config, watch_leases: bool) -> Result<Self> {
         let client = Client::try_from(config).context("building the Kubernetes client")?;
-        let (tx, _) = watch::channel(Arc::new(Snapshot::default()));
-        let (listed, _) = watch::channel(false);
+        // Without lease election there are no leases to wait for.
+        let listed = super::Listed {
+            leases: !watch_leases,
+            ..super::Listed::default()
+        };
+        let (tx, _) = watch::channel(Arc::new(Snapshot {
+            listed,
+            ..Snapshot::default()
+        }));
         let healthy = Arc::new(AtomicBool::new(true));
         let backend = Self {
             client,
             tx,
-            listed,
             healthy,
         };
         backend.watch_nodes();
@@ -137,8 +142,8 @@ impl KubeBackend {
 
     /// Waits (up to `timeout`) until the first full list of Nodes has arrived; false on timeout.
     pub async fn wait_listed(&self, timeout: std::time::Duration) -> bool {
-        let mut rx = self.listed.subscribe();
-        tokio::time::timeout(timeout, rx.wait_for(|listed| *listed))
+        let mut rx = self.tx.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|s| s.listed.nodes))
             .await
             .is_ok_and(|r| r.is_ok())
     }
@@ -152,7 +157,6 @@ impl KubeBackend {
         let api: Api<SlimNode> = Api::all(self.client.clone());
         let mut nodes = NodeWatch {
             tx: self.tx.clone(),
-            listed: self.listed.clone(),
             healthy: self.healthy.clone(),
             pending: None,
             pace: Pace::new(pace::NOTIFY_INTERVAL),
@@ -218,7 +222,9 @@ impl KubeBackend {
                         warned = false;
                         if let Some(peers) = pending.take() {
                             tx.send_if_modified(|s| {
-                                s.peers != peers && Arc::make_mut(s).replace_peers(peers)
+                                let changed =
+                                    s.peers != peers && Arc::make_mut(s).replace_peers(peers);
+                                mark_listed(s, |l| &mut l.peers) || changed
                             });
                         }
                     }
@@ -237,6 +243,9 @@ impl KubeBackend {
                         });
                     }
                     Err(e) => {
+                        // Without the CRD there are no Peers to wait for: kg meshes without
+                        // them. (An API server that cannot be reached lists no Nodes either.)
+                        tx.send_if_modified(|s| mark_listed(s, |l| &mut l.peers));
                         if !warned {
                             tracing::warn!(error = %e, "cannot watch Peers (is the peers.kilo.squat.ai CRD installed?); running without Peers and retrying");
                             warned = true;
@@ -304,10 +313,23 @@ impl KubeBackend {
     }
 }
 
+/// Records in `snapshot` that the kind `which` picks has been listed; true when that is news.
+pub(super) fn mark_listed(
+    snapshot: &mut Arc<Snapshot>,
+    which: impl Fn(&mut super::Listed) -> &mut bool,
+) -> bool {
+    let mut listed = snapshot.listed;
+    if *which(&mut listed) {
+        return false;
+    }
+    *which(&mut listed) = true;
+    Arc::make_mut(snapshot).listed = listed;
+    true
+}
+
 /// The Node watch's side of the snapshot: the events taken in, readers told per [`Pace`].
 struct NodeWatch {
     tx: watch::Sender<Arc<Snapshot>>,
-    listed: watch::Sender<bool>,
     healthy: Arc<AtomicBool>,
     /// The Nodes of a re-list in progress.
     pending: Option<BTreeMap<String, Arc<KubeNode>>>,
@@ -331,14 +353,13 @@ impl NodeWatch {
             Ok(Event::InitDone) => {
                 if let Some(nodes) = self.pending.take() {
                     // A re-list is announced at once (with whatever else was held back).
-                    if self
-                        .tx
-                        .send_if_modified(|s| Arc::make_mut(s).replace_nodes(nodes))
-                    {
+                    if self.tx.send_if_modified(|s| {
+                        let changed = Arc::make_mut(s).replace_nodes(nodes);
+                        mark_listed(s, |l| &mut l.nodes) || changed
+                    }) {
                         pace.notified(Instant::now());
                     }
                 }
-                self.listed.send_replace(true);
             }
             // Compared before anything is cloned: an identical object (a re-sent event) wakes
             // nobody.

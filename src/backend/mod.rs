@@ -32,6 +32,36 @@ pub struct Snapshot {
     pub leases: BTreeMap<String, LeaseState>,
     /// Which Nodes changed, so a reader can catch up on those alone.
     pub changes: ChangeLog,
+    /// What the backend has listed at least once: until every kind is, the snapshot may lack
+    /// objects that exist (see [`Listed::all`]).
+    pub listed: Listed,
+}
+
+/// The kinds of object a backend has listed at least once since it started. A reader that acts
+/// on a partial picture (the Nodes without the Leases, say) would elect the wrong leader for
+/// as long as the rest takes to arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Listed {
+    /// The Nodes.
+    pub nodes: bool,
+    /// The Peers (or the Peer watch failed before its first list: no CRD, no Peers).
+    pub peers: bool,
+    /// The leases (or leases are not watched, or their watch failed before its first list).
+    pub leases: bool,
+}
+
+impl Listed {
+    /// Everything listed: what a backend that reads all at once (the file backend) starts with.
+    pub const EVERYTHING: Self = Self {
+        nodes: true,
+        peers: true,
+        leases: true,
+    };
+
+    /// True once every kind has been listed.
+    pub fn all(self) -> bool {
+        self.nodes && self.peers && self.leases
+    }
 }
 
 impl Snapshot {
@@ -220,6 +250,14 @@ impl Backend {
             Self::File(f) => f.subscribe(),
             Self::Kube(k) => k.subscribe(),
         }
+    }
+
+    /// The snapshot once everything is listed (see [`Listed`]), or as it is after `timeout`.
+    pub async fn complete_within(&self, timeout: std::time::Duration) -> Arc<Snapshot> {
+        let mut rx = self.subscribe();
+        let _ = tokio::time::timeout(timeout, rx.wait_for(|s| s.listed.all())).await;
+        let snapshot = Arc::clone(&rx.borrow());
+        snapshot
     }
 
     /// False while the backend cannot be read (API server or cluster directory unreachable).

@@ -451,3 +451,34 @@ fn every_migration_order_keeps_every_agent_agreeing_through_leader_restarts() {
         assert_eq!(lease_agreement(&cluster), Agreement::Leases);
     }
 }
+
+#[test]
+fn a_returning_node_knows_another_leads_its_location_only_by_a_valid_foreign_lease() {
+    let nodes = members();
+    let n1 = &nodes[0];
+    let leases = |l: LeaseState| BTreeMap::from([(lease_name("east"), l)]);
+    // n3 took the lease while n1 was away: n1's saved leader peers are stale.
+    assert_eq!(
+        led_by_another(n1, &leases(lease("n3", NOW - 1_000)), NOW),
+        Some("n3")
+    );
+    // Its own lease, an expired one, none at all, or another location's: nothing says so.
+    assert_eq!(
+        led_by_another(n1, &leases(lease("n1", NOW - 1_000)), NOW),
+        None
+    );
+    assert_eq!(
+        led_by_another(n1, &leases(lease("n3", NOW - LEASE_DURATION_MS)), NOW),
+        None
+    );
+    assert_eq!(led_by_another(n1, &BTreeMap::new(), NOW), None);
+    let west = BTreeMap::from([(lease_name("west"), lease("n3", NOW))]);
+    assert_eq!(led_by_another(n1, &west, NOW), None);
+    // Annotated to lead, n1 may take the lead back at once.
+    let mut annotated = n1.clone();
+    annotated.leader = true;
+    assert_eq!(
+        led_by_another(&annotated, &leases(lease("n3", NOW - 1_000)), NOW),
+        None
+    );
+}

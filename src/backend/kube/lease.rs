@@ -53,7 +53,11 @@ impl KubeBackend {
                     Ok(Event::InitDone) => {
                         warned = false;
                         if let Some(leases) = pending.take() {
-                            tx.send_if_modified(|s| Arc::make_mut(s).replace_leases(leases));
+                            tx.send_if_modified(|s| {
+                                let changed =
+                                    s.leases != leases && Arc::make_mut(s).replace_leases(leases);
+                                super::mark_listed(s, |l| &mut l.leases) || changed
+                            });
                         }
                     }
                     Ok(Event::Apply(l)) => {
@@ -81,6 +85,9 @@ impl KubeBackend {
                         }
                     }
                     Err(e) => {
+                        // Leases that cannot be read elect nobody: Kilo's rule decides until
+                        // they can, so they are not waited for.
+                        tx.send_if_modified(|s| super::mark_listed(s, |l| &mut l.leases));
                         if !warned {
                             tracing::warn!(error = %e, namespace = LEASE_NAMESPACE, "cannot watch Leases (does the kilo ServiceAccount have the kilo-leases Role?); retrying");
                             warned = true;

@@ -28,10 +28,8 @@ fn node(name: &str, resource_version: &str, last_seen: &str) -> SlimNode {
 
 fn watch() -> (NodeWatch, watch::Receiver<Arc<Snapshot>>) {
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
-    let (listed, _) = watch::channel(false);
     let nodes = NodeWatch {
         tx,
-        listed,
         healthy: Arc::new(AtomicBool::new(true)),
         pending: None,
         pace: Pace::new(NOTIFY_INTERVAL),
@@ -74,6 +72,20 @@ fn a_burst_is_applied_at_once_and_announced_once() {
     nodes.handle(Ok(Event::Delete(node("b", "4", "131"))));
     assert!(nodes.pace.due().is_some());
     assert!(!rx.borrow().nodes.contains_key("b"));
+}
+
+#[test]
+fn the_first_node_list_is_news_even_when_empty_and_a_same_relist_is_not() {
+    let (mut nodes, mut rx) = watch();
+    assert!(!rx.borrow().listed.nodes);
+    nodes.handle(Ok(Event::Init));
+    nodes.handle(Ok(Event::InitDone));
+    assert!(rx.has_changed().unwrap(), "an empty cluster is listed too");
+    let listed = rx.borrow_and_update().listed;
+    assert!(listed.nodes && !listed.peers && !listed.leases);
+    nodes.handle(Ok(Event::Init));
+    nodes.handle(Ok(Event::InitDone));
+    assert!(!rx.has_changed().unwrap(), "the same empty list again is no news");
 }
 
 #[test]
