@@ -11,7 +11,7 @@ use control::node::annotation;
 use control::routes::RoutePlan;
 use kilotun::agent::Trigger;
 use kilotun::agent::{shells::twins::Calls, twin_agent::TwinAgent};
-use kilotun::backend::Snapshot;
+use kilotun::backend::{Listed, Snapshot};
 
 const NODES: usize = 1000;
 const LOCATIONS: usize = 100;
@@ -54,7 +54,10 @@ impl Fixture {
         .await
         .unwrap();
         let now = unix_now();
-        let mut snapshot = Snapshot::default();
+        let mut snapshot = Snapshot {
+            listed: Listed::EVERYTHING,
+            ..Snapshot::default()
+        };
         let mut rv = 0;
         for mut node in synthetic_cluster(NODES, LOCATIONS) {
             node.last_seen = now;

@@ -26,7 +26,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kilotun::agent::twin_agent::TwinAgent;
 use kilotun::agent::Trigger;
-use kilotun::backend::Snapshot;
+use kilotun::backend::{Listed, Snapshot};
 
 const LOCAL: &str = "node-00000";
 
@@ -81,7 +81,10 @@ fn after(c: &mut Criterion, count: usize) {
             "--mtu=1420",
         ]))
         .expect("agent");
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot {
+            listed: Listed::EVERYTHING,
+            ..Snapshot::default()
+        };
     for (name, object) in objects(count) {
         snapshot.put_node(&name, (*object).clone());
     }

@@ -58,6 +58,8 @@ pub(super) struct Memo {
     pub(super) engine_configured: bool,
     /// Leader-election leases and the leaders they give.
     pub(super) leases: super::lease::Leases,
+    /// True once a snapshot with everything listed was ingested (see `Snapshot::listed`).
+    listed: bool,
 }
 
 impl Memo {
@@ -79,6 +81,7 @@ impl Memo {
             applied: Applied::default(),
             engine_configured: false,
             leases: Default::default(),
+            listed: false,
         }
     }
 }
@@ -94,6 +97,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// it changes.
     pub async fn settle(&mut self, trigger: Trigger) -> Result<()> {
         self.metrics.reconciles.inc();
+        if !self.memo.listed {
+            // Nodes without their leases would elect by Kilo's rule, a leader the leases may
+            // not name: nothing is decided from a partial picture.
+            tracing::debug!("waiting for the backend's first list of Nodes, Peers and Leases");
+            return Ok(());
+        }
         let now_unix = unix_now();
         let detection = DetectionInputs::of(self.memo.local_object.as_deref());
         let full = trigger.lists_the_host()
@@ -211,6 +220,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// nothing of `snapshot` but the shared objects, so the backend never has to copy a
     /// snapshot a reader still holds.
     pub fn ingest(&mut self, snapshot: &Snapshot) {
+        self.memo.listed |= snapshot.listed.all();
         self.memo.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
         self.memo.leases.ingest(&snapshot.leases, unix_ms());
         let table = &mut self.memo.table;
