@@ -82,9 +82,9 @@ fn after(c: &mut Criterion, count: usize) {
         ]))
         .expect("agent");
     let mut snapshot = Snapshot {
-            listed: Listed::EVERYTHING,
-            ..Snapshot::default()
-        };
+        listed: Listed::EVERYTHING,
+        ..Snapshot::default()
+    };
     for (name, object) in objects(count) {
         snapshot.put_node(&name, (*object).clone());
     }

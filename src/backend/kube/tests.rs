@@ -85,7 +85,10 @@ fn the_first_node_list_is_news_even_when_empty_and_a_same_relist_is_not() {
     assert!(listed.nodes && !listed.peers && !listed.leases);
     nodes.handle(Ok(Event::Init));
     nodes.handle(Ok(Event::InitDone));
-    assert!(!rx.has_changed().unwrap(), "the same empty list again is no news");
+    assert!(
+        !rx.has_changed().unwrap(),
+        "the same empty list again is no news"
+    );
 }
 
 #[test]
