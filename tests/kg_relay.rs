@@ -254,4 +254,24 @@ fn a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes() {
         "gap {gap:?}\n{}",
         c.logs()
     );
+
+    // Then the answering home behind its NAT: its next kg restores the hub as its peer and
+    // handshakes at once, through the same NAT mapping.
+    let h2 = c.nodes.iter().position(|n| n.name == "h2").unwrap();
+    let killed = Instant::now();
+    c.nodes[h2].kill();
+    c.start_kg(h2, &["--encapsulate=never"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "restart of the answering home behind NAT: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
 }
