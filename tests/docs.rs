@@ -103,8 +103,12 @@ fn broken(from: &Path, target: &str) -> Option<String> {
         return Some(format!("{target}: no file {}", path.display()));
     }
     let fragment = fragment?;
-    (!anchors(&path).contains(fragment))
-        .then(|| format!("{target}: no heading in {} has the anchor #{fragment}", path.display()))
+    (!anchors(&path).contains(fragment)).then(|| {
+        format!(
+            "{target}: no heading in {} has the anchor #{fragment}",
+            path.display()
+        )
+    })
 }
 
 #[test]
@@ -120,8 +124,15 @@ fn every_relative_link_names_a_file_and_heading_that_exist() {
             }
         }
     }
-    assert!(checked > 20, "only {checked} links found: is the parser broken?");
-    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    assert!(
+        checked > 20,
+        "only {checked} links found: is the parser broken?"
+    );
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -137,7 +148,10 @@ fn every_page_of_docs_is_linked_from_the_readme() {
         .map(|p| format!("docs/{}", p.file_name().unwrap().to_string_lossy()))
         .filter(|page| !linked.contains(page))
         .collect();
-    assert!(orphans.is_empty(), "pages the README does not link: {orphans:?}");
+    assert!(
+        orphans.is_empty(),
+        "pages the README does not link: {orphans:?}"
+    );
 }
 
 #[test]

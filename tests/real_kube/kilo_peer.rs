@@ -105,6 +105,9 @@ struct Mixed {
     wireguard_go: Vec<Option<Child>>,
     k: KubeCluster,
     kilo: PathBuf,
+    /// Kilo's `--clean-up`: with `true` (its default, and its manifests'), a Kilo agent that
+    /// stops removes the node's routes and annotations before kilotun's starts.
+    kilo_clean_up: bool,
     _mount_point: KiloDirMountPoint,
 }
 
@@ -123,12 +126,18 @@ const KILOTUN_FLAGS: &[&str] = &["--leader-election=lease"];
 impl Mixed {
     /// The cluster of [`NODES`] with node `i` run by `agents[i]`, returned once meshed.
     fn start(test: &str, agents: &[Agent]) -> Option<Self> {
+        Self::start_cleaning_up(test, agents, false)
+    }
+
+    /// [`Mixed::start`] with Kilo's agents run with `--clean-up=kilo_clean_up`.
+    fn start_cleaning_up(test: &str, agents: &[Agent], kilo_clean_up: bool) -> Option<Self> {
         let kilo = kilo_build(test)?;
         let k = KubeCluster::new(test, "", &["east", "west"], NODES)?;
         let mut m = Self {
             wireguard_go: NODES.iter().map(|_| None).collect(),
             k,
             kilo,
+            kilo_clean_up,
             _mount_point: KiloDirMountPoint::ensure(),
         };
         fs::create_dir_all(m.k.c.work.join("keys")).unwrap();
@@ -248,10 +257,10 @@ impl Mixed {
                 "--encapsulate=never",
                 "--mesh-granularity=location",
                 "--log-level=debug",
-                // A migration as kilotun's own rollouts do it: the node's annotations stay for
-                // the agent that replaces this one.
-                "--clean-up=false",
             ])
+            // Without clean-up, a migration as kilotun's own rollouts do it: the node's
+            // annotations stay for the agent that replaces this one.
+            .arg(format!("--clean-up={}", self.kilo_clean_up))
             .arg(format!("--internal-cidr={ip}/32"));
         self.k.c.start_kg_command(i, cmd);
     }
@@ -406,8 +415,13 @@ fn kilo_and_kilotun_mesh_and_agree_on_every_leader() {
 /// Unless kilotun's first configuration starts handshakes at once, east waits for WireGuard's
 /// keepalive + rekey timeout (about 15 s: 14.9 s and 15.2 s measured before it did).
 fn migrate_in_order(test: &str, order: &[&str]) {
+    migrate_in_order_cleaning_up(test, order, false);
+}
+
+/// [`migrate_in_order`] with Kilo's agents run with `--clean-up=kilo_clean_up`.
+fn migrate_in_order_cleaning_up(test: &str, order: &[&str], kilo_clean_up: bool) {
     let started = Instant::now();
-    let Some(mut m) = Mixed::start(test, &[Agent::Kilo; 4]) else {
+    let Some(mut m) = Mixed::start_cleaning_up(test, &[Agent::Kilo; 4], kilo_clean_up) else {
         return;
     };
     eprintln!(
@@ -497,4 +511,65 @@ fn nodes_migrate_from_kilo_to_kilotun_leaders_last() {
         "nodes_migrate_from_kilo_to_kilotun_leaders_last",
         &["n2", "n4", "n1", "n3"],
     );
+}
+
+#[test]
+fn nodes_migrate_from_kilo_to_kilotun_location_by_location() {
+    migrate_in_order(
+        "nodes_migrate_from_kilo_to_kilotun_location_by_location",
+        &["n1", "n2", "n4", "n3"],
+    );
+}
+
+/// Not met yet, so not run by default (`--ignored` runs it): Kilo's agents cleaning up as its
+/// manifests run them (`--clean-up=true`) remove a node's annotations when they stop, so Kilo's
+/// remaining agents re-elect and replace their WireGuard peers (dropping sessions) twice per
+/// step. Measured: 6.1 s at the first leader's step, then 1.25 to 1.36 s; followers first,
+/// 15.4 s. [`kilo_alone_recovers_from_a_follower_restarting_with_clean_up`] shows the same
+/// 15 s in a cluster of Kilo alone: the cost is Kilo's, while any of its leaders remain.
+#[test]
+#[ignore = "with Kilo cleaning up, the first leader's step costs about 6 s (Kilo's re-election)"]
+fn nodes_migrate_from_kilo_cleaning_up_as_its_manifests_run_it_leaders_first() {
+    migrate_in_order_cleaning_up(
+        "nodes_migrate_from_kilo_cleaning_up_as_its_manifests_run_it_leaders_first",
+        &["n1", "n3", "n2", "n4"],
+        true,
+    );
+}
+
+/// The baseline for the migrations above: in a cluster of Kilo alone, a follower's Kilo agent
+/// restarting with `--clean-up=true` stops every cross-location flow (its annotations go and
+/// come back; Kilo's leaders replace their peers each time). Traffic must come back; the gap is
+/// printed (15.3 s measured, every pair).
+#[test]
+fn kilo_alone_recovers_from_a_follower_restarting_with_clean_up() {
+    let test = "kilo_alone_recovers_from_a_follower_restarting_with_clean_up";
+    let Some(mut m) = Mixed::start_cleaning_up(test, &[Agent::Kilo; 4], true) else {
+        return;
+    };
+    let pingers = cross_pingers(&m);
+    let i = 1;
+    let step = Instant::now();
+    m.k.c.nodes[i].stop();
+    if let Some(mut wg) = m.wireguard_go[i].take() {
+        // SAFETY: signalling the wireguard-go this test started.
+        unsafe { libc::kill(wg.id() as i32, libc::SIGTERM) };
+        let _ = wg.wait();
+    }
+    m.start_kilo(i);
+    for (pair, p) in &pingers {
+        assert!(
+            p.wait_flowing(step, Duration::from_secs(40)),
+            "{pair} never flowed again\n{}\n{}",
+            m.k.c.logs(),
+            m.wireguard_go_logs()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for (pair, p) in &pingers {
+        eprintln!(
+            "{test}: n2 restarted as Kilo with clean-up: {pair} longest gap {:.2} s",
+            p.longest_gap_after(step).as_secs_f64()
+        );
+    }
 }
