@@ -41,6 +41,15 @@ pub const TIMER_TICK: Duration = Duration::from_millis(250);
 /// WireGuard's passive keepalive: data received and not followed by anything sent for this long
 /// is acknowledged with a keepalive, so its sender knows the path works.
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an initiation sent by [`Engine::initiate_handshakes`] waits for an answer before
+/// another is sent, instead of WireGuard's 5 s REKEY_TIMEOUT. A restarted agent's first
+/// initiation often reaches a peer whose own agent has not added it back yet (Kilo's agent,
+/// after a node's annotations went and came back, reconfigures its WireGuard a moment later
+/// and drops what came before): waiting the full 5 s cost a migrating node 6 s of traffic.
+pub(crate) const EAGER_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How many such early initiations follow the first, at most: by then REKEY_TIMEOUT's own
+/// retries take over.
+pub(crate) const EAGER_RETRIES: u8 = 4;
 
 /// Handshake messages per second the whole device verifies before answering with cookies.
 const DEVICE_HANDSHAKE_RATE_LIMIT: u64 = 100;
@@ -263,6 +272,8 @@ impl Engine {
     /// of its last run: the other side still sends on a session that died with the old process,
     /// and would wait for its own timers (up to about 15 s) before it starts a new one. (A peer
     /// with a persistent keepalive starts one at its first tick anyway; this is for the rest.)
+    /// An initiation left unanswered is sent again every [`EAGER_RETRY_AFTER`], up to
+    /// [`EAGER_RETRIES`] times, until a handshake completes.
     pub fn initiate_handshakes(&self) -> usize {
         let state = self.state.load();
         let mut marked = 0;
@@ -569,6 +580,7 @@ impl Engine {
         }
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.initiation_pending = false;
+            core.eager_retry = None;
             core.last_handshake = Some(now);
             shared.handshakes.fetch_add(1, Ordering::Relaxed);
         }

@@ -106,3 +106,46 @@ fn the_last_answer_on_a_quiet_link_is_acknowledged_within_ten_seconds() {
         "A's passive keepalive answered B within 12 s"
     );
 }
+
+/// A restarted device's first initiation is lost (the peer's agent had not added it back yet):
+/// the next goes out a second later, not after WireGuard's 5 s REKEY_TIMEOUT, and the retries
+/// stop once a handshake completes.
+#[test]
+fn a_lost_first_initiation_after_a_restart_is_retried_within_a_second() {
+    let mut pair = EnginePair::new();
+    let mut now = Instant::now();
+    assert_eq!(pair.a.engine.initiate_handshakes(), 1);
+    let mut lost = Outbox::default();
+    pair.a.engine.handle_timers(now, &mut lost);
+    assert_eq!(
+        lost.to_network.len(),
+        1,
+        "the first initiation, which is lost"
+    );
+    let started = now;
+    while pair.a.engine.peer_stats()[0].handshakes == 0 {
+        advance(&mut now, Duration::from_millis(250));
+        pair.tick(now);
+        assert!(
+            now - started <= Duration::from_secs(2),
+            "no handshake within 2 s of the lost initiation"
+        );
+    }
+    let waited = now - started;
+    assert!(
+        waited >= Duration::from_secs(1),
+        "retried after {waited:?}, before the first could be answered"
+    );
+    // Once the session is up, nothing more is sent early: a quiet link stays quiet.
+    let mut quiet = Outbox::default();
+    for _ in 0..16 {
+        advance(&mut now, Duration::from_millis(250));
+        pair.a.engine.handle_timers(now, &mut quiet);
+    }
+    assert_eq!(
+        quiet.to_network.len(),
+        0,
+        "no initiation once the handshake completed"
+    );
+    assert_eq!(pair.a.engine.peer_stats()[0].handshakes, 1);
+}

@@ -40,6 +40,9 @@ pub(crate) struct PeerCore {
     /// Set by [`Engine::initiate_handshakes`](super::Engine::initiate_handshakes): send a
     /// handshake initiation at the next timer tick unless a session is up by then.
     pub(crate) handshake_due: bool,
+    /// After that initiation: when to send another if no handshake has completed by then, and
+    /// how many more may follow (see [`EAGER_RETRY_AFTER`](super::EAGER_RETRY_AFTER)).
+    pub(crate) eager_retry: Option<(Instant, u8)>,
     /// We sent a handshake initiation and no handshake has completed since.
     pub(crate) initiation_pending: bool,
     /// When the oldest data packet or handshake initiation sent since the last authenticated
@@ -79,6 +82,7 @@ impl PeerShared {
                 last_handshake: None,
                 keepalive_due: config.persistent_keepalive > 0,
                 handshake_due: false,
+                eager_retry: None,
                 initiation_pending: false,
                 unanswered_since: None,
                 unacknowledged_since: None,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use boringtun::noise::TunnResult;
 
 use super::peer::{PeerCore, PeerShared};
-use super::{Engine, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
+use super::{Engine, EAGER_RETRIES, EAGER_RETRY_AFTER, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
 use crate::config::PeerConfig;
 use crate::outbox::{offset_within, Outbox};
 
@@ -34,16 +34,24 @@ impl Engine {
             let shared = &entry.shared;
             let mut core = shared.core.lock();
             let endpoint = core.endpoint;
-            let initiate = std::mem::take(&mut core.handshake_due)
-                && core.last_handshake.is_none()
-                && endpoint.is_some();
+            let unshaken = core.last_handshake.is_none() && endpoint.is_some();
+            let initiate = std::mem::take(&mut core.handshake_due) && unshaken;
+            let retry = !initiate && unshaken && core.eager_retry.is_some_and(|(at, _)| now >= at);
+            if initiate {
+                core.eager_retry = Some((now + EAGER_RETRY_AFTER, EAGER_RETRIES));
+            } else if retry {
+                core.eager_retry = core
+                    .eager_retry
+                    .and_then(|(_, left)| (left > 1).then(|| (now + EAGER_RETRY_AFTER, left - 1)));
+            }
             let Some(tunn) = core.tunn.as_mut() else {
                 continue;
             };
             let slot = out.to_network.reserve(MIN_OUTPUT);
             let base = slot.as_ptr();
-            let result = if initiate {
-                tunn.format_handshake_initiation(slot, false)
+            let result = if initiate || retry {
+                // A retry replaces the unanswered initiation (a new ephemeral key and index).
+                tunn.format_handshake_initiation(slot, retry)
             } else {
                 tunn.update_timers(slot)
             };
