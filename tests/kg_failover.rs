@@ -11,27 +11,6 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::pinger::Pinger;
 
-fn lease_holder(c: &Cluster, location: &str) -> Option<String> {
-    let text = std::fs::read_to_string(c.dir.join(format!("lease-kilotun-leader-{location}.yaml")))
-        .ok()?;
-    let value: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
-    value["spec"]["holderIdentity"].as_str().map(str::to_string)
-}
-
-/// The nodes whose WireGuard link is up (leaders).
-fn leading(c: &Cluster, names: &[&str]) -> Vec<String> {
-    names
-        .iter()
-        .filter(|n| {
-            let node = c.node(n);
-            let out = node.ns.output(&["ip", "-br", "link", "show", &node.iface]);
-            String::from_utf8_lossy(&out.stdout).contains(" UP ")
-                || String::from_utf8_lossy(&out.stdout).contains("UNKNOWN")
-        })
-        .map(|n| n.to_string())
-        .collect()
-}
-
 /// n1 and n2 in east, n3 in west, meshed. Returns the cluster, east's leader (the lease
 /// holder: whichever node took the lease first) and the other east node with its pod address.
 fn east_west() -> (Cluster, (usize, &'static str), (&'static str, &'static str)) {
@@ -42,17 +21,17 @@ fn east_west() -> (Cluster, (usize, &'static str), (&'static str, &'static str))
     for i in 0..3 {
         c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
     }
-    let leads = |c: &Cluster| leading(c, &["n1", "n2"]);
+    let leads = |c: &Cluster| c.leading(&["n1", "n2"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| {
         c.all_pods_reachable().is_ok()
             && leads(c).len() == 1
-            && lease_holder(c, "east") == leads(c).first().cloned()
+            && c.lease_holder("east") == leads(c).first().cloned()
     });
     assert!(
         meshed,
         "{:?} lease {:?} leading {:?}\n{}",
         c.all_pods_reachable(),
-        lease_holder(&c, "east"),
+        c.lease_holder("east"),
         leads(&c),
         c.logs()
     );
@@ -109,9 +88,9 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
     assert!(back, "traffic never came back\n{}", c.logs());
     assert!(gap < Duration::from_secs(10), "gap {gap:?}\n{}", c.logs());
     let taken = c.wait_for(Duration::from_secs(5), |c| {
-        lease_holder(c, "east").as_deref() == Some(other)
+        c.lease_holder("east").as_deref() == Some(other)
     });
-    assert!(taken, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    assert!(taken, "{:?}\n{}", c.lease_holder("east"), c.logs());
     // kgctl reads the leases too: the new leader has a configuration, the old one none.
     let dir = format!("--cluster-dir={}", c.dir.display());
     let kgctl = |node: &str| {
@@ -136,12 +115,12 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
     let since = Instant::now();
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(
-        lease_holder(&c, "east").as_deref(),
+        c.lease_holder("east").as_deref(),
         Some(other),
         "{}",
         c.logs()
     );
-    assert_eq!(leading(&c, &["n1", "n2"]), [other], "{}", c.logs());
+    assert_eq!(c.leading(&["n1", "n2"]), [other], "{}", c.logs());
     // Its saved peers are a leader's: it did not bring them back, not even until its first
     // reconcile, and it never configured itself as a leader.
     let log = c.node(leader).log_text();
@@ -173,7 +152,7 @@ fn a_cordoned_leader_hands_over_before_it_goes() {
     let cordoned = Instant::now();
     cordon(&c, leader);
     let moved = c.wait_for(Duration::from_secs(10), |c| {
-        lease_holder(c, "east").as_deref() == Some(other)
+        c.lease_holder("east").as_deref() == Some(other)
     });
     assert!(moved, "{}", c.logs());
     std::thread::sleep(Duration::from_secs(3));
@@ -189,7 +168,7 @@ fn a_cordoned_leader_hands_over_before_it_goes() {
         "gap {gap:?}\n{}",
         c.logs()
     );
-    assert_eq!(leading(&c, &["n1", "n2"]), [other], "{}", c.logs());
+    assert_eq!(c.leading(&["n1", "n2"]), [other], "{}", c.logs());
 }
 
 #[test]
@@ -209,7 +188,7 @@ fn a_leader_with_its_port_blocked_gives_up_the_lead() {
     assert!(back, "traffic never came back\n{}", c.logs());
     assert!(gap < Duration::from_secs(30), "gap {gap:?}\n{}", c.logs());
     assert_eq!(
-        lease_holder(&c, "east").as_deref(),
+        c.lease_holder("east").as_deref(),
         Some(other),
         "{}",
         c.logs()
@@ -253,7 +232,7 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
     assert!(marked, "east's leader never marked its lease\n{}", c.logs());
     std::thread::sleep(Duration::from_secs(15));
     assert_eq!(
-        lease_holder(&c, "east").as_deref(),
+        c.lease_holder("east").as_deref(),
         Some(leader),
         "{}",
         c.logs()
@@ -273,7 +252,7 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
     let cleared = c.wait_for(Duration::from_secs(10), |c| !marked_cut_off(c));
     assert!(cleared, "{}", c.logs());
     assert_eq!(
-        lease_holder(&c, "east").as_deref(),
+        c.lease_holder("east").as_deref(),
         Some(leader),
         "{}",
         c.logs()
@@ -304,12 +283,12 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
         c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
     }
     let meshed = c.wait_for(Duration::from_secs(40), |c| {
-        c.all_pods_reachable().is_ok() && leading(c, &east).len() == 1
+        c.all_pods_reachable().is_ok() && c.leading(&east).len() == 1
     });
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     // Kilo's rule makes the other east nodes leaders in name order, so the last of them by
     // name survives the three deaths: n3 (west) pings its pod throughout.
-    let first = leading(&c, &east)[0].clone();
+    let first = c.leading(&east)[0].clone();
     let survivor = *east.iter().rev().find(|n| **n != first).unwrap();
     let pinger = Pinger::start(&c.node("n3").ns.name, &c.node(survivor).pod_ip);
     assert!(
@@ -319,7 +298,8 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
     );
     let mut dead: Vec<String> = Vec::new();
     for death in 1..=3 {
-        let leader = leading(&c, &east)
+        let leader = c
+            .leading(&east)
             .into_iter()
             .find(|n| !dead.contains(n))
             .unwrap_or_else(|| panic!("no live leader before death {death}\n{}", c.logs()));
@@ -347,18 +327,18 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
         );
         // The new leader writes the lease at its next lease step (every 2 s).
         let taken = c.wait_for(Duration::from_secs(5), |c| {
-            lease_holder(c, "east").is_some_and(|h| !dead.contains(&h))
+            c.lease_holder("east").is_some_and(|h| !dead.contains(&h))
         });
         assert!(
             taken,
             "death {death}: the lease is still {:?}\n{}",
-            lease_holder(&c, "east"),
+            c.lease_holder("east"),
             c.logs()
         );
         // Let the pinger see a stable stretch before the next death.
         std::thread::sleep(Duration::from_secs(2));
     }
-    assert_eq!(lease_holder(&c, "east").as_deref(), Some(survivor));
+    assert_eq!(c.lease_holder("east").as_deref(), Some(survivor));
 }
 
 #[test]
@@ -379,14 +359,14 @@ fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
     c.start_kg(1, &lease);
     c.start_kg(2, &kilo);
     let meshed = c.wait_for(Duration::from_secs(40), |c| {
-        c.all_pods_reachable().is_ok() && leading(c, &["n1", "n2"]) == ["n1"]
+        c.all_pods_reachable().is_ok() && c.leading(&["n1", "n2"]) == ["n1"]
     });
-    assert!(meshed, "{:?}\n{}", leading(&c, &["n1", "n2"]), c.logs());
+    assert!(meshed, "{:?}\n{}", c.leading(&["n1", "n2"]), c.logs());
     // Kilo's rule decides; its leader keeps east's lease current in its own name meanwhile.
     let mirrored = c.wait_for(Duration::from_secs(5), |c| {
-        lease_holder(c, "east").as_deref() == Some("n1")
+        c.lease_holder("east").as_deref() == Some("n1")
     });
-    assert!(mirrored, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    assert!(mirrored, "{:?}\n{}", c.lease_holder("east"), c.logs());
     assert!(
         c.node("n1")
             .log_text()
@@ -421,9 +401,9 @@ fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
     c.nodes[2].kill();
     c.start_kg(2, &lease);
     let leased = c.wait_for(Duration::from_secs(15), |c| {
-        lease_holder(c, "east").as_deref() == Some("n1")
+        c.lease_holder("east").as_deref() == Some("n1")
     });
-    assert!(leased, "{:?}\n{}", lease_holder(&c, "east"), c.logs());
+    assert!(leased, "{:?}\n{}", c.lease_holder("east"), c.logs());
     assert!(pinger.wait_flowing(migrated, Duration::from_secs(20)));
     std::thread::sleep(Duration::from_secs(3));
     let gap = pinger.longest_gap_after(migrated);
@@ -432,7 +412,7 @@ fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
         gap.as_secs_f64()
     );
     assert!(gap <= Duration::from_secs(2), "gap {gap:?}\n{}", c.logs());
-    assert_eq!(leading(&c, &["n1", "n2"]), ["n1"], "no leader moved");
+    assert_eq!(c.leading(&["n1", "n2"]), ["n1"], "no leader moved");
     assert!(c
         .node("n1")
         .log_text()

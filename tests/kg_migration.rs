@@ -33,30 +33,9 @@ enum Departure {
     CleanedUp,
 }
 
-/// The nodes of `names` whose WireGuard link is up: the leaders.
-fn leading(c: &Cluster, names: &[&str]) -> Vec<String> {
-    names
-        .iter()
-        .filter(|n| {
-            let node = c.node(n);
-            let out = node.ns.output(&["ip", "-br", "link", "show", &node.iface]);
-            let text = String::from_utf8_lossy(&out.stdout);
-            text.contains(" UP ") || text.contains("UNKNOWN")
-        })
-        .map(|n| n.to_string())
-        .collect()
-}
-
-fn lease_holder(c: &Cluster, location: &str) -> Option<String> {
-    let text = std::fs::read_to_string(c.dir.join(format!("lease-kilotun-leader-{location}.yaml")))
-        .ok()?;
-    let value: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
-    value["spec"]["holderIdentity"].as_str().map(str::to_string)
-}
-
 /// Each location's one leader, or `None` while a location has none or several.
 fn leaders(c: &Cluster) -> Option<(String, String)> {
-    let (east, west) = (leading(c, &EAST), leading(c, &WEST));
+    let (east, west) = (c.leading(&EAST), c.leading(&WEST));
     (east.len() == 1 && west.len() == 1).then(|| (east[0].clone(), west[0].clone()))
 }
 
@@ -153,14 +132,14 @@ fn migrate_in_order(test: &str, order: Order, departure: Departure) {
     }
     // Every node runs kilotun: the leases take over, each held by the leader Kilo's rule chose.
     let leased = c.wait_for(Duration::from_secs(15), |c| {
-        lease_holder(c, "east").as_ref() == Some(&chosen.0)
-            && lease_holder(c, "west").as_ref() == Some(&chosen.1)
+        c.lease_holder("east").as_ref() == Some(&chosen.0)
+            && c.lease_holder("west").as_ref() == Some(&chosen.1)
     });
     assert!(
         leased,
         "leases {:?} {:?}, chosen {chosen:?}\n{}",
-        lease_holder(&c, "east"),
-        lease_holder(&c, "west"),
+        c.lease_holder("east"),
+        c.lease_holder("west"),
         c.logs()
     );
     assert_eq!(leaders(&c), Some(chosen), "{}", c.logs());

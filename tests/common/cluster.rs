@@ -554,6 +554,30 @@ impl Cluster {
         self.nodes.iter().find(|n| n.name == name).unwrap()
     }
 
+    /// The nodes of `names` whose WireGuard link is up: the leaders.
+    pub fn leading(&self, names: &[&str]) -> Vec<String> {
+        names
+            .iter()
+            .filter(|n| {
+                let node = self.node(n);
+                let out = node.ns.output(&["ip", "-br", "link", "show", &node.iface]);
+                let text = String::from_utf8_lossy(&out.stdout);
+                text.contains(" UP ") || text.contains("UNKNOWN")
+            })
+            .map(|n| n.to_string())
+            .collect()
+    }
+
+    /// The holder of `location`'s lease in the cluster directory, if any.
+    pub fn lease_holder(&self, location: &str) -> Option<String> {
+        let path = self
+            .dir
+            .join(format!("lease-kilotun-leader-{location}.yaml"));
+        let value: serde_yaml::Value =
+            serde_yaml::from_str(&fs::read_to_string(path).ok()?).ok()?;
+        value["spec"]["holderIdentity"].as_str().map(str::to_string)
+    }
+
     /// Sets (or with `None` removes) annotations on a Node the way another writer would.
     pub fn annotate(&self, node: &str, changes: &[(&str, Option<&str>)]) {
         let backend = FileBackend::open(&self.dir).unwrap();

@@ -269,14 +269,19 @@ impl Mixed {
         self.k.c.start_kg_command(i, cmd);
     }
 
-    /// Stops Kilo's kg and wireguard-go on node `i`, then starts kilotun's kg there.
-    fn migrate(&mut self, i: usize) {
+    /// Stops Kilo's kg (SIGTERM) and then wireguard-go on node `i`.
+    fn stop_kilo(&mut self, i: usize) {
         self.k.c.nodes[i].stop();
         if let Some(mut wg) = self.wireguard_go[i].take() {
             // SAFETY: signalling the wireguard-go this test started.
             unsafe { libc::kill(wg.id() as i32, libc::SIGTERM) };
             let _ = wg.wait();
         }
+    }
+
+    /// Stops Kilo's kg and wireguard-go on node `i`, then starts kilotun's kg there.
+    fn migrate(&mut self, i: usize) {
+        self.stop_kilo(i);
         // Kilo's log is kept beside kilotun's.
         let log = &self.k.c.nodes[i].log;
         let _ = fs::copy(log, log.with_extension("kilo.log"));
@@ -566,12 +571,7 @@ fn kilo_alone_recovers_from_a_follower_restarting_with_clean_up() {
     let pingers = cross_pingers(&m);
     let i = 1;
     let step = Instant::now();
-    m.k.c.nodes[i].stop();
-    if let Some(mut wg) = m.wireguard_go[i].take() {
-        // SAFETY: signalling the wireguard-go this test started.
-        unsafe { libc::kill(wg.id() as i32, libc::SIGTERM) };
-        let _ = wg.wait();
-    }
+    m.stop_kilo(i);
     m.start_kilo(i);
     for (pair, p) in &pingers {
         assert!(
