@@ -500,3 +500,71 @@ fn detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip() {
         "{n2:?}"
     );
 }
+
+/// True when the kernel can create a WireGuard link (tried in `ns`, then removed).
+fn kernel_has_wireguard(ns: &common::Netns) -> bool {
+    let created = ns
+        .output(&["ip", "link", "add", "wgprobe", "type", "wireguard"])
+        .status
+        .success();
+    if created {
+        ns.run(&["ip", "link", "del", "wgprobe"]);
+    }
+    created
+}
+
+#[test]
+fn wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none() {
+    if !common::can_run("wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
+    if kernel_has_wireguard(&c.nodes[0].ns) {
+        eprintln!(
+            "skipped: this kernel has WireGuard (tests/kernel_vm.rs covers --wireguard=auto there)"
+        );
+        return;
+    }
+    c.start_kg(0, &["--encapsulate=never", "--wireguard=auto"]);
+    c.start_kg(1, &["--encapsulate=never"]);
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let log = c.node("n1").log_text();
+    assert!(
+        log.contains("--wireguard=auto: running the embedded engine on")
+            && log.contains("the kernel has no WireGuard"),
+        "{log}"
+    );
+    let (_, status) = c.node("n1").http_get("/status");
+    assert!(status.contains(r#""wireguard": "embedded""#), "{status}");
+    let (_, metrics) = c.node("n1").http_get("/metrics");
+    assert!(
+        metrics.contains("kilotun_wireguard_info{interface=\"")
+            && metrics.contains("implementation=\"embedded\"} 1"),
+        "{metrics}"
+    );
+    // --wireguard=kernel refuses to start here, saying why, and leaves no link behind.
+    let n1 = c.node("n1");
+    let refused = n1.ns.output(&[
+        common::cluster::kg_bin(),
+        "--backend=file",
+        &format!("--cluster-dir={}", c.dir.display()),
+        "--hostname=n1",
+        "--interface=kilo9",
+        "--port=51999",
+        "--listen=127.0.0.1:1199",
+        &format!("--key-file={}", c.work.join("keys/n1-kernel").display()),
+        "--cni=false",
+        "--wireguard=kernel",
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--wireguard=kernel") && stderr.contains("the kernel has no WireGuard"),
+        "{stderr}"
+    );
+    assert!(
+        !n1.ns.run(&["ip", "-o", "link"]).contains("kilo9"),
+        "a link was left behind"
+    );
+}

@@ -21,6 +21,9 @@ pub struct NodeStatus {
     pub granularity: String,
     /// The WireGuard interface.
     pub interface: String,
+    /// The WireGuard kg drives: `embedded`, `kernel` or `uapi` (empty from a kg before it).
+    #[serde(default)]
+    pub wireguard: String,
     /// The WireGuard interface's MTU.
     pub mtu: u32,
     /// The WireGuard listen port.

@@ -1,49 +1,137 @@
-//! The smallest `set=1` request that takes a device from one configuration to another, for
-//! driving a device we do not own (wireguard-go or another kilotun) over its UAPI socket.
+//! The smallest change that takes a device from one configuration to another, for driving a
+//! device we do not own: wireguard-go or another kilotun over its UAPI socket
+//! ([`set_request`]), or the kernel's WireGuard over generic netlink (kg renders the same
+//! [`DeviceChange`] as netlink attributes).
 //!
 //! Unlike a full `replace_peers=true` push, untouched peers are not mentioned, so wireguard-go
-//! keeps their sessions too.
+//! and the kernel keep their sessions too.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use ipnet::IpNet;
 
 use crate::config::{DeviceConfig, PeerConfig};
-use crate::key::SecretKey;
+use crate::key::{PublicKey, SecretKey};
 
-/// The body of a `set=1` request (without the `set=1` line and final blank line) that turns
-/// `current` into `desired`, or `None` when they already agree.
-pub fn set_request(current: &DeviceConfig, desired: &DeviceConfig) -> Option<String> {
-    let mut out = String::new();
-    // Compared by public key: devices clamp the private key they store (wireguard-go does), so
-    // the bytes read back may differ from an unclamped key that was set.
+/// What must change on a device to make its configuration the desired one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceChange {
+    /// The private key to set (`Some(None)`: remove it), when it differs.
+    pub private_key: Option<Option<SecretKey>>,
+    /// The listen port to set, when it differs (a desired 0 keeps the device's own).
+    pub listen_port: Option<u16>,
+    /// The fwmark to set, when it differs.
+    pub fwmark: Option<u32>,
+    /// Peers to remove.
+    pub removed: Vec<PublicKey>,
+    /// Peers to add or update, in the desired order.
+    pub peers: Vec<PeerChange>,
+}
+
+/// One peer to add or update. Every field but the preshared key and the endpoint is sent in
+/// full: the keepalive interval, and the allowed IPs replacing the device's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerChange {
+    /// The peer's public key.
+    pub public_key: PublicKey,
+    /// True when the peer exists already: the device must not create it.
+    pub update_only: bool,
+    /// The preshared key to set (`Some(None)`: clear it), when it differs.
+    pub preshared_key: Option<Option<SecretKey>>,
+    /// The endpoint to set, when one is configured and differs.
+    pub endpoint: Option<SocketAddr>,
+    /// Seconds between keepalives; 0 disables them.
+    pub persistent_keepalive: u16,
+    /// The allowed IPs, replacing the device's list for this peer.
+    pub allowed_ips: Vec<IpNet>,
+}
+
+/// The change that turns `current` into `desired`, or `None` when they already agree.
+pub fn change(current: &DeviceConfig, desired: &DeviceConfig) -> Option<DeviceChange> {
+    let mut change = DeviceChange::default();
+    // Compared by public key: devices clamp the private key they store (wireguard-go and the
+    // kernel do), so the bytes read back may differ from an unclamped key that was set.
     let public = |c: &DeviceConfig| c.interface.private_key.as_ref().map(SecretKey::public_key);
     if public(current) != public(desired) {
-        match &desired.interface.private_key {
-            Some(key) => {
-                let _ = writeln!(out, "private_key={}", key.to_hex());
-            }
-            None => out.push_str("private_key=\n"),
-        }
+        change.private_key = Some(desired.interface.private_key.clone());
     }
     if desired.interface.listen_port != 0
         && current.interface.listen_port != desired.interface.listen_port
     {
-        let _ = writeln!(out, "listen_port={}", desired.interface.listen_port);
+        change.listen_port = Some(desired.interface.listen_port);
     }
     if current.interface.fwmark != desired.interface.fwmark {
-        let _ = writeln!(out, "fwmark={}", desired.interface.fwmark);
+        change.fwmark = Some(desired.interface.fwmark);
     }
-    for peer in &current.peers {
-        if desired.peer(&peer.public_key).is_none() {
-            let _ = writeln!(out, "public_key={}\nremove=true", peer.public_key.to_hex());
-        }
-    }
+    change.removed = current
+        .peers
+        .iter()
+        .filter(|p| desired.peer(&p.public_key).is_none())
+        .map(|p| p.public_key)
+        .collect();
     for peer in &desired.peers {
         match current.peer(&peer.public_key) {
             Some(now) if same_peer(now, peer) => {}
-            now => write_peer(&mut out, now, peer),
+            now => change.peers.push(peer_change(now, peer)),
         }
     }
-    (!out.is_empty()).then_some(out)
+    (change != DeviceChange::default()).then_some(change)
+}
+
+/// The body of a `set=1` request (without the `set=1` line and final blank line) that turns
+/// `current` into `desired`, or `None` when they already agree.
+pub fn set_request(current: &DeviceConfig, desired: &DeviceConfig) -> Option<String> {
+    change(current, desired).map(|change| render_set(&change))
+}
+
+/// `change` as the body of a UAPI `set=1` request.
+pub fn render_set(change: &DeviceChange) -> String {
+    let mut out = String::new();
+    match &change.private_key {
+        Some(Some(key)) => {
+            let _ = writeln!(out, "private_key={}", key.to_hex());
+        }
+        Some(None) => out.push_str("private_key=\n"),
+        None => {}
+    }
+    if let Some(port) = change.listen_port {
+        let _ = writeln!(out, "listen_port={port}");
+    }
+    if let Some(mark) = change.fwmark {
+        let _ = writeln!(out, "fwmark={mark}");
+    }
+    for key in &change.removed {
+        let _ = writeln!(out, "public_key={}\nremove=true", key.to_hex());
+    }
+    for peer in &change.peers {
+        let _ = writeln!(out, "public_key={}", peer.public_key.to_hex());
+        if peer.update_only {
+            out.push_str("update_only=true\n");
+        }
+        match &peer.preshared_key {
+            Some(Some(psk)) => {
+                let _ = writeln!(out, "preshared_key={}", psk.to_hex());
+            }
+            Some(None) => {
+                let _ = writeln!(out, "preshared_key={}", "0".repeat(64));
+            }
+            None => {}
+        }
+        if let Some(endpoint) = peer.endpoint {
+            let _ = writeln!(out, "endpoint={endpoint}");
+        }
+        let _ = writeln!(
+            out,
+            "persistent_keepalive_interval={}",
+            peer.persistent_keepalive
+        );
+        out.push_str("replace_allowed_ips=true\n");
+        for ip in &peer.allowed_ips {
+            let _ = writeln!(out, "allowed_ip={ip}");
+        }
+    }
+    out
 }
 
 fn same_peer(a: &PeerConfig, b: &PeerConfig) -> bool {
@@ -57,34 +145,17 @@ fn same_peer(a: &PeerConfig, b: &PeerConfig) -> bool {
         && (b.endpoint.is_none() || a.endpoint == b.endpoint)
 }
 
-fn write_peer(out: &mut String, current: Option<&PeerConfig>, peer: &PeerConfig) {
-    let _ = writeln!(out, "public_key={}", peer.public_key.to_hex());
-    if current.is_some() {
-        out.push_str("update_only=true\n");
-    }
-    if current.map(|c| &c.preshared_key) != Some(&peer.preshared_key) {
-        match &peer.preshared_key {
-            Some(psk) => {
-                let _ = writeln!(out, "preshared_key={}", psk.to_hex());
-            }
-            None => {
-                let _ = writeln!(out, "preshared_key={}", "0".repeat(64));
-            }
-        }
-    }
-    if let Some(endpoint) = peer.endpoint {
-        if current.and_then(|c| c.endpoint) != Some(endpoint) {
-            let _ = writeln!(out, "endpoint={endpoint}");
-        }
-    }
-    let _ = writeln!(
-        out,
-        "persistent_keepalive_interval={}",
-        peer.persistent_keepalive
-    );
-    out.push_str("replace_allowed_ips=true\n");
-    for ip in &peer.allowed_ips {
-        let _ = writeln!(out, "allowed_ip={ip}");
+fn peer_change(current: Option<&PeerConfig>, peer: &PeerConfig) -> PeerChange {
+    PeerChange {
+        public_key: peer.public_key,
+        update_only: current.is_some(),
+        preshared_key: (current.map(|c| &c.preshared_key) != Some(&peer.preshared_key))
+            .then(|| peer.preshared_key.clone()),
+        endpoint: peer
+            .endpoint
+            .filter(|e| current.and_then(|c| c.endpoint) != Some(*e)),
+        persistent_keepalive: peer.persistent_keepalive,
+        allowed_ips: peer.allowed_ips.clone(),
     }
 }
 

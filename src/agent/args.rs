@@ -20,6 +20,18 @@ pub enum BackendKind {
     File,
 }
 
+/// Which WireGuard kg drives when it creates the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireGuardChoice {
+    /// The engine inside kg: needs no kernel module.
+    Embedded,
+    /// The kernel's WireGuard where the kernel has it, the embedded engine elsewhere: one
+    /// DaemonSet for a mixed fleet.
+    Auto,
+    /// The kernel's WireGuard; kg fails to start where the kernel has none.
+    Kernel,
+}
+
 /// kg: the Kilo agent with an embedded userspace WireGuard engine.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kg", version = crate::VERSION, about, args_override_self = true)]
@@ -57,6 +69,11 @@ pub struct KgArgs {
     /// userspace device (kilotun or wireguard-go) over its UAPI socket.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub create_interface: bool,
+    /// kilotun: which WireGuard kg creates the interface with: embedded (the engine inside kg),
+    /// kernel (the kernel's WireGuard module) or auto (the kernel's where it has one, the
+    /// embedded engine elsewhere).
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub wireguard: WireGuardChoice,
     /// When should Kilo encapsulate packets within a location? Possible values: never, crosssubnet, always.
     #[arg(long, default_value = "always")]
     pub encapsulate: String,
@@ -319,6 +336,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert_eq!(s.args.backend, BackendKind::Kubernetes);
         assert!(s.args.clean_up && s.args.cni && s.args.create_interface && s.args.local);
+        assert_eq!(s.args.wireguard, WireGuardChoice::Embedded);
         assert!(!s.args.clean_up_interface && !s.args.iptables_forward_rules);
         assert_eq!(s.args.interface, "kilo0");
         assert_eq!(s.args.listen, ":1107");

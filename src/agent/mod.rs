@@ -176,7 +176,14 @@ impl Agent {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let wg = if s.args.create_interface {
-            WireGuard::embedded(&s.args.interface, threads, &s.args.socket_dir, true)?
+            WireGuard::create(
+                s.args.wireguard,
+                &s.args.interface,
+                threads,
+                &s.args.socket_dir,
+                &netlink,
+            )
+            .await?
         } else {
             WireGuard::uapi(&s.args.interface, &s.args.socket_dir)?
         };

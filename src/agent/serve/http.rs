@@ -117,6 +117,7 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> Response
         let scrape = match wg.read() {
             Ok((config, peers)) => Some(WireGuardScrape::new(
                 wg.interface(),
+                wg.implementation(),
                 &config,
                 peers,
                 wg.is_embedded().then(|| wg.drops()),

@@ -55,6 +55,13 @@ struct PeerLabels {
     public_key: String,
 }
 
+/// The labels of `kilotun_wireguard_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ImplementationLabels {
+    interface: String,
+    implementation: String,
+}
+
 /// The labels of `kilotun_dropped_packets_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DropLabels {
@@ -169,6 +176,7 @@ fn openmetrics_to_text(openmetrics: &str) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct WireGuardScrape {
     interface: String,
+    implementation: &'static str,
     peers: Vec<(PeerStats, String)>,
     engine: Option<Vec<(DropReason, u64)>>,
 }
@@ -177,9 +185,11 @@ impl WireGuardScrape {
     /// The live state of `interface`: its peers' counters and their allowed IPs from `config`
     /// (only the allowed IPs are kept, never a key). `engine` holds the engine's drop counters
     /// when the device is kg's own engine; `None` for a device over UAPI, whose per-peer
-    /// handshake, failure and roaming counts are unknown and so not exported.
+    /// handshake, failure and roaming counts are unknown and so not exported. `implementation`
+    /// names the WireGuard (`embedded`, `kernel`, `uapi`).
     pub fn new(
         interface: &str,
+        implementation: &'static str,
         config: &DeviceConfig,
         peers: Vec<PeerStats>,
         engine: Option<Vec<(DropReason, u64)>>,
@@ -202,6 +212,7 @@ impl WireGuardScrape {
             .collect();
         Self {
             interface: interface.to_string(),
+            implementation,
             peers,
             engine,
         }
@@ -252,6 +263,16 @@ impl Collector for WireGuardCollector {
         let Some(scrape) = scrape.as_ref() else {
             return Ok(());
         };
+        encode_one(
+            &mut encoder,
+            "kilotun_wireguard",
+            "The WireGuard kg drives: embedded (the engine inside kg), kernel (the kernel's module) or uapi (another process's device).",
+            None,
+            &Info::new(ImplementationLabels {
+                interface: scrape.interface.clone(),
+                implementation: scrape.implementation.to_string(),
+            }),
+        )?;
         let sent = Family::<WireGuardPeerLabels, Counter>::default();
         let received = Family::<WireGuardPeerLabels, Counter>::default();
         let latest = Family::<WireGuardPeerLabels, Gauge>::default();

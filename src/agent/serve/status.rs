@@ -280,6 +280,7 @@ pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> N
         leader: published.topology.as_ref().is_some_and(|t| t.leader),
         granularity: published.granularity.clone(),
         interface: published.interface.clone(),
+        wireguard: wg.implementation().to_string(),
         mtu: published.mtu,
         port: published.topology.as_ref().map_or(0, |t| t.port),
         encapsulate: match published.encapsulate {

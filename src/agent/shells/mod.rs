@@ -17,6 +17,7 @@ use ipnet::IpNet;
 pub mod engine_lock;
 pub mod iptables;
 pub mod kernel_watch;
+pub mod kernel_wireguard;
 pub mod keyfile;
 pub mod netlink;
 pub mod state;

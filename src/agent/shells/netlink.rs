@@ -8,13 +8,16 @@ use control::routes::{Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{InfoKind, LinkInfo};
 use netlink_packet_route::link::{Ip6TunnelFlags, LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType, RouteVia,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
-use rtnetlink::{Handle, IpVersion, LinkIp6Tnl, LinkIpIp, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{
+    Handle, IpVersion, LinkIp6Tnl, LinkIpIp, LinkUnspec, LinkWireguard, RouteMessageBuilder,
+};
 
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +36,14 @@ pub struct Link {
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
+}
+
+fn kind_name(kind: &InfoKind) -> String {
+    match kind {
+        InfoKind::Tun => "tun".to_string(),
+        InfoKind::Wireguard => "wireguard".to_string(),
+        other => format!("{other:?}").to_lowercase(),
+    }
 }
 
 fn route_address(addr: &RouteAddress) -> Option<IpAddr> {
@@ -77,6 +88,41 @@ impl Netlink {
     /// The link called `name`.
     pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
         Ok(self.links().await?.into_iter().find(|l| l.name == name))
+    }
+
+    /// The kind of the link called `name` as `ip -d link` names it (`tun`, `wireguard`, …;
+    /// empty when the kernel names none), or `None` when there is no such link.
+    pub async fn link_kind(&self, name: &str) -> Result<Option<String>> {
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        let message = match stream.try_next().await {
+            Ok(message) => message,
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => None,
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("reading link {name}"))),
+        };
+        Ok(message.map(|m| {
+            m.attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+                        LinkInfo::Kind(kind) => Some(kind_name(kind)),
+                        _ => None,
+                    }),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        }))
+    }
+
+    /// Makes sure the kernel's WireGuard link `name` exists (`ip link add NAME type
+    /// wireguard`). Fails where the kernel has no WireGuard.
+    pub async fn add_wireguard(&self, name: &str) -> Result<()> {
+        self.add_link_once(LinkWireguard::new(name).build(), name, "wireguard")
+            .await
     }
 
     /// Every address, with its link index and prefix length.

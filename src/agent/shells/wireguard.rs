@@ -1,5 +1,6 @@
-//! The WireGuard device kg drives: the embedded engine (default), or an existing userspace
-//! device (kilotun, wireguard-go) over its UAPI socket with `--create-interface=false`.
+//! The WireGuard device kg drives: the embedded engine (default), the kernel's WireGuard
+//! (`--wireguard=kernel`, or `auto` where the kernel has it), or an existing device with
+//! `--create-interface=false` (a userspace one over its UAPI socket, else a kernel link).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -14,6 +15,10 @@ use dataplane::io::linux_tun::LinuxTun;
 use dataplane::uapi_server::{self, UapiServer};
 use dataplane::{DeviceConfig, PeerStats};
 
+use super::kernel_wireguard::KernelWireGuard;
+use super::netlink::Netlink;
+use crate::agent::args::WireGuardChoice;
+
 /// A WireGuard device kg can configure and read.
 pub enum WireGuard {
     /// The engine running inside kg, serving the UAPI socket like `kilotun`.
@@ -26,6 +31,8 @@ pub enum WireGuard {
         /// The interface name.
         interface: String,
     },
+    /// The kernel's WireGuard link, driven over generic netlink.
+    Kernel(KernelWireGuard),
     /// Another process's device, driven through its UAPI socket.
     Uapi {
         /// The socket path.
@@ -73,11 +80,121 @@ impl WireGuard {
         })
     }
 
-    /// Drives the device whose UAPI socket is `<socket_dir>/<name>.sock`.
+    /// Creates the interface `name` with the WireGuard `choice` names, taking over the link of
+    /// the last run when it is of that kind and replacing it when it is not (a switch between
+    /// the engine and the kernel's WireGuard on restart). Logs once which it drives and why.
+    pub async fn create(
+        choice: WireGuardChoice,
+        name: &str,
+        threads: usize,
+        socket_dir: &Path,
+        netlink: &Netlink,
+    ) -> Result<Self> {
+        let existing = netlink.link_kind(name).await?;
+        let kernel = match choice {
+            WireGuardChoice::Embedded => None,
+            WireGuardChoice::Kernel => Some(
+                Self::create_kernel(name, existing.as_deref(), netlink)
+                    .await
+                    .context("--wireguard=kernel")?,
+            ),
+            WireGuardChoice::Auto => {
+                let available = match existing.as_deref() {
+                    Some("wireguard") => Ok(()),
+                    _ => KernelWireGuard::available(),
+                };
+                match available {
+                    Ok(()) => match Self::create_kernel(name, existing.as_deref(), netlink).await {
+                        Ok(kernel) => Some(kernel),
+                        Err(e) => {
+                            tracing::warn!(
+                                error = format!("{e:#}"),
+                                "--wireguard=auto: the kernel has WireGuard but kg cannot drive it; running the embedded engine"
+                            );
+                            None
+                        }
+                    },
+                    Err(e) => {
+                        tracing::info!(
+                            wireguard = "embedded",
+                            reason = format!("{e:#}"),
+                            "--wireguard=auto: running the embedded engine on {name}: the kernel has no WireGuard"
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        if let Some(kernel) = kernel {
+            return Ok(kernel);
+        }
+        if existing.as_deref() == Some("wireguard") {
+            tracing::info!("replacing the kernel's WireGuard link {name} of the last run by the embedded engine");
+            if let Some(link) = netlink.link_by_name(name).await? {
+                netlink.delete_link(link.index).await?;
+            }
+        }
+        if choice == WireGuardChoice::Embedded {
+            tracing::info!(
+                wireguard = "embedded",
+                "running the embedded engine on {name} (--wireguard=embedded)"
+            );
+        }
+        Self::embedded(name, threads, socket_dir, true)
+    }
+
+    /// The kernel's WireGuard link `name`: the one there, or a new one in place of `existing`
+    /// (a link of another kind, left by the embedded engine's last run).
+    async fn create_kernel(name: &str, existing: Option<&str>, netlink: &Netlink) -> Result<Self> {
+        if existing != Some("wireguard") {
+            // Asked before the link of the last run is touched.
+            KernelWireGuard::available()?;
+        }
+        match existing {
+            Some("wireguard") => {
+                let kernel = Self::kernel(name)?;
+                tracing::info!(
+                    wireguard = "kernel",
+                    "driving the kernel's WireGuard link {name}, kept from the last run with its sessions"
+                );
+                return Ok(kernel);
+            }
+            Some(kind) => {
+                tracing::info!(
+                    "replacing the {kind} link {name} of the last run by the kernel's WireGuard"
+                );
+                if let Some(link) = netlink.link_by_name(name).await? {
+                    netlink.delete_link(link.index).await?;
+                }
+            }
+            None => {}
+        }
+        netlink.add_wireguard(name).await?;
+        let kernel = Self::kernel(name)?;
+        tracing::info!(
+            wireguard = "kernel",
+            "driving the kernel's WireGuard on {name}: the kernel created a wireguard link"
+        );
+        Ok(kernel)
+    }
+
+    /// Drives the kernel's WireGuard link `name`, which must exist.
+    pub fn kernel(name: &str) -> Result<Self> {
+        KernelWireGuard::open(name).map(Self::Kernel)
+    }
+
+    /// Drives the device whose UAPI socket is `<socket_dir>/<name>.sock`, or, with no such
+    /// socket, the kernel's WireGuard link `name` (what Kilo's `--create-interface=false`
+    /// expects to find).
     pub fn uapi(name: &str, socket_dir: &Path) -> Result<Self> {
         let path = uapi_server::socket_path(socket_dir, name);
         if !path.exists() {
-            bail!("--create-interface=false but no userspace WireGuard device serves {} (start kilotun or wireguard-go first)", path.display());
+            return Self::kernel(name).map_err(|e| {
+                anyhow::anyhow!(
+                    "--create-interface=false but no userspace WireGuard device serves {} (start kilotun or wireguard-go first), and {name} is no kernel WireGuard link: {e:#}",
+                    path.display()
+                )
+            });
         }
         Ok(Self::Uapi {
             path,
@@ -89,6 +206,17 @@ impl WireGuard {
     pub fn interface(&self) -> &str {
         match self {
             Self::Embedded { interface, .. } | Self::Uapi { interface, .. } => interface,
+            Self::Kernel(device) => device.interface(),
+        }
+    }
+
+    /// Which WireGuard this is: `embedded`, `kernel` or `uapi` (the `implementation` label of
+    /// `kilotun_wireguard_info`, and `/status`).
+    pub fn implementation(&self) -> &'static str {
+        match self {
+            Self::Embedded { .. } => "embedded",
+            Self::Kernel(_) => "kernel",
+            Self::Uapi { .. } => "uapi",
         }
     }
 
@@ -102,6 +230,7 @@ impl WireGuard {
     pub fn read(&self) -> Result<(DeviceConfig, Vec<PeerStats>)> {
         match self {
             Self::Embedded { device, .. } => Ok((device.engine().config(), device.peer_stats())),
+            Self::Kernel(device) => device.read(),
             Self::Uapi { path, .. } => {
                 let answer = exchange(path, "get=1\n\n")?;
                 dataplane::uapi::parse_get(&answer)
@@ -124,6 +253,7 @@ impl WireGuard {
                     .context("configuring the embedded engine")?;
                 Ok(true)
             }
+            Self::Kernel(device) => device.apply(desired),
             Self::Uapi { path, .. } => {
                 let (current, _) = self.read()?;
                 let Some(body) = dataplane::uapi_diff::set_request(&current, desired) else {
@@ -153,7 +283,7 @@ impl WireGuard {
     pub fn drops(&self) -> Vec<(dataplane::DropReason, u64)> {
         match self {
             Self::Embedded { device, .. } => device.engine().drops().snapshot(),
-            Self::Uapi { .. } => Vec::new(),
+            Self::Kernel(_) | Self::Uapi { .. } => Vec::new(),
         }
     }
 
@@ -161,7 +291,7 @@ impl WireGuard {
     pub fn rejected_handshakes(&self) -> Vec<dataplane::RejectedHandshake> {
         match self {
             Self::Embedded { device, .. } => device.engine().rejected_handshakes(),
-            Self::Uapi { .. } => Vec::new(),
+            Self::Kernel(_) | Self::Uapi { .. } => Vec::new(),
         }
     }
 
@@ -179,8 +309,9 @@ impl WireGuard {
     }
 
     /// Stops the embedded engine (removing its socket). Returns true when the caller should
-    /// delete the TUN link: `delete_link` is set and the link is the engine's (a persistent link
-    /// kg attached to after a restart counts as its own).
+    /// delete the link: `delete_link` is set and the link is kg's (the engine's TUN link, a
+    /// persistent one kg attached to after a restart included, or the kernel's WireGuard link
+    /// kg created or took over). A kernel link left in place keeps forwarding with no kg.
     ///
     /// It takes `&self`: other holders (the HTTP handlers' copies) may remain, and still the
     /// engine's threads end, its sockets close and its TUN queues are released when this
@@ -193,6 +324,7 @@ impl WireGuard {
                 device.stop();
                 delete_link
             }
+            Self::Kernel(_) => delete_link,
             Self::Uapi { .. } => false,
         }
     }

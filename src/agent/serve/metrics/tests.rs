@@ -33,7 +33,7 @@ fn scrape(key: dataplane::PublicKey, at: Option<SystemTime>) -> WireGuardScrape 
         .enumerate()
         .map(|(i, r)| (*r, i as u64))
         .collect();
-    WireGuardScrape::new("kilo0", &config, vec![stats], Some(drops))
+    WireGuardScrape::new("kilo0", "embedded", &config, vec![stats], Some(drops))
 }
 
 #[test]
