@@ -241,7 +241,7 @@ impl Output {
 
     /// One peer as a `[Peer]` section or as a Peer object named `name`.
     fn render(self, name: &str, peer: &control::wgconf::WgPeer) -> Result<String> {
-        let object = || control::peer::peer_object(name, peer);
+        let object = || control::wgconf::peer_object(name, peer);
         Ok(match self {
             Self::WireGuard => peer.to_ini(),
             Self::Json => serde_json::to_string_pretty(&object())? + "\n",

@@ -10,28 +10,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ip::Endpoint;
 use crate::key::Key;
 use crate::node::{Granularity, Node};
+pub use crate::topology::StandbyPeer;
 use crate::topology::Topology;
 use crate::wgconf::{Conf, WgPeer};
 
 /// The keepalive of a verifier's standby peers, in seconds: the first keepalive starts the
 /// handshake, so this is how soon a verifier knows.
 pub const STANDBY_KEEPALIVE_S: u16 = 1;
-
-/// A WireGuard peer with no allowed IPs, kept for its handshakes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StandbyPeer {
-    /// The node at the other end.
-    pub name: String,
-    /// Its public key.
-    pub public_key: Key,
-    /// Where to send the handshake (its discovered endpoint when it is behind NAT).
-    pub endpoint: Option<Endpoint>,
-    /// Keepalive seconds: [`STANDBY_KEEPALIVE_S`] on the verifier's side, 0 on the leader's.
-    pub persistent_keepalive: u16,
-}
 
 impl Topology {
     /// Adds the local node's standby peers, given the verifiers of every location whose lease

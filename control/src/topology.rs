@@ -168,8 +168,8 @@ pub struct Topology {
     /// The local node's location.
     pub local_location: String,
     /// Peers for handshakes only, while a cut-off leader's location checks who can replace it
-    /// (see [`crate::standby`]).
-    pub standby: Vec<crate::standby::StandbyPeer>,
+    /// (see the `standby` module).
+    pub standby: Vec<StandbyPeer>,
 }
 
 /// The segment key of `node`.
@@ -467,6 +467,20 @@ impl Topology {
         }
         endpoint.cloned()
     }
+}
+
+/// A WireGuard peer with no allowed IPs, kept for its handshakes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbyPeer {
+    /// The node at the other end.
+    pub name: String,
+    /// Its public key.
+    pub public_key: Key,
+    /// Where to send the handshake (its discovered endpoint when it is behind NAT).
+    pub endpoint: Option<Endpoint>,
+    /// Keepalive seconds: the standby module's `STANDBY_KEEPALIVE_S` on the verifier's side,
+    /// 0 on the leader's.
+    pub persistent_keepalive: u16,
 }
 
 #[cfg(test)]

@@ -209,9 +209,84 @@ impl WgPeer {
     }
 }
 
+/// A WireGuard peer as a Peer object named `name` (`kgctl showconf --as-peer -o yaml|json`, the
+/// multi-cluster recipe). Unlike Kilo, the keepalive is in seconds, as the CRD documents, and a
+/// peer without an endpoint has no `endpoint` (Kilo writes `ip: "<nil>"`).
+pub fn peer_object(name: &str, peer: &WgPeer) -> crate::peer::PeerObject {
+    let endpoint = peer.endpoint.as_ref().map(|e| crate::peer::PeerEndpoint {
+        dns_or_ip: match &e.host {
+            crate::ip::Host::Ip(ip) => crate::peer::DnsOrIp {
+                dns: None,
+                ip: Some(ip.to_string()),
+            },
+            crate::ip::Host::Dns { name, .. } => crate::peer::DnsOrIp {
+                dns: Some(name.clone()),
+                ip: None,
+            },
+        },
+        port: u32::from(e.port),
+    });
+    crate::peer::PeerObject {
+        api_version: crate::peer::API_VERSION.into(),
+        kind: "Peer".into(),
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        spec: crate::peer::PeerSpec {
+            allowed_ips: peer.allowed_ips.iter().map(ToString::to_string).collect(),
+            endpoint,
+            persistent_keepalive: (peer.persistent_keepalive > 0)
+                .then_some(i64::from(peer.persistent_keepalive)),
+            preshared_key: peer.preshared_key.map(|k| k.to_base64()),
+            public_key: peer.public_key.to_base64(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_object_round_trips_through_translation() {
+        let wg = WgPeer {
+            public_key: Key::padded("key1"),
+            allowed_ips: vec![
+                "10.4.0.1/32".parse().unwrap(),
+                "10.2.1.0/24".parse().unwrap(),
+            ],
+            endpoint: Some(crate::ip::Endpoint {
+                host: crate::ip::Host::Dns {
+                    name: "a.example.com".into(),
+                    resolved: None,
+                },
+                port: 51820,
+            }),
+            persistent_keepalive: 25,
+            preshared_key: Some(Key::padded("psk")),
+        };
+        let object = peer_object("gcp-leader", &wg);
+        assert_eq!(object.validate(), Ok(()));
+        assert_eq!(object.spec.persistent_keepalive, Some(25));
+        let back = crate::peer::translate_peer(&object);
+        assert_eq!(back.name, "gcp-leader");
+        assert_eq!(back.allowed_ips, wg.allowed_ips);
+        assert_eq!(back.endpoint, wg.endpoint);
+        assert_eq!(back.persistent_keepalive, 25);
+        assert_eq!(back.preshared_key, wg.preshared_key);
+        assert_eq!(back.public_key, Some(wg.public_key));
+        let bare = peer_object(
+            "x",
+            &WgPeer {
+                endpoint: None,
+                persistent_keepalive: 0,
+                ..wg
+            },
+        );
+        assert!(bare.spec.endpoint.is_none() && bare.spec.persistent_keepalive.is_none());
+    }
+
     use crate::fixtures::{f1_nodes, f1_params, f1_peers};
     use crate::node::Granularity;
     use crate::topology::TopologyParams;

@@ -2,6 +2,7 @@
 //! `--backend=file`, `--cluster-dir` and `--key-file`.
 
 use super::host::Mtu;
+pub use super::shells::wireguard::WireGuardChoice;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,18 +19,6 @@ pub enum BackendKind {
     Kubernetes,
     /// A directory of Node and Peer objects in YAML or JSON, for running without Kubernetes.
     File,
-}
-
-/// Which WireGuard kg drives when it creates the interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WireGuardChoice {
-    /// The engine inside kg: needs no kernel module.
-    Embedded,
-    /// The kernel's WireGuard where the kernel has it, the embedded engine elsewhere: one
-    /// DaemonSet for a mixed fleet.
-    Auto,
-    /// The kernel's WireGuard; kg fails to start where the kernel has none.
-    Kernel,
 }
 
 /// kg: the Kilo agent with an embedded userspace WireGuard engine.

@@ -74,7 +74,7 @@ pub fn peer_object(name: &str, allowed_ip: IpNet, key: &SecretKey, keepalive: u1
         persistent_keepalive: keepalive,
         preshared_key: None,
     };
-    control::peer::peer_object(name, &peer)
+    control::wgconf::peer_object(name, &peer)
 }
 
 async fn open_backend(global: &KgctlArgs) -> Result<Backend> {

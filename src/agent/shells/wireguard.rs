@@ -17,7 +17,18 @@ use dataplane::{DeviceConfig, PeerStats};
 
 use super::kernel_wireguard::KernelWireGuard;
 use super::netlink::Netlink;
-use crate::agent::args::WireGuardChoice;
+
+/// Which WireGuard kg drives when it creates the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireGuardChoice {
+    /// The engine inside kg: needs no kernel module.
+    Embedded,
+    /// The kernel's WireGuard where the kernel has it, the embedded engine elsewhere: one
+    /// DaemonSet for a mixed fleet.
+    Auto,
+    /// The kernel's WireGuard; kg fails to start where the kernel has none.
+    Kernel,
+}
 
 /// A WireGuard device kg can configure and read.
 pub enum WireGuard {

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# A mixed fleet on a kernel that has WireGuard (run inside scripts/kernel-vm.sh by
+# tests/kernel_vm.rs): three kg on the file backend, each a network namespace, in two locations:
+#   n1 (east) --wireguard=kernel, n2 (west) --wireguard=embedded, n3 (west) --wireguard=auto.
+# Checks, printing one `CHECK <name> ok` line each (the test looks for them):
+#   mesh       every node reaches every other node's pod address
+#   kinds      n1's and n3's links are the kernel's WireGuard, n2's a TUN; /status and
+#              kilotun_wireguard_info say which each drives
+#   restart    n1's kg restarted (kernel): pings from n2 to n1's pod lose at most 1 s
+#   to-engine  n1 restarted with --wireguard=embedded: at most 1 s lost, its link now a TUN
+#   to-kernel  n2 restarted with --wireguard=kernel: at most 1 s lost, its link now wireguard
+# Each gap is printed as `GAP <name> <lost> of <sent> pings at 10/s`.
+# Needs root, KG (the kg binary; default target/ci/kg), ip, ping, wg, curl.
+set -euo pipefail
+kg=${KG:-target/ci/kg}
+[ -x "$kg" ] || { echo "no kg at $kg" >&2; exit 2; }
+kg=$(realpath "$kg")
+id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir" "$work/keys"
+router="kmf${id}r"
+nodes=(n1 n2 n3)
+ns() { echo "kmf${id}$1"; }
+declare -A pid
+cleanup() {
+  for n in "${nodes[@]}"; do ip netns pids "$(ns "$n")" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
+  sleep 0.5
+  for n in "${nodes[@]}"; do ip netns del "$(ns "$n")" 2>/dev/null || true; done
+  ip netns del "$router" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+fail() {
+  echo "FAIL: $*" >&2
+  for n in "${nodes[@]}"; do echo "-- $n" >&2; tail -n 30 "$work/$n.log" >&2 || true; done
+  exit 1
+}
+
+ip netns add "$router"
+ip netns exec "$router" sysctl -qw net.ipv4.ip_forward=1
+for k in 0 1; do
+  ip -n "$router" link add "br$k" type bridge
+  ip -n "$router" addr add "192.168.$((10 * (k + 1))).254/24" dev "br$k"
+  ip -n "$router" link set "br$k" up
+done
+i=0
+for n in "${nodes[@]}"; do
+  i=$((i + 1)); k=$([ "$n" = n1 ] && echo 0 || echo 1); loc=$([ "$k" = 0 ] && echo east || echo west)
+  octet=$((10 * (k + 1))); n_ns=$(ns "$n")
+  ip netns add "$n_ns"; ip -n "$n_ns" link set lo up
+  ip link add "km${id}$i" type veth peer name eth0 netns "$n_ns"
+  ip link set "km${id}$i" netns "$router"
+  ip -n "$router" link set "km${id}$i" master "br$k"; ip -n "$router" link set "km${id}$i" up
+  ip -n "$n_ns" addr add "192.168.$octet.$i/24" dev eth0; ip -n "$n_ns" link set eth0 up
+  ip -n "$n_ns" route add default via "192.168.$octet.254"
+  ip -n "$n_ns" link add pods0 type bridge
+  ip -n "$n_ns" addr add "10.42.$i.1/24" dev pods0; ip -n "$n_ns" link set pods0 up
+  ip netns exec "$n_ns" sysctl -qw net.ipv4.ip_forward=1
+  cat > "$dir/$n.yaml" <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  labels:
+    topology.kubernetes.io/region: $loc
+spec:
+  podCIDR: 10.42.$i.0/24
+EOF
+done
+
+start() { # node wireguard
+  local n=$1 index=${1#n}
+  ip netns exec "$(ns "$n")" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
+    --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=never --resync-period=5s \
+    --threads=1 --cni=false --wireguard="$2" 2>>"$work/$n.log" &
+  pid[$n]=$!
+  : "$index"
+}
+stop() { kill -TERM "${pid[$1]}"; wait "${pid[$1]}" 2>/dev/null || true; }
+kind() {
+  ip -n "$(ns "$1")" -d -j link show "kilo-$1" 2>/dev/null | grep -o '"info_kind":"[a-z]*"' | cut -d'"' -f4
+}
+reaches() { ip netns exec "$(ns "$1")" ping -c 1 -W 1 "$2" >/dev/null 2>&1; }
+# Pings from $1 to $2 at 10/s for $3 seconds while $4... runs; prints the lost count.
+gap() {
+  local from=$1 to=$2 seconds=$3 name=$4; shift 4
+  ip netns exec "$(ns "$from")" ping -n -i 0.1 -W 1 -w "$seconds" "$to" >"$work/ping-$name" 2>&1 &
+  local pinger=$!
+  sleep 1
+  "$@"
+  wait "$pinger" || true
+  local sent received
+  sent=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' "$work/ping-$name")
+  received=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$work/ping-$name")
+  echo "GAP $name $((sent - received)) of $sent pings at 10/s"
+  [ $((sent - received)) -le 10 ] || fail "$name lost $((sent - received)) of $sent pings"
+}
+
+start n1 kernel; start n2 embedded; start n3 auto
+pods=(10.42.1.1 10.42.2.1 10.42.3.1)
+meshed=false
+for _ in $(seq 120); do
+  ok=true
+  for n in "${nodes[@]}"; do for p in "${pods[@]}"; do reaches "$n" "$p" || ok=false; done; done
+  if $ok; then meshed=true; break; fi
+  sleep 0.5
+done
+$meshed || fail "the mesh did not form within 60 s"
+echo "CHECK mesh ok"
+
+[ "$(kind n1)" = wireguard ] || fail "n1's link is $(kind n1), not wireguard"
+[ "$(kind n3)" = wireguard ] || fail "n3's link is $(kind n3), not wireguard"
+[ "$(kind n2)" = tun ] || fail "n2's link is $(kind n2), not tun"
+ip netns exec "$(ns n1)" wg show "kilo-n1"
+for pair in n1=kernel n2=embedded n3=kernel; do
+  n=${pair%=*}; want=${pair#*=}
+  status=$(ip netns exec "$(ns "$n")" curl -sf http://127.0.0.1:1107/status)
+  grep -q "\"wireguard\": \"$want\"" <<<"$status" || fail "$n's /status does not say $want: $status"
+  metrics=$(ip netns exec "$(ns "$n")" curl -sf http://127.0.0.1:1107/metrics)
+  grep -q "kilotun_wireguard_info{interface=\"kilo-$n\",implementation=\"$want\"} 1" <<<"$metrics" ||
+    fail "$n's metrics lack implementation=$want: $(grep kilotun_wireguard <<<"$metrics")"
+done
+grep -q "driving the kernel's WireGuard on kilo-n3" "$work/n3.log" || fail "n3 did not log its choice"
+echo "CHECK kinds ok"
+
+restart_n1() { stop n1; start n1 kernel; }
+gap n2 10.42.1.1 8 restart restart_n1
+grep -q "kept from the last run with its sessions" "$work/n1.log" || fail "n1 did not keep its link"
+echo "CHECK restart ok"
+
+to_engine() { stop n1; start n1 embedded; }
+gap n2 10.42.1.1 8 to-engine to_engine
+[ "$(kind n1)" = tun ] || fail "n1's link is $(kind n1) after the switch, not tun"
+echo "CHECK to-engine ok"
+
+to_kernel() { stop n2; start n2 kernel; }
+gap n1 10.42.2.1 8 to-kernel to_kernel
+[ "$(kind n2)" = wireguard ] || fail "n2's link is $(kind n2) after the switch, not wireguard"
+echo "CHECK to-kernel ok"
