@@ -9,7 +9,8 @@
 #   restart    n1's kg restarted (kernel): pings from n2 to n1's pod lose at most 1 s
 #   to-engine  n1 restarted with --wireguard=embedded: at most 1 s lost, its link now a TUN
 #   to-kernel  n2 restarted with --wireguard=kernel: at most 1 s lost, its link now wireguard
-# Each gap is printed as `GAP <name> <lost> of <sent> pings at 10/s`.
+# Each gap is printed as `GAP <name> <lost> of <sent> pings at 10/s`. Every kg runs with
+# --clean-up=false, as a kg replaced under its DaemonSet leaves the node to its successor.
 # Needs root, KG (the kg binary; default target/ci/kg), ip, ping, wg, curl.
 set -euo pipefail
 kg=${KG:-target/ci/kg}
@@ -30,6 +31,8 @@ cleanup() {
 trap cleanup EXIT INT TERM
 fail() {
   echo "FAIL: $*" >&2
+  for n in "${nodes[@]}"; do echo "-- wg show on $n" >&2; ip netns exec "$(ns "$n")" wg show all >&2 || true; done
+  for f in "$work"/ping-*; do echo "-- $f" >&2; cat "$f" >&2; done
   for n in "${nodes[@]}"; do echo "-- $n" >&2; tail -n 30 "$work/$n.log" >&2 || true; done
   exit 1
 }
@@ -70,7 +73,7 @@ start() { # node wireguard
   local n=$1 index=${1#n}
   ip netns exec "$(ns "$n")" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
     --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=never --resync-period=5s \
-    --threads=1 --cni=false --wireguard="$2" 2>>"$work/$n.log" &
+    --threads=1 --cni=false --clean-up=false --wireguard="$2" 2>>"$work/$n.log" &
   pid[$n]=$!
   : "$index"
 }
@@ -82,7 +85,8 @@ reaches() { ip netns exec "$(ns "$1")" ping -c 1 -W 1 "$2" >/dev/null 2>&1; }
 # Pings from $1 to $2 at 10/s for $3 seconds while $4... runs; prints the lost count.
 gap() {
   local from=$1 to=$2 seconds=$3 name=$4; shift 4
-  ip netns exec "$(ns "$from")" ping -n -i 0.1 -W 1 -w "$seconds" "$to" >"$work/ping-$name" 2>&1 &
+  # -c, not -w: with a deadline, ping stops at the first ICMP error (a route missing for a moment).
+  ip netns exec "$(ns "$from")" ping -D -n -i 0.1 -W 1 -c "$((seconds * 10))" "$to" >"$work/ping-$name" 2>&1 &
   local pinger=$!
   sleep 1
   "$@"
@@ -91,6 +95,7 @@ gap() {
   sent=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' "$work/ping-$name")
   received=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$work/ping-$name")
   echo "GAP $name $((sent - received)) of $sent pings at 10/s"
+  grep -E "transmitted|rtt|rror|nreachable" "$work/ping-$name" | head -5 || true
   [ $((sent - received)) -le 10 ] || fail "$name lost $((sent - received)) of $sent pings"
 }
 

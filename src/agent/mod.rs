@@ -234,14 +234,24 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .index;
         // Start with our key and port, so `wg show` is meaningful before the first reconcile.
         // The kg this one replaces may still be closing its sockets after it let go of the
-        // engine lock: a port in use is tried again for a few seconds.
+        // engine lock: a port in use is tried again for a few seconds. A device that outlived
+        // the last kg (the kernel's link, a userspace device over UAPI) keeps its peers here,
+        // and with them their sessions: the restore and the first reconcile change only what
+        // differs.
+        let kept = match wg.configuration() {
+            Ok(config) => config.peers,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "reading the device's peers");
+                Vec::new()
+            }
+        };
         let first = DeviceConfig {
             interface: InterfaceConfig {
                 private_key: Some(key.clone()),
                 listen_port: s.args.port,
                 fwmark: 0,
             },
-            peers: Vec::new(),
+            peers: kept,
         };
         // (A kg of this version closes its engine before it lets go of the lock, so the port
         // is free at once; an older one, or a crashed one's lingering sockets, are waited for.)

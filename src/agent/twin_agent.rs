@@ -22,6 +22,12 @@ impl TwinAgent {
     /// directory it may write its Node into) on a fresh kernel ([`MemKernel::host`]), firewall
     /// and device.
     pub async fn start(args: &[&str]) -> Result<Self> {
+        Self::start_on(args, MemEngine::default()).await
+    }
+
+    /// [`TwinAgent::start`] on `engine`, a device that may hold a configuration already (one
+    /// that outlived the last kg).
+    pub async fn start_on(args: &[&str], engine: MemEngine) -> Result<Self> {
         use clap::Parser as _;
         let settings = crate::agent::args::KgArgs::try_parse_from(
             std::iter::once("kg").chain(args.iter().copied()),
@@ -32,7 +38,6 @@ impl TwinAgent {
         )?);
         let kernel = MemKernel::host(&settings.args.interface);
         let firewall = MemFirewall::default();
-        let engine = MemEngine::default();
         let shells = crate::agent::Shells {
             kernel: kernel.clone(),
             firewall: firewall.clone(),
@@ -55,5 +60,43 @@ impl TwinAgent {
             self.firewall.calls(),
             self.engine.calls(),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::{DeviceConfig, PeerConfig, SecretKey};
+
+    #[tokio::test]
+    async fn a_device_that_outlived_kg_keeps_its_peers_when_kg_starts() {
+        let dir = std::env::temp_dir().join(format!("kilotun-outlived-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut peer = PeerConfig::new(SecretKey::from_bytes([3; 32]).public_key());
+        peer.add_allowed_ip("10.42.2.0/24".parse().unwrap());
+        peer.endpoint = Some("192.168.20.2:51820".parse().unwrap());
+        let outlived = DeviceConfig {
+            peers: vec![peer],
+            ..DeviceConfig::default()
+        };
+        let engine = MemEngine::holding(outlived.clone());
+        let twin = TwinAgent::start_on(
+            &[
+                "--backend=file",
+                &format!("--cluster-dir={}", dir.display()),
+                &format!("--key-file={}", dir.join("key").display()),
+                "--hostname=n1",
+                "--cni=false",
+            ],
+            engine,
+        )
+        .await
+        .unwrap();
+        let now = twin.engine.config();
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The key and port are set, and the peer (with its session, on a real device) stays.
+        assert_eq!(now.peers, outlived.peers);
+        assert!(now.interface.private_key.is_some());
+        assert_eq!(now.interface.listen_port, 51820);
     }
 }

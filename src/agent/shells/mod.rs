@@ -159,6 +159,10 @@ pub trait Engine: Send + Sync {
     fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
         self.apply(desired)
     }
+    /// The device's configuration now: empty for a device this process just created, the
+    /// peers of the last run for one that outlived it (the kernel's link, a userspace device
+    /// over UAPI).
+    fn configuration(&self) -> Result<DeviceConfig>;
     /// The device's peers as NAT discovery needs them.
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
     /// Bytes received and sent per peer.
@@ -176,6 +180,9 @@ impl Engine for WireGuard {
             tracing::info!(peers = asked, "starting handshakes with every peer at once");
         }
         Ok(changed)
+    }
+    fn configuration(&self) -> Result<DeviceConfig> {
+        Ok(self.read()?.0)
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)

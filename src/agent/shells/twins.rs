@@ -270,6 +270,13 @@ pub struct MemEngine {
 }
 
 impl MemEngine {
+    /// A device that already holds `config`, as one that outlived the last kg.
+    pub fn holding(config: DeviceConfig) -> Self {
+        Self {
+            state: Arc::new(Mutex::new((config, Calls::default()))),
+        }
+    }
+
     /// The calls so far: every `apply` reads the configuration; one that changes it writes.
     pub fn calls(&self) -> Calls {
         self.state.lock().1
@@ -291,6 +298,11 @@ impl Engine for MemEngine {
         s.1.writes += 1;
         s.0 = desired.clone();
         Ok(true)
+    }
+    fn configuration(&self) -> Result<DeviceConfig> {
+        let mut s = self.state.lock();
+        s.1.reads += 1;
+        Ok(s.0.clone())
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         let mut s = self.state.lock();

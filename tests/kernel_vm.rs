@@ -1,0 +1,172 @@
+//! kilotun against the kernel's own WireGuard, and the wireguard and ipip modules, under Debian's
+//! kernels 6.1 (bookworm) and 5.10 (bullseye): this machine's kernel may lack those modules (CI's
+//! has none), so `scripts/kernel-vm.sh` boots each kernel in a virtual machine (virtme-ng, qemu
+//! under TCG, this machine's file system as the guest's root) and runs
+//! `tests/kernel_vm_interop.sh` there with the kilotun built for this test. The script proves that
+//! the modules load (`ip link add ... type wireguard`, an ipip tunnel), that kilotun and the
+//! kernel handshake whichever starts, ping both ways, move 4 MiB each way intact, and that
+//! `wg show dump` reads alike on both ends; it prints a `KVM_OK` line per step and
+//! `KVM_INTEROP_PASS` at the end.
+//!
+//! Needs root and qemu-system-x86, busybox-static, kmod, python3 (venv), socat, iproute2,
+//! wireguard-tools, iputils-ping; the kernels and virtme-ng are fetched once into
+//! `${KILOTUN_CACHE:-/var/cache/kilotun}/kernel-vm` (`scripts/kernel-vm.sh --prepare`, about
+//! 15 s each on a fresh machine). Without any of that the tests skip themselves with a message,
+//! unless `CI` is set: then they fail. A run takes one to three minutes per kernel under TCG.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+
+use common::{kilotun_bin, which};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// An emulated machine takes both cores of a test machine; one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The steps tests/kernel_vm_interop.sh reports, in order.
+const STEPS: [&str; 7] = [
+    "KVM_OK wireguard-module",
+    "KVM_OK ipip-module",
+    "KVM_OK handshake-kernel-initiated",
+    "KVM_OK handshake-kilotun-initiated",
+    "KVM_OK ping",
+    "KVM_OK transfer",
+    "KVM_OK dump",
+];
+
+/// Skips the test with `why`, or fails it when `CI` is set.
+fn unavailable(test: &str, why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: cannot run, and CI is set: {why}");
+    }
+    eprintln!("skipped {test}: {why}");
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `scripts/kernel-vm.sh --kernel KERNEL ARGS…`, its output collected.
+fn kernel_vm(kernel: &str, args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg(format!("{REPO}/scripts/kernel-vm.sh"))
+        .args(["--kernel", kernel])
+        .args(args)
+        .current_dir(REPO)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running scripts/kernel-vm.sh")
+}
+
+/// True when this host can run the machine and its cache is (or could be made) ready.
+fn can_run(test: &str, kernel: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        unavailable(
+            test,
+            "needs root, as the other network-namespace tests (and to prepare the cache in /var/cache/kilotun)",
+        );
+        return false;
+    }
+    let tools = [
+        "qemu-system-x86_64",
+        "busybox",
+        "python3",
+        "ip",
+        "wg",
+        "ping",
+        "socat",
+    ];
+    let mut missing: Vec<&str> = tools.into_iter().filter(|t| !which(t)).collect();
+    if !["modprobe", "/usr/sbin/modprobe", "/sbin/modprobe"]
+        .iter()
+        .any(|t| which(t))
+    {
+        missing.push("modprobe");
+    }
+    if !missing.is_empty() {
+        unavailable(
+            test,
+            &format!("needs {missing:?} (.ci/run installs them: qemu-system-x86, busybox-static, kmod, ...)"),
+        );
+        return false;
+    }
+    let prepared = kernel_vm(kernel, &["--prepare"]);
+    if !prepared.status.success() {
+        let (_, stderr) = text(&prepared);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        unavailable(
+            test,
+            &format!(
+                "scripts/kernel-vm.sh --kernel {kernel} --prepare failed ({}):\n{}",
+                prepared.status,
+                tail.join("\n")
+            ),
+        );
+        return false;
+    }
+    true
+}
+
+fn interop(kernel: &str, test: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run(test, kernel) {
+        return;
+    }
+    let out = kernel_vm(
+        kernel,
+        &[
+            "--timeout",
+            "900",
+            "--",
+            "bash",
+            "tests/kernel_vm_interop.sh",
+            kilotun_bin(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    // The guest's report, and the script's timings (boot, run, power-off).
+    eprintln!("{test}: guest output:\n{stdout}");
+    let timings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("kernel-vm.sh:"))
+        .collect();
+    eprintln!("{test}: {}", timings.join("\n"));
+    assert!(
+        out.status.success(),
+        "{test}: the guest's test failed ({}):\n{stdout}\n--- stderr:\n{stderr}",
+        out.status
+    );
+    let mut from = 0;
+    for step in STEPS {
+        let at = stdout[from..].find(step).unwrap_or_else(|| {
+            panic!("{test}: no `{step}` (in order) in the guest's output:\n{stdout}")
+        });
+        from += at + step.len();
+    }
+    let release = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("KVM_INTEROP_PASS kernel="))
+        .unwrap_or_else(|| panic!("{test}: no KVM_INTEROP_PASS in the guest's output:\n{stdout}"));
+    assert!(
+        release.starts_with(&format!("{kernel}.")),
+        "{test}: the guest ran kernel {release}, not {kernel}"
+    );
+}
+
+#[test]
+fn kilotun_with_kernel_wireguard_on_linux_6_1() {
+    interop("6.1", "kilotun_with_kernel_wireguard_on_linux_6_1");
+}
+
+#[test]
+fn kilotun_with_kernel_wireguard_on_linux_5_10() {
+    interop("5.10", "kilotun_with_kernel_wireguard_on_linux_5_10");
+}

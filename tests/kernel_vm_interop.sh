@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# kilotun against the kernel's own WireGuard, and the kernel modules kg relies on, under one of
+# Debian's kernels: what tests/kernel_vm.rs runs inside scripts/kernel-vm.sh's virtual machine
+# (this machine's kernel has neither wireguard nor ipip):
+#
+#   scripts/kernel-vm.sh --kernel 6.1 -- bash tests/kernel_vm_interop.sh target/ci/kilotun
+#
+# It checks, printing a `KVM_OK <what>` line for each step that passes:
+#   wireguard-module  `ip link add ... type wireguard` loads the module (wireguard, udp_tunnel,
+#                     ip6_udp_tunnel, libchacha20poly1305, curve25519...) and makes a device;
+#   ipip-module       an ipip tunnel loads ipip (and tunnel4, ip_tunnel): the fallback tunl0
+#                     appears and `ip tunnel show` lists the new tunnel;
+#   handshake-kernel-initiated, handshake-kilotun-initiated
+#                     kilotun in one network namespace, the kernel's WireGuard in another, joined
+#                     by a veth pair: a fresh kernel peer starts the handshake and kilotun answers,
+#                     then a fresh kilotun peer starts it and the kernel answers;
+#   ping              both ways, IPv4 and IPv6 inside the tunnel;
+#   transfer          4 MiB of random data each way (kilotun to kernel over IPv4, back over IPv6,
+#                     TCP with socat), byte for byte identical (sha256);
+#   dump              `wg show dump` of both ends agree: each one's public key, listen port and
+#                     address are what the other has for its peer, the allowed IPs are printed
+#                     alike, and each one's transmitted bytes are within 10% of what the other
+#                     received;
+# and ends with `KVM_INTEROP_PASS kernel=<release>`. Any failure stops it with a message and a
+# non-zero exit status. Everything it makes (namespaces, links, kilotun) goes on exit.
+#
+# Needs root, iproute2, wireguard-tools, iputils-ping, socat, kmod (modprobe), and a kernel with
+# the wireguard, ipip and veth modules; the argument (or KILOTUN_BIN) is the kilotun binary,
+# target/ci/kilotun by default.
+set -euo pipefail
+
+kilotun=${1:-${KILOTUN_BIN:-target/ci/kilotun}}
+kilotun=$(realpath "$kilotun")
+[[ -x $kilotun ]] || { echo "FAIL: no kilotun binary at $kilotun" >&2; exit 1; }
+for tool in ip wg ping socat sha256sum modprobe; do
+	command -v "$tool" >/dev/null || { echo "FAIL: $tool not found" >&2; exit 1; }
+done
+
+ok() { echo "KVM_OK $*"; }
+fail() {
+	echo "FAIL: $*" >&2
+	exit 1
+}
+
+a=kvma$$ b=kvmb$$ c=kvmc$$
+work=$(mktemp -d /tmp/kernel-vm-interop.XXXXXX)
+kilotun_pid=
+cleanup() {
+	local rc=$?
+	if [[ -n $kilotun_pid ]]; then
+		kill "$kilotun_pid" 2>/dev/null || true
+		wait "$kilotun_pid" 2>/dev/null || true
+	fi
+	if ((rc != 0)) && [[ -s $work/kilotun.log ]]; then
+		echo "--- kilotun's log:" >&2
+		tail -n 30 "$work/kilotun.log" >&2
+	fi
+	for ns in "$a" "$b" "$c"; do ip netns del "$ns" 2>/dev/null || true; done
+	rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+
+echo "kernel $(uname -r); kilotun $("$kilotun" --version 2>&1 | head -n1)"
+
+# --- the modules ---------------------------------------------------------------------------------
+ip netns add "$c"
+ip -n "$c" link add kvmwg0 type wireguard || fail "ip link add type wireguard (modprobe wireguard: $(modprobe -n -v wireguard 2>&1))"
+ip -n "$c" -d link show kvmwg0 | grep -q wireguard || fail "kvmwg0 is no wireguard device"
+for m in wireguard udp_tunnel ip6_udp_tunnel; do
+	grep -q "^$m " /proc/modules || fail "module $m is not loaded"
+done
+ok "wireguard-module ($(grep -oE '^(wireguard|udp_tunnel|ip6_udp_tunnel|libchacha[a-z0-9_]*|libcurve25519[a-z_]*|curve25519[a-z0-9_]*) ' /proc/modules | tr -d ' ' | sort | tr '\n' ' '))"
+
+ip -n "$c" link add kvmipip0 type ipip local 192.0.2.1 remote 192.0.2.2 || fail "ip link add type ipip"
+grep -q "^ipip " /proc/modules || fail "module ipip is not loaded"
+ip -n "$c" link show tunl0 >/dev/null || fail "no tunl0 after loading ipip"
+ip -n "$c" tunnel show | grep -Eq '^kvmipip0: [a-z]+/ip +remote 192.0.2.2 +local 192.0.2.1' ||
+	fail "ip tunnel show does not list kvmipip0: $(ip -n "$c" tunnel show)"
+ip -n "$c" tunnel add kvmipip1 mode ipip local 192.0.2.1 remote 192.0.2.3 || fail "ip tunnel add mode ipip"
+ok "ipip-module ($(grep -oE '^(ipip|tunnel4|ip_tunnel) ' /proc/modules | tr -d ' ' | sort | tr '\n' ' '))"
+ip netns del "$c"
+
+# --- kilotun (a) and the kernel's WireGuard (b) ----------------------------------------------------
+ip netns add "$a"
+ip netns add "$b"
+ip link add kvmva type veth peer name kvmvb
+ip link set kvmva netns "$a"
+ip link set kvmvb netns "$b"
+ip -n "$a" addr add 192.168.210.1/24 dev kvmva
+ip -n "$b" addr add 192.168.210.2/24 dev kvmvb
+for ns in "$a" "$b"; do
+	ip -n "$ns" link set lo up
+	ip -n "$ns" link set "kvmv${ns:3:1}" up
+done
+
+umask 077
+wg genkey >"$work/a.key"
+wg genkey >"$work/b.key"
+pub_a=$(wg pubkey <"$work/a.key")
+pub_b=$(wg pubkey <"$work/b.key")
+
+ip netns exec "$a" "$kilotun" -f --threads 2 kvmwga >"$work/kilotun.log" 2>&1 &
+kilotun_pid=$!
+for _ in $(seq 100); do
+	[[ -S /var/run/wireguard/kvmwga.sock ]] && break
+	kill -0 "$kilotun_pid" 2>/dev/null || fail "kilotun exited: $(cat "$work/kilotun.log")"
+	sleep 0.1
+done
+[[ -S /var/run/wireguard/kvmwga.sock ]] || fail "kilotun made no /var/run/wireguard/kvmwga.sock"
+ip -n "$b" link add kvmwgb type wireguard
+
+wga() { ip netns exec "$a" wg "$@"; }
+wgb() { ip netns exec "$b" wg "$@"; }
+wga set kvmwga private-key "$work/a.key" listen-port 51820
+wgb set kvmwgb private-key "$work/b.key" listen-port 51821
+ip -n "$a" addr add 10.71.0.1/24 dev kvmwga
+ip -n "$a" addr add fd71::1/64 dev kvmwga
+ip -n "$b" addr add 10.71.0.2/24 dev kvmwgb
+ip -n "$b" addr add fd71::2/64 dev kvmwgb
+ip -n "$a" link set kvmwga up
+ip -n "$b" link set kvmwgb up
+add_peer_a() { wga set kvmwga peer "$pub_b" endpoint 192.168.210.2:51821 allowed-ips 10.71.0.2/32,fd71::2/128; }
+add_peer_b() { wgb set kvmwgb peer "$pub_a" endpoint 192.168.210.1:51820 allowed-ips 10.71.0.1/32,fd71::1/128; }
+add_peer_a
+add_peer_b
+
+# handshake_of NS DEVICE KEY: the peer's latest handshake (seconds since the epoch, 0: none).
+handshake_of() { ip netns exec "$1" wg show "$2" latest-handshakes | awk -v k="$3" '$1 == k { print $2 }'; }
+# ping_until NS TARGET: one answer within 10 s.
+ping_until() {
+	local _
+	for _ in $(seq 10); do
+		ip netns exec "$1" ping -n -c 1 -W 1 "$2" >/dev/null 2>&1 && return 0
+	done
+	return 1
+}
+
+# The kernel starts: neither end has a session; b's first packet makes b initiate.
+ping_until "$b" 10.71.0.1 || fail "ping kernel -> kilotun (kernel-initiated handshake)"
+hs_b=$(handshake_of "$b" kvmwgb "$pub_a")
+hs_a=$(handshake_of "$a" kvmwga "$pub_b")
+[[ $hs_b != 0 && $hs_a != 0 ]] || fail "no handshake recorded after the kernel's ping (kernel $hs_b, kilotun $hs_a)"
+ok "handshake-kernel-initiated (kernel $hs_b, kilotun $hs_a)"
+
+# Then kilotun: its peer removed and added again has no session, so its first packet makes it
+# initiate; the kernel answers (replacing its session).
+wga set kvmwga peer "$pub_b" remove
+add_peer_a
+[[ $(handshake_of "$a" kvmwga "$pub_b") == 0 ]] || fail "kilotun's re-added peer has a handshake already"
+ping_until "$a" 10.71.0.2 || fail "ping kilotun -> kernel (kilotun-initiated handshake)"
+hs_a=$(handshake_of "$a" kvmwga "$pub_b")
+[[ $hs_a != 0 ]] || fail "kilotun recorded no handshake after its ping"
+ok "handshake-kilotun-initiated (kilotun $hs_a)"
+
+for target in "$a 10.71.0.2" "$b 10.71.0.1" "$a fd71::2" "$b fd71::1"; do
+	read -r ns ip <<<"$target"
+	out=$(ip netns exec "$ns" ping -n -c 3 -i 0.2 -W 2 "$ip" 2>&1) || fail "ping $ip from $ns: $out"
+done
+ok "ping (IPv4 and IPv6, both ways)"
+
+# transfer FROM_NS TO_NS TCP4|TCP6 TO_ADDRESS PORT: 4 MiB of random data, then compared.
+transfer() {
+	local from=$1 to=$2 tcp=$3 addr=$4 port=$5 listener
+	head -c $((4 << 20)) /dev/urandom >"$work/send"
+	rm -f "$work/recv"
+	ip netns exec "$to" socat -u "$tcp-LISTEN:$port,reuseaddr" "CREATE:$work/recv" &
+	listener=$!
+	for _ in $(seq 50); do
+		ip netns exec "$to" ss -Htln "sport = :$port" | grep -q . && break
+		sleep 0.1
+	done
+	if ! timeout 120 ip netns exec "$from" socat -u "OPEN:$work/send" "$tcp:$addr:$port,connect-timeout=10"; then
+		kill "$listener" 2>/dev/null || true
+		fail "socat $from -> $addr:$port failed"
+	fi
+	wait "$listener" || fail "the receiving socat ($to) failed"
+	[[ $(sha256sum <"$work/send") == $(sha256sum <"$work/recv") ]] ||
+		fail "the 4 MiB to $addr arrived altered ($(stat -c %s "$work/recv") bytes)"
+}
+ms() { local us=${EPOCHREALTIME//[.,]/}; echo $((us / 1000)); }
+t0=$(ms)
+transfer "$a" "$b" TCP4 10.71.0.2 5201
+t1=$(ms)
+transfer "$b" "$a" TCP6 "[fd71::1]" 5202
+t2=$(ms)
+ok "transfer (4 MiB kilotun -> kernel over IPv4 in $((t1 - t0)) ms, kernel -> kilotun over IPv6 in $((t2 - t1)) ms, sha256 equal)"
+
+# --- wg show dump, side by side ---------------------------------------------------------------------
+dump_a=$(wga show kvmwga dump)
+dump_b=$(wgb show kvmwgb dump)
+# Printed without the private keys.
+for side in kilotun kernel; do
+	echo "$side: wg show dump"
+	[[ $side == kilotun ]] && dump=$dump_a || dump=$dump_b
+	awk 'BEGIN { FS = OFS = "\t" } NR == 1 { $1 = "(private key)" } { print "  " $0 }' <<<"$dump"
+done
+# Interface line: private-key public-key listen-port fwmark. Peer line: public-key preshared-key
+# endpoint allowed-ips latest-handshake rx-bytes tx-bytes persistent-keepalive.
+IFS=$'\t' read -r _ a_pub a_port a_fwmark <<<"$(head -n1 <<<"$dump_a")"
+IFS=$'\t' read -r _ b_pub b_port b_fwmark <<<"$(head -n1 <<<"$dump_b")"
+((  $(wc -l <<<"$dump_a") == 2 && $(wc -l <<<"$dump_b") == 2 )) || fail "each end should list one peer"
+IFS=$'\t' read -r ap_key ap_psk ap_endpoint ap_allowed ap_hs ap_rx ap_tx ap_ka <<<"$(tail -n1 <<<"$dump_a")"
+IFS=$'\t' read -r bp_key bp_psk bp_endpoint bp_allowed bp_hs bp_rx bp_tx bp_ka <<<"$(tail -n1 <<<"$dump_b")"
+[[ $a_pub == "$pub_a" && $b_pub == "$pub_b" ]] || fail "public keys: kilotun $a_pub, kernel $b_pub"
+[[ $ap_key == "$b_pub" && $bp_key == "$a_pub" ]] || fail "peer keys: kilotun has $ap_key, kernel has $bp_key"
+[[ $a_port == 51820 && $b_port == 51821 ]] || fail "listen ports: kilotun $a_port, kernel $b_port"
+[[ $a_fwmark == "$b_fwmark" ]] || fail "fwmark printed differently: kilotun $a_fwmark, kernel $b_fwmark"
+[[ $ap_psk == "$bp_psk" ]] || fail "preshared key printed differently: kilotun $ap_psk, kernel $bp_psk"
+[[ $ap_endpoint == 192.168.210.2:51821 && $bp_endpoint == 192.168.210.1:51820 ]] ||
+	fail "endpoints: kilotun has $ap_endpoint, kernel has $bp_endpoint"
+[[ $ap_allowed == 10.71.0.2/32,fd71::2/128 && $bp_allowed == 10.71.0.1/32,fd71::1/128 ]] ||
+	fail "allowed IPs: kilotun has $ap_allowed, kernel has $bp_allowed"
+[[ $ap_ka == "$bp_ka" ]] || fail "persistent keepalive printed differently: kilotun $ap_ka, kernel $bp_ka"
+((ap_hs > 0 && bp_hs > 0 && (ap_hs - bp_hs <= 30) && (bp_hs - ap_hs <= 30))) ||
+	fail "latest handshakes: kilotun $ap_hs, kernel $bp_hs"
+# within PERCENT of each other.
+close() { (($1 > 0 && $2 > 0 && ($1 - $2) * 100 <= $3 * $2 && ($2 - $1) * 100 <= $3 * $2)); }
+close "$ap_tx" "$bp_rx" 2 || fail "kilotun sent $ap_tx bytes, the kernel received $bp_rx"
+close "$bp_tx" "$ap_rx" 2 || fail "the kernel sent $bp_tx bytes, kilotun received $ap_rx"
+ok "dump (keys, ports, endpoints, allowed IPs alike; kilotun tx $ap_tx / kernel rx $bp_rx, kernel tx $bp_tx / kilotun rx $ap_rx)"
+
+kill "$kilotun_pid"
+wait "$kilotun_pid" 2>/dev/null || true
+kilotun_pid=
+# How kilotun opened its TUN device on this kernel (offload or not), from its log.
+echo "kilotun: $(sed 's/\x1b\[[0-9;]*m//g' "$work/kilotun.log" | grep -m1 -o 'TUN device .*' || echo '(no TUN line in its log)')"
+echo "KVM_INTEROP_PASS kernel=$(uname -r)"
