@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
-# Run the README demo (tests/demo.sh), or any command, with arm64 kg and kgctl inside an emulated
-# arm64 Debian bookworm machine (a real arm64 kernel, full-system TCG emulation):
+# Run the README demo (tests/demo.sh), or any command, with ARM kg and kgctl inside an emulated
+# Debian bookworm machine of that architecture (a real ARM kernel, full-system TCG emulation):
+# arm64 (the default) or armv7 (32-bit, armhf):
 #
-#   scripts/arm64-vm.sh --kg PATH --kgctl PATH [--timeout SECS] [-- COMMAND...]
-#   scripts/arm64-vm.sh --prepare      # only build the cached kernel, initrd and root image
+#   scripts/arm64-vm.sh [--arch A] --kg PATH --kgctl PATH [--timeout SECS] [-- COMMAND...]
+#   scripts/arm64-vm.sh [--arch A] --prepare   # only build the cached kernel, initrd, root image
+#
+# --arch A is arm64 (the default) or armv7.
 #
 # Why a whole machine: qemu-user cannot run kg (its netlink translation refuses RTM_GETRULE dumps
-# and NETLINK_NETFILTER sockets), so kg's end-to-end on arm64 needs an arm64 kernel. The binaries
-# come from `scripts/cross-build.sh --target arm64 --profile ci` (target/aarch64-unknown-linux-
-# gnu/ci/{kg,kgctl}); --kg and --kgctl must be aarch64 ELF files.
+# and NETLINK_NETFILTER sockets), so kg's end-to-end on ARM needs an ARM kernel. The binaries
+# come from `scripts/cross-build.sh --target arm64|armv7 --profile ci` (target/aarch64-unknown-
+# linux-gnu/ci/{kg,kgctl}, target/armv7-unknown-linux-gnueabihf/ci/{kg,kgctl}); --kg and --kgctl
+# must be ELF files of --arch's machine (aarch64, or 32-bit ARM).
 #
-# The guest is `qemu-system-aarch64 -M virt -accel tcg -cpu max,pauth-impdef=on -smp 2 -m 2048`
-# (KILOTUN_VM_CPU, KILOTUN_VM_SMP, KILOTUN_VM_MEMORY override the last three), booted directly
-# (-kernel/-initrd, no firmware) from Debian bookworm's linux-image-arm64, with an ext4 root file
-# system made by `mmdebstrap --architectures=arm64` (qemu-user-static runs the maintainer scripts)
-# holding what the demo uses: iproute2, iputils-ping, wireguard-tools, iptables, nftables, procps,
-# kmod. Kernel, initrd and root image are built once (a few minutes) and cached in
-# ${KILOTUN_CACHE:-/var/cache/kilotun}/arm64-vm/bookworm-<recipe hash>/ (outside the repository;
-# created in a temporary directory and renamed; a flock on arm64-vm/.lock makes creation exclusive
-# and runs share it). Delete that directory to rebuild; a changed recipe (package list, baked init,
-# initramfs settings) gets a new hash and replaces the old directory. The Debian mirror is the one
-# this machine's apt uses for bookworm (KILOTUN_DEBIAN_MIRROR overrides it; scripts/
-# debian-mirror.sh); the machine's apt configuration is not touched.
+#   --arch  qemu                                                  Debian (mmdebstrap, kernel)
+#   arm64   qemu-system-aarch64 -M virt -cpu max,pauth-impdef=on  arm64, linux-image-arm64
+#   armv7   qemu-system-arm -M virt,highmem=off -cpu cortex-a15   armhf, linux-image-armmp-lpae
+#
+# The guest runs with `-accel tcg -smp 2 -m 2048` (KILOTUN_VM_CPU, KILOTUN_VM_SMP,
+# KILOTUN_VM_MEMORY override -cpu, -smp and -m), booted directly (-kernel/-initrd, no firmware)
+# from that Debian bookworm kernel, with an ext4 root file system made by `mmdebstrap
+# --architectures=arm64|armhf` (qemu-user-static runs the maintainer scripts) holding what the
+# demo uses: iproute2, iputils-ping, wireguard-tools, iptables, nftables, procps, kmod. Kernel,
+# initrd and root image are built once per architecture (a few minutes) and cached in
+# ${KILOTUN_CACHE:-/var/cache/kilotun}/<arch>-vm/bookworm-<recipe hash>/ (arm64-vm, armv7-vm;
+# outside the repository; created in a temporary directory and renamed; a flock on
+# <arch>-vm/.lock makes creation exclusive and runs share it). Delete that directory to rebuild; a
+# changed recipe (package list, baked init, initramfs settings) gets a new hash and replaces the
+# old directory. The Debian mirror is the one this machine's apt uses for bookworm
+# (KILOTUN_DEBIAN_MIRROR overrides it; scripts/debian-mirror.sh); the machine's apt configuration
+# is not touched.
 #
 # Per run: the root image is never written (a qcow2 copy-on-write overlay in a temporary
 # directory takes the guest's writes), and a second small ext4 disk (label kilotun-run, mounted at
@@ -36,6 +45,8 @@
 #
 #   scripts/arm64-vm.sh --kg target/aarch64-unknown-linux-gnu/ci/kg \
 #       --kgctl target/aarch64-unknown-linux-gnu/ci/kgctl
+#   scripts/arm64-vm.sh --arch armv7 --kg target/armv7-unknown-linux-gnueabihf/ci/kg \
+#       --kgctl target/armv7-unknown-linux-gnueabihf/ci/kgctl
 #   scripts/arm64-vm.sh --kg ... --kgctl ... -- env DEMO_HOLD=5 bash tests/demo.sh
 #   scripts/arm64-vm.sh --kg ... --kgctl ... -- sh -c 'uname -a; ./kg --version'
 #
@@ -44,18 +55,21 @@
 # machine stops without reporting one (the console's tail is printed); 1 for errors here, 2 for
 # bad arguments.
 #
-# Needs: qemu-system-arm (qemu-system-aarch64), qemu-utils (qemu-img), e2fsprogs (mkfs.ext4 -d),
-# util-linux, coreutils; to build the cache also root, mmdebstrap, arch-test and qemu-user-static
-# registered with binfmt_misc. Running the machine needs no root, only read access to the cache.
-# On a busy 2-core machine the image takes 4 to 7 minutes to build, and a demo run about a minute
-# (12 s to boot, 40 s of demo, power-off under a second); see the timings on stderr.
+# Needs: qemu-system-arm (qemu-system-aarch64 and qemu-system-arm), qemu-utils (qemu-img),
+# e2fsprogs (mkfs.ext4 -d), util-linux, coreutils; to build the cache also root, mmdebstrap,
+# arch-test and qemu-user-static registered with binfmt_misc (qemu-aarch64, qemu-arm). Running
+# the machine needs no root, only read access to the cache. On a busy 2-core machine an image
+# takes 3 to 7 minutes to build (armv7's: 201 s, at a load of 3 to 5), far longer when cargo
+# builds starve it, and a demo run about a minute on either architecture (12 to 18 s to boot, 39
+# to 47 s of demo, power-off under a second); see the timings on stderr.
 set -euo pipefail
 
-# What goes into the root file system. The kernel and initramfs-tools make it bootable; the rest
-# is what the guest's init, tests/demo.sh and kg run (mount, which is not Essential; ip, ping, wg,
-# sysctl, iptables/ip6tables with their -legacy and -nft variants, nft, modprobe).
+# What goes into the root file system: the architecture's kernel (kernel_package, below) and
+# these. The kernel and initramfs-tools make it bootable; the rest is what the guest's init,
+# tests/demo.sh and kg run (mount, which is not Essential; ip, ping, wg, sysctl,
+# iptables/ip6tables with their -legacy and -nft variants, nft, modprobe).
 readonly SUITE=bookworm
-readonly PACKAGES=linux-image-arm64,initramfs-tools,mount,iproute2,iputils-ping,wireguard-tools,iptables,nftables,procps,kmod
+readonly COMMON_PACKAGES=initramfs-tools,mount,iproute2,iputils-ping,wireguard-tools,iptables,nftables,procps,kmod
 # Kernel module directories dropped from the image after the initramfs is made: hardware a virt
 # machine has none of. depmod runs again afterwards.
 readonly PRUNE_MODULES="kernel/drivers/gpu kernel/drivers/media kernel/drivers/net/wireless kernel/drivers/staging kernel/drivers/infiniband kernel/drivers/iio kernel/drivers/bluetooth kernel/sound kernel/net/wireless kernel/net/mac80211 kernel/net/bluetooth"
@@ -64,10 +78,6 @@ readonly DEFAULT_TIMEOUT=900
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo_root=$(cd "$script_dir/.." && pwd -P)
 cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
-vm_root=$cache_root/arm64-vm
-cpu=${KILOTUN_VM_CPU:-max,pauth-impdef=on}
-smp=${KILOTUN_VM_SMP:-2}
-memory=${KILOTUN_VM_MEMORY:-2048}
 
 # --- logging with timings -------------------------------------------------------------------------
 # Milliseconds since the epoch ($EPOCHREALTIME without its decimal separator is microseconds).
@@ -110,6 +120,7 @@ quietly() {
 need() { command -v "$1" >/dev/null || die "$1 not found: install the Debian package $2 (apt-get install $2)"; }
 
 # --- arguments ------------------------------------------------------------------------------------
+arch=arm64
 kg=
 kgctl=
 prepare=
@@ -123,6 +134,8 @@ while (($#)); do
 	--kgctl=*) kgctl=${1#*=}; shift ;;
 	--timeout) timeout=${2:?--timeout needs seconds}; shift 2 ;;
 	--timeout=*) timeout=${1#*=}; shift ;;
+	--arch) arch=${2:?--arch needs arm64 or armv7}; shift 2 ;;
+	--arch=*) arch=${1#*=}; shift ;;
 	--prepare) prepare=1; shift ;;
 	--) shift; command=("$@"); break ;;
 	-h | --help) usage 0 ;;
@@ -133,20 +146,43 @@ done
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout needs a whole number of seconds (not $timeout)"
 ((${#command[@]})) || command=(bash /mnt/kilotun/tests/demo.sh)
 
-# is_arm64_elf FILE: an ELF file whose e_machine (2 bytes at offset 18) is EM_AARCH64 (183).
-is_arm64_elf() {
+# What differs between the two machines. deb_arch: Debian's name (mmdebstrap --architectures);
+# kernel_package: Debian's kernel for qemu's virt machine (armmp-lpae: the armv7 multiplatform
+# kernel with LPAE, for a Cortex-A15); elf_machine: e_machine of the binaries (EM_AARCH64 183,
+# EM_ARM 40); qemu_user: qemu-user-static's binfmt_misc entry (and qemu-<it>-static); machine and
+# default_cpu: qemu-system's -M and -cpu (32-bit ARM without highmem: the virt machine's PCIe
+# windows then stay below 4 GiB).
+case "$arch" in
+arm64)
+	deb_arch=arm64 kernel_package=linux-image-arm64 triple=aarch64-unknown-linux-gnu elf_machine=183
+	qemu_user=qemu-aarch64 qemu_system=qemu-system-aarch64 machine=virt default_cpu=max,pauth-impdef=on
+	;;
+armv7)
+	deb_arch=armhf kernel_package=linux-image-armmp-lpae triple=armv7-unknown-linux-gnueabihf elf_machine=40
+	qemu_user=qemu-arm qemu_system=qemu-system-arm machine=virt,highmem=off default_cpu=cortex-a15
+	;;
+*) log "--arch is arm64 or armv7 (not $arch)"; usage 2 ;;
+esac
+readonly PACKAGES=$kernel_package,$COMMON_PACKAGES
+vm_root=$cache_root/$arch-vm
+cpu=${KILOTUN_VM_CPU:-$default_cpu}
+smp=${KILOTUN_VM_SMP:-2}
+memory=${KILOTUN_VM_MEMORY:-2048}
+
+# is_target_elf FILE: an ELF file whose e_machine (2 bytes at offset 18) is $elf_machine.
+is_target_elf() {
 	[[ $(head -c 4 "$1" | od -An -c | tr -d ' ') == 177ELF ]] &&
-		[[ $(od -An -tu2 -j18 -N2 "$1" | tr -d ' ') == 183 ]]
+		[[ $(od -An -tu2 -j18 -N2 "$1" | tr -d ' ') == "$elf_machine" ]]
 }
 if [[ -z $prepare ]]; then
 	for f in "$kg" "$kgctl"; do
 		[[ -f $f && -r $f ]] || die "$f is not a readable file"
-		is_arm64_elf "$f" || die "$f is not an arm64 (aarch64) ELF binary; build them with scripts/cross-build.sh --target arm64 --profile ci"
+		is_target_elf "$f" || die "$f is not an $arch ($triple) ELF binary; build them with scripts/cross-build.sh --target $arch --profile ci"
 	done
 fi
 [[ -r $repo_root/tests/demo.sh ]] || die "$repo_root/tests/demo.sh is missing"
 
-need qemu-system-aarch64 qemu-system-arm
+need "$qemu_system" qemu-system-arm
 need qemu-img qemu-utils
 need mkfs.ext4 e2fsprogs
 need flock util-linux
@@ -164,7 +200,7 @@ esac
 # off. The run's nonce comes from the kernel command line (kilotun.run=...).
 read -r -d '' BAKED_INIT <<'EOF' || true
 #!/bin/sh
-# PID 1 of the kilotun arm64 test machine (scripts/arm64-vm.sh): mount the per-run disk and run
+# PID 1 of the kilotun @ARCH@ test machine (scripts/arm64-vm.sh): mount the per-run disk and run
 # its init.sh.
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -181,6 +217,8 @@ echo "KILOTUN_VM_EXIT=125 run=$nonce"
 echo o >/proc/sysrq-trigger
 while :; do sleep 60; done
 EOF
+# (arm64's text, and so its recipe hash and cached image, are what they were before --arch.)
+BAKED_INIT=${BAKED_INIT//@ARCH@/$arch}
 # initramfs-tools settings, in place before the kernel's postinst makes the initrd: only the
 # modules needed to find and mount the root disk (a small initrd unpacks fast), gzip (zstd is only
 # recommended, not installed), and no resume device (mkinitramfs would otherwise look at the
@@ -207,13 +245,13 @@ build_image() {
 	[[ $(id -u) == 0 ]] || die "building the image in $image_dir needs root (mmdebstrap --mode=root); later runs do not"
 	need mmdebstrap mmdebstrap
 	need arch-test arch-test
-	need qemu-aarch64-static qemu-user-static
-	# mmdebstrap runs arm64 maintainer scripts through binfmt_misc and qemu-aarch64-static.
+	need "$qemu_user-static" qemu-user-static
+	# mmdebstrap runs the guest's maintainer scripts through binfmt_misc and qemu-user-static.
 	if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
 		mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || die "binfmt_misc is not mounted and could not be"
 	fi
-	[[ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] ||
-		die "no binfmt_misc entry qemu-aarch64: install qemu-user-static (it registers it) or run update-binfmts --enable qemu-aarch64"
+	[[ -e /proc/sys/fs/binfmt_misc/$qemu_user ]] ||
+		die "no binfmt_misc entry $qemu_user: install qemu-user-static (it registers it) or run update-binfmts --enable $qemu_user"
 	# shellcheck source=scripts/debian-mirror.sh
 	source "$script_dir/debian-mirror.sh"
 	local mirror
@@ -236,12 +274,12 @@ build_image() {
 	printf '%s\n' "$INITRAMFS_CONF" >"$work/pre/etc/initramfs-tools/conf.d/kilotun"
 	printf '%s\n' "$INITRAMFS_MODULES" >"$work/pre/etc/initramfs-tools/modules"
 
-	log "building the arm64 image in $image_dir (mmdebstrap $SUITE $mirror, packages $PACKAGES)"
+	log "building the $arch image in $image_dir (mmdebstrap $SUITE $mirror, packages $PACKAGES)"
 	# --variant=essential: Essential packages plus --include (no apt inside: the guest installs
 	# nothing). No Recommends (firmware, apparmor, ...), no documentation or translations. The
-	# essential hook puts the initramfs settings in place before linux-image-arm64 is installed.
-	if ! step "mmdebstrap (arm64 $SUITE, maintainer scripts under qemu-user)" \
-		quietly "$work/mmdebstrap.log" mmdebstrap --mode=root --variant=essential --architectures=arm64 \
+	# essential hook puts the initramfs settings in place before the kernel is installed.
+	if ! step "mmdebstrap ($deb_arch $SUITE, maintainer scripts under qemu-user)" \
+		quietly "$work/mmdebstrap.log" mmdebstrap --mode=root --variant=essential --architectures="$deb_arch" \
 		--aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Languages "none"' \
 		--aptopt='APT::Install-Recommends "false"' \
 		--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -256,7 +294,7 @@ build_image() {
 	kver=$(basename "$(find "$root/usr/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)")
 	if [[ -z $kver || ! -s $root/boot/vmlinuz-$kver || ! -s $root/boot/initrd.img-$kver ]]; then
 		tail -30 "$work/mmdebstrap.log" >&2
-		die "the image has no kernel or initrd in /boot (linux-image-arm64's postinst failed? mmdebstrap's log above)"
+		die "the image has no kernel or initrd in /boot ($kernel_package's postinst failed? mmdebstrap's log above)"
 	fi
 	cp "$root/boot/vmlinuz-$kver" "$work/vmlinuz"
 	cp "$root/boot/initrd.img-$kver" "$work/initrd.img"
@@ -270,7 +308,7 @@ build_image() {
 	# The baked init, a hostname, an empty fstab (init mounts what it needs).
 	printf '%s\n' "$BAKED_INIT" >"$root/sbin/kilotun-init"
 	chmod 755 "$root/sbin/kilotun-init"
-	echo kilotun-arm64 >"$root/etc/hostname"
+	echo "kilotun-$arch" >"$root/etc/hostname"
 	: >"$root/etc/fstab"
 	rm -rf "${root:?}"/var/cache/apt/* "${root:?}"/var/lib/apt/lists/* "${root:?}"/var/log/*
 	dpkg-query --admindir="$root/var/lib/dpkg" -W -f '${Package} ${Version}\n' >"$work/packages"
@@ -315,7 +353,7 @@ log "image: $image_dir (kernel $(cat "$image_dir/kernel-version" 2>/dev/null || 
 [[ -z $prepare ]] || exit 0
 
 # --- the per-run disk and overlay -----------------------------------------------------------------
-run_dir=$(mktemp -d "${TMPDIR:-/tmp}/kilotun-arm64-vm.XXXXXX")
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/kilotun-$arch-vm.XXXXXX")
 qemu_pid_file=$run_dir/qemu.pid
 # shellcheck disable=SC2317 # called by the EXIT trap.
 cleanup() {
@@ -363,7 +401,7 @@ mountpoint -q /dev/pts || mount -t devpts -o gid=5,mode=620 devpts /dev/pts
 mountpoint -q /dev/shm || mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
 mountpoint -q /tmp || mount -t tmpfs -o nosuid,nodev tmpfs /tmp
 dmesg -n 1
-hostname kilotun-arm64
+hostname kilotun-@ARCH@
 ip link set lo up
 modprobe -q tun || echo "init: modprobe tun failed"
 read -r up _ </proc/uptime
@@ -376,6 +414,7 @@ echo "KILOTUN_VM_EXIT=$rc run=$nonce uptime=$up"
 echo o >/proc/sysrq-trigger
 while :; do sleep 60; done
 EOF
+sed -i "s/@ARCH@/$arch/" "$stage/init.sh"
 chmod 755 "$stage/init.sh" "$stage/run.sh"
 run_mb=$(($(du -sm "$stage" | cut -f1) + 32))
 step "per-run disk (${run_mb} MiB: kg, kgctl, tests/demo.sh, init.sh, run.sh)" \
@@ -386,13 +425,15 @@ step "copy-on-write overlay over the root image" \
 
 # --- the machine ----------------------------------------------------------------------------------
 # -nodefaults: no NIC (the demo's networks are namespaces inside the guest), no VGA, no monitor;
-# the PL011 UART is the console (ttyAMA0) and qemu's stdout. pauth-impdef=on keeps -cpu max's
-# pointer authentication but with QEMU's cheap hash instead of QARMA5, which costs TCG dearly.
+# the PL011 UART is the console (ttyAMA0) and qemu's stdout. arm64: pauth-impdef=on keeps -cpu
+# max's pointer authentication but with QEMU's cheap hash instead of QARMA5, which costs TCG
+# dearly. armv7: a Cortex-A15 has LPAE, which the armmp-lpae kernel needs; highmem=off keeps the
+# PCIe windows below 4 GiB (2 GiB of RAM fits there). Both power off through PSCI (sysrq o).
 # cache=unsafe: nothing written in a run is kept. virtio-rng: entropy for keys from the start.
 # panic=-1 with -no-reboot: a guest panic ends qemu at once (then no marker: exit 125).
 cmdline="console=ttyAMA0 root=/dev/vda rw rootfstype=ext4 init=/sbin/kilotun-init quiet loglevel=3 fsck.mode=skip noresume panic=-1 kilotun.run=$nonce"
 # shellcheck disable=SC2054 # the commas are qemu's option syntax.
-qemu=(qemu-system-aarch64 -M virt -accel tcg,thread=multi -cpu "$cpu" -smp "$smp" -m "$memory"
+qemu=("$qemu_system" -M "$machine" -accel tcg,thread=multi -cpu "$cpu" -smp "$smp" -m "$memory"
 	-nodefaults -no-user-config -display none -monitor none -serial stdio -no-reboot
 	-kernel "$image_dir/vmlinuz" -initrd "$image_dir/initrd.img" -append "$cmdline"
 	-drive "if=none,id=root,file=$run_dir/root.qcow2,format=qcow2,cache=unsafe"
