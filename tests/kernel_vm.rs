@@ -6,7 +6,11 @@
 //! the modules load (`ip link add ... type wireguard`, an ipip tunnel), that kilotun and the
 //! kernel handshake whichever starts, ping both ways, move 4 MiB each way intact, and that
 //! `wg show dump` reads alike on both ends; it prints a `KVM_OK` line per step and
-//! `KVM_INTEROP_PASS` at the end.
+//! `KVM_INTEROP_PASS` at the end. In the same machine, `tests/kernel_mixed_fleet.sh` then runs
+//! kg on the kernel's WireGuard (`--wireguard=kernel` and `auto`) meshed with kg on the
+//! embedded engine, restarts the kernel's kg (no ping may be lost beyond 1 s: the link and its
+//! sessions outlive kg) and switches a node each way between the two on restart (at most 1 s
+//! lost each); it prints `CHECK <name> ok` per step and `GAP` lines with what each lost.
 //!
 //! Needs root and qemu-system-x86, busybox-static, kmod, python3 (venv), socat, iproute2,
 //! wireguard-tools, iputils-ping; the kernels and virtme-ng are fetched once into
@@ -19,6 +23,7 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
+use common::cluster::kg_bin;
 use common::{kilotun_bin, which};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -35,6 +40,15 @@ const STEPS: [&str; 7] = [
     "KVM_OK ping",
     "KVM_OK transfer",
     "KVM_OK dump",
+];
+
+/// The steps tests/kernel_mixed_fleet.sh reports, in order.
+const FLEET_STEPS: [&str; 5] = [
+    "CHECK mesh ok",
+    "CHECK kinds ok",
+    "CHECK restart ok",
+    "CHECK to-engine ok",
+    "CHECK to-kernel ok",
 ];
 
 /// Skips the test with `why`, or fails it when `CI` is set.
@@ -127,8 +141,11 @@ fn interop(kernel: &str, test: &str) {
             "900",
             "--",
             "bash",
-            "tests/kernel_vm_interop.sh",
+            "-c",
+            "bash tests/kernel_vm_interop.sh \"$1\" && KG=\"$2\" bash tests/kernel_mixed_fleet.sh",
+            "kernel-vm",
             kilotun_bin(),
+            kg_bin(),
         ],
     );
     let (stdout, stderr) = text(&out);
@@ -151,6 +168,15 @@ fn interop(kernel: &str, test: &str) {
         });
         from += at + step.len();
     }
+    for step in FLEET_STEPS {
+        let at = stdout[from..].find(step).unwrap_or_else(|| {
+            panic!("{test}: no `{step}` (in order) in the guest's output:\n{stdout}")
+        });
+        from += at + step.len();
+    }
+    for gap in stdout.lines().filter(|l| l.starts_with("GAP ")) {
+        eprintln!("{test}: {gap}");
+    }
     let release = stdout
         .lines()
         .find_map(|l| l.strip_prefix("KVM_INTEROP_PASS kernel="))
@@ -162,11 +188,11 @@ fn interop(kernel: &str, test: &str) {
 }
 
 #[test]
-fn kilotun_with_kernel_wireguard_on_linux_6_1() {
-    interop("6.1", "kilotun_with_kernel_wireguard_on_linux_6_1");
+fn kilotun_and_kg_with_kernel_wireguard_on_linux_6_1() {
+    interop("6.1", "kilotun_and_kg_with_kernel_wireguard_on_linux_6_1");
 }
 
 #[test]
-fn kilotun_with_kernel_wireguard_on_linux_5_10() {
-    interop("5.10", "kilotun_with_kernel_wireguard_on_linux_5_10");
+fn kilotun_and_kg_with_kernel_wireguard_on_linux_5_10() {
+    interop("5.10", "kilotun_and_kg_with_kernel_wireguard_on_linux_5_10");
 }

@@ -92,6 +92,60 @@ impl KernelWireGuard {
     }
 }
 
+impl KernelWireGuard {
+    /// Starts a handshake at once with every peer that has none, and returns how many: the
+    /// other ends may still send on sessions that died with the last device (the embedded
+    /// engine's, before a switch) and, on a link where only they send, would wait for their own
+    /// timers (about 15 s). The kernel has no command for it; turning a peer's persistent
+    /// keepalive on sends a keepalive at once (`set_peer` in drivers/net/wireguard/netlink.c),
+    /// which needs a session and so starts a handshake. The interval is then put back. The
+    /// link must be up.
+    pub fn start_handshakes(&self) -> Result<usize> {
+        let (config, stats) = self.read()?;
+        let idle: Vec<&PeerConfig> = config
+            .peers
+            .iter()
+            .filter(|p| {
+                stats
+                    .iter()
+                    .any(|s| s.public_key == p.public_key && s.last_handshake.is_none())
+            })
+            .collect();
+        if idle.is_empty() {
+            return Ok(0);
+        }
+        let keepalive = |interval: &dyn Fn(&PeerConfig) -> u16| {
+            set_device(vec![
+                WireguardAttribute::IfName(self.interface.clone()),
+                WireguardAttribute::Peers(
+                    idle.iter()
+                        .map(|p| {
+                            WireguardPeer(vec![
+                                WireguardPeerAttribute::PublicKey(*p.public_key.as_bytes()),
+                                WireguardPeerAttribute::Flags(WireguardPeerFlags::UpdateOnly),
+                                WireguardPeerAttribute::PersistentKeepalive(interval(p)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ])
+        };
+        let steps = [
+            // Off where it is on, so that the next step turns it on.
+            keepalive(&|_| 0),
+            keepalive(&|p| p.persistent_keepalive.max(1)),
+            keepalive(&|p| p.persistent_keepalive),
+        ];
+        let mut netlink = self.netlink.lock();
+        for step in steps {
+            netlink
+                .request(step, NLM_F_REQUEST | NLM_F_ACK)
+                .with_context(|| format!("starting handshakes on {}", self.interface))?;
+        }
+        Ok(idle.len())
+    }
+}
+
 /// The configuration and peer state in a `WG_CMD_GET_DEVICE` dump. The kernel splits a large
 /// device over several messages; a peer whose allowed IPs did not fit continues at the start of
 /// the next message under the same public key.

@@ -175,9 +175,19 @@ impl Engine for WireGuard {
     }
     fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
         let changed = WireGuard::apply(self, desired)?;
-        if let WireGuard::Embedded { device, .. } = self {
-            let asked = device.initiate_handshakes();
-            tracing::info!(peers = asked, "starting handshakes with every peer at once");
+        match self {
+            WireGuard::Embedded { device, .. } => {
+                let asked = device.initiate_handshakes();
+                tracing::info!(peers = asked, "starting handshakes with every peer at once");
+            }
+            WireGuard::Kernel(device) => match device.start_handshakes() {
+                Ok(asked) => tracing::info!(
+                    peers = asked,
+                    "starting handshakes with every peer that has none"
+                ),
+                Err(e) => tracing::warn!(error = format!("{e:#}"), "starting handshakes"),
+            },
+            WireGuard::Uapi { .. } => {}
         }
         Ok(changed)
     }

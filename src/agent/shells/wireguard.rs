@@ -181,6 +181,12 @@ impl WireGuard {
             None => {}
         }
         netlink.add_wireguard(name).await?;
+        // Up at once, as a TUN link is when it opens: the kernel's WireGuard opens its UDP
+        // socket only while the link is up, and the restored peers' handshakes start before
+        // the first reconcile.
+        if let Some(link) = netlink.link_by_name(name).await? {
+            netlink.set_up(link.index, true).await?;
+        }
         let kernel = Self::kernel(name)?;
         tracing::info!(
             wireguard = "kernel",
