@@ -10,7 +10,9 @@
 //! kg on the kernel's WireGuard (`--wireguard=kernel` and `auto`) meshed with kg on the
 //! embedded engine, restarts the kernel's kg (no ping may be lost beyond 1 s: the link and its
 //! sessions outlive kg) and switches a node each way between the two on restart (at most 1 s
-//! lost each); it prints `CHECK <name> ok` per step and `GAP` lines with what each lost.
+//! lost each), with the kernel's IPIP inside a location, then meshes the three again with
+//! `--mesh-granularity=full`; it prints `CHECK <name> ok` per step and `GAP` lines with what
+//! each lost.
 //!
 //! Needs root and qemu-system-x86, busybox-static, kmod, python3 (venv), socat, iproute2,
 //! wireguard-tools, iputils-ping; the kernels and virtme-ng are fetched once into
@@ -43,12 +45,13 @@ const STEPS: [&str; 7] = [
 ];
 
 /// The steps tests/kernel_mixed_fleet.sh reports, in order.
-const FLEET_STEPS: [&str; 5] = [
+const FLEET_STEPS: [&str; 6] = [
     "CHECK mesh ok",
     "CHECK kinds ok",
     "CHECK restart ok",
     "CHECK to-engine ok",
     "CHECK to-kernel ok",
+    "CHECK full ok",
 ];
 
 /// Skips the test with `why`, or fails it when `CI` is set.

@@ -34,7 +34,7 @@ use serve::{http, metrics::Metrics, status};
 use shells::engine_lock::EngineLock;
 use shells::netlink::Netlink;
 use shells::wireguard::WireGuard;
-use shells::{kernel_watch, keyfile, state, xtables};
+use shells::{kernel_watch, keyfile, state};
 use shells::{Engine, Firewall, Iptables, Kernel};
 
 mod apply;
@@ -200,11 +200,11 @@ impl Agent {
                 None
             }
         };
-        // The iptables back end is the host's: chosen once, before the first rule is read.
-        xtables::select(s.args.iptables_backend)?;
         let shells = Shells {
             kernel: netlink,
-            firewall: Iptables,
+            firewall: Iptables {
+                mode: s.args.iptables_backend,
+            },
             engine: wg,
         };
         Self::with_shells(s, key, backend, shells, restored).await
@@ -226,6 +226,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             firewall,
             engine: wg,
         } = shells;
+        // The iptables back end is the host's, chosen once before the first rule is read; its
+        // child processes run while the device is configured and the last run's peers restored.
+        let preparing = {
+            let firewall = firewall.clone();
+            tokio::task::spawn_blocking(move || firewall.prepare())
+        };
         let public = Key(*key.public_key().as_bytes());
         let kilo_index = netlink
             .link_by_name(&s.args.interface)
@@ -324,6 +330,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let hostname_ips = hostname_lookup
             .await
             .context("looking up the node's name")?;
+        preparing.await.context("preparing the firewall")??;
         let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
         Ok(Self {

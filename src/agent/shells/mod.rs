@@ -127,13 +127,24 @@ pub trait Firewall: Clone + Send + Sync + 'static {
     fn clean_up(&self, v6_available: bool) -> Result<()>;
     /// True when the IPv6 family can be managed here.
     fn v6_available(&self) -> bool;
+    /// Gets ready before the first rule is read (the real one picks the host's iptables back
+    /// end, which takes child processes: kg does it while it restores the last run's peers).
+    fn prepare(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The host's `iptables`/`iptables-restore` (nft or legacy back end alike).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Iptables;
+#[derive(Debug, Clone, Copy)]
+pub struct Iptables {
+    /// `--iptables-backend`.
+    pub mode: xtables::BackendMode,
+}
 
 impl Firewall for Iptables {
+    fn prepare(&self) -> Result<()> {
+        xtables::select(self.mode).map(drop)
+    }
     fn reconcile(&self, rules: &RuleSet, v6_available: bool) -> Result<bool> {
         iptables::reconcile(rules, v6_available)
     }
