@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::fixtures::{f1_params, node};
+use crate::ip::Endpoint;
 use crate::leader::{lease_leaders, lease_name, LeaseState, LEASE_DURATION_MS};
 
 const NOW: i64 = 1_700_000_000_000;
