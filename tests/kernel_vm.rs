@@ -8,9 +8,9 @@
 //! `wg show dump` reads alike on both ends; it prints a `KVM_OK` line per step and
 //! `KVM_INTEROP_PASS` at the end. In the same machine, `tests/kernel_mixed_fleet.sh` then runs
 //! kg on the kernel's WireGuard (`--wireguard=kernel` and `auto`) meshed with kg on the
-//! embedded engine, restarts the kernel's kg (no ping may be lost beyond 1 s: the link and its
-//! sessions outlive kg) and switches a node each way between the two on restart (at most 1 s
-//! lost each), with the kernel's IPIP inside a location, then meshes the three again with
+//! embedded engine, restarts the kernel's kg (the link and its sessions outlive kg) and switches
+//! a node each way between the two on restart (the goal is at most 1 s lost each; the script
+//! allows 1.5 s under emulation), with the kernel's IPIP inside a location, then meshes the three again with
 //! `--mesh-granularity=full`; it prints `CHECK <name> ok` per step and `GAP` lines with what
 //! each lost.
 //!
