@@ -123,7 +123,11 @@ meshed() { # within 60 s
 }
 start n1 kernel; start n2 embedded; start n3 auto
 meshed || fail "the mesh did not form within 60 s"
-over_tunl0() { ip -n "$(ns "$1")" route show proto static | grep -q "dev tunl0"; }
+over_tunl0() { # (not `| grep -q`: with pipefail, ip's SIGPIPE after an early match fails it)
+  local routes
+  routes=$(ip -n "$(ns "$1")" route show proto static)
+  [[ $routes == *"dev tunl0"* ]]
+}
 for n in n2 n3; do
   # The pods may answer before the follower's routes move onto tunl0 (within a resync).
   for _ in $(seq 30); do over_tunl0 "$n" && break; sleep 0.5; done
