@@ -140,6 +140,24 @@ pub struct PeerStats {
     pub endpoint_changes: u64,
 }
 
+impl PeerStats {
+    /// A peer that nothing has been heard from or sent to yet: no endpoint, no handshake, every
+    /// counter at 0.
+    pub fn new(public_key: PublicKey) -> Self {
+        Self {
+            public_key,
+            endpoint: None,
+            last_handshake: None,
+            unanswered_since: None,
+            rx_bytes: 0,
+            tx_bytes: 0,
+            handshakes: 0,
+            handshake_failures: 0,
+            endpoint_changes: 0,
+        }
+    }
+}
+
 /// A handshake message this device refused: why, where it came from and, when the sender was
 /// not a configured peer, the public key it claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]

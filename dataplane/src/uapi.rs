@@ -346,17 +346,7 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
             ("public_key", _, _) => {
                 let key = PublicKey::from_hex(value).map_err(|_| bad())?;
                 config.peers.push(PeerConfig::new(key));
-                stats.push(PeerStats {
-                    public_key: key,
-                    endpoint: None,
-                    last_handshake: None,
-                    unanswered_since: None,
-                    rx_bytes: 0,
-                    tx_bytes: 0,
-                    handshakes: 0,
-                    handshake_failures: 0,
-                    endpoint_changes: 0,
-                });
+                stats.push(PeerStats::new(key));
             }
             (_, Some(peer), Some(live)) => match key {
                 "preshared_key" => {

@@ -181,17 +181,7 @@ fn read_peer(peer: &WireguardPeer, config: &mut DeviceConfig, stats: &mut Vec<Pe
     };
     if config.peers.last().map(|p| p.public_key) != Some(key) {
         config.peers.push(PeerConfig::new(key));
-        stats.push(PeerStats {
-            public_key: key,
-            endpoint: None,
-            last_handshake: None,
-            unanswered_since: None,
-            rx_bytes: 0,
-            tx_bytes: 0,
-            handshakes: 0,
-            handshake_failures: 0,
-            endpoint_changes: 0,
-        });
+        stats.push(PeerStats::new(key));
     }
     let (Some(out), Some(counters)) = (config.peers.last_mut(), stats.last_mut()) else {
         return;
