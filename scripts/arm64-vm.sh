@@ -81,43 +81,9 @@ cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
 
 # --- logging with timings -------------------------------------------------------------------------
 # Milliseconds since the epoch ($EPOCHREALTIME without its decimal separator is microseconds).
-now_ms() {
-	local us=${EPOCHREALTIME//[.,]/}
-	echo $((us / 1000))
-}
-# secs MILLISECONDS: "12.3".
-secs() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }
-start_ms=$(now_ms)
-# Every line on stderr carries the time since this script started.
-log() { printf 'arm64-vm.sh: [%7s s] %s\n' "$(secs $(($(now_ms) - start_ms)))" "$*" >&2; }
-die() {
-	log "error: $*"
-	exit 1
-}
-usage() {
-	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-	exit "${1:-0}"
-}
-# step DESCRIPTION COMMAND...: runs COMMAND and logs how long it took.
-step() {
-	local what=$1 t0 rc=0
-	shift
-	t0=$(now_ms)
-	"$@" || rc=$?
-	log "$what: $(secs $(($(now_ms) - t0))) s$( ((rc == 0)) || echo ", failed (exit status $rc)")"
-	return "$rc"
-}
-
-# quietly LOG COMMAND...: runs COMMAND with its stdout and stderr in the file LOG.
-# shellcheck disable=SC2317 # called through step.
-quietly() {
-	local out=$1
-	shift
-	"$@" >"$out" 2>&1
-}
-
-# need COMMAND PACKAGE: one message naming the Debian package when a tool is missing.
-need() { command -v "$1" >/dev/null || die "$1 not found: install the Debian package $2 (apt-get install $2)"; }
+# now_ms, secs, log, die, usage, step, quietly, need.
+# shellcheck source=scripts/timed-log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/timed-log.sh"
 
 # --- arguments ------------------------------------------------------------------------------------
 arch=arm64

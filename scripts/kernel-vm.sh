@@ -80,36 +80,9 @@ smp=${KILOTUN_VM_SMP:-2}
 memory=${KILOTUN_VM_MEMORY:-2G}
 
 # --- logging with timings -------------------------------------------------------------------------
-now_ms() {
-	local us=${EPOCHREALTIME//[.,]/}
-	echo $((us / 1000))
-}
-secs() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }
-start_ms=$(now_ms)
-log() { printf 'kernel-vm.sh: [%7s s] %s\n' "$(secs $(($(now_ms) - start_ms)))" "$*" >&2; }
-die() {
-	log "error: $*"
-	exit 1
-}
-usage() {
-	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-	exit "${1:-0}"
-}
-step() {
-	local what=$1 t0 rc=0
-	shift
-	t0=$(now_ms)
-	"$@" || rc=$?
-	log "$what: $(secs $(($(now_ms) - t0))) s$( ((rc == 0)) || echo ", failed (exit status $rc)")"
-	return "$rc"
-}
-# shellcheck disable=SC2317 # called through step.
-quietly() {
-	local out=$1
-	shift
-	"$@" >"$out" 2>&1
-}
-need() { command -v "$1" >/dev/null || die "$1 not found: install the Debian package $2 (apt-get install $2)"; }
+# now_ms, secs, log, die, usage, step, quietly, need.
+# shellcheck source=scripts/timed-log.sh
+source "$(dirname "${BASH_SOURCE[0]}")/timed-log.sh"
 
 # --- arguments ------------------------------------------------------------------------------------
 kernel=
