@@ -102,39 +102,40 @@ impl WireGuard {
         netlink: &Netlink,
     ) -> Result<Self> {
         let existing = netlink.link_kind(name).await?;
+        // Asked once, and before the link of the last run is touched.
+        let available = || match existing.as_deref() {
+            Some("wireguard") => Ok(()),
+            _ => KernelWireGuard::available(),
+        };
         let kernel = match choice {
             WireGuardChoice::Embedded => None,
-            WireGuardChoice::Kernel => Some(
-                Self::create_kernel(name, existing.as_deref(), netlink)
-                    .await
-                    .context("--wireguard=kernel")?,
-            ),
-            WireGuardChoice::Auto => {
-                let available = match existing.as_deref() {
-                    Some("wireguard") => Ok(()),
-                    _ => KernelWireGuard::available(),
+            WireGuardChoice::Kernel => {
+                let created = match available() {
+                    Ok(()) => Self::create_kernel(name, existing.as_deref(), netlink).await,
+                    Err(e) => Err(e),
                 };
-                match available {
-                    Ok(()) => match Self::create_kernel(name, existing.as_deref(), netlink).await {
-                        Ok(kernel) => Some(kernel),
-                        Err(e) => {
-                            tracing::warn!(
-                                error = format!("{e:#}"),
-                                "--wireguard=auto: the kernel has WireGuard but kg cannot drive it; running the embedded engine"
-                            );
-                            None
-                        }
-                    },
+                Some(created.context("--wireguard=kernel")?)
+            }
+            WireGuardChoice::Auto => match available() {
+                Ok(()) => match Self::create_kernel(name, existing.as_deref(), netlink).await {
+                    Ok(kernel) => Some(kernel),
                     Err(e) => {
-                        tracing::info!(
-                            wireguard = "embedded",
-                            reason = format!("{e:#}"),
-                            "--wireguard=auto: running the embedded engine on {name}: the kernel has no WireGuard"
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "--wireguard=auto: the kernel has WireGuard but kg cannot drive it; running the embedded engine"
                         );
                         None
                     }
+                },
+                Err(e) => {
+                    tracing::info!(
+                        wireguard = "embedded",
+                        reason = format!("{e:#}"),
+                        "--wireguard=auto: running the embedded engine on {name}: the kernel has no WireGuard"
+                    );
+                    None
                 }
-            }
+            },
         };
         if let Some(kernel) = kernel {
             return Ok(kernel);
@@ -155,12 +156,9 @@ impl WireGuard {
     }
 
     /// The kernel's WireGuard link `name`: the one there, or a new one in place of `existing`
-    /// (a link of another kind, left by the embedded engine's last run).
+    /// (a link of another kind, left by the embedded engine's last run). The caller has made
+    /// sure the kernel has WireGuard.
     async fn create_kernel(name: &str, existing: Option<&str>, netlink: &Netlink) -> Result<Self> {
-        if existing != Some("wireguard") {
-            // Asked before the link of the last run is touched.
-            KernelWireGuard::available()?;
-        }
         match existing {
             Some("wireguard") => {
                 let kernel = Self::kernel(name)?;
