@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # A mixed fleet on a kernel that has WireGuard (run inside scripts/kernel-vm.sh by
-# tests/kernel_vm.rs): three kg on the file backend, each a network namespace, in two locations:
-#   n1 (east) --wireguard=kernel, n2 (west) --wireguard=embedded, n3 (west) --wireguard=auto.
-# Every kg runs with --encapsulate=always, so west's two nodes (one on each WireGuard) reach each
-# other over the kernel's IPIP (tunl0).
+# tests/kernel_vm.rs): four kg on the file backend, each a network namespace, in two locations:
+#   n1 (east) --wireguard=kernel, n2 (west) --wireguard=embedded, n3 (west) --wireguard=auto,
+#   n4 (west) --wireguard=embedded --ipip=userspace.
+# Every kg runs with --encapsulate=always, so west's nodes reach each other over IPIP: n2 and n3
+# (one on each WireGuard) over the kernel's tunl0, and n4 over kilotun's userspace IPIP, whose
+# packets are the same on the wire: a location that mixes both kinds of node.
 # Checks, printing one `CHECK <name> ok` line each (the test looks for them):
 #   mesh       every node reaches every other node's pod address; west's nodes use tunl0
+#   mixed-ipip n4 routes west over kilo-ipip, n2 and n3 route to n4 over tunl0
 #   kinds      n1's and n3's links are the kernel's WireGuard, n2's a TUN; /status and
 #              kilotun_wireguard_info say which each drives
 #   restart    n1's kg restarted (kernel): pings from n2 to n1's pod lose at most 1.5 s
 #   to-engine  n1 restarted with --wireguard=embedded: at most 1.5 s lost, its link now a TUN
 #   to-kernel  n2 restarted with --wireguard=kernel: at most 1.5 s lost, its link now wireguard
 # (The goal is 1 s; the bound leaves room for TCG emulation, which slows kg's start.)
-#   full       all three restarted with --mesh-granularity=full (n1 now embedded, n2 kernel, n3
-#              auto): every node reaches every pod again, each node a peer of the two others
+#   full       all four restarted with --mesh-granularity=full (n1 now embedded, n2 kernel, n3
+#              auto, n4 embedded on userspace IPIP): every node reaches every pod again, each
+#              node a peer of the three others
 # Each gap is printed as `GAP <name> <lost> of <sent> pings at 10/s`. Every kg runs with
 # --clean-up=false, as a kg replaced under its DaemonSet leaves the node to its successor.
 # Needs root, KG (the kg binary; default target/ci/kg), ip, ping, wg, curl.
@@ -23,9 +27,11 @@ kg=${KG:-target/ci/kg}
 kg=$(realpath "$kg")
 id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir" "$work/keys"
 router="kmf${id}r"
-nodes=(n1 n2 n3)
+nodes=(n1 n2 n3 n4)
 ns() { echo "kmf${id}$1"; }
 declare -A pid
+# The IPIP each node encapsulates with inside its location (--ipip).
+declare -A ipip=([n1]=auto [n2]=auto [n3]=auto [n4]=userspace)
 cleanup() {
   for n in "${nodes[@]}"; do ip netns pids "$(ns "$n")" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
   sleep 0.5
@@ -79,7 +85,7 @@ start() { # node wireguard
   local n=$1
   ip netns exec "$(ns "$n")" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
     --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=always --resync-period=5s \
-    --threads=1 --cni=false --clean-up=false --wireguard="$2" \
+    --threads=1 --cni=false --clean-up=false --wireguard="$2" --ipip="${ipip[$n]}" \
     --mesh-granularity="$granularity" 2>>"$work/$n.log" &
   pid[$n]=$!
 }
@@ -106,7 +112,7 @@ gap() {
   [ $((sent - received)) -le 15 ] || fail "$name lost $((sent - received)) of $sent pings"
 }
 
-pods=(10.42.1.1 10.42.2.1 10.42.3.1)
+pods=(10.42.1.1 10.42.2.1 10.42.3.1 10.42.4.1)
 meshed() { # within 60 s
   local deadline=$((SECONDS + 60))
   while [ "$SECONDS" -lt "$deadline" ]; do
@@ -121,23 +127,39 @@ meshed() { # within 60 s
   done
   return 1
 }
-start n1 kernel; start n2 embedded; start n3 auto
+start n1 kernel; start n2 embedded; start n3 auto; start n4 embedded
 meshed || fail "the mesh did not form within 60 s"
-over_tunl0() { # (not `| grep -q`: with pipefail, ip's SIGPIPE after an early match fails it)
-  local routes
+# Whether $1 routes $2 (a pod CIDR) over link $3. (Not `| grep -q`: with pipefail, ip's
+# SIGPIPE after an early match fails it.)
+routes_over() {
+  local routes line
   routes=$(ip -n "$(ns "$1")" route show proto static)
-  [[ $routes == *"dev tunl0"* ]]
+  while read -r line; do [[ $line == "$2 "*" dev $3 "* ]] && return 0; done <<<"$routes"
+  return 1
 }
-for n in n2 n3; do
-  # The pods may answer before the follower's routes move onto tunl0 (within a resync).
-  for _ in $(seq 30); do over_tunl0 "$n" && break; sleep 0.5; done
-  over_tunl0 "$n" || fail "$n routes nothing over tunl0: $(ip -n "$(ns "$n")" route show proto static)"
+# The pods may answer before a follower's routes move onto the tunnel (within a resync).
+settled() { for _ in $(seq 30); do routes_over "$@" && return 0; sleep 0.5; done; return 1; }
+for pair in n2:10.42.3.0/24 n3:10.42.2.0/24; do
+  n=${pair%%:*}; cidr=${pair#*:}
+  settled "$n" "$cidr" tunl0 || fail "$n does not route $cidr over tunl0: $(ip -n "$(ns "$n")" route show proto static)"
 done
 echo "CHECK mesh ok"
+
+for n in n2 n3; do
+  settled "$n" 10.42.4.0/24 tunl0 || fail "$n does not route n4's pods over tunl0: $(ip -n "$(ns "$n")" route show proto static)"
+done
+for cidr in 10.42.2.0/24 10.42.3.0/24; do
+  settled n4 "$cidr" kilo-ipip || fail "n4 does not route $cidr over kilo-ipip: $(ip -n "$(ns n4)" route show proto static)"
+done
+grep -q -- "--ipip=userspace" "$work/n4.log" || fail "n4 did not log its IPIP choice"
+for from in n2 n3; do reaches "$from" 10.42.4.1 || fail "$from does not reach n4's pod"; done
+for to in 10.42.2.1 10.42.3.1; do reaches n4 "$to" || fail "n4 does not reach $to"; done
+echo "CHECK mixed-ipip ok"
 
 [ "$(kind n1)" = wireguard ] || fail "n1's link is $(kind n1), not wireguard"
 [ "$(kind n3)" = wireguard ] || fail "n3's link is $(kind n3), not wireguard"
 [ "$(kind n2)" = tun ] || fail "n2's link is $(kind n2), not tun"
+[ "$(kind n4)" = tun ] || fail "n4's link is $(kind n4), not tun"
 ip netns exec "$(ns n1)" wg show "kilo-n1"
 for pair in n1=kernel n2=embedded n3=kernel; do
   n=${pair%=*}; want=${pair#*=}
@@ -171,10 +193,10 @@ for n in "${nodes[@]}"; do stop "$n"; done
 # then restarted with another granularity keeps the follower's old routes over tunl0 (a kg bug
 # of its own, with either WireGuard).
 for n in "${nodes[@]}"; do ip -n "$(ns "$n")" route flush proto static; done
-start n1 embedded; start n2 kernel; start n3 auto
+start n1 embedded; start n2 kernel; start n3 auto; start n4 embedded
 meshed || fail "the full mesh did not form within 60 s"
-for n in n1 n2 n3; do
+for n in "${nodes[@]}"; do
   peers=$(ip netns exec "$(ns "$n")" wg show "kilo-$n" peers | grep -c . || true)
-  [ "$peers" = 2 ] || fail "$n has $peers peers in the full mesh, not 2"
+  [ "$peers" = 3 ] || fail "$n has $peers peers in the full mesh, not 3"
 done
 echo "CHECK full ok"

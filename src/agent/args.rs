@@ -1,6 +1,7 @@
 //! `kg`'s command line: every flag of Kilo's `kg` with the same name and default, plus
 //! `--backend=file`, `--cluster-dir` and `--key-file`.
 
+pub use super::host::encap::IpipChoice;
 use super::host::Mtu;
 pub use super::shells::wireguard::WireGuardChoice;
 use std::path::PathBuf;
@@ -63,6 +64,11 @@ pub struct KgArgs {
     /// embedded engine elsewhere).
     #[arg(long, value_enum, default_value = "embedded")]
     pub wireguard: WireGuardChoice,
+    /// kilotun: which IPIP kg encapsulates with inside a location: auto (the kernel's tunl0
+    /// where the kernel has IPIP, kilotun's userspace IPIP elsewhere), kernel or userspace
+    /// (for a host whose tunl0 another agent owns). A location may mix both kinds.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub ipip: IpipChoice,
     /// When should Kilo encapsulate packets within a location? Possible values: never, crosssubnet, always.
     #[arg(long, default_value = "always")]
     pub encapsulate: String,

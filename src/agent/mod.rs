@@ -331,7 +331,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .await
             .context("looking up the node's name")?;
         preparing.await.context("preparing the firewall")??;
-        let tunnel = encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility).await?;
+        let tunnel =
+            encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility, s.args.ipip).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
         Ok(Self {
             dns: DnsBook::new(s.resync),

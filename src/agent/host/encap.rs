@@ -32,6 +32,20 @@ pub const CILIUM_TUNNEL: &str = "cilium_tunl";
 /// Cilium's host device, whose IPv4 address is published as `cni-compatibility-ip`.
 pub const CILIUM_HOST: &str = "cilium_host";
 
+/// Which IPIP kg encapsulates with inside a location (`--ipip`), where `--compatibility`
+/// leaves the choice to kg.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IpipChoice {
+    /// The kernel's `tunl0` where the kernel has IPIP, kilotun's userspace IPIP elsewhere.
+    #[default]
+    Auto,
+    /// The kernel's `tunl0`; kg fails to start where the kernel has no IPIP.
+    Kernel,
+    /// kilotun's userspace IPIP even where the kernel has IPIP (for a host whose `tunl0`
+    /// belongs to another agent, such as Calico in IPIP mode).
+    Userspace,
+}
+
 /// The tunnel in use.
 #[derive(Debug)]
 pub enum Tunnel {
@@ -56,11 +70,13 @@ pub enum Tunnel {
 }
 
 impl Tunnel {
-    /// Picks the tunnel for `--encapsulate` and `--compatibility`, creating what is needed.
+    /// Picks the tunnel for `--encapsulate`, `--compatibility` and `--ipip`, creating what is
+    /// needed.
     pub async fn choose<N: Kernel>(
         netlink: &N,
         encapsulate: Encapsulate,
         compatibility: Compatibility,
+        ipip: IpipChoice,
     ) -> Result<Self> {
         if encapsulate == Encapsulate::Never {
             return Ok(Self::None);
@@ -94,7 +110,14 @@ impl Tunnel {
             }
             _ => {}
         }
+        if ipip == IpipChoice::Userspace {
+            tracing::info!("encapsulating inside locations with kilotun's userspace IPIP ({USERSPACE_IPIP}): --ipip=userspace");
+            return Ok(Self::Userspace(UserspaceIpip::start(USERSPACE_IPIP)?));
+        }
         match netlink.add_ipip(KERNEL_IPIP).await {
+            Err(e) if ipip == IpipChoice::Kernel => {
+                return Err(e.context(format!("--ipip=kernel: creating {KERNEL_IPIP}")))
+            }
             Ok(()) => {
                 tracing::info!("encapsulating inside locations with the kernel's IPIP ({KERNEL_IPIP})");
                 return Ok(Self::Kernel {
@@ -285,9 +308,14 @@ mod tests {
     async fn cilium_without_its_tunnel_never_gets_a_tunl0_of_kg() {
         let kernel = host().with_ipip();
         let before = kernel.link_names();
-        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
-            .await
-            .unwrap();
+        let tunnel = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Cilium,
+            IpipChoice::Auto,
+        )
+        .await
+        .unwrap();
         assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
         assert!(matches!(tunnel, Tunnel::Kernel { owned: false, .. }));
         assert_eq!(kernel.link_names(), before, "no link created");
@@ -313,9 +341,14 @@ mod tests {
             None,
         )
         .with_ipip();
-        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
-            .await
-            .unwrap();
+        let tunnel = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Cilium,
+            IpipChoice::Auto,
+        )
+        .await
+        .unwrap();
         assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
         let index = tunnel
             .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500), false)
@@ -332,9 +365,14 @@ mod tests {
     #[tokio::test]
     async fn without_cilium_the_kernels_ipip_is_used_where_it_exists() {
         let kernel = host().with_ipip();
-        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Ipip)
-            .await
-            .unwrap();
+        let tunnel = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Ipip,
+            IpipChoice::Auto,
+        )
+        .await
+        .unwrap();
         assert_eq!(tunnel.name(), Some(KERNEL_IPIP));
         assert!(matches!(tunnel, Tunnel::Kernel { owned: true, .. }));
         // Without ip6_tunnel there is no IPv6-outer link: such routes stay unencapsulated.
@@ -348,14 +386,38 @@ mod tests {
         assert_eq!(kernel.link_names(), ["eth0", KERNEL_IPIP]);
     }
 
+    #[tokio::test]
+    async fn forcing_the_kernels_ipip_where_it_has_none_is_an_error_naming_the_flag() {
+        let kernel = host();
+        let e = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Ipip,
+            IpipChoice::Kernel,
+        )
+        .await
+        .unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with("--ipip=kernel: creating tunl0: "),
+            "{text}"
+        );
+        assert_eq!(kernel.link_names(), ["eth0"]);
+    }
+
     // This machine's kernel has neither IPIP nor ip6_tunnel, so the kernel path for IPv4 over
     // IPv6 internal IPs is shown on the in-memory twin.
     #[tokio::test]
     async fn kg_adds_an_ip6tnl_beside_tunl0_only_when_a_node_has_an_ipv6_internal_ip() {
         let kernel = host().with_ipip().with_ip6tnl();
-        let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Ipip)
-            .await
-            .unwrap();
+        let tunnel = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Ipip,
+            IpipChoice::Auto,
+        )
+        .await
+        .unwrap();
         // An IPv4-only location: nothing created, nothing loaded.
         assert_eq!(
             tunnel
@@ -391,9 +453,14 @@ mod tests {
         );
         assert_eq!(kernel.calls().writes, writes);
         // Cilium's own tunnel gets none.
-        let cilium = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
-            .await
-            .unwrap();
+        let cilium = Tunnel::choose(
+            &kernel,
+            Encapsulate::Always,
+            Compatibility::Cilium,
+            IpipChoice::Auto,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             cilium
                 .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
@@ -420,9 +487,14 @@ mod tests {
             // SAFETY: unshare on this thread only, which then exits.
             assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
             runtime.block_on(async {
-                let tunnel = Tunnel::choose(&kernel, Encapsulate::Always, Compatibility::Cilium)
-                    .await
-                    .unwrap();
+                let tunnel = Tunnel::choose(
+                    &kernel,
+                    Encapsulate::Always,
+                    Compatibility::Cilium,
+                    IpipChoice::Auto,
+                )
+                .await
+                .unwrap();
                 (tunnel.name().map(str::to_string), kernel.calls().writes)
             })
         })

@@ -55,6 +55,11 @@ pub trait Kernel: Send + Sync {
     fn link_by_name(&self, name: &str) -> impl Future<Output = Result<Option<Link>>> + Send {
         async move { Ok(self.links().await?.into_iter().find(|l| l.name == name)) }
     }
+    /// The kind of the link called `name` as `ip -d link` names it (`tun`, `wireguard`, …;
+    /// empty when the kernel names none), or `None` when there is no such link.
+    fn link_kind(&self, name: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Makes sure the kernel's WireGuard link `name` exists; fails where the kernel has none.
+    fn add_wireguard(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Makes sure the kernel IPIP link `name` exists.
     fn add_ipip(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// Makes sure the kernel `ip6tnl` link `name` exists in `ipip6` mode over link `over`, with
@@ -89,6 +94,12 @@ impl Kernel for Netlink {
     }
     async fn main_routes(&self) -> Result<Vec<Route>> {
         Netlink::main_routes(self).await
+    }
+    async fn link_kind(&self, name: &str) -> Result<Option<String>> {
+        Netlink::link_kind(self, name).await
+    }
+    async fn add_wireguard(&self, name: &str) -> Result<()> {
+        Netlink::add_wireguard(self, name).await
     }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         Netlink::add_ipip(self, name).await

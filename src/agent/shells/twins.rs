@@ -35,12 +35,17 @@ struct KernelState {
     ipip: bool,
     /// The kernel has `ip6_tunnel`: `add_ip6tnl` creates the link.
     ip6tnl: bool,
+    /// The kernel has WireGuard: `add_wireguard` creates the link.
+    wireguard: bool,
+    /// The kind of each link that has one, by name.
+    kinds: std::collections::BTreeMap<String, String>,
 }
 
 impl KernelState {
-    /// Adds a link called `name` (down, with `mtu`) unless one exists.
-    fn add_link(&mut self, name: &str, mtu: u32) {
+    /// Adds a link called `name` of `kind` (down, with `mtu`) unless one exists.
+    fn add_link(&mut self, name: &str, kind: &str, mtu: u32) {
         if !self.links.iter().any(|l| l.name == name) {
+            self.kinds.insert(name.to_string(), kind.to_string());
             let index = self.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
             self.links.push(Link {
                 index,
@@ -90,8 +95,39 @@ impl MemKernel {
                 mtu: 1480,
                 up: false,
             });
+            s.kinds.insert("tunl0".into(), "ipip".into());
         }
         self
+    }
+
+    /// Gives this kernel WireGuard: `add_wireguard` creates links.
+    pub fn with_wireguard(self) -> Self {
+        self.state.lock().wireguard = true;
+        self
+    }
+
+    /// Adds a link called `name` of `kind`, as a process other than kg (or kg's last run)
+    /// would have made it.
+    pub fn add_link_of_kind(&self, name: &str, kind: &str) {
+        self.state.lock().add_link(name, kind, 1420);
+    }
+
+    /// The kind of the link called `name`, if there is one.
+    pub fn link_kind_of(&self, name: &str) -> Option<String> {
+        let s = self.state.lock();
+        s.links
+            .iter()
+            .any(|l| l.name == name)
+            .then(|| s.kinds.get(name).cloned().unwrap_or_default())
+    }
+
+    /// True when the link called `name` exists and is up.
+    pub fn link_up(&self, name: &str) -> bool {
+        self.state
+            .lock()
+            .links
+            .iter()
+            .any(|l| l.name == name && l.up)
     }
 
     /// Names of the links this kernel has.
@@ -163,11 +199,22 @@ impl Kernel for MemKernel {
                 .collect()
         }))
     }
+    async fn link_kind(&self, name: &str) -> Result<Option<String>> {
+        self.read(|_| ());
+        Ok(self.link_kind_of(name))
+    }
+    async fn add_wireguard(&self, name: &str) -> Result<()> {
+        if !self.read(|s| s.wireguard) {
+            anyhow::bail!("this kernel has no WireGuard link kind (creating {name})")
+        }
+        self.write(|s| s.add_link(name, "wireguard", 1420));
+        Ok(())
+    }
     async fn add_ipip(&self, name: &str) -> Result<()> {
         if !self.read(|s| s.ipip) {
             anyhow::bail!("this kernel has no IPIP (creating {name})")
         }
-        self.write(|s| s.add_link(name, 1480));
+        self.write(|s| s.add_link(name, "ipip", 1480));
         Ok(())
     }
     async fn add_ip6tnl(&self, name: &str, over: u32) -> Result<()> {
@@ -177,14 +224,20 @@ impl Kernel for MemKernel {
         if !self.read(|s| s.links.iter().any(|l| l.index == over)) {
             anyhow::bail!("no link {over} to create {name} over")
         }
-        self.write(|s| s.add_link(name, 1452));
+        self.write(|s| s.add_link(name, "ip6tnl", 1452));
         Ok(())
     }
     async fn has_ipip(&self) -> Result<bool> {
         Ok(self.read(|s| s.ipip))
     }
     async fn delete_link(&self, index: u32) -> Result<()> {
-        self.write(|s| s.links.retain(|l| l.index != index));
+        self.write(|s| {
+            if let Some(gone) = s.links.iter().find(|l| l.index == index) {
+                let name = gone.name.clone();
+                s.kinds.remove(&name);
+            }
+            s.links.retain(|l| l.index != index)
+        });
         Ok(())
     }
     async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {

@@ -18,17 +18,9 @@ use dataplane::{DeviceConfig, PeerStats};
 use super::kernel_wireguard::KernelWireGuard;
 use super::netlink::Netlink;
 
-/// Which WireGuard kg drives when it creates the interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WireGuardChoice {
-    /// The engine inside kg: needs no kernel module.
-    Embedded,
-    /// The kernel's WireGuard where the kernel has it, the embedded engine elsewhere: one
-    /// DaemonSet for a mixed fleet.
-    Auto,
-    /// The kernel's WireGuard; kg fails to start where the kernel has none.
-    Kernel,
-}
+mod choose;
+
+pub use choose::WireGuardChoice;
 
 /// A WireGuard device kg can configure and read.
 pub enum WireGuard {
@@ -101,96 +93,18 @@ impl WireGuard {
         socket_dir: &Path,
         netlink: &Netlink,
     ) -> Result<Self> {
-        let existing = netlink.link_kind(name).await?;
-        // Asked once, and before the link of the last run is touched.
-        let available = || match existing.as_deref() {
-            Some("wireguard") => Ok(()),
-            _ => KernelWireGuard::available(),
-        };
-        let kernel = match choice {
-            WireGuardChoice::Embedded => None,
-            WireGuardChoice::Kernel => {
-                let created = match available() {
-                    Ok(()) => Self::create_kernel(name, existing.as_deref(), netlink).await,
-                    Err(e) => Err(e),
-                };
-                Some(created.context("--wireguard=kernel")?)
-            }
-            WireGuardChoice::Auto => match available() {
-                Ok(()) => match Self::create_kernel(name, existing.as_deref(), netlink).await {
-                    Ok(kernel) => Some(kernel),
-                    Err(e) => {
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            "--wireguard=auto: the kernel has WireGuard but kg cannot drive it; running the embedded engine"
-                        );
-                        None
-                    }
-                },
-                Err(e) => {
-                    tracing::info!(
-                        wireguard = "embedded",
-                        reason = format!("{e:#}"),
-                        "--wireguard=auto: running the embedded engine on {name}: the kernel has no WireGuard"
-                    );
-                    None
-                }
-            },
-        };
-        if let Some(kernel) = kernel {
-            return Ok(kernel);
+        match choose::kernel_link(
+            choice,
+            name,
+            netlink,
+            KernelWireGuard::available,
+            Self::kernel,
+        )
+        .await?
+        {
+            Some(kernel) => Ok(kernel),
+            None => Self::embedded(name, threads, socket_dir, true),
         }
-        if existing.as_deref() == Some("wireguard") {
-            tracing::info!("replacing the kernel's WireGuard link {name} of the last run by the embedded engine");
-            if let Some(link) = netlink.link_by_name(name).await? {
-                netlink.delete_link(link.index).await?;
-            }
-        }
-        if choice == WireGuardChoice::Embedded {
-            tracing::info!(
-                wireguard = "embedded",
-                "running the embedded engine on {name} (--wireguard=embedded)"
-            );
-        }
-        Self::embedded(name, threads, socket_dir, true)
-    }
-
-    /// The kernel's WireGuard link `name`: the one there, or a new one in place of `existing`
-    /// (a link of another kind, left by the embedded engine's last run). The caller has made
-    /// sure the kernel has WireGuard.
-    async fn create_kernel(name: &str, existing: Option<&str>, netlink: &Netlink) -> Result<Self> {
-        match existing {
-            Some("wireguard") => {
-                let kernel = Self::kernel(name)?;
-                tracing::info!(
-                    wireguard = "kernel",
-                    "driving the kernel's WireGuard link {name}, kept from the last run with its sessions"
-                );
-                return Ok(kernel);
-            }
-            Some(kind) => {
-                tracing::info!(
-                    "replacing the {kind} link {name} of the last run by the kernel's WireGuard"
-                );
-                if let Some(link) = netlink.link_by_name(name).await? {
-                    netlink.delete_link(link.index).await?;
-                }
-            }
-            None => {}
-        }
-        netlink.add_wireguard(name).await?;
-        // Up at once, as a TUN link is when it opens: the kernel's WireGuard opens its UDP
-        // socket only while the link is up, and the restored peers' handshakes start before
-        // the first reconcile.
-        if let Some(link) = netlink.link_by_name(name).await? {
-            netlink.set_up(link.index, true).await?;
-        }
-        let kernel = Self::kernel(name)?;
-        tracing::info!(
-            wireguard = "kernel",
-            "driving the kernel's WireGuard on {name}: the kernel created a wireguard link"
-        );
-        Ok(kernel)
     }
 
     /// Drives the kernel's WireGuard link `name`, which must exist.
