@@ -5,7 +5,9 @@
 //! `tests/kernel_vm_interop.sh` there with the kilotun built for this test. The script proves that
 //! the modules load (`ip link add ... type wireguard`, an ipip tunnel), that kilotun and the
 //! kernel handshake whichever starts, ping both ways, move 4 MiB each way intact, and that
-//! `wg show dump` reads alike on both ends; it prints a `KVM_OK` line per step and
+//! `wg show dump` reads alike on both ends, that each end follows the other when it roams (a new
+//! listen port, a new address) and that a peer removed and added again on either end stops the
+//! traffic and then handshakes anew; it prints a `KVM_OK` line per step and
 //! `KVM_INTEROP_PASS` at the end. In the same machine, `tests/kernel_mixed_fleet.sh` then runs
 //! kg on the kernel's WireGuard (`--wireguard=kernel` and `auto`) meshed with kg on the
 //! embedded engine, restarts the kernel's kg (the link and its sessions outlive kg) and switches
@@ -34,7 +36,7 @@ const REPO: &str = env!("CARGO_MANIFEST_DIR");
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The steps tests/kernel_vm_interop.sh reports, in order.
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 9] = [
     "KVM_OK wireguard-module",
     "KVM_OK ipip-module",
     "KVM_OK handshake-kernel-initiated",
@@ -42,6 +44,8 @@ const STEPS: [&str; 7] = [
     "KVM_OK ping",
     "KVM_OK transfer",
     "KVM_OK dump",
+    "KVM_OK roaming",
+    "KVM_OK peer-readd",
 ];
 
 /// The steps tests/kernel_mixed_fleet.sh reports, in order.

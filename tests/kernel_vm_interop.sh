@@ -21,6 +21,15 @@
 #                     address are what the other has for its peer, the allowed IPs are printed
 #                     alike, and each one's transmitted bytes are within 10% of what the other
 #                     received;
+#   roaming           kilotun changes its listen port, then its namespace's address (the old one
+#                     removed), and the kernel does the same: each time the other end, its
+#                     configuration untouched, takes the new endpoint from the moved end's
+#                     authenticated packets (`wg show endpoints` before and after) and pings pass
+#                     both ways;
+#   peer-readd        the peer removed on the kernel's end stops all traffic (no ping passes
+#                     either way); added again (same allowed IPs and endpoint) it handshakes anew
+#                     (a later latest-handshake on both ends) and pings pass; then the same on
+#                     kilotun's end;
 # and ends with `KVM_INTEROP_PASS kernel=<release>`. Any failure stops it with a message and a
 # non-zero exit status. Everything it makes (namespaces, links, kilotun) goes on exit.
 #
@@ -120,8 +129,10 @@ ip -n "$b" addr add 10.71.0.2/24 dev kvmwgb
 ip -n "$b" addr add fd71::2/64 dev kvmwgb
 ip -n "$a" link set kvmwga up
 ip -n "$b" link set kvmwgb up
-add_peer_a() { wga set kvmwga peer "$pub_b" endpoint 192.168.210.2:51821 allowed-ips 10.71.0.2/32,fd71::2/128; }
-add_peer_b() { wgb set kvmwgb peer "$pub_a" endpoint 192.168.210.1:51820 allowed-ips 10.71.0.1/32,fd71::1/128; }
+# Each end's underlay endpoint, as the other configures it (the roaming step moves them).
+ep_a=192.168.210.1:51820 ep_b=192.168.210.2:51821
+add_peer_a() { wga set kvmwga peer "$pub_b" endpoint "$ep_b" allowed-ips 10.71.0.2/32,fd71::2/128; }
+add_peer_b() { wgb set kvmwgb peer "$pub_a" endpoint "$ep_a" allowed-ips 10.71.0.1/32,fd71::1/128; }
 add_peer_a
 add_peer_b
 
@@ -219,6 +230,96 @@ close() { (($1 > 0 && $2 > 0 && ($1 - $2) * 100 <= $3 * $2 && ($2 - $1) * 100 <=
 close "$ap_tx" "$bp_rx" 2 || fail "kilotun sent $ap_tx bytes, the kernel received $bp_rx"
 close "$bp_tx" "$ap_rx" 2 || fail "the kernel sent $bp_tx bytes, kilotun received $ap_rx"
 ok "dump (keys, ports, endpoints, allowed IPs alike; kilotun tx $ap_tx / kernel rx $bp_rx, kernel tx $bp_tx / kilotun rx $ap_rx)"
+
+# --- roaming, both ways ---------------------------------------------------------------------------
+# endpoint_of NS DEVICE KEY: the endpoint that end has for the peer ("(none)": none).
+endpoint_of() {
+	local out
+	out=$(ip netns exec "$1" wg show "$2" endpoints) || fail "wg show $2 endpoints in $1"
+	awk -v k="$3" '$1 == k { print $2 }' <<<"$out"
+}
+# ping_ok NS TARGET: three answers out of three (after the first has come).
+ping_ok() {
+	local out
+	ping_until "$1" "$2" || fail "ping $2 from $1: no answer in 10 s"
+	out=$(ip netns exec "$1" ping -n -c 3 -i 0.2 -W 2 "$2" 2>&1) || fail "ping $2 from $1: $out"
+}
+# roam WHO a|b NEW MOVE...: the end (a: kilotun, b: the kernel) runs MOVE... to send from NEW
+# (address:port) from then on. The other end's configuration stays as it is: it has the old
+# endpoint before the move, and must have NEW after the moved end's first ping, from the source of
+# its authenticated packets; then it pings back (to NEW).
+roam() {
+	local who=$1 mover=$2 new=$3 from ns dev key old to_ip back_ip seen
+	shift 3
+	if [[ $mover == a ]]; then
+		from=$a ns=$b dev=kvmwgb key=$pub_a old=$ep_a to_ip=10.71.0.2 back_ip=10.71.0.1
+	else
+		from=$b ns=$a dev=kvmwga key=$pub_b old=$ep_b to_ip=10.71.0.1 back_ip=10.71.0.2
+	fi
+	seen=$(endpoint_of "$ns" "$dev" "$key")
+	[[ $seen == "$old" ]] || fail "roaming ($who): before the move the other end has endpoint $seen, not $old"
+	"$@"
+	ping_until "$from" "$to_ip" || fail "roaming ($who): no answer to its ping in 10 s"
+	seen=$(endpoint_of "$ns" "$dev" "$key")
+	[[ $seen == "$new" ]] || fail "roaming ($who): after its ping the other end has endpoint $seen, not $new"
+	ping_ok "$ns" "$back_ip"
+	if [[ $mover == a ]]; then ep_a=$new; else ep_b=$new; fi
+}
+# new_port NS DEVICE PORT
+new_port() {
+	local now
+	ip netns exec "$1" wg set "$2" listen-port "$3"
+	now=$(ip netns exec "$1" wg show "$2" listen-port)
+	[[ $now == "$3" ]] || fail "$2's listen port is $now after setting it to $3"
+}
+# new_address NS LINK OLD NEW: the link's address (a /24) replaced, the old one gone first.
+new_address() {
+	ip -n "$1" addr del "$3/24" dev "$2"
+	ip -n "$1" addr add "$4/24" dev "$2"
+}
+t0=$(ms)
+roam "kilotun's port" a 192.168.210.1:51830 new_port "$a" kvmwga 51830
+roam "the kernel's port" b 192.168.210.2:51831 new_port "$b" kvmwgb 51831
+roam "kilotun's address" a 192.168.210.11:51830 new_address "$a" kvmva 192.168.210.1 192.168.210.11
+roam "the kernel's address" b 192.168.210.12:51831 new_address "$b" kvmvb 192.168.210.2 192.168.210.12
+ok "roaming (kilotun to :51830 then 192.168.210.11, the kernel to :51831 then 192.168.210.12: each learnt from the other's packets; pings both ways; $(($(ms) - t0)) ms)"
+
+# --- a peer removed and added again, on each end -----------------------------------------------------
+# no_ping NS TARGET: no answer at all (two tries).
+no_ping() { ! ip netns exec "$1" ping -n -c 2 -i 0.5 -W 1 "$2" >/dev/null 2>&1; }
+# readded WHO NS DEVICE KEY ADD_FN: removes the peer KEY from DEVICE (in NS), checks that no ping
+# passes either way, adds it again with ADD_FN (same allowed IPs, the endpoint it had) and
+# checks that a new handshake (later than the last one, on both ends) lets pings through.
+readded() {
+	local who=$1 ns=$2 dev=$3 key=$4 add=$5 other other_ip own_ip before hs_a hs_b peers
+	if [[ $ns == "$a" ]]; then other=$b other_ip=10.71.0.2 own_ip=10.71.0.1; else other=$a other_ip=10.71.0.1 own_ip=10.71.0.2; fi
+	before=$(handshake_of "$a" kvmwga "$pub_b")
+	hs_b=$(handshake_of "$b" kvmwgb "$pub_a")
+	((hs_b > before)) && before=$hs_b
+	((before > 0)) || fail "peer re-added ($who): no handshake before the removal"
+	ip netns exec "$ns" wg set "$dev" peer "$key" remove
+	peers=$(ip netns exec "$ns" wg show "$dev" peers)
+	[[ -z $peers ]] || fail "peer re-added ($who): $dev still lists $peers after the removal"
+	no_ping "$ns" "$other_ip" || fail "peer re-added ($who): a ping from it passed with its peer removed"
+	no_ping "$other" "$own_ip" || fail "peer re-added ($who): a ping to it passed with its peer removed"
+	# Handshake times are in seconds: let one go by so the new one is later.
+	while (($(date +%s) <= before)); do sleep 0.2; done
+	"$add"
+	[[ $(handshake_of "$ns" "$dev" "$key") == 0 ]] || fail "peer re-added ($who): the new peer has a handshake already"
+	# The end with the fresh peer has no session: its packet makes it start a handshake.
+	ping_ok "$ns" "$other_ip"
+	ping_ok "$other" "$own_ip"
+	hs_a=$(handshake_of "$a" kvmwga "$pub_b")
+	hs_b=$(handshake_of "$b" kvmwgb "$pub_a")
+	((hs_a > before && hs_b > before)) ||
+		fail "peer re-added ($who): latest handshakes kilotun $hs_a, kernel $hs_b, not after $before"
+	readded_hs="$before -> kilotun $hs_a, kernel $hs_b"
+}
+t0=$(ms)
+readded kernel "$b" kvmwgb "$pub_a" add_peer_b
+done_kernel=$readded_hs
+readded kilotun "$a" kvmwga "$pub_b" add_peer_a
+ok "peer-readd (removed on the kernel: no ping passes; added again, handshake $done_kernel; then on kilotun: $readded_hs; $(($(ms) - t0)) ms)"
 
 kill "$kilotun_pid"
 wait "$kilotun_pid" 2>/dev/null || true

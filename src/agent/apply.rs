@@ -263,6 +263,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .and_then(|h| h.link(kilo))
             .map_or(0, |l| l.mtu);
         let owned = self.owned.clone();
+        let own_links = self.own_links();
         let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
         let withheld = withheld.iter().map(ToString::to_string).collect();
         self.status.update(|p| {
@@ -273,7 +274,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             p.encapsulate = encapsulate;
             p.tunnel = tunnel_name;
             p.mtu = mtu;
-            p.kilo_index = kilo;
+            p.own_links = own_links;
             p.plan = owned;
             p.rules = Some(rules);
             p.withheld = withheld;
@@ -295,10 +296,22 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
+    /// The links whose protocol-static routes are kg's: the WireGuard interface, and the
+    /// tunnel links kg made (not Cilium's or flannel's), as last prepared.
+    pub(super) fn own_links(&self) -> Vec<u32> {
+        let mut links = vec![self.kilo_index];
+        if let Some((_, tunnel, tunnel6)) = self.memo.applied.tunnel {
+            if self.tunnel.made_by_kg() {
+                links.extend(tunnel);
+                links.extend(tunnel6);
+            }
+        }
+        links
+    }
+
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
     /// them (after a full reconcile's reset, or a failed change).
     async fn apply_routes(&mut self, plan: RoutePlan) -> Result<()> {
-        let kilo = self.kilo_index;
         if self.memo.applied.kernel_routes.is_some() && plan == self.owned {
             return Ok(());
         }
@@ -306,7 +319,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             Some(known) => known,
             None => self.netlink.observe().await?,
         };
-        let ops = diff(&plan, &observed, &self.owned, kilo);
+        let ops = diff(&plan, &observed, &self.owned, &self.own_links());
         if !ops.is_empty() {
             tracing::debug!(changes = ops.len(), "reconciling routes");
         }

@@ -468,7 +468,7 @@ impl Agent {
                     &RoutePlan::default(),
                     &observed,
                     &self.owned,
-                    self.kilo_index,
+                    &self.own_links(),
                 );
                 for e in self.netlink.apply(&ops).await {
                     tracing::warn!(error = format!("{e:#}"), "removing a route failed");

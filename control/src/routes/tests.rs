@@ -226,11 +226,11 @@ fn diff_adds_what_is_missing_and_converges() {
     let desired =
         topology("b", Granularity::Location).route_plan(&options(true, Encapsulate::Always));
     let empty = RoutePlan::default();
-    let ops = diff(&desired, &empty, &empty, KILO);
+    let ops = diff(&desired, &empty, &empty, &[KILO]);
     assert_eq!(ops.len(), desired.routes.len() + desired.rules.len());
     let after = apply_ops(&empty, &ops);
     assert_eq!(after, desired);
-    assert!(diff(&desired, &after, &desired, KILO).is_empty());
+    assert!(diff(&desired, &after, &desired, &[KILO]).is_empty());
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn diff_replaces_a_changed_route_without_deleting_it_first() {
     let t = Topology::new(&nodes, &f1_peers(), &params).unwrap();
     assert!(!t.leader);
     let new = t.route_plan(&options(true, Encapsulate::Always));
-    let ops = diff(&new, &old, &old, KILO);
+    let ops = diff(&new, &old, &old, &[KILO]);
     let deleted: Vec<&Route> = ops
         .iter()
         .filter_map(|o| match o {
@@ -289,7 +289,7 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
         rules: [stale_rule.clone()].into(),
         ..Default::default()
     };
-    let ops = diff(&desired, &observed, &RoutePlan::default(), KILO);
+    let ops = diff(&desired, &observed, &RoutePlan::default(), &[KILO]);
     assert_eq!(
         ops,
         vec![
@@ -629,4 +629,29 @@ fn no_bypass_without_a_covering_tunnel_route_or_on_a_non_leader() {
     assert!(!member.leader);
     let mut plan = member.route_plan(&options(true, Encapsulate::Never));
     assert!(member.bypass_endpoints(&mut plan, KILO, &host).is_empty());
+}
+
+#[test]
+fn routes_an_earlier_kg_left_on_its_tunnel_go_but_only_on_kgs_own_links() {
+    // A kg restarted with other settings (another granularity, --clean-up=false before) finds
+    // the last run's route over tunl0, which this run never applied.
+    let stale_on_tunnel = Route {
+        table: MAIN_TABLE,
+        dst: "10.2.3.0/24".parse().unwrap(),
+        gateway: Some("192.168.0.3".parse().unwrap()),
+        link: TUNL,
+        src: None,
+        onlink: true,
+    };
+    let observed = RoutePlan {
+        routes: [stale_on_tunnel.clone()].into(),
+        ..Default::default()
+    };
+    let none = RoutePlan::default();
+    assert_eq!(
+        diff(&none, &observed, &none, &[KILO, TUNL]),
+        vec![RouteOp::DeleteRoute(stale_on_tunnel)]
+    );
+    // A tunnel kg did not make (Cilium's, flannel's) is not among its own links.
+    assert_eq!(diff(&none, &observed, &none, &[KILO]), vec![]);
 }
