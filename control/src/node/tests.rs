@@ -1,7 +1,7 @@
 //! Kilo's `TestTranslateNode` and `TestReady` vectors, plus the written formats.
 
 use super::*;
-use k8s_openapi::api::core::v1::NodeSpec;
+use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 fn kube_node(
