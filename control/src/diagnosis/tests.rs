@@ -1,7 +1,14 @@
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::fixtures::{f1_nodes, f1_params, node, NOW};
-use crate::node::Granularity;
-use crate::status::{IpipProbe, MtuProbe, Probes, RejectedHandshakeStatus};
+use crate::node::{Granularity, Node};
+use crate::peer::Peer;
+use crate::status::{
+    IpipProbe, MtuOutcome, MtuProbe, NodeStatus, PeerKind, PeerStatus, Probes,
+    RejectedHandshakeStatus,
+};
+use crate::topology::Topology;
 
 fn checks(findings: &[Finding], severity: Severity) -> Vec<&str> {
     findings
