@@ -1,0 +1,97 @@
+//! How kg stops: what it undoes on SIGTERM (routes, rules, annotations, the engine), and what
+//! it leaves to a successor that replaces it.
+
+use std::collections::BTreeMap;
+
+use control::node::annotation;
+use control::routes::{diff, RoutePlan};
+
+use super::shells::Firewall;
+use super::Agent;
+
+impl Agent {
+    /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),
+    /// and the engine. When another kg replaces this one (`--keep-on-replace` and a backend
+    /// that says so), only the engine stops: the node keeps everything else for its successor.
+    pub async fn shut_down(self) {
+        let cleaning = self.s.args.clean_up || self.s.args.clean_up_interface;
+        if cleaning && self.s.args.keep_on_replace {
+            match self.backend.departure().await {
+                crate::backend::Departure::Replaced { by } => {
+                    tracing::info!(
+                        "{by} replaces this kg: keeping the node's annotations, routes, rules and link for the next one"
+                    );
+                    return self.stop_engine(false).await;
+                }
+                crate::backend::Departure::Removed { why } => {
+                    tracing::info!("cleaning up: {why}")
+                }
+            }
+        }
+        if self.s.args.clean_up {
+            let v6 = self.ip6tables;
+            let firewall = self.firewall;
+            match tokio::task::spawn_blocking(move || firewall.clean_up(v6)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = format!("{e:#}"), "removing iptables rules failed")
+                }
+                Err(e) => tracing::warn!(error = %e, "removing iptables rules failed"),
+            }
+            if let Ok(observed) = self.netlink.observe().await {
+                let ops = diff(
+                    &RoutePlan::default(),
+                    &observed,
+                    &self.owned,
+                    &self.own_links(),
+                );
+                for e in self.netlink.apply(&ops).await {
+                    tracing::warn!(error = format!("{e:#}"), "removing a route failed");
+                }
+            }
+            let removal: BTreeMap<String, Option<String>> = annotation::WRITTEN
+                .iter()
+                .filter(|a| **a != annotation::CNI_COMPATIBILITY_IP)
+                .map(|a| (a.to_string(), None))
+                .collect();
+            if let Err(e) = self
+                .backend
+                .patch_annotations(&self.s.hostname, &removal)
+                .await
+            {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "removing the node's annotations failed"
+                );
+            }
+        }
+        if let Some(name) = self
+            .tunnel
+            .ipv6_outer()
+            .filter(|_| self.s.args.clean_up_interface)
+        {
+            if let Ok(Some(link)) = self.netlink.link_by_name(name).await {
+                if let Err(e) = self.netlink.delete_link(link.index).await {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        link = name,
+                        "deleting the link failed"
+                    );
+                }
+            }
+        }
+        let delete_link = self.s.args.clean_up_interface;
+        self.stop_engine(delete_link).await;
+    }
+
+    /// Stops the engine, and deletes its link with `delete_link` when the link is its own.
+    async fn stop_engine(self, delete_link: bool) {
+        let index = self.kilo_index;
+        // The HTTP handlers hold the engine too: it stops all the same (see `WireGuard::shutdown`).
+        if self.wg.shutdown(delete_link) {
+            if let Err(e) = self.netlink.delete_link(index).await {
+                tracing::warn!(error = format!("{e:#}"), "deleting the interface failed");
+            }
+        }
+    }
+}
