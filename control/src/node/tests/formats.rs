@@ -1,0 +1,89 @@
+//! The written formats: discovered endpoints in Go's `UDPAddr` shape, the annotations kg
+//! writes, and a Node kg wrote reading back the same.
+
+use super::*;
+
+#[test]
+fn discovered_endpoints_use_gos_udpaddr_shape() {
+    let key = Key::padded("key1");
+    let map = BTreeMap::from([(key, "1.2.3.4:51820".parse().unwrap())]);
+    let text = encode_discovered_endpoints(&map);
+    assert_eq!(
+        text,
+        r#"{"a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=":{"IP":"1.2.3.4","Port":51820,"Zone":""}}"#
+    );
+    assert_eq!(decode_discovered_endpoints(&text).unwrap(), map);
+    assert_eq!(decode_discovered_endpoints("").unwrap(), BTreeMap::new());
+    assert_eq!(decode_discovered_endpoints("{}").unwrap(), BTreeMap::new());
+    assert_eq!(encode_discovered_endpoints(&BTreeMap::new()), "");
+    assert!(decode_discovered_endpoints("{nope").is_err());
+    let n = translate(&[(a::DISCOVERED_ENDPOINTS, "{nope")]);
+    assert!(n.discovered_endpoints.is_empty());
+}
+
+#[test]
+fn written_annotations_use_kilos_formats() {
+    let written = WrittenAnnotations {
+        endpoint: Some(Endpoint::parse("[fd00::1]:51820").unwrap()),
+        internal_ip: Some(net("192.168.0.10/24")),
+        key: Key::padded("key1"),
+        last_seen: 1_700_000_000,
+        wireguard_ip: None,
+        discovered_endpoints: BTreeMap::new(),
+        granularity: Granularity::Full,
+        cni_compatibility_ip: None,
+        second_internal_ip: None,
+        leader_election: false,
+    };
+    let map = written.to_map();
+    assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
+    assert_eq!(map[a::INTERNAL_IP], "192.168.0.10/24");
+    assert_eq!(map[a::KEY], "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
+    assert_eq!(map[a::LAST_SEEN], "1700000000");
+    assert_eq!(map[a::WIREGUARD_IP], "");
+    assert_eq!(map[a::DISCOVERED_ENDPOINTS], "", "as Kilo writes none");
+    assert_eq!(map[a::GRANULARITY], "full");
+    assert_eq!(map[a::CNI_COMPATIBILITY_IP], "");
+    assert_eq!(map[a::SECOND_INTERNAL_IP], "");
+    // Kilo's eight and the second internal IP; the lease one only when it takes part in lease
+    // election.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 1);
+    let with_lease = WrittenAnnotations {
+        leader_election: true,
+        ..written
+    }
+    .to_map();
+    assert_eq!(with_lease[a::LEADER_ELECTION], "lease");
+}
+
+#[test]
+fn a_node_written_by_kg_reads_back_the_same() {
+    let written = WrittenAnnotations {
+        endpoint: Some(Endpoint::parse("10.1.0.1:51820").unwrap()),
+        internal_ip: Some(net("192.168.0.1/24")),
+        key: Key::padded("key1"),
+        last_seen: 5,
+        wireguard_ip: Some(net("10.4.0.1/16")),
+        discovered_endpoints: BTreeMap::from([(Key::padded("x"), "[fd00::2]:4".parse().unwrap())]),
+        granularity: Granularity::Location,
+        cni_compatibility_ip: None,
+        second_internal_ip: Some(net("fd00::1/64")),
+        leader_election: true,
+    };
+    let map = written.to_map();
+    let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (n, problems) = translate_node(
+        &kube_node(&pairs, &[], Some("10.2.1.0/24")),
+        DEFAULT_TOPOLOGY_LABEL,
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(n.endpoint, written.endpoint);
+    assert_eq!(n.internal_ip, written.internal_ip);
+    assert_eq!(n.key, Some(written.key));
+    assert_eq!(n.wireguard_ip, written.wireguard_ip);
+    assert_eq!(n.discovered_endpoints, written.discovered_endpoints);
+    assert_eq!(n.granularity, Some(Granularity::Location));
+    assert!(n.lease_election);
+    assert_eq!(n.second_internal_ip, Some(net("fd00::1/64")));
+    assert!(n.is_ready(30));
+}
