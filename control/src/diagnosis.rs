@@ -74,5 +74,4 @@ pub fn has_problems(findings: &[Finding]) -> bool {
 }
 
 #[cfg(test)]
-#[path = "diagnosis/tests.rs"]
 mod tests;

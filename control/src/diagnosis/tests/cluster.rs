@@ -1,0 +1,178 @@
+//! Cluster-wide findings: leaders and why they lead, clock skew, stale check-ins, duplicate
+//! WireGuard IPs and overlapping claims.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::fixtures::{f1_nodes, f1_params, node};
+use crate::node::{Granularity, Node};
+use crate::peer::Peer;
+use crate::topology::Topology;
+
+#[test]
+fn a_healthy_fixture_has_only_information() {
+    let nodes = f1_nodes();
+    let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
+    let findings = cluster_findings(&nodes, &[], Some(&t), NOW);
+    assert!(!has_problems(&findings), "{findings:#?}");
+    let leaders: Vec<&Finding> = findings.iter().filter(|f| f.check == "leader").collect();
+    assert_eq!(leaders.len(), t.segments.len());
+    assert!(leaders.iter().all(|f| f.severity == Severity::Info));
+}
+
+#[test]
+fn says_why_a_node_leads() {
+    let mut nodes = f1_nodes();
+    let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
+    let two = t.segments.iter().find(|s| s.members.len() > 1).unwrap();
+    let leader = two.leader_member().name.clone();
+    let text = |nodes: &[Node]| {
+        let t = Topology::new(nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
+        cluster_findings(nodes, &[], Some(&t), NOW)
+            .into_iter()
+            .find(|f| f.check == "leader" && f.subject == two.key)
+            .unwrap()
+            .message
+    };
+    assert!(text(&nodes).contains(&leader), "{}", text(&nodes));
+    let other = two
+        .members
+        .iter()
+        .find(|m| m.name != leader)
+        .unwrap()
+        .name
+        .clone();
+    nodes.iter_mut().find(|n| n.name == other).unwrap().leader = true;
+    let message = text(&nodes);
+    assert!(message.starts_with(&other), "{message}");
+    assert!(
+        message.contains("annotated kilo.squat.ai/leader"),
+        "{message}"
+    );
+}
+
+#[test]
+fn finds_clock_skew_and_stale_check_ins() {
+    let mut nodes = f1_nodes();
+    nodes[0].last_seen = NOW + 3600;
+    nodes[1].last_seen = NOW - 600;
+    let findings = cluster_findings(&nodes, &[], None, NOW);
+    let skew = findings.iter().find(|f| f.check == "clock").unwrap();
+    assert_eq!(skew.severity, Severity::Problem);
+    assert_eq!(skew.subject, format!("node {}", nodes[0].name));
+    assert!(
+        skew.message.contains("3600 s in the future"),
+        "{}",
+        skew.message
+    );
+    let stale = findings.iter().find(|f| f.check == "check-in").unwrap();
+    assert_eq!(stale.subject, format!("node {}", nodes[1].name));
+    // A few seconds ahead is ordinary drift.
+    nodes[0].last_seen = NOW + CLOCK_SKEW_SECS;
+    assert!(!cluster_findings(&nodes, &[], None, NOW)
+        .iter()
+        .any(|f| f.check == "clock"));
+}
+
+#[test]
+fn finds_duplicate_wireguard_ips() {
+    let mut nodes = f1_nodes();
+    nodes[0].wireguard_ip = Some("10.4.0.1/16".parse().unwrap());
+    nodes[2].wireguard_ip = Some("10.4.0.1/16".parse().unwrap());
+    let findings = cluster_findings(&nodes, &[], None, NOW);
+    let dup = findings.iter().find(|f| f.check == "wireguard-ip").unwrap();
+    assert_eq!(dup.severity, Severity::Problem);
+    assert!(dup.subject.contains(&nodes[0].name) && dup.subject.contains(&nodes[2].name));
+}
+
+#[test]
+fn finds_overlapping_claims_naming_both_owners() {
+    let mut nodes = vec![
+        node(
+            "a1",
+            "10.1.0.1:51820",
+            Some("192.168.0.1/24"),
+            "x",
+            "10.2.1.0/24",
+            "k1",
+        ),
+        node(
+            "a2",
+            "10.1.0.2:51820",
+            Some("192.168.0.2/24"),
+            "x",
+            "10.2.2.0/24",
+            "k2",
+        ),
+        node(
+            "b1",
+            "10.1.0.3:51820",
+            Some("192.168.1.1/24"),
+            "y",
+            "10.2.8.0/24",
+            "k3",
+        ),
+    ];
+    // A location may announce a range that holds its own pod CIDRs.
+    nodes[0].allowed_location_ips = vec!["10.2.0.0/22".parse().unwrap()];
+    assert!(
+        !checks(&cluster_findings(&nodes, &[], None, NOW), Severity::Problem)
+            .contains(&"cidr-overlap")
+    );
+    // Another location's pod CIDR inside it is a conflict.
+    nodes[1].subnet = Some("10.2.8.0/24".parse().unwrap());
+    let peer = Peer {
+        name: "laptop".into(),
+        allowed_ips: vec!["10.2.8.7/32".parse().unwrap()],
+        public_key: None,
+        endpoint: None,
+        persistent_keepalive: 0,
+        preshared_key: None,
+    };
+    let findings = cluster_findings(&nodes, &[peer], None, NOW);
+    let overlaps: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.check == "cidr-overlap")
+        .collect();
+    // a2 (x) and b1 (y) share a pod CIDR; the Peer claims an address in it.
+    assert_eq!(overlaps.len(), 3, "{overlaps:#?}");
+    assert!(overlaps
+        .iter()
+        .any(|f| f.subject.contains("node a2 (spec.podCIDR)")
+            && f.subject.contains("node b1 (spec.podCIDR)")));
+    assert!(overlaps
+        .iter()
+        .any(|f| f.subject.contains("Peer laptop") && f.message.contains("10.2.8.7/32")));
+    // Another location's pod CIDR inside a location's allowed-location-ips is a conflict.
+    nodes[1].subnet = Some("10.2.2.0/24".parse().unwrap());
+    nodes[2].subnet = Some("10.2.3.0/24".parse().unwrap());
+    let findings = cluster_findings(&nodes, &[], None, NOW);
+    let overlaps: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.check == "cidr-overlap")
+        .collect();
+    assert_eq!(overlaps.len(), 1, "{overlaps:#?}");
+    assert!(overlaps[0]
+        .subject
+        .contains("location \"x\" (kilo.squat.ai/allowed-location-ips on node a1)"));
+    assert!(overlaps[0].subject.contains("node b1 (spec.podCIDR)"));
+}
+
+#[test]
+fn a_leader_by_lease_is_said_to_hold_it() {
+    let nodes = f1_nodes();
+    let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
+    let two = t.segments.iter().find(|s| s.members.len() > 1).unwrap();
+    let leader = two.leader_member().name.clone();
+    let leases = BTreeMap::from([(two.location.clone(), leader)]);
+    let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &leases, NOW);
+    let f = findings
+        .iter()
+        .find(|f| f.check == "leader" && f.subject == two.key)
+        .unwrap();
+    assert!(
+        f.message.contains("holds the location's lease"),
+        "{}",
+        f.message
+    );
+}
