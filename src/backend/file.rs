@@ -9,8 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,13 +24,20 @@ use tokio::sync::watch;
 
 use super::Snapshot;
 use control::leader::{Expectation, LeaseState};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::coordination::v1::Lease;
+
+mod documents;
+mod lease;
+mod lock;
+
+use documents::{
+    apply_changes, is_object_file, name_of, parse_documents, render, visit, visit_mut,
+};
+pub use lease::{lease_object, lease_state, CUT_OFF_ANNOTATION, DEPOSED_ANNOTATION};
+use lock::{write_atomically, DirLock};
 
 /// How often the directory is re-scanned.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
-
-const LOCK_FILE: &str = ".kilotun.lock";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Signature {
@@ -55,67 +60,6 @@ pub struct FileBackend {
     tx: watch::Sender<Arc<Snapshot>>,
     files: Mutex<BTreeMap<PathBuf, FileEntry>>,
     readable: AtomicBool,
-}
-
-fn is_object_file(path: &Path) -> bool {
-    let hidden = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_none_or(|n| n.starts_with('.'));
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    !hidden && matches!(ext, "yaml" | "yml" | "json")
-}
-
-/// Parses a file's documents into JSON values (YAML may hold several, separated by `---`).
-fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>> {
-    if path.extension().and_then(|e| e.to_str()) == Some("json") {
-        return Ok(vec![serde_json::from_str(text)?]);
-    }
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = <Value as serde::Deserialize>::deserialize(doc)?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
-}
-
-/// Walks `value`, flattening `kind: List` (and `NodeList`/`PeerList`) items.
-fn visit<'v>(value: &'v Value, out: &mut Vec<&'v Value>) {
-    match value.get("kind").and_then(Value::as_str) {
-        Some(k) if k.ends_with("List") => {
-            for item in value
-                .get("items")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                visit(item, out);
-            }
-        }
-        _ => out.push(value),
-    }
-}
-
-fn visit_mut<'v>(value: &'v mut Value, out: &mut Vec<&'v mut Value>) {
-    let is_list = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .is_some_and(|k| k.ends_with("List"));
-    if is_list {
-        if let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
-            for item in items {
-                visit_mut(item, out);
-            }
-        }
-    } else {
-        out.push(value);
-    }
-}
-
-fn name_of(value: &Value) -> Option<&str> {
-    value.get("metadata")?.get("name")?.as_str()
 }
 
 fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
@@ -151,169 +95,6 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
         }
     }
     Ok(entry)
-}
-
-/// The election state of a Kubernetes Lease.
-pub fn lease_state(lease: &Lease) -> LeaseState {
-    let spec = lease.spec.as_ref();
-    let annotation = |key: &str| {
-        lease
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(key)
-            .map(String::as_str)
-    };
-    LeaseState {
-        holder: spec
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty()),
-        renewed_ms: spec
-            .and_then(|s| s.renew_time.as_ref())
-            .map_or(0, |t| t.0.as_millisecond()),
-        duration_ms: spec
-            .and_then(|s| s.lease_duration_seconds)
-            .map_or(0, |d| i64::from(d) * 1000),
-        transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
-        cut_off: annotation(CUT_OFF_ANNOTATION).is_some_and(|v| v == "true"),
-        deposed: annotation(DEPOSED_ANNOTATION).map_or_else(BTreeMap::new, decode_deposed),
-    }
-}
-
-/// `name=last-seen` pairs, comma-separated (node names hold neither character); a malformed
-/// pair is skipped.
-fn decode_deposed(text: &str) -> BTreeMap<String, i64> {
-    text.split(',')
-        .filter_map(|pair| {
-            let (name, seen) = pair.split_once('=')?;
-            (!name.is_empty()).then_some(())?;
-            Some((name.to_string(), seen.parse().ok()?))
-        })
-        .collect()
-}
-
-fn encode_deposed(deposed: &BTreeMap<String, i64>) -> String {
-    deposed
-        .iter()
-        .map(|(name, seen)| format!("{name}={seen}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The Lease annotation that lists deposed holders (see `control::leader::LeaseState`).
-pub const DEPOSED_ANNOTATION: &str = "kilotun.io/deposed";
-
-/// The Lease annotation by which a holder says it is cut off (see `control::leader`).
-pub const CUT_OFF_ANNOTATION: &str = "kilotun.io/cut-off";
-
-/// `state` as a Kubernetes Lease called `name`.
-pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
-    let renewed = k8s_openapi::jiff::Timestamp::from_millisecond(state.renewed_ms)
-        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            annotations: {
-                let mut annotations = BTreeMap::new();
-                if state.cut_off {
-                    annotations.insert(CUT_OFF_ANNOTATION.to_string(), "true".to_string());
-                }
-                if !state.deposed.is_empty() {
-                    annotations.insert(
-                        DEPOSED_ANNOTATION.to_string(),
-                        encode_deposed(&state.deposed),
-                    );
-                }
-                (!annotations.is_empty()).then_some(annotations)
-            },
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: state.holder.clone(),
-            lease_duration_seconds: Some(((state.duration_ms + 999) / 1000) as i32),
-            lease_transitions: Some(state.transitions),
-            renew_time: Some(MicroTime(renewed)),
-            ..Default::default()
-        }),
-    }
-}
-
-/// An exclusive `flock` held until dropped.
-struct DirLock(fs::File);
-
-impl DirLock {
-    fn acquire(dir: &Path) -> Result<Self> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(LOCK_FILE))
-            .with_context(|| format!("opening the lock file in {}", dir.display()))?;
-        // SAFETY: flock on a valid open descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("locking the cluster directory");
-        }
-        Ok(Self(file))
-    }
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        // SAFETY: unlocking the descriptor we locked.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-/// Writes `text` to `path` through a temporary file and a rename.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let mut file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
-}
-
-fn render(path: &Path, docs: &[Value]) -> Result<String> {
-    if path.extension().and_then(|e| e.to_str()) == Some("json") {
-        return Ok(serde_json::to_string_pretty(&docs[0])? + "\n");
-    }
-    let mut out = String::new();
-    for (i, doc) in docs.iter().enumerate() {
-        if i > 0 {
-            out.push_str("---\n");
-        }
-        out.push_str(&serde_yaml::to_string(doc)?);
-    }
-    Ok(out)
-}
-
-fn apply_changes(object: &mut Value, changes: &BTreeMap<String, Option<String>>) {
-    let metadata = object
-        .as_object_mut()
-        .expect("a Node is an object")
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let annotations = metadata
-        .as_object_mut()
-        .expect("metadata is an object")
-        .entry("annotations")
-        .or_insert_with(|| Value::Object(Default::default()));
-    if !annotations.is_object() {
-        *annotations = Value::Object(Default::default());
-    }
-    let map = annotations.as_object_mut().expect("just made an object");
-    for (key, value) in changes {
-        match value {
-            Some(v) => {
-                map.insert(key.clone(), Value::String(v.clone()));
-            }
-            None => {
-                map.remove(key);
-            }
-        }
-    }
 }
 
 impl FileBackend {
