@@ -72,8 +72,7 @@ fn deepest_super(code: &str) -> usize {
         if code[..at].ends_with("super::") {
             continue;
         }
-        let chain = code[at..]
-            .as_bytes()
+        let chain = code.as_bytes()[at..]
             .chunks(7)
             .take_while(|c| *c == b"super::")
             .count();
