@@ -444,3 +444,62 @@ fn a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s() {
         "the busy east-west link kept flowing"
     );
 }
+
+/// `kgctl --backend=file --cluster-dir=DIR diagnose ARGS…` on this host: (exit success,
+/// stdout, stderr).
+fn diagnose_here(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(kgctl_bin())
+        .arg("--backend=file")
+        .arg(format!("--cluster-dir={}", dir.display()))
+        .arg("diagnose")
+        .args(args)
+        .output()
+        .expect("kgctl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn diagnose_says_in_one_line_when_it_cannot_read_the_cluster_or_ask_kg() {
+    // No root needed: nothing runs but kgctl.
+    let dir = std::env::temp_dir().join(format!("kgctl-diagnose-{}", std::process::id()));
+    let missing = dir.join("no-such-cluster");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A node whose kg does not answer (nothing listens on the port asked).
+    std::fs::write(
+        dir.join("n1.yaml"),
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\nspec:\n  podCIDR: 10.42.1.0/24\n",
+    )
+    .unwrap();
+    let silent = ["n1", "--kg-url=http://127.0.0.1:9", "--probe=false"];
+    for (cluster, args, check, says) in [
+        (&missing, &["n1"][..], "cluster", "the cluster could not be read"),
+        (&dir, &silent[..], "kg", "kg could not be asked at http://127.0.0.1:9"),
+    ] {
+        let (ok, stdout, stderr) = diagnose_here(cluster, args);
+        assert!(!ok, "a problem exits non-zero:\n{stdout}{stderr}");
+        let problems: Vec<&str> = stdout.lines().filter(|l| l.contains(says)).collect();
+        assert_eq!(problems.len(), 1, "one line names it:\n{stdout}{stderr}");
+        let json = [args, &["-o", "json"][..]].concat();
+        let (ok, stdout, stderr) = diagnose_here(cluster, &json);
+        assert!(!ok, "-o json exits non-zero too:\n{stdout}{stderr}");
+        let report: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("-o json is not JSON ({e}):\n{stdout}{stderr}"));
+        let found: Vec<&Value> = report["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .filter(|f| f["check"] == check && f["severity"] == "problem")
+            .collect();
+        assert_eq!(found.len(), 1, "{}", text(&report));
+        assert!(
+            found[0]["message"].as_str().unwrap().contains(says),
+            "{}",
+            text(&report)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

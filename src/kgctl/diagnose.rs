@@ -65,7 +65,10 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         "json" => true,
         other => bail!("-o {other:?} is not one of text, json"),
     };
-    let snapshot = super::snapshot(args).await?;
+    let snapshot = match super::snapshot(args).await {
+        Ok(snapshot) => snapshot,
+        Err(e) => return render(unreadable_cluster(d, &e), json),
+    };
     let now = super::now_unix();
     let all: Vec<control::Node> = snapshot
         .nodes
@@ -111,7 +114,6 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         }
     };
     findings.sort_by_key(|f| f.severity);
-    let wrong = has_problems(&findings);
     let report = Report {
         node,
         kg_url: url,
@@ -122,6 +124,30 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         status,
         findings,
     };
+    render(report, json)
+}
+
+/// The report when the cluster cannot be read: one problem saying why, so `-o json` stays
+/// machine-readable and the exit status says something is wrong.
+fn unreadable_cluster(d: &DiagnoseArgs, e: &anyhow::Error) -> Report {
+    Report {
+        node: d.node.clone().unwrap_or_default(),
+        kg_url: d.kg_url.clone().unwrap_or_default(),
+        status: None,
+        findings: vec![Finding {
+            severity: Severity::Problem,
+            check: "cluster".into(),
+            subject: "the cluster".into(),
+            message: format!("the cluster could not be read: {e:#}"),
+            advice: "check --kubeconfig (or --backend=file and --cluster-dir) and that this user may list Nodes, Peers and Leases".into(),
+        }],
+        problems: 1,
+    }
+}
+
+/// `report` as text or JSON: (stdout, true when it holds a problem).
+fn render(report: Report, json: bool) -> Result<(String, bool)> {
+    let wrong = has_problems(&report.findings);
     let out = if json {
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
