@@ -476,8 +476,18 @@ fn diagnose_says_in_one_line_when_it_cannot_read_the_cluster_or_ask_kg() {
     .unwrap();
     let silent = ["n1", "--kg-url=http://127.0.0.1:9", "--probe=false"];
     for (cluster, args, check, says) in [
-        (&missing, &["n1"][..], "cluster", "the cluster could not be read"),
-        (&dir, &silent[..], "kg", "kg could not be asked at http://127.0.0.1:9"),
+        (
+            &missing,
+            &["n1"][..],
+            "cluster",
+            "the cluster could not be read",
+        ),
+        (
+            &dir,
+            &silent[..],
+            "kg",
+            "kg could not be asked at http://127.0.0.1:9",
+        ),
     ] {
         let (ok, stdout, stderr) = diagnose_here(cluster, args);
         assert!(!ok, "a problem exits non-zero:\n{stdout}{stderr}");
