@@ -12,9 +12,10 @@
 //! kg on the kernel's WireGuard (`--wireguard=kernel` and `auto`) meshed with kg on the
 //! embedded engine, restarts the kernel's kg (the link and its sessions outlive kg) and switches
 //! a node each way between the two on restart (the goal is at most 1 s lost each; the script
-//! allows 1.5 s under emulation), with the kernel's IPIP inside a location, then meshes the three again with
-//! `--mesh-granularity=full`; it prints `CHECK <name> ok` per step and `GAP` lines with what
-//! each lost.
+//! allows 1.5 s under emulation), in a location that mixes the kernel's IPIP and kilotun's
+//! userspace IPIP (`--ipip=userspace`), then restarts all four with `--mesh-granularity=full`
+//! (the last run's routes over the tunnels must go); it prints `CHECK <name> ok` per step and
+//! `GAP` lines with what each lost.
 //!
 //! Needs root and qemu-system-x86, busybox-static, kmod, python3 (venv), socat, iproute2,
 //! wireguard-tools, iputils-ping; the kernels and virtme-ng are fetched once into
@@ -49,8 +50,9 @@ const STEPS: [&str; 9] = [
 ];
 
 /// The steps tests/kernel_mixed_fleet.sh reports, in order.
-const FLEET_STEPS: [&str; 6] = [
+const FLEET_STEPS: [&str; 7] = [
     "CHECK mesh ok",
+    "CHECK mixed-ipip ok",
     "CHECK kinds ok",
     "CHECK restart ok",
     "CHECK to-engine ok",
