@@ -134,7 +134,7 @@ meshed || fail "the mesh did not form within 60 s"
 routes_over() {
   local routes line
   routes=$(ip -n "$(ns "$1")" route show proto static)
-  while read -r line; do [[ $line == "$2 "*" dev $3 "* ]] && return 0; done <<<"$routes"
+  while read -r line; do [[ "$line " == "$2 "*" dev $3 "* ]] && return 0; done <<<"$routes"
   return 1
 }
 # The pods may answer before a follower's routes move onto the tunnel (within a resync).

@@ -130,9 +130,17 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
 /// The report when the cluster cannot be read: one problem saying why, so `-o json` stays
 /// machine-readable and the exit status says something is wrong.
 fn unreadable_cluster(d: &DiagnoseArgs, e: &anyhow::Error) -> Report {
+    let node = d.node.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default()
+    });
     Report {
-        node: d.node.clone().unwrap_or_default(),
-        kg_url: d.kg_url.clone().unwrap_or_default(),
+        node,
+        kg_url: d
+            .kg_url
+            .clone()
+            .unwrap_or_else(|| "(not asked: its address comes from the cluster)".into()),
         status: None,
         findings: vec![Finding {
             severity: Severity::Problem,

@@ -81,6 +81,18 @@ impl Tunnel {
         if encapsulate == Encapsulate::Never {
             return Ok(Self::None);
         }
+        if ipip != IpipChoice::Auto
+            && matches!(
+                compatibility,
+                Compatibility::Flannel | Compatibility::Cilium
+            )
+        {
+            anyhow::bail!(
+                "--ipip={}: with --compatibility={} the CNI's tunnel carries traffic inside a location; leave --ipip at auto",
+                if ipip == IpipChoice::Kernel { "kernel" } else { "userspace" },
+                if compatibility == Compatibility::Flannel { "flannel" } else { "cilium" },
+            );
+        }
         match compatibility {
             Compatibility::Flannel => {
                 tracing::info!("encapsulating inside locations over flannel's {FLANNEL}");
@@ -389,6 +401,27 @@ mod tests {
                 .unwrap(),
             None
         );
+        assert_eq!(kernel.link_names(), ["eth0", KERNEL_IPIP]);
+    }
+
+    #[tokio::test]
+    async fn ipip_other_than_auto_beside_a_cnis_tunnel_is_an_error_naming_both_flags() {
+        let kernel = host().with_ipip();
+        for compatibility in [Compatibility::Cilium, Compatibility::Flannel] {
+            let e = Tunnel::choose(
+                &kernel,
+                Encapsulate::Always,
+                compatibility,
+                IpipChoice::Userspace,
+            )
+            .await
+            .unwrap_err();
+            let text = format!("{e:#}");
+            assert!(
+                text.starts_with("--ipip=userspace: with --compatibility="),
+                "{text}"
+            );
+        }
         assert_eq!(kernel.link_names(), ["eth0", KERNEL_IPIP]);
     }
 

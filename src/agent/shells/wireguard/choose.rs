@@ -35,30 +35,52 @@ pub(super) async fn kernel_link<N: Kernel, T>(
 ) -> Result<Option<T>> {
     let existing = netlink.link_kind(name).await?;
     let kept = existing.as_deref() == Some("wireguard");
+    let mut has_wireguard = kept;
     let attempt = match choice {
         WireGuardChoice::Embedded => None,
         WireGuardChoice::Kernel | WireGuardChoice::Auto => {
             let ready = if kept { Ok(()) } else { available() };
+            has_wireguard |= ready.is_ok();
             Some(match ready {
                 Ok(()) => create(name, existing.as_deref(), netlink, &open).await,
                 Err(e) => Err(e),
             })
         }
     };
-    match (choice, attempt) {
+    let failed = match (choice, attempt) {
         (_, Some(Ok(kernel))) => return Ok(Some(kernel)),
-        (WireGuardChoice::Kernel, Some(Err(e))) => return Err(e.context("--wireguard=kernel")),
-        (_, Some(Err(e))) => tracing::info!(
-            wireguard = "embedded",
-            reason = format!("{e:#}"),
-            "--wireguard=auto: running the embedded engine on {name}"
-        ),
-        (_, None) => tracing::info!(
-            wireguard = "embedded",
-            "running the embedded engine on {name} (--wireguard=embedded)"
-        ),
-    }
-    if netlink.link_kind(name).await?.as_deref() == Some("wireguard") {
+        (WireGuardChoice::Kernel, Some(Err(e))) => Some(e.context("--wireguard=kernel")),
+        (_, Some(Err(e))) if has_wireguard => {
+            tracing::warn!(
+                wireguard = "embedded",
+                reason = format!("{e:#}"),
+                "--wireguard=auto: the kernel has WireGuard but kg cannot drive it; running the embedded engine on {name}"
+            );
+            None
+        }
+        (_, Some(Err(e))) => {
+            tracing::info!(
+                wireguard = "embedded",
+                reason = format!("{e:#}"),
+                "--wireguard=auto: running the embedded engine on {name}"
+            );
+            None
+        }
+        (_, None) => {
+            tracing::info!(
+                wireguard = "embedded",
+                "running the embedded engine on {name} (--wireguard=embedded)"
+            );
+            None
+        }
+    };
+    // Nothing half-made stays: a wireguard link this attempt created goes whether kg falls
+    // back or fails; the last run's goes only for the embedded engine.
+    let remove = match &failed {
+        Some(_) => !kept,
+        None => true,
+    };
+    if remove && netlink.link_kind(name).await?.as_deref() == Some("wireguard") {
         if kept {
             tracing::info!(
                 "replacing the kernel's WireGuard link {name} of the last run by the embedded engine"
@@ -68,7 +90,10 @@ pub(super) async fn kernel_link<N: Kernel, T>(
             netlink.delete_link(link.index).await?;
         }
     }
-    Ok(None)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
 }
 
 /// The kernel's WireGuard link `name`: the one there, or a new one in place of `existing`
@@ -191,6 +216,25 @@ mod tests {
             Vec::<String>::new(),
             "the half-made wireguard link would keep the engine's TUN link from taking its name"
         );
+    }
+
+    #[tokio::test]
+    async fn forcing_the_kernel_leaves_no_half_made_link_when_it_fails() {
+        let kernel = MemKernel::default().with_wireguard();
+        let e = kernel_link(
+            WireGuardChoice::Kernel,
+            NAME,
+            &kernel,
+            has_wireguard,
+            refuses,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").starts_with("--wireguard=kernel: "),
+            "{e:#}"
+        );
+        assert_eq!(kernel.link_names(), Vec::<String>::new());
     }
 
     #[tokio::test]
