@@ -296,17 +296,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
-    /// The links whose protocol-static routes are kg's: the WireGuard interface, and the
-    /// tunnel links kg made (not Cilium's or flannel's), as last prepared.
+    /// The links all of whose protocol-static routes are kg's: the WireGuard interface. On
+    /// other links (the tunnels, the private link) kg claims only what it installed, this run
+    /// or the last (`state::load_routes`).
     pub(super) fn own_links(&self) -> Vec<u32> {
-        let mut links = vec![self.kilo_index];
-        if let Some((_, tunnel, tunnel6)) = self.memo.applied.tunnel {
-            if self.tunnel.made_by_kg() {
-                links.extend(tunnel);
-                links.extend(tunnel6);
-            }
-        }
-        links
+        vec![self.kilo_index]
     }
 
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
@@ -330,6 +324,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         if errors.is_empty() {
             self.memo.applied.kernel_routes = Some(apply_ops(&observed, &ops));
+        }
+        if plan != self.owned {
+            if let Err(e) = state::save_routes(&self.s.args.key_file, &plan) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "saving the routes kg installed failed"
+                );
+            }
         }
         self.owned = plan;
         Ok(())

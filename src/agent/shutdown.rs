@@ -45,8 +45,15 @@ impl Agent {
                     &self.owned,
                     &self.own_links(),
                 );
-                for e in self.netlink.apply(&ops).await {
+                let failed = self.netlink.apply(&ops).await;
+                for e in &failed {
                     tracing::warn!(error = format!("{e:#}"), "removing a route failed");
+                }
+                if failed.is_empty() {
+                    let _ = super::shells::state::save_routes(
+                        &self.s.args.key_file,
+                        &RoutePlan::default(),
+                    );
                 }
             }
             let removal: BTreeMap<String, Option<String>> = annotation::WRITTEN

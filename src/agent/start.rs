@@ -208,6 +208,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let tunnel =
             encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility, s.args.ipip).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
+        // What the last run installed is kg's, whatever the settings were then.
+        let last_routes = state::load_routes(&s.args.key_file).unwrap_or_else(|e| {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the last run's routes cannot be read; kg claims only the routes on its own link"
+            );
+            RoutePlan::default()
+        });
         Ok(Self {
             dns: DnsBook::new(s.resync),
             memo: reconcile::Memo::new(&s.args.topology_label),
@@ -222,7 +230,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             kilo_index,
             resolver,
             hostname_ips,
-            owned: RoutePlan::default(),
+            owned: last_routes,
             problems: ProblemLog::default(),
             discovered,
             discovery_seeded: false,

@@ -171,12 +171,6 @@ impl Tunnel {
         }
     }
 
-    /// True when kg made the link (the kernel's `tunl0` it configures, or its userspace IPIP
-    /// device), so the protocol-static routes over it are kg's.
-    pub fn made_by_kg(&self) -> bool {
-        matches!(self, Self::Kernel { owned: true, .. } | Self::Userspace(_))
-    }
-
     /// True when the tunnel is IPIP, so the `KILO-IPIP` rules apply.
     pub fn is_ipip(&self) -> bool {
         matches!(self, Self::Kernel { .. } | Self::Userspace(_))

@@ -1,6 +1,7 @@
 //! The WireGuard peers kg applied last, saved next to the key file (`<key-file>.state`, mode
 //! 0600, in UAPI `get` form without the private key) so a restarted kg restores them before it
-//! has heard from the backend.
+//! has heard from the backend; and the routes and rules it installed (`<key-file>.routes`), so
+//! a restarted kg knows what of the kernel's is its own even when its settings changed.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,10 @@ pub fn load(key_file: &Path, key: &SecretKey) -> Result<Option<DeviceConfig>> {
     config.interface.private_key = Some(key.clone());
     Ok(Some(config))
 }
+
+mod routes;
+
+pub use routes::{load_routes, save_routes};
 
 #[cfg(test)]
 mod tests {

@@ -82,9 +82,10 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
 }
 
 #[test]
-fn routes_an_earlier_kg_left_on_its_tunnel_go_but_only_on_kgs_own_links() {
-    // A kg restarted with other settings (another granularity, --clean-up=false before) finds
-    // the last run's route over tunl0, which this run never applied.
+fn routes_the_last_run_installed_on_a_tunnel_go_and_no_one_elses() {
+    // A kg restarted with other settings (another granularity, after --clean-up=false) finds
+    // its last run's route over tunl0, which this run does not want; kg passes the last run's
+    // saved plan as what it owns.
     let stale_on_tunnel = Route {
         table: MAIN_TABLE,
         dst: "10.2.3.0/24".parse().unwrap(),
@@ -99,9 +100,10 @@ fn routes_an_earlier_kg_left_on_its_tunnel_go_but_only_on_kgs_own_links() {
     };
     let none = RoutePlan::default();
     assert_eq!(
-        diff(&none, &observed, &none, &[KILO, TUNL]),
+        diff(&none, &observed, &observed, &[KILO]),
         vec![RouteOp::DeleteRoute(stale_on_tunnel)]
     );
-    // A tunnel kg did not make (Cilium's, flannel's) is not among its own links.
+    // The same route installed by someone else (nothing saved says it is kg's) stays: only
+    // the WireGuard link's routes are kg's whoever installed them.
     assert_eq!(diff(&none, &observed, &none, &[KILO]), vec![]);
 }
