@@ -311,6 +311,39 @@ fn every_flag_the_docs_give_a_binary_is_one_it_has() {
 }
 
 #[test]
+fn every_script_the_docs_run_directly_is_executable() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for block in sh_blocks() {
+        let text = block.body.replace("\\\n", " ");
+        for line in text.lines() {
+            for words in commands(line) {
+                let first = words[0].as_str();
+                if !(first.starts_with("scripts/") || first.starts_with("image/")) {
+                    continue;
+                }
+                checked += 1;
+                let mode = std::fs::metadata(Path::new(ROOT).join(first))
+                    .map(|m| m.permissions().mode())
+                    .unwrap_or(0);
+                if mode & 0o111 == 0 {
+                    problems.push(format!(
+                        "{}: runs {first} directly, but it is not executable",
+                        where_(&block)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 5,
+        "only {checked} scripts found: is the parser broken?"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
 fn every_repository_path_in_the_docs_commands_exists() {
     let roots = [
         "scripts/",
