@@ -2,24 +2,15 @@
 //! exists and, with a `#fragment`, a heading of that file (GitHub's anchor for it); every page
 //! of `docs/` is linked from the README. Links inside fenced code blocks are not links.
 
+mod markdown;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use markdown::documents;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The Markdown files checked: the README and every page of `docs/`.
-fn documents() -> Vec<PathBuf> {
-    let mut files = vec![root().join("README.md")];
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
-        .expect("docs/")
-        .map(|e| e.expect("docs/ entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    pages.sort();
-    files.extend(pages);
-    files
 }
 
 /// The lines of `text` outside fenced code blocks.

@@ -10,9 +10,13 @@
 //! `.ci/run` and the real-API-server and real-kubelet tests run; these checks keep their names
 //! and flags honest.
 
+mod markdown;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use markdown::documents;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -22,18 +26,6 @@ struct Block {
     line: usize,
     info: String,
     body: String,
-}
-
-fn documents() -> Vec<PathBuf> {
-    let mut files = vec![Path::new(ROOT).join("README.md")];
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("docs"))
-        .expect("docs/")
-        .map(|e| e.expect("docs/ entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    pages.sort();
-    files.extend(pages);
-    files
 }
 
 /// The fenced blocks of `file`.
@@ -256,6 +248,18 @@ fn commands(line: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Every command of `block` with the line it is on (a `\\` at a line's end continues it).
+fn block_commands(block: &Block) -> Vec<(String, Vec<String>)> {
+    let text = block.body.replace("\\\n", " ");
+    text.lines()
+        .flat_map(|line| {
+            commands(line)
+                .into_iter()
+                .map(move |words| (line.to_string(), words))
+        })
+        .collect()
+}
+
 #[test]
 fn every_flag_the_docs_give_a_binary_is_one_it_has() {
     let bins = [
@@ -266,39 +270,35 @@ fn every_flag_the_docs_give_a_binary_is_one_it_has() {
     let mut problems = Vec::new();
     let mut checked = 0;
     for block in sh_blocks() {
-        // A `\` continues a command on the next line.
-        let text = block.body.replace("\\\n", " ");
-        for line in text.lines() {
-            for words in commands(line) {
-                let Some((name, bin)) = bins.iter().find(|(n, _)| words[0] == *n) else {
+        for (line, words) in block_commands(&block) {
+            let Some((name, bin)) = bins.iter().find(|(n, _)| words[0] == *n) else {
+                continue;
+            };
+            let mut help_args: Vec<&str> = Vec::new();
+            if *name == "kgctl" {
+                if let Some(sub) = words[1..].iter().find(|w| !w.starts_with('-')) {
+                    help_args.push(sub);
+                }
+            }
+            help_args.push("--help");
+            let help = run(&[&[*bin][..], &help_args[..]].concat());
+            let help = String::from_utf8_lossy(&help.stdout).to_string();
+            for word in &words[1..] {
+                let Some(flag) = word.strip_prefix("--") else {
                     continue;
                 };
-                let mut help_args: Vec<&str> = Vec::new();
-                if *name == "kgctl" {
-                    if let Some(sub) = words[1..].iter().find(|w| !w.starts_with('-')) {
-                        help_args.push(sub);
-                    }
-                }
-                help_args.push("--help");
-                let help = run(&[&[*bin][..], &help_args[..]].concat());
-                let help = String::from_utf8_lossy(&help.stdout).to_string();
-                for word in &words[1..] {
-                    let Some(flag) = word.strip_prefix("--") else {
-                        continue;
-                    };
-                    let flag = format!("--{}", flag.split('=').next().unwrap_or(flag));
-                    checked += 1;
-                    let listed = help
-                        .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == '=')
-                        .any(|w| w == flag || w.trim_end_matches(['[', '<']) == flag);
-                    if !listed {
-                        problems.push(format!(
-                            "{}: `{}` gives {name} {flag}, which `{name} {}` does not list",
-                            where_(&block),
-                            line.trim(),
-                            help_args.join(" ")
-                        ));
-                    }
+                let flag = format!("--{}", flag.split('=').next().unwrap_or(flag));
+                checked += 1;
+                let listed = help
+                    .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == '=')
+                    .any(|w| w == flag || w.trim_end_matches(['[', '<']) == flag);
+                if !listed {
+                    problems.push(format!(
+                        "{}: `{}` gives {name} {flag}, which `{name} {}` does not list",
+                        where_(&block),
+                        line.trim(),
+                        help_args.join(" ")
+                    ));
                 }
             }
         }
@@ -316,23 +316,20 @@ fn every_script_the_docs_run_directly_is_executable() {
     let mut problems = Vec::new();
     let mut checked = 0;
     for block in sh_blocks() {
-        let text = block.body.replace("\\\n", " ");
-        for line in text.lines() {
-            for words in commands(line) {
-                let first = words[0].as_str();
-                if !(first.starts_with("scripts/") || first.starts_with("image/")) {
-                    continue;
-                }
-                checked += 1;
-                let mode = std::fs::metadata(Path::new(ROOT).join(first))
-                    .map(|m| m.permissions().mode())
-                    .unwrap_or(0);
-                if mode & 0o111 == 0 {
-                    problems.push(format!(
-                        "{}: runs {first} directly, but it is not executable",
-                        where_(&block)
-                    ));
-                }
+        for (_, words) in block_commands(&block) {
+            let first = words[0].as_str();
+            if !(first.starts_with("scripts/") || first.starts_with("image/")) {
+                continue;
+            }
+            checked += 1;
+            let mode = std::fs::metadata(Path::new(ROOT).join(first))
+                .map(|m| m.permissions().mode())
+                .unwrap_or(0);
+            if mode & 0o111 == 0 {
+                problems.push(format!(
+                    "{}: runs {first} directly, but it is not executable",
+                    where_(&block)
+                ));
             }
         }
     }

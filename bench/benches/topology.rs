@@ -69,13 +69,13 @@ fn routes(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("diff_one_node_gone", count),
             &(new_plan, plan),
-            |b, (new, old)| b.iter(|| diff(new, old, old, &[10])),
+            |b, (new, old)| b.iter(|| diff(new, old, old, 10)),
         );
         let empty = RoutePlan::default();
         group.bench_with_input(
             BenchmarkId::new("diff_from_empty", count),
             &t.route_plan(&options),
-            |b, p| b.iter(|| diff(p, &empty, &empty, &[10])),
+            |b, p| b.iter(|| diff(p, &empty, &empty, 10)),
         );
     }
     group.finish();

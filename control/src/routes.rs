@@ -459,22 +459,21 @@ pub enum RouteOp {
 ///
 /// `observed` holds the kernel's protocol-static routes in the main and Kilo tables and its
 /// Kilo-table rules; `owned` is what was applied before. A route or rule is removed when it is
-/// not desired and is ours: previously applied, in the Kilo table, or on one of `own_links`
-/// (the WireGuard link, and the tunnel links kg made), so what an earlier kg left there with
-/// other settings goes too.
+/// not desired and is ours: in `owned` (applied before, by this run or, as kg saved it, the
+/// last), in the Kilo table, or on the WireGuard link.
 /// A route whose destination is still desired is replaced, never deleted first, so traffic is not
 /// interrupted. Applying the result and diffing again yields nothing.
 pub fn diff(
     desired: &RoutePlan,
     observed: &RoutePlan,
     owned: &RoutePlan,
-    own_links: &[u32],
+    kilo_link: u32,
 ) -> Vec<RouteOp> {
     let mut ops = Vec::new();
     let desired_dsts: BTreeSet<(u32, IpNet)> =
         desired.routes.iter().map(|r| (r.table, r.dst)).collect();
     for r in observed.routes.difference(&desired.routes) {
-        let ours = owned.routes.contains(r) || r.table == KILO_TABLE || own_links.contains(&r.link);
+        let ours = owned.routes.contains(r) || r.table == KILO_TABLE || r.link == kilo_link;
         if ours && !desired_dsts.contains(&(r.table, r.dst)) {
             ops.push(RouteOp::DeleteRoute(r.clone()));
         }

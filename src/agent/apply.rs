@@ -263,7 +263,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .and_then(|h| h.link(kilo))
             .map_or(0, |l| l.mtu);
         let owned = self.owned.clone();
-        let own_links = self.own_links();
         let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
         let withheld = withheld.iter().map(ToString::to_string).collect();
         self.status.update(|p| {
@@ -274,7 +273,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             p.encapsulate = encapsulate;
             p.tunnel = tunnel_name;
             p.mtu = mtu;
-            p.own_links = own_links;
+            p.kilo_index = kilo;
             p.plan = owned;
             p.rules = Some(rules);
             p.withheld = withheld;
@@ -296,13 +295,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
-    /// The links all of whose protocol-static routes are kg's: the WireGuard interface. On
-    /// other links (the tunnels, the private link) kg claims only what it installed, this run
-    /// or the last (`state::load_routes`).
-    pub(super) fn own_links(&self) -> Vec<u32> {
-        vec![self.kilo_index]
-    }
-
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
     /// them (after a full reconcile's reset, or a failed change).
     async fn apply_routes(&mut self, plan: RoutePlan) -> Result<()> {
@@ -313,7 +305,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             Some(known) => known,
             None => self.netlink.observe().await?,
         };
-        let ops = diff(&plan, &observed, &self.owned, &self.own_links());
+        let ops = diff(&plan, &observed, &self.owned, self.kilo_index);
         if !ops.is_empty() {
             tracing::debug!(changes = ops.len(), "reconciling routes");
         }

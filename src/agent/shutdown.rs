@@ -43,7 +43,7 @@ impl Agent {
                     &RoutePlan::default(),
                     &observed,
                     &self.owned,
-                    &self.own_links(),
+                    self.kilo_index,
                 );
                 let failed = self.netlink.apply(&ops).await;
                 for e in &failed {

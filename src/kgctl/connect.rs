@@ -157,7 +157,7 @@ impl Connection {
 
     async fn set_routes(&mut self, plan: RoutePlan) -> Result<()> {
         let observed = self.netlink.observe().await?;
-        let ops = diff(&plan, &observed, &self.owned, &[self.index]);
+        let ops = diff(&plan, &observed, &self.owned, self.index);
         for e in self.netlink.apply(&ops).await {
             tracing::warn!(error = format!("{e:#}"), "route change failed");
         }

@@ -40,9 +40,8 @@ pub struct Published {
     pub tunnel: Option<String>,
     /// The WireGuard interface's MTU.
     pub mtu: u32,
-    /// The links whose protocol-static routes are kg's: the WireGuard interface and the
-    /// tunnel links kg made.
-    pub own_links: Vec<u32>,
+    /// The WireGuard interface's index.
+    pub kilo_index: u32,
     /// The routes and rules kg installs.
     pub plan: RoutePlan,
     /// The iptables rules kg installs (`None` before the first apply).
@@ -175,7 +174,7 @@ async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
         &published.plan,
         &observed,
         &published.plan,
-        &published.own_links,
+        published.kilo_index,
     );
     let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
     if let Some(rules) = published.rules.clone() {

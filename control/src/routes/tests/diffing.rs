@@ -8,11 +8,11 @@ fn diff_adds_what_is_missing_and_converges() {
     let desired =
         topology("b", Granularity::Location).route_plan(&options(true, Encapsulate::Always));
     let empty = RoutePlan::default();
-    let ops = diff(&desired, &empty, &empty, &[KILO]);
+    let ops = diff(&desired, &empty, &empty, KILO);
     assert_eq!(ops.len(), desired.routes.len() + desired.rules.len());
     let after = apply_ops(&empty, &ops);
     assert_eq!(after, desired);
-    assert!(diff(&desired, &after, &desired, &[KILO]).is_empty());
+    assert!(diff(&desired, &after, &desired, KILO).is_empty());
 }
 
 #[test]
@@ -24,7 +24,7 @@ fn diff_replaces_a_changed_route_without_deleting_it_first() {
     let t = Topology::new(&nodes, &f1_peers(), &params).unwrap();
     assert!(!t.leader);
     let new = t.route_plan(&options(true, Encapsulate::Always));
-    let ops = diff(&new, &old, &old, &[KILO]);
+    let ops = diff(&new, &old, &old, KILO);
     let deleted: Vec<&Route> = ops
         .iter()
         .filter_map(|o| match o {
@@ -71,7 +71,7 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
         rules: [stale_rule.clone()].into(),
         ..Default::default()
     };
-    let ops = diff(&desired, &observed, &RoutePlan::default(), &[KILO]);
+    let ops = diff(&desired, &observed, &RoutePlan::default(), KILO);
     assert_eq!(
         ops,
         vec![
@@ -100,10 +100,10 @@ fn routes_the_last_run_installed_on_a_tunnel_go_and_no_one_elses() {
     };
     let none = RoutePlan::default();
     assert_eq!(
-        diff(&none, &observed, &observed, &[KILO]),
+        diff(&none, &observed, &observed, KILO),
         vec![RouteOp::DeleteRoute(stale_on_tunnel)]
     );
     // The same route installed by someone else (nothing saved says it is kg's) stays: only
     // the WireGuard link's routes are kg's whoever installed them.
-    assert_eq!(diff(&none, &observed, &none, &[KILO]), vec![]);
+    assert_eq!(diff(&none, &observed, &none, KILO), vec![]);
 }
