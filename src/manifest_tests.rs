@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -179,14 +180,17 @@ fn check_kg_containers(file: &str, pod: &PodSpec) -> usize {
             let port = crate::agent::serve::http::listen_addr(&settings.args.listen)
                 .unwrap()
                 .port() as i32;
-            assert!(
-                container
-                    .ports
-                    .iter()
-                    .flatten()
-                    .any(|p| p.container_port == port && p.name.as_deref() == Some("metrics")),
-                "{file}: --listen is not the metrics port"
-            );
+            // The probes ask kg's --listen port (by number: the container declares none).
+            for probe in [&container.readiness_probe, &container.liveness_probe] {
+                let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
+                let probed = get.map(|g| g.port.clone());
+                assert_eq!(
+                    probed,
+                    Some(IntOrString::Int(port)),
+                    "{file}: a probe does not ask --listen"
+                );
+                assert_eq!(get.and_then(|g| g.path.as_deref()), Some("/health"));
+            }
         }
         // Every mount has a volume.
         let volumes: BTreeSet<&str> = pod
@@ -212,6 +216,8 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
     let mut agents = 0;
     let mut webhooks = 0;
     let mut daemonset_labels = Vec::new();
+    let mut kg_listen = BTreeSet::new();
+    let mut monitor_target = None;
     let mut cluster_roles = Vec::new();
     for (file, document) in documents() {
         let kind = document["kind"].as_str().unwrap_or_default().to_string();
@@ -237,6 +243,29 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
                 let found = check_kg_containers(&file, &pod);
                 assert_eq!(found, 1, "{file}: one kg container, no sidecar");
                 assert_eq!(pod.containers.len(), 1, "{file}: no sidecar");
+                // With hostNetwork every declared container port is a host port, and the
+                // scheduler refuses a second pod on the node with the same one: a surge
+                // rollout (maxSurge) would never start (kubernetes#106417).
+                assert_eq!(pod.host_network, Some(true), "{file}");
+                for container in pod.init_containers.iter().flatten().chain(&pod.containers) {
+                    assert!(
+                        container.ports.as_ref().is_none_or(|p| p.is_empty()),
+                        "{file}: container {} declares ports {:?}, which block surge rollouts",
+                        container.name,
+                        container.ports
+                    );
+                }
+                let kg = &pod.containers[0];
+                let listen = kg
+                    .args
+                    .iter()
+                    .flatten()
+                    .find_map(|a| a.strip_prefix("--listen="))
+                    .unwrap_or_else(|| panic!("{file}: kg without --listen"));
+                kg_listen.insert((
+                    kg.name.clone(),
+                    listen.rsplit(':').next().unwrap().to_string(),
+                ));
                 agents += 1;
             }
             "Deployment" => {
@@ -304,14 +333,29 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
                 let labels: std::collections::BTreeMap<String, String> =
                     serde_json::from_value(selector.clone()).unwrap();
                 assert!(!labels.is_empty());
+                let endpoint = &document["spec"]["podMetricsEndpoints"][0];
+                assert_eq!(endpoint["path"], "/metrics");
+                // No named port (kg's pods declare none): a container kept by name, the
+                // address rewritten to the pod's IP and kg's port.
+                let relabel = endpoint["relabelings"].as_array().expect("relabelings");
+                let kept = relabel
+                    .iter()
+                    .find(|r| r["action"] == "keep")
+                    .expect("a keep rule");
                 assert_eq!(
-                    document["spec"]["podMetricsEndpoints"][0]["port"],
-                    "metrics"
+                    kept["sourceLabels"][0],
+                    "__meta_kubernetes_pod_container_name"
                 );
-                assert_eq!(
-                    document["spec"]["podMetricsEndpoints"][0]["path"],
-                    "/metrics"
-                );
+                let address = relabel
+                    .iter()
+                    .find(|r| r["targetLabel"] == "__address__")
+                    .expect("a rule writing __address__");
+                assert_eq!(address["sourceLabels"][0], "__meta_kubernetes_pod_ip");
+                let port = address["replacement"].as_str().unwrap().rsplit(':').next();
+                monitor_target = Some((
+                    kept["regex"].as_str().unwrap().to_string(),
+                    port.unwrap().to_string(),
+                ));
                 daemonset_labels.push(labels);
             }
             other => panic!("{file}: a {other} the test does not check"),
@@ -319,6 +363,12 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
     }
     assert_eq!(agents, 2, "a DaemonSet for kubeadm and one for k3s");
     assert_eq!(webhooks, 1, "the webhook Deployment");
+    // The PodMonitor scrapes kg's container on kg's port in both DaemonSets.
+    let monitor_target = monitor_target.expect("a PodMonitor");
+    assert!(
+        kg_listen.iter().all(|t| *t == monitor_target),
+        "PodMonitor scrapes {monitor_target:?}, kg listens on {kg_listen:?}"
+    );
     // The PodMonitor selects the DaemonSets' pods.
     let monitor = daemonset_labels.pop().unwrap();
     assert!(daemonset_labels.iter().all(|l| *l == monitor));

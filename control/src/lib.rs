@@ -15,6 +15,7 @@ pub mod iptables;
 pub mod key;
 pub mod leader;
 pub mod nat;
+pub mod nftables;
 pub mod node;
 pub mod peer;
 pub mod readiness;

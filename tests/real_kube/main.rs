@@ -220,7 +220,10 @@ fn every_manifest_is_accepted_by_a_real_api_server() {
     let hook = kube.get(&["validatingwebhookconfiguration", "peer-validation"]);
     assert_eq!(hook["webhooks"][0]["failurePolicy"], "Fail");
     let monitor = kube.get(&["-n", "kube-system", "podmonitor", "kilo"]);
-    assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][1]["replacement"],
+        "${1}:1107"
+    );
     // The DaemonSet's Pods would run as `kilo`: it may do what kg does.
     for (verb, resource) in [
         ("list", "nodes"),

@@ -13,7 +13,9 @@
 //! once per run of this binary from the binaries under test, or taken from
 //! `KILOTUN_IMAGE_ARCHIVE`. `KILOTUN_KUBELET_KEEP` keeps a cluster's directory (logs) on drop.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod surge;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -607,17 +609,12 @@ fn install(k: &KubeletCluster, manifest_name: &str) -> (Vec<String>, Instant) {
 
 /// `kubectl delete` of the DaemonSet: the pods go, and each kg, seeing its DaemonSet gone,
 /// removes its annotations and routes.
-fn uninstall(k: &KubeletCluster, pod_ips: &[String]) {
+fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
     let started = Instant::now();
-    k.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "delete",
-        "daemonset",
-        "kilo",
-        "--wait=true",
-        "--timeout=120s",
-    ]);
+    let mut args = vec!["-n", "kube-system", "delete", "daemonset"];
+    args.extend(daemonsets);
+    args.extend(["--wait=true", "--timeout=120s"]);
+    k.kubectl_ok(&args);
     wait_for("the kilo pods gone", Duration::from_secs(120), || {
         k.kilo_pods().is_empty()
     });
@@ -741,7 +738,9 @@ fn kubeadm_daemonset_on_real_kubelets() {
     );
     k.wait_kilo_ready(Duration::from_secs(60));
 
-    // (b) kubectl rollout restart: every kg replaced, one node at a time; pings both ways.
+    // (b) A rollout: every kg replaced, one node at a time, pings both ways. The pod template
+    // changes as with `kubectl rollout restart` or a new image: here by a nodeSelector that every
+    // node matches, which the surge (c) then uses to delete old pods node by node.
     let p12 = Pinger::start(&n1.netns, &pod_ips[1]);
     let p21 = Pinger::start(&n2.netns, &pod_ips[0]);
     let since = Instant::now();
@@ -763,7 +762,7 @@ fn kubeadm_daemonset_on_real_kubelets() {
         })
         .collect();
     let restarted = Instant::now();
-    k.kubectl_ok(&["-n", "kube-system", "rollout", "restart", "daemonset/kilo"]);
+    surge::select_old_generation(&k);
     k.kubectl_ok(&[
         "-n",
         "kube-system",
@@ -796,7 +795,7 @@ fn kubeadm_daemonset_on_real_kubelets() {
     );
     drop((p12, p21));
     eprintln!(
-        "rollout restart ({rolled:.1?}): longest ping gap {} -> pod on {}: {g12:.2?}; {} -> pod on {}: {g21:.2?}",
+        "rollout ({rolled:.1?}): longest ping gap {} -> pod on {}: {g12:.2?}; {} -> pod on {}: {g21:.2?}",
         n1.name, n2.name, n2.name, n1.name
     );
     // Most of a rollout's gap is Kubernetes 1.20's: the DaemonSet controller creates the new
@@ -811,7 +810,20 @@ fn kubeadm_daemonset_on_real_kubelets() {
         assert_annotated(&k, &n.name);
     }
 
-    uninstall(&k, &pod_ips);
+    // (c) A surge rollout (what 1.22 and later do with maxSurge), done by hand: each node's
+    // handover costs at most a second.
+    let gaps = surge::surge_by_hand(&k, &pod_ips);
+    for (node, (there, back)) in &gaps {
+        assert!(
+            *there <= Duration::from_secs(1) && *back <= Duration::from_secs(1),
+            "the surge handover on {node} stopped pings for {there:?} and {back:?}"
+        );
+    }
+    for n in &k.nodes {
+        assert_annotated(&k, &n.name);
+    }
+
+    uninstall(&k, &pod_ips, &["kilo", "kilo-next"]);
 }
 
 #[test]
@@ -830,5 +842,5 @@ fn k3s_daemonset_on_real_kubelets() {
         let cidr = k.kubectl_ok(&["get", "node", &n.name, "-o", "jsonpath={.spec.podCIDR}"]);
         assert!(text.contains(cidr.trim()), "{}: {text}", conf.display());
     }
-    uninstall(&k, &pod_ips);
+    uninstall(&k, &pod_ips, &["kilo"]);
 }
