@@ -177,7 +177,7 @@ build_platform() {
   export SOURCE_DATE_EPOCH=$epoch
 
   # 2. Debian's packages, unpacked (no maintainer scripts run; the assembly below does their part).
-  local packages=libc6,libgcc-s1,busybox,iptables,graphviz,fonts-dejavu-core,containernetworking-plugins
+  local packages=libc6,libgcc-s1,busybox,iptables,nftables,graphviz,fonts-dejavu-core,containernetworking-plugins
   log "$p: mmdebstrap bookworm $debarch from $mirror: $packages"
   stage=$work/$p/stage
   mkdir -p "$work/$p"
@@ -255,6 +255,9 @@ build_platform() {
   take_libraries /usr/sbin/xtables-legacy-multi /usr/sbin/xtables-nft-multi \
     $(cd "$stage" && ls "usr/lib/$gnu"/xtables/*.so | sed 's|^|/|')
   take /etc/ethertypes /etc/protocols /etc/services
+  # nft: kg's firewall where the host's rules are in nf_tables (--firewall=auto).
+  take /usr/sbin/nft
+  take_libraries /usr/sbin/nft
 
   # Graphviz: dot, the layouts kg's /graph offers (dot, and circo/neato/twopi/fdp from the neato
   # plugin), SVG and DOT output from the core plugin, PNG through cairo, and one font.

@@ -483,6 +483,7 @@ fn check_platform_image(image: &PlatformImage) {
         "/usr/sbin/iptables",
         "/usr/sbin/iptables-restore",
         "/usr/sbin/ip6tables",
+        "/usr/sbin/nft",
         "/usr/bin/dot",
         &graphviz_config,
         "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -640,8 +641,8 @@ fn the_install_cni_init_container_installs_the_plugins_and_the_conflist() {
 /// Two nodes, each kg in a container with the DaemonSet's command, arguments and mounts (file
 /// backend): they mesh and their pods reach each other; `wg show` on the host reads each
 /// containerized engine through the shared `/var/run/wireguard`; each container writes its
-/// KILO chains into the iptables back end its host's rules are in (legacy on one, nft on the
-/// other); the CNI plugins and conflist come from the init container and kg keeps the conflist
+/// KILO chains into legacy iptables where its host's rules are there, and its nftables table
+/// where they are in nf_tables; the CNI plugins and conflist come from the init container and kg keeps the conflist
 /// on the node's pod CIDR; `/graph?format=svg` renders inside the container.
 #[test]
 fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
@@ -738,12 +739,9 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
             0o600
         );
-        // KILO-NAT is in the host's back end, and only there.
-        let (used, other) = if i == 0 {
-            ("legacy", "nft")
-        } else {
-            ("nft", "legacy")
-        };
+        // Where the host's rules are in legacy iptables, KILO-NAT is there and only there;
+        // where they are in nf_tables, kg writes its nftables table (the image's nft) and no
+        // iptables chain in either back end.
         let listed = |backend: &str| {
             node.ns
                 .output(&[
@@ -756,20 +754,40 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
                 .status
                 .success()
         };
-        assert!(
-            listed(used),
-            "{}: KILO-NAT not in {used}\n{}",
-            node.name,
-            node.log_text()
-        );
-        assert!(!listed(other), "{}: KILO-NAT also in {other}", node.name);
-        // The image's plain `iptables` reads the same back end.
-        let exec = podman
-            .command()
-            .args(["exec", &names[i], "iptables", "-t", "nat", "-S", "KILO-NAT"])
-            .output()
-            .unwrap();
-        assert!(exec.status.success(), "{}: {}", node.name, text(&exec));
+        if i == 0 {
+            assert!(
+                listed("legacy"),
+                "{}: KILO-NAT not in legacy\n{}",
+                node.name,
+                node.log_text()
+            );
+            assert!(!listed("nft"), "{}: KILO-NAT also in nft", node.name);
+            // The image's plain `iptables` reads the same back end.
+            let exec = podman
+                .command()
+                .args(["exec", &names[i], "iptables", "-t", "nat", "-S", "KILO-NAT"])
+                .output()
+                .unwrap();
+            assert!(exec.status.success(), "{}: {}", node.name, text(&exec));
+        } else {
+            assert!(
+                !listed("legacy") && !listed("nft"),
+                "{}: KILO-NAT in iptables",
+                node.name
+            );
+            let exec = podman
+                .command()
+                .args(["exec", &names[i], "nft", "list", "table", "inet", "kilo"])
+                .output()
+                .unwrap();
+            assert!(
+                exec.status.success() && text(&exec).contains("masquerade"),
+                "{}: no nftables table: {}\n{}",
+                node.name,
+                text(&exec),
+                node.log_text()
+            );
+        }
         // kg keeps the installed conflist on this node's pod CIDR.
         let conflist = cluster
             .work

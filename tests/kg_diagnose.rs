@@ -229,16 +229,17 @@ fn diagnose_names_each_broken_thing() {
     );
     n2.run(&["iptables", "-D", "INPUT", "-p", "4", "-j", "DROP"]);
 
-    // kg's NAT chain flushed behind its back: the missing rules are listed.
+    // kg's set of destinations not to NAT flushed behind its back (the nftables table, which
+    // --firewall=auto picks here): the missing elements are listed.
     let (_, report) = diagnose_until(&c, false, Duration::from_secs(20), |r| {
         c.node("n1")
             .ns
-            .run(&["iptables", "-t", "nat", "-F", "KILO-NAT"]);
+            .run(&["nft", "flush", "set", "inet", "kilo", "no_nat4"]);
         !findings(r, "problem", "routes").is_empty()
     });
     let routes = findings(&report, "problem", "routes");
     assert!(
-        routes.iter().any(|f| text(f).contains("KILO-NAT")),
+        routes.iter().any(|f| text(f).contains("set no_nat4 lacks")),
         "{}",
         text(&report)
     );

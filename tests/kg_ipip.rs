@@ -52,7 +52,8 @@ fn always_carries_location_traffic_over_userspace_ipip() {
     c.add_node(&node("n3", "west"), 3);
     c.add_node(&node("n4", "west"), 4);
     for i in 0..4 {
-        c.start_kg(i, &["--encapsulate=always"]);
+        // Kilo's own chains (KILO-IPIP), which the test reads with iptables.
+        c.start_kg(i, &["--encapsulate=always", "--firewall=iptables"]);
     }
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -165,7 +166,7 @@ fn crosssubnet_encapsulates_only_to_other_subnets() {
     c.add_node(&node("n3", "west"), 3);
     c.add_node(&node("n4", "east"), 4);
     for i in 0..4 {
-        c.start_kg(i, &["--encapsulate=crosssubnet"]);
+        c.start_kg(i, &["--encapsulate=crosssubnet", "--firewall=iptables"]);
     }
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());

@@ -237,38 +237,53 @@ fn full_granularity_builds_a_direct_mesh() {
         assert!(svg.contains("<svg"), "{svg}");
     }
 
-    // iptables: KILO-NAT returns for known IPs and masquerades the rest; a deleted rule returns
-    // within a resync.
-    if common::which("iptables") {
-        let nat = |c: &Cluster| {
-            c.node("n1")
-                .ns
-                .output(&["iptables", "-t", "nat", "-S"])
-                .stdout
+    // The firewall (--firewall=auto picks the nftables table where nft works, as here in CI):
+    // known IPs are not NATed, the node's pods enter the NAT chain, the rest is masqueraded; an
+    // element deleted behind kg's back returns within a resync.
+    if common::which("nft") {
+        let table = |c: &Cluster| {
+            String::from_utf8_lossy(
+                &c.node("n1")
+                    .ns
+                    .output(&["nft", "list", "table", "inet", "kilo"])
+                    .stdout,
+            )
+            .into_owned()
         };
-        let text = String::from_utf8_lossy(&nat(&c)).into_owned();
-        let masquerade =
-            "-A KILO-NAT -m comment --comment \"Kilo: NAT remaining packets\" -j MASQUERADE";
-        assert!(text.contains(masquerade), "{text}");
-        assert!(text.contains("-A KILO-NAT -d 10.42.4.0/24 -m comment --comment \"Kilo: do not NAT packets destined for known IPs\" -j RETURN"), "{text}");
-        assert!(text.contains("-A POSTROUTING -s 10.42.1.0/24 -m comment --comment \"Kilo: jump to KILO-NAT chain\" -j KILO-NAT"), "{text}");
+        let text = table(&c);
+        let set = |text: &str, name: &str| {
+            let at = text
+                .find(&format!("set {name} {{"))
+                .unwrap_or_else(|| panic!("no set {name}:\n{text}"));
+            text[at..].split('}').next().unwrap_or_default().to_string()
+        };
+        assert!(set(&text, "no_nat4").contains("10.42.4.0/24"), "{text}");
+        assert!(set(&text, "nat_from4").contains("10.42.1.0/24"), "{text}");
+        assert!(text.contains("masquerade"), "{text}");
+        assert!(
+            !String::from_utf8_lossy(
+                &c.node("n1")
+                    .ns
+                    .output(&["iptables", "-t", "nat", "-S"])
+                    .stdout
+            )
+            .contains("KILO-NAT"),
+            "Kilo's rules in iptables too"
+        );
         c.node("n1").ns.run(&[
-            "iptables",
-            "-t",
-            "nat",
-            "-D",
-            "KILO-NAT",
-            "-m",
-            "comment",
-            "--comment",
-            "Kilo: NAT remaining packets",
-            "-j",
-            "MASQUERADE",
+            "nft",
+            "delete",
+            "element",
+            "inet",
+            "kilo",
+            "no_nat4",
+            "{ 10.42.4.0/24 }",
         ]);
+        assert!(!set(&table(&c), "no_nat4").contains("10.42.4.0/24"));
         let back = c.wait_for(Duration::from_secs(6), |c| {
-            String::from_utf8_lossy(&nat(c)).contains(masquerade)
+            set(&table(c), "no_nat4").contains("10.42.4.0/24")
         });
-        assert!(back, "the deleted rule was not restored\n{}", c.logs());
+        assert!(back, "the deleted element was not restored\n{}", c.logs());
     }
 
     // --mtu=1380 on the link and in the CNI conflist, whose IPAM range is the node's pod CIDR.

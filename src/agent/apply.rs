@@ -337,10 +337,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let v6 = self.ip6tables;
         let firewall = self.firewall.clone();
         let wanted = rules.clone();
-        match tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, v6)).await? {
+        // What was applied last: the firewall writes only the difference (none on a resync,
+        // which cleared it: then the host's rules are read and compared).
+        let previous = self.memo.applied.rules.take();
+        let reconciled =
+            tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, previous.as_ref(), v6));
+        match reconciled.await? {
             Ok(changed) => {
                 if changed {
-                    tracing::debug!("iptables rules reconciled");
+                    tracing::debug!("firewall rules reconciled");
                 }
                 self.memo.applied.rules = Some(rules);
             }

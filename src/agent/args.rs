@@ -88,6 +88,12 @@ pub struct KgArgs {
     /// Which iptables back end to write to: auto (the one the host's rules are already in), legacy or nft.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: super::shells::xtables::BackendMode,
+    /// Where Kilo's rules go: auto (the nftables table `inet kilo`, whose address lists are
+    /// sets, where the host's rules are in nf_tables and the kernel takes it; iptables where
+    /// they are in legacy iptables, with --iptables-forward-rules, or when nftables fails),
+    /// nftables or iptables.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub firewall: super::shells::firewall::FirewallChoice,
     /// How each location's leader is chosen: kilo (Kilo's rule: annotated, then public, then
     /// first by name; a dead leader is replaced once its last-seen is 60 s old) or lease (a
     /// lease per location, renewed by its healthy holder: failover in seconds).

@@ -31,10 +31,11 @@ use crate::backend::{Backend, Snapshot};
 use args::Settings;
 use host::{encap, local::ProblemLog};
 use serve::{http, metrics::Metrics, status};
+use shells::firewall::HostFirewall;
 use shells::netlink::Netlink;
 use shells::wireguard::WireGuard;
 use shells::{kernel_watch, state};
-use shells::{Engine, Firewall, Iptables, Kernel};
+use shells::{Engine, Firewall, Kernel};
 use start::take_engine;
 
 mod apply;
@@ -110,7 +111,7 @@ impl Trigger {
 
 /// The running agent, over the kernel `N`, the firewall `F` and the WireGuard device `W` (the
 /// host's by default; in-memory twins in tests and benchmarks).
-pub struct Agent<N = Netlink, F = Iptables, W = WireGuard> {
+pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     s: Settings,
     key: SecretKey,
     public: Key,

@@ -18,10 +18,11 @@ use super::args::{BackendKind, Settings};
 use super::host::{encap, local::ProblemLog};
 use super::serve::{http, metrics::Metrics, status};
 use super::shells::engine_lock::EngineLock;
+use super::shells::firewall::HostFirewall;
 use super::shells::netlink::Netlink;
 use super::shells::wireguard::WireGuard;
 use super::shells::{keyfile, state};
-use super::shells::{Engine, Firewall, Iptables, Kernel};
+use super::shells::{Engine, Firewall, Kernel};
 use super::{args, reconcile, unix_ms, Agent, Shells, DNS_TIMEOUT};
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 
@@ -76,8 +77,10 @@ impl Agent {
         };
         let shells = Shells {
             kernel: netlink,
-            firewall: Iptables {
-                mode: s.args.iptables_backend,
+            firewall: HostFirewall {
+                choice: s.args.firewall,
+                iptables_mode: s.args.iptables_backend,
+                forward_rules: s.args.iptables_forward_rules,
             },
             engine: wg,
         };

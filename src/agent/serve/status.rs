@@ -179,10 +179,11 @@ async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
     let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
     if let Some(rules) = published.rules.clone() {
         let firewall = tokio::task::spawn_blocking(move || {
-            crate::agent::shells::iptables::drift(
-                &rules,
-                crate::agent::shells::iptables::v6_available(),
-            )
+            let v6 = match crate::agent::shells::firewall::chosen() {
+                Some(crate::agent::shells::firewall::Chosen::Nftables) => true,
+                _ => crate::agent::shells::iptables::v6_available(),
+            };
+            crate::agent::shells::firewall::drift(&rules, v6)
         })
         .await??;
         lines.extend(firewall);

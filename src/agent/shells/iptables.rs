@@ -137,13 +137,80 @@ fn plan_ipip(v6: bool, desired: &FamilyRules) -> Result<String> {
     Ok(body)
 }
 
-/// Brings both families to `rules`. Returns true when something was changed. IPv6 is skipped
-/// (`v6_available` false) where the kernel has no IPv6 NAT.
-pub fn reconcile(rules: &RuleSet, v6_available: bool) -> Result<bool> {
+/// The `iptables-restore` script that takes one family from `from` (the rules last applied)
+/// to `to` without listing anything: rules removed with `-D`, added with `-I … 1` (`KILO-NAT`
+/// returns before its final MASQUERADE, and their order among themselves does not matter).
+/// `None` when the IPIP rules' shape changes (their chain created or removed, `INPUT`'s
+/// sequence): that rare change takes the listing path.
+fn change(from: &FamilyRules, to: &FamilyRules) -> Option<String> {
+    if from.input != to.input || from.kilo_ipip.is_some() != to.kilo_ipip.is_some() {
+        return None;
+    }
+    let set = |rules: &[String]| rules.iter().cloned().collect::<BTreeSet<String>>();
+    let mut script = String::new();
+    for table in ["nat", "filter"] {
+        let mut body = String::new();
+        let builtin = |rules: &[IptRule]| {
+            rules
+                .iter()
+                .filter(|r| r.table == table)
+                .map(|r| (r.chain, r.spec.clone()))
+                .collect::<BTreeSet<_>>()
+        };
+        let (was, now) = (builtin(&from.builtin), builtin(&to.builtin));
+        for (chain, spec) in was.difference(&now) {
+            body.push_str(&format!("-D {chain} {spec}\n"));
+        }
+        for (chain, spec) in now.difference(&was) {
+            body.push_str(&format!("-I {chain} 1 {spec}\n"));
+        }
+        let (chain, was, now) = match table {
+            "nat" => (KILO_NAT, set(&from.kilo_nat), set(&to.kilo_nat)),
+            _ => (
+                KILO_IPIP,
+                set(from.kilo_ipip.as_deref().unwrap_or_default()),
+                set(to.kilo_ipip.as_deref().unwrap_or_default()),
+            ),
+        };
+        for spec in was.difference(&now) {
+            body.push_str(&format!("-D {chain} {spec}\n"));
+        }
+        for spec in now.difference(&was) {
+            body.push_str(&format!("-I {chain} 1 {spec}\n"));
+        }
+        if !body.is_empty() {
+            script.push_str(&format!("*{table}\n{body}COMMIT\n"));
+        }
+    }
+    Some(script)
+}
+
+/// Brings both families to `rules`. With `previous` (the rules last applied) only the
+/// difference is written, without listing the chains; without it (at start, on a resync), or
+/// when that fails (someone else removed a rule), the chains are listed and compared. Returns
+/// true when something was changed. IPv6 is skipped (`v6_available` false) where the kernel has
+/// no IPv6 NAT.
+pub fn reconcile(rules: &RuleSet, previous: Option<&RuleSet>, v6_available: bool) -> Result<bool> {
     let mut changed = false;
     for (v6, family) in [(false, &rules.v4), (true, &rules.v6)] {
         if v6 && !v6_available {
             continue;
+        }
+        let before = previous.map(|p| if v6 { &p.v6 } else { &p.v4 });
+        if let Some(script) = before.and_then(|b| change(b, family)) {
+            if script.is_empty() {
+                continue;
+            }
+            match restore(v6, &script) {
+                Ok(()) => {
+                    changed = true;
+                    continue;
+                }
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "an incremental iptables change failed; comparing the chains"
+                ),
+            }
         }
         let script = plan(v6, family)?;
         if !script.is_empty() {

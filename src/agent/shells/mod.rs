@@ -1,6 +1,6 @@
 //! The three shells kg changes the host through, as small traits: the kernel's links, addresses,
 //! routes and rules ([`Kernel`], rtnetlink in [`Netlink`]), the firewall ([`Firewall`],
-//! `iptables-restore` in [`Iptables`]) and the WireGuard device ([`Engine`], [`WireGuard`]).
+//! nftables or `iptables-restore` in [`firewall::HostFirewall`]) and the WireGuard device ([`Engine`], [`WireGuard`]).
 //! [`twins`] holds in-memory twins of each that count what they are asked to do. Every adapter
 //! that talks to the kernel, a child process or a file lives in this folder; nothing here
 //! imports the pipeline above it.
@@ -15,11 +15,13 @@ use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
 pub mod engine_lock;
+pub mod firewall;
 pub mod iptables;
 pub mod kernel_watch;
 pub mod kernel_wireguard;
 pub mod keyfile;
 pub mod netlink;
+pub mod nftables;
 pub mod state;
 pub mod twins;
 pub mod wireguard;
@@ -130,40 +132,26 @@ impl Kernel for Netlink {
     }
 }
 
-/// Kilo's iptables rules. Calls block (the real one runs child processes).
+/// Kilo's firewall rules. Calls block (the real one runs child processes).
 pub trait Firewall: Clone + Send + Sync + 'static {
-    /// Brings both families to `rules`; true when something was changed.
-    fn reconcile(&self, rules: &RuleSet, v6_available: bool) -> Result<bool>;
+    /// Brings both families to `rules`; true when something was changed. `previous` is what
+    /// the last call applied, `None` at start and on a resync: then the host's state is read
+    /// and compared, otherwise only the difference from `previous` is written.
+    fn reconcile(
+        &self,
+        rules: &RuleSet,
+        previous: Option<&RuleSet>,
+        v6_available: bool,
+    ) -> Result<bool>;
     /// Removes every rule and chain kg added.
     fn clean_up(&self, v6_available: bool) -> Result<()>;
     /// True when the IPv6 family can be managed here.
     fn v6_available(&self) -> bool;
-    /// Gets ready before the first rule is read (the real one picks the host's iptables back
-    /// end, which takes child processes: kg does it while it restores the last run's peers).
+    /// Gets ready before the first rule is read (the real one picks nftables or iptables and
+    /// the latter's back end, which takes child processes: kg does it while it restores the
+    /// last run's peers).
     fn prepare(&self) -> Result<()> {
         Ok(())
-    }
-}
-
-/// The host's `iptables`/`iptables-restore` (nft or legacy back end alike).
-#[derive(Debug, Clone, Copy)]
-pub struct Iptables {
-    /// `--iptables-backend`.
-    pub mode: xtables::BackendMode,
-}
-
-impl Firewall for Iptables {
-    fn prepare(&self) -> Result<()> {
-        xtables::select(self.mode).map(drop)
-    }
-    fn reconcile(&self, rules: &RuleSet, v6_available: bool) -> Result<bool> {
-        iptables::reconcile(rules, v6_available)
-    }
-    fn clean_up(&self, v6_available: bool) -> Result<()> {
-        iptables::clean_up(v6_available)
-    }
-    fn v6_available(&self) -> bool {
-        iptables::v6_available()
     }
 }
 

@@ -295,7 +295,12 @@ impl MemFirewall {
 }
 
 impl Firewall for MemFirewall {
-    fn reconcile(&self, rules: &RuleSet, _v6_available: bool) -> Result<bool> {
+    fn reconcile(
+        &self,
+        rules: &RuleSet,
+        _previous: Option<&RuleSet>,
+        _v6_available: bool,
+    ) -> Result<bool> {
         let mut s = self.state.lock();
         s.1.reads += 1;
         let changed = s.0.as_ref() != Some(rules);

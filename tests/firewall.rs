@@ -1,0 +1,294 @@
+//! Kilo's NAT rules through both of kg's firewalls, with real packets: the nftables table
+//! `inet kilo` (`nft`) and iptables (`iptables-restore`), each in its own network namespaces.
+//!
+//! A pod (10.2.1.2) behind a node sends UDP to two hosts beyond it: 192.168.50.2, which the
+//! rules masquerade, and 192.168.60.2, a destination Kilo leaves alone (a known IP: its
+//! `KILO-NAT` returns). The far side reports the source each datagram arrived from. Then the
+//! rules change incrementally (192.168.50.0/24 becomes known, then unknown again), and a rule
+//! removed by someone else comes back at the next resync. The same rules, the same packets,
+//! the same answers from both back ends.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use common::{can_run, which, Netns};
+use control::iptables::{IptRule, RuleSet, KILO_NAT};
+use kilotun::agent::shells::{iptables, nftables};
+
+const POD: &str = "10.2.1.2";
+const MASQUERADED: &str = "192.168.50.2";
+const KNOWN: &str = "192.168.60.2";
+const NODE_OUTSIDE: &str = "192.168.50.1";
+
+/// A pod, a node and a far host: pod —veth— node —veth— far.
+struct Net {
+    pod: Netns,
+    node: Netns,
+    far: Netns,
+}
+
+fn net() -> Net {
+    let (pod, node, far) = (Netns::new(), Netns::new(), Netns::new());
+    let link = |a: &Netns, b: &Netns, a_ip: &str, b_ip: &str| {
+        let (ia, ib) = (common::unique("fa"), common::unique("fb"));
+        common::run(&[
+            "ip", "link", "add", &ia, "netns", &a.name, "type", "veth", "peer", &ib, "netns",
+            &b.name,
+        ]);
+        a.run(&["ip", "addr", "add", a_ip, "dev", &ia]);
+        b.run(&["ip", "addr", "add", b_ip, "dev", &ib]);
+        a.run(&["ip", "link", "set", &ia, "up"]);
+        b.run(&["ip", "link", "set", &ib, "up"]);
+        ib
+    };
+    link(&pod, &node, "10.2.1.2/24", "10.2.1.1/24");
+    let far_link = link(&node, &far, "192.168.50.1/24", "192.168.50.2/24");
+    far.run(&["ip", "addr", "add", "192.168.60.2/24", "dev", &far_link]);
+    pod.run(&["ip", "route", "add", "default", "via", "10.2.1.1"]);
+    node.run(&["ip", "route", "add", "192.168.60.0/24", "via", MASQUERADED]);
+    far.run(&["ip", "route", "add", "10.2.1.0/24", "via", NODE_OUTSIDE]);
+    node.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    Net { pod, node, far }
+}
+
+fn comment(text: &str) -> String {
+    format!("-m comment --comment \"{text}\"")
+}
+
+/// Kilo's rules for a node whose pods are 10.2.1.0/24, with `known` not NATed.
+fn rules(known: &[&str]) -> RuleSet {
+    let mut r = RuleSet::default();
+    r.v4.builtin.push(IptRule {
+        table: "nat",
+        chain: "POSTROUTING",
+        spec: format!(
+            "-s 10.2.1.0/24 {} -j {KILO_NAT}",
+            comment("Kilo: jump to KILO-NAT chain")
+        ),
+    });
+    for net in known {
+        r.v4.kilo_nat.push(format!(
+            "-d {net} {} -j RETURN",
+            comment("Kilo: do not NAT packets destined for known IPs")
+        ));
+    }
+    r.v4.kilo_nat.push(format!(
+        "{} -j MASQUERADE",
+        comment("Kilo: NAT remaining packets")
+    ));
+    r
+}
+
+/// The source address a datagram from the pod to `to` arrives from.
+fn source_seen(n: &Net, to: &str) -> String {
+    let to: SocketAddr = format!("{to}:7070").parse().unwrap();
+    let server = n.far.in_ns(move || {
+        let socket = UdpSocket::bind(SocketAddr::new(to.ip(), 7070)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        socket
+            .recv_from(&mut buf)
+            .map(|(_, from)| from.ip().to_string())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // A new socket each time: a new conntrack entry, so the NAT decision is made again.
+    n.pod
+        .in_ns(move || {
+            let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+            socket.send_to(b"kilo", to).unwrap();
+        })
+        .join()
+        .unwrap();
+    server
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| format!("nothing: {e}"))
+}
+
+/// Runs `f` in the node's namespace (child processes it starts live there too).
+fn on_node<T: Send + 'static>(n: &Net, f: impl FnOnce() -> T + Send + 'static) -> T {
+    n.node.in_ns(f).join().unwrap()
+}
+
+fn check_nat(n: &Net, masquerading: bool, back_end: &str) {
+    let seen = source_seen(n, MASQUERADED);
+    let want = if masquerading { NODE_OUTSIDE } else { POD };
+    assert_eq!(seen, want, "{back_end}: a datagram to {MASQUERADED}");
+    assert_eq!(
+        source_seen(n, KNOWN),
+        POD,
+        "{back_end}: a datagram to the known {KNOWN}"
+    );
+}
+
+/// The same scenario through `reconcile` (one back end) and `remove_known` (someone else
+/// deleting the known destination's rule).
+fn scenario(
+    back_end: &'static str,
+    reconcile: fn(&RuleSet, Option<&RuleSet>) -> anyhow::Result<bool>,
+    remove_known: &[&str],
+) {
+    let n = net();
+    let first = rules(&["192.168.60.0/24"]);
+    let rules1 = first.clone();
+    assert!(on_node(&n, move || reconcile(&rules1, None).unwrap()));
+    check_nat(&n, true, back_end);
+    // Nothing to do when nothing changed, at a resync too.
+    let (a, b) = (first.clone(), first.clone());
+    assert!(!on_node(&n, move || reconcile(&a, Some(&b)).unwrap()));
+    let a = first.clone();
+    assert!(!on_node(&n, move || reconcile(&a, None).unwrap()));
+
+    // 192.168.50.0/24 becomes known: an incremental change.
+    let second = rules(&["192.168.60.0/24", "192.168.50.0/24"]);
+    let (a, b) = (second.clone(), first.clone());
+    assert!(on_node(&n, move || reconcile(&a, Some(&b)).unwrap()));
+    check_nat(&n, false, back_end);
+    // And unknown again.
+    let (a, b) = (first.clone(), second);
+    assert!(on_node(&n, move || reconcile(&a, Some(&b)).unwrap()));
+    check_nat(&n, true, back_end);
+
+    // Someone removes the rule that keeps 192.168.60.0/24's sources: masqueraded now ...
+    n.node.run(remove_known);
+    assert_eq!(
+        source_seen(&n, KNOWN),
+        NODE_OUTSIDE,
+        "{back_end}: the rule was not removed"
+    );
+    // ... until the next resync (no previous rules: the host's are read and compared).
+    let a = first;
+    assert!(on_node(&n, move || reconcile(&a, None).unwrap()));
+    check_nat(&n, true, back_end);
+    eprintln!("{back_end}: masquerading, known destinations, incremental changes and a resync repairing a removed rule: as Kilo's chains");
+}
+
+#[test]
+fn nftables_masquerades_what_kilos_chains_masquerade() {
+    let test = "nftables_masquerades_what_kilos_chains_masquerade";
+    if !can_run(test) {
+        return;
+    }
+    if !which("nft") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: nft is missing (apt install nftables)"
+        );
+        eprintln!("skipped {test}: needs nft (nftables)");
+        return;
+    }
+    scenario(
+        "nftables",
+        |r, p| nftables::reconcile(r, p, false),
+        &[
+            "nft",
+            "delete",
+            "element",
+            "inet",
+            "kilo",
+            "no_nat4",
+            "{ 192.168.60.0/24 }",
+        ],
+    );
+}
+
+#[test]
+fn iptables_masquerades_what_kilos_chains_masquerade() {
+    let test = "iptables_masquerades_what_kilos_chains_masquerade";
+    if !can_run(test) {
+        return;
+    }
+    let spec = format!(
+        "-d 192.168.60.0/24 {} -j RETURN",
+        comment("Kilo: do not NAT packets destined for known IPs")
+    );
+    let mut delete = vec!["iptables", "-t", "nat", "-D", KILO_NAT];
+    let words = shell_words(&spec);
+    delete.extend(words.iter().map(String::as_str));
+    scenario("iptables", |r, p| iptables::reconcile(r, p, false), &delete);
+}
+
+/// `spec` split as a shell would (the comment's quoted text is one word).
+fn shell_words(spec: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut rest = spec;
+    while !rest.is_empty() {
+        rest = rest.trim_start();
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let end = quoted.find('"').unwrap();
+            words.push(quoted[..end].to_string());
+            rest = &quoted[end + 1..];
+        } else {
+            let end = rest.find(' ').unwrap_or(rest.len());
+            words.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    words
+}
+
+#[test]
+fn nftables_takes_every_rule_kilo_writes_for_both_families() {
+    let test = "nftables_takes_every_rule_kilo_writes_for_both_families";
+    if !can_run(test) || !which("nft") {
+        assert!(
+            std::env::var_os("CI").is_none() || which("nft"),
+            "{test}: nft is missing"
+        );
+        return;
+    }
+    use control::fixtures::{f1_nodes, f1_params, f1_peers};
+    use control::iptables::IptablesOptions;
+    use control::node::Granularity;
+    use control::topology::Topology;
+    let node = Netns::new();
+    // The kernel takes every construct (the probe leaves nothing behind).
+    on_ns(&node, || nftables::probe().unwrap());
+    assert_eq!(node.run(&["nft", "list", "tables"]).trim(), "");
+    // F1's leader of location 2 with every option: pods, forwarding, services, IPIP.
+    let options = IptablesOptions {
+        cni: true,
+        forward_rules: true,
+        service_cidrs: vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "fd00:96::/108".parse().unwrap(),
+        ],
+        ipip: true,
+    };
+    let topology = Topology::new(
+        &f1_nodes(),
+        &f1_peers(),
+        &f1_params("b", Granularity::Location),
+    )
+    .unwrap();
+    let rules = topology.iptables_rules(&options);
+    let (a, b) = (rules.clone(), rules.clone());
+    assert!(on_ns(&node, move || nftables::reconcile(&a, None, true).unwrap()));
+    // Read back, the table is what was wanted: a resync changes nothing, and drift is empty.
+    assert!(!on_ns(&node, move || nftables::reconcile(&b, None, true).unwrap()));
+    let c = rules;
+    assert_eq!(
+        on_ns(&node, move || nftables::drift(&c, true).unwrap()),
+        Vec::<String>::new()
+    );
+    let listing = node.run(&["nft", "list", "table", "inet", "kilo"]);
+    for needle in [
+        "masquerade",
+        "meta l4proto ipencap drop",
+        "hook postrouting",
+        "10.96.0.0/12",
+        "fd00:96::/108",
+    ] {
+        assert!(listing.contains(needle), "{needle} missing:\n{listing}");
+    }
+    on_ns(&node, || nftables::clean_up().unwrap());
+    assert_eq!(node.run(&["nft", "list", "tables"]).trim(), "");
+}
+
+fn on_ns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    ns.in_ns(f).join().unwrap()
+}
