@@ -292,3 +292,63 @@ fn nftables_takes_every_rule_kilo_writes_for_both_families() {
 fn on_ns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
     ns.in_ns(f).join().unwrap()
 }
+
+/// What one change costs each back end with the rules of a node of 5,000 (500 locations of
+/// 10, the local location's leader, every option): the whole rule set written at start, then a
+/// node joining the local location (a handful of networks), each timed once. Prints the
+/// figures; run by hand: `cargo test --profile ci --test firewall -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, printed, not a check"]
+fn one_change_at_5000_nodes_costs_each_back_end() {
+    if !can_run("one_change_at_5000_nodes_costs_each_back_end") || !which("nft") {
+        return;
+    }
+    use control::fixtures::{f1_params, synthetic_cluster};
+    use control::iptables::IptablesOptions;
+    use control::node::Granularity;
+    use control::topology::{Topology, TopologyParams};
+    use std::time::Instant;
+    let options = IptablesOptions {
+        cni: true,
+        forward_rules: true,
+        service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+        ipip: true,
+    };
+    let rules_of = |nodes: &[control::node::Node]| {
+        let params = TopologyParams {
+            hostname: "node-00000".into(),
+            ..f1_params("node-00000", Granularity::Location)
+        };
+        Topology::new(nodes, &[], &params)
+            .unwrap()
+            .iptables_rules(&options)
+    };
+    let nodes = synthetic_cluster(5000, 500);
+    let mut grown = nodes.clone();
+    grown.extend(synthetic_cluster(5001, 500).pop());
+    let (before, after) = (rules_of(&nodes), rules_of(&grown));
+    eprintln!("KILO-NAT holds {} rules", before.v4.kilo_nat.len());
+    type Reconcile = fn(&RuleSet, Option<&RuleSet>) -> anyhow::Result<bool>;
+    let back_ends: [(&str, Reconcile); 2] = [
+        ("nftables", |r, p| nftables::reconcile(r, p, false)),
+        ("iptables", |r, p| iptables::reconcile(r, p, false)),
+    ];
+    for (name, reconcile) in back_ends {
+        let node = Netns::new();
+        let (b, a) = (before.clone(), after.clone());
+        let (first, change, resync) = on_ns(&node, move || {
+            let t = Instant::now();
+            assert!(reconcile(&b, None).unwrap());
+            let first = t.elapsed();
+            let t = Instant::now();
+            assert!(reconcile(&a, Some(&b)).unwrap());
+            let change = t.elapsed();
+            let t = Instant::now();
+            assert!(!reconcile(&a, None).unwrap());
+            (first, change, t.elapsed())
+        });
+        eprintln!(
+            "{name}: whole rule set {first:.1?}, one node joining {change:.1?}, a resync finding nothing to do {resync:.1?}"
+        );
+    }
+}

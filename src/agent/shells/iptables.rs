@@ -63,12 +63,33 @@ fn restore(v6: bool, script: &str) -> Result<()> {
     Ok(())
 }
 
+/// True when a chain listed as `have` holds the rules `want` in any order, but for `KILO-NAT`'s
+/// last rule (MASQUERADE), which must stay last. An incremental change inserts new rules at the
+/// top, so the order is not the order `want` lists them in; with only returns (or only accepts)
+/// before a final rule, order does not change which packets they match.
+fn same_rules(have: Option<&[String]>, want: &[String], last_fixed: bool) -> bool {
+    fn set(rules: &[String]) -> BTreeSet<&String> {
+        rules.iter().collect()
+    }
+    have.is_some_and(|have| {
+        have.len() == want.len()
+            && (!last_fixed || have.last() == want.last())
+            && set(have) == set(want)
+    })
+}
+
 /// The `iptables-restore` script that takes one family to `desired` (empty when nothing differs).
 fn plan(v6: bool, desired: &FamilyRules) -> Result<String> {
     let mut script = String::new();
     for table in ["nat", "filter"] {
         let mut body = String::new();
-        if table == "nat" && list(v6, "nat", KILO_NAT)?.as_ref() != Some(&desired.kilo_nat) {
+        if table == "nat"
+            && !same_rules(
+                list(v6, "nat", KILO_NAT)?.as_deref(),
+                &desired.kilo_nat,
+                true,
+            )
+        {
             body.push_str(&format!(":{KILO_NAT} - [0:0]\n"));
             for spec in &desired.kilo_nat {
                 body.push_str(&format!("-A {KILO_NAT} {spec}\n"));
@@ -120,7 +141,7 @@ fn plan_ipip(v6: bool, desired: &FamilyRules) -> Result<String> {
         }
     }
     match (&desired.kilo_ipip, &chain) {
-        (Some(want), have) if have.as_ref() != Some(want) => {
+        (Some(want), have) if !same_rules(have.as_deref(), want, false) => {
             body.push_str(&format!(":{KILO_IPIP} - [0:0]\n"));
             for spec in want {
                 body.push_str(&format!("-A {KILO_IPIP} {spec}\n"));
