@@ -186,17 +186,23 @@ fn dual_stack_pods_across_two_locations() {
             format!(r#""ranges":[[{{"subnet":"10.42.{n}.0/24"}}],[{{"subnet":"fd42:{n}::/64"}}]]"#);
         assert!(conflist.contains(&ranges), "node {n}: {conflist}");
     }
+    // Each node's IPv6 pods enter the NAT chain: a set element of the nftables table, which
+    // --firewall=auto picks where nft works, or Kilo's ip6tables jump.
     for n in 1..=4 {
-        let rules = c.nodes[n - 1]
-            .ns
-            .run(&["ip6tables", "-t", "nat", "-S", "POSTROUTING"]);
-        let jump = format!("-A POSTROUTING -s fd42:{n}::/64");
-        assert!(
-            rules
-                .lines()
-                .any(|l| l.starts_with(&jump) && l.ends_with("-j KILO-NAT")),
-            "node {n}: {rules}"
-        );
+        let ns = &c.nodes[n - 1].ns;
+        if common::which("nft") {
+            let set = ns.run(&["nft", "list", "set", "inet", "kilo", "nat_from6"]);
+            assert!(set.contains(&format!("fd42:{n}::/64")), "node {n}: {set}");
+        } else {
+            let rules = ns.run(&["ip6tables", "-t", "nat", "-S", "POSTROUTING"]);
+            let jump = format!("-A POSTROUTING -s fd42:{n}::/64");
+            assert!(
+                rules
+                    .lines()
+                    .any(|l| l.starts_with(&jump) && l.ends_with("-j KILO-NAT")),
+                "node {n}: {rules}"
+            );
+        }
     }
 }
 
