@@ -314,20 +314,20 @@ mod tests {
         MemKernel::new(vec![eth0], Vec::new(), Some(2))
     }
 
+    /// The tunnel `--ipip=auto` picks on `kernel`.
+    async fn choose_auto(kernel: &MemKernel, e: Encapsulate, c: Compatibility) -> Tunnel {
+        Tunnel::choose(kernel, e, c, IpipChoice::Auto)
+            .await
+            .unwrap()
+    }
+
     // This machine's kernel has no IPIP, so the kernel-with-IPIP side of the Cilium decision
     // is shown on the in-memory twin of the kernel.
     #[tokio::test]
     async fn cilium_without_its_tunnel_never_gets_a_tunl0_of_kg() {
         let kernel = host().with_ipip();
         let before = kernel.link_names();
-        let tunnel = Tunnel::choose(
-            &kernel,
-            Encapsulate::Always,
-            Compatibility::Cilium,
-            IpipChoice::Auto,
-        )
-        .await
-        .unwrap();
+        let tunnel = choose_auto(&kernel, Encapsulate::Always, Compatibility::Cilium).await;
         assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
         assert!(matches!(tunnel, Tunnel::Kernel { owned: false, .. }));
         assert_eq!(kernel.link_names(), before, "no link created");
@@ -353,14 +353,7 @@ mod tests {
             None,
         )
         .with_ipip();
-        let tunnel = Tunnel::choose(
-            &kernel,
-            Encapsulate::Always,
-            Compatibility::Cilium,
-            IpipChoice::Auto,
-        )
-        .await
-        .unwrap();
+        let tunnel = choose_auto(&kernel, Encapsulate::Always, Compatibility::Cilium).await;
         assert_eq!(tunnel.name(), Some(CILIUM_TUNNEL));
         let index = tunnel
             .prepare(&kernel, "10.42.1.0/24".parse().unwrap(), Some(1500), false)
@@ -377,14 +370,7 @@ mod tests {
     #[tokio::test]
     async fn without_cilium_the_kernels_ipip_is_used_where_it_exists() {
         let kernel = host().with_ipip();
-        let tunnel = Tunnel::choose(
-            &kernel,
-            Encapsulate::Always,
-            Compatibility::Ipip,
-            IpipChoice::Auto,
-        )
-        .await
-        .unwrap();
+        let tunnel = choose_auto(&kernel, Encapsulate::Always, Compatibility::Ipip).await;
         assert_eq!(tunnel.name(), Some(KERNEL_IPIP));
         assert!(matches!(tunnel, Tunnel::Kernel { owned: true, .. }));
         // Without ip6_tunnel there is no IPv6-outer link: such routes stay unencapsulated.
@@ -443,14 +429,7 @@ mod tests {
     #[tokio::test]
     async fn kg_adds_an_ip6tnl_beside_tunl0_only_when_a_node_has_an_ipv6_internal_ip() {
         let kernel = host().with_ipip().with_ip6tnl();
-        let tunnel = Tunnel::choose(
-            &kernel,
-            Encapsulate::Always,
-            Compatibility::Ipip,
-            IpipChoice::Auto,
-        )
-        .await
-        .unwrap();
+        let tunnel = choose_auto(&kernel, Encapsulate::Always, Compatibility::Ipip).await;
         // An IPv4-only location: nothing created, nothing loaded.
         assert_eq!(
             tunnel
@@ -486,14 +465,7 @@ mod tests {
         );
         assert_eq!(kernel.calls().writes, writes);
         // Cilium's own tunnel gets none.
-        let cilium = Tunnel::choose(
-            &kernel,
-            Encapsulate::Always,
-            Compatibility::Cilium,
-            IpipChoice::Auto,
-        )
-        .await
-        .unwrap();
+        let cilium = choose_auto(&kernel, Encapsulate::Always, Compatibility::Cilium).await;
         assert_eq!(
             cilium
                 .prepare_ipv6_outer(&kernel, true, 2, Some(1500))
@@ -520,14 +492,7 @@ mod tests {
             // SAFETY: unshare on this thread only, which then exits.
             assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
             runtime.block_on(async {
-                let tunnel = Tunnel::choose(
-                    &kernel,
-                    Encapsulate::Always,
-                    Compatibility::Cilium,
-                    IpipChoice::Auto,
-                )
-                .await
-                .unwrap();
+                let tunnel = choose_auto(&kernel, Encapsulate::Always, Compatibility::Cilium).await;
                 (tunnel.name().map(str::to_string), kernel.calls().writes)
             })
         })
