@@ -275,12 +275,13 @@ pub fn is_kilo_rule(spec: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::fixtures::{f1_nodes, f1_params, f1_peers};
     use crate::node::Granularity;
 
-    fn rules(host: &str, o: &IptablesOptions) -> RuleSet {
+    /// F1's rules for `host` in location granularity.
+    pub(crate) fn rules(host: &str, o: &IptablesOptions) -> RuleSet {
         Topology::new(
             &f1_nodes(),
             &f1_peers(),

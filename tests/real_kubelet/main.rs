@@ -281,16 +281,10 @@ impl KubeletCluster {
         let deadline = Instant::now() + timeout;
         loop {
             let pods = self.kilo_pods();
-            let ready = |p: &Value| {
-                p["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            };
             if self
                 .nodes
                 .iter()
-                .all(|n| pods.get(&n.name).is_some_and(ready))
+                .all(|n| pods.get(&n.name).is_some_and(pod_ready))
             {
                 return pods;
             }
@@ -404,6 +398,14 @@ impl KubeletCluster {
             }
         }
     }
+}
+
+/// True when `pod`'s Ready condition is True.
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
 }
 
 /// Every file below `dir`.

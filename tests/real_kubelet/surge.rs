@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{wait_for, walk, KubeletCluster, Pinger};
+use super::{pod_ready, wait_for, walk, KubeletCluster, Pinger};
 
 /// The label of the nodes whose old kg pod still runs (the first DaemonSet's nodeSelector).
 const OLD_GENERATION: &str = "kilotun.test/old-generation";
@@ -61,13 +61,6 @@ fn pods_by_node(k: &KubeletCluster, selector: &str) -> BTreeMap<String, Value> {
         }
     }
     by_node
-}
-
-fn ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
 }
 
 /// The log of the kilo container of `pod` (from the node's /var/log/pods, as the kubelet
@@ -116,7 +109,10 @@ pub(crate) fn surge_by_hand(k: &KubeletCluster, pod_ips: &[String]) -> Gaps {
     let deadline = Instant::now() + Duration::from_secs(180);
     let next_pods = loop {
         let pods = pods_by_node(k, &next_selector);
-        if k.nodes.iter().all(|n| pods.get(&n.name).is_some_and(ready)) {
+        if k.nodes
+            .iter()
+            .all(|n| pods.get(&n.name).is_some_and(pod_ready))
+        {
             break pods;
         }
         assert!(

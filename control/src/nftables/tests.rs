@@ -1,5 +1,6 @@
 use super::*;
-use crate::fixtures::{f1_nodes, f1_params, f1_peers, synthetic_cluster};
+use crate::fixtures::{f1_params, synthetic_cluster};
+use crate::iptables::tests::rules as f1_rules;
 use crate::iptables::IptablesOptions;
 use crate::node::Granularity;
 use crate::topology::{Topology, TopologyParams};
@@ -10,16 +11,6 @@ fn net(s: &str) -> IpNet {
 
 fn nets(list: &[&str]) -> BTreeSet<IpNet> {
     list.iter().map(|s| net(s)).collect()
-}
-
-fn f1_rules(host: &str, o: &IptablesOptions) -> RuleSet {
-    Topology::new(
-        &f1_nodes(),
-        &f1_peers(),
-        &f1_params(host, Granularity::Location),
-    )
-    .unwrap()
-    .iptables_rules(o)
 }
 
 fn every_option() -> IptablesOptions {

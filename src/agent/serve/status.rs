@@ -179,11 +179,8 @@ async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
     let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
     if let Some(rules) = published.rules.clone() {
         let firewall = tokio::task::spawn_blocking(move || {
-            let v6 = match crate::agent::shells::firewall::chosen() {
-                Some(crate::agent::shells::firewall::Chosen::Nftables) => true,
-                _ => crate::agent::shells::iptables::v6_available(),
-            };
-            crate::agent::shells::firewall::drift(&rules, v6)
+            use crate::agent::shells::firewall;
+            firewall::drift(&rules, firewall::v6_available())
         })
         .await??;
         lines.extend(firewall);

@@ -2,6 +2,7 @@
 //! rules are in nf_tables, iptables ([`super::iptables`], nft or legacy back end) where they are
 //! in legacy iptables or nftables cannot be used. Chosen once, at start.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
@@ -42,6 +43,8 @@ impl Chosen {
 }
 
 static CHOSEN: OnceLock<Chosen> = OnceLock::new();
+/// Set once Kilo's iptables chains were removed after the nftables table was first written.
+static IPTABLES_CLEARED: AtomicBool = AtomicBool::new(false);
 
 /// The firewall kg writes to; `None` before [`HostFirewall`] was prepared.
 pub fn chosen() -> Option<Chosen> {
@@ -111,9 +114,11 @@ impl Firewall for HostFirewall {
         match chosen() {
             Some(Chosen::Nftables) => {
                 let changed = nftables::reconcile(rules, previous, v6)?;
-                if previous.is_none() {
-                    // Kilo's iptables chains, left by Kilo's agent or an earlier kg.
+                // Kilo's iptables chains, left by Kilo's agent or an earlier kg: once, after
+                // the table is first in place (not at every resync: that lists iptables).
+                if !IPTABLES_CLEARED.load(Ordering::Relaxed) {
                     iptables::clean_up(iptables::v6_available())?;
+                    IPTABLES_CLEARED.store(true, Ordering::Relaxed);
                 }
                 Ok(changed)
             }
@@ -129,11 +134,16 @@ impl Firewall for HostFirewall {
     }
 
     fn v6_available(&self) -> bool {
-        match chosen() {
-            // The probe created IPv6 sets and NAT rules.
-            Some(Chosen::Nftables) => true,
-            _ => iptables::v6_available(),
-        }
+        v6_available()
+    }
+}
+
+/// True when the chosen firewall manages IPv6 here.
+pub fn v6_available() -> bool {
+    match chosen() {
+        // The probe created IPv6 sets and NAT rules.
+        Some(Chosen::Nftables) => true,
+        _ => iptables::v6_available(),
     }
 }
 
