@@ -82,37 +82,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.memo.applied.cni = Some((pod_cidrs, mtu));
         }
         self.metrics.set_leader(t.leader, &t.location);
-        let conf = if t.leader {
-            t.conf(Some(&self.public))
-        } else {
-            t.standby_conf(Some(&self.public))
-        };
-        let desired = crate::wiring::device_config(&conf, &self.key);
-        if self.memo.applied.wg.as_ref() != Some(&desired) {
-            // The first configuration of this process's engine handshakes at once, restored
-            // peers or not (a node whose last agent was Kilo has nothing to restore).
-            let changed = if self.memo.engine_configured {
-                self.wg.apply(&desired)?
-            } else {
-                let changed = self.wg.apply_and_handshake(&desired)?;
-                self.memo.engine_configured = true;
-                changed
-            };
-            if changed {
-                tracing::info!(
-                    leader = t.leader,
-                    peers = desired.peers.len(),
-                    "WireGuard configuration applied"
-                );
-                if let Err(e) = state::save(&self.s.args.key_file, &desired) {
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "saving the WireGuard state failed"
-                    );
-                }
-            }
-            self.memo.applied.wg = Some(desired);
-        }
         let address = t.leader.then_some(t.wireguard_cidr);
         if self.memo.applied.address != Some(address) {
             self.netlink.set_address(kilo, address).await?;
@@ -249,6 +218,41 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.tunnel.update(&plan, index, t);
         }
         self.apply_routes(plan).await?;
+        // The engine changes after the routes: a node taking over a location answers its new
+        // peers' first initiations (held by the engine for this moment) at once, and they must
+        // leave by the new routes, not by the old ones through the location's last leader,
+        // which sent them to a dead node and cost a 5 s handshake retry.
+        let conf = if t.leader {
+            t.conf(Some(&self.public))
+        } else {
+            t.standby_conf(Some(&self.public))
+        };
+        let desired = crate::wiring::device_config(&conf, &self.key);
+        if self.memo.applied.wg.as_ref() != Some(&desired) {
+            // The first configuration of this process's engine handshakes at once, restored
+            // peers or not (a node whose last agent was Kilo has nothing to restore).
+            let changed = if self.memo.engine_configured {
+                self.wg.apply(&desired)?
+            } else {
+                let changed = self.wg.apply_and_handshake(&desired)?;
+                self.memo.engine_configured = true;
+                changed
+            };
+            if changed {
+                tracing::info!(
+                    leader = t.leader,
+                    peers = desired.peers.len(),
+                    "WireGuard configuration applied"
+                );
+                if let Err(e) = state::save(&self.s.args.key_file, &desired) {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "saving the WireGuard state failed"
+                    );
+                }
+            }
+            self.memo.applied.wg = Some(desired);
+        }
         let rules = t.iptables_rules(&IptablesOptions {
             cni: self.s.args.cni,
             forward_rules: self.s.args.iptables_forward_rules,

@@ -324,48 +324,74 @@ impl Firewall for MemFirewall {
 /// An in-memory WireGuard device: its configuration and how often it was read or changed.
 #[derive(Debug, Clone, Default)]
 pub struct MemEngine {
-    state: Arc<Mutex<(DeviceConfig, Calls)>>,
+    state: Arc<Mutex<EngineState>>,
+}
+
+#[derive(Debug, Default)]
+struct EngineState {
+    config: DeviceConfig,
+    calls: Calls,
+    /// The kernel whose routes each change is recorded with, if any.
+    kernel: Option<MemKernel>,
+    /// Each change of the configuration, with kg's routes in `kernel` at that moment.
+    changes: Vec<(DeviceConfig, RoutePlan)>,
 }
 
 impl MemEngine {
     /// A device that already holds `config`, as one that outlived the last kg.
     pub fn holding(config: DeviceConfig) -> Self {
-        Self {
-            state: Arc::new(Mutex::new((config, Calls::default()))),
-        }
+        let engine = Self::default();
+        engine.state.lock().config = config;
+        engine
+    }
+
+    /// Records, with every change of the configuration from now on, kg's routes in `kernel`
+    /// at that moment (see [`MemEngine::changes`]): what a packet the engine sends right
+    /// after the change would be routed by.
+    pub fn record_routes_of(&self, kernel: &MemKernel) {
+        self.state.lock().kernel = Some(kernel.clone());
+    }
+
+    /// The changes recorded since [`MemEngine::record_routes_of`], oldest first: each new
+    /// configuration and the routes the kernel held when the engine took it.
+    pub fn changes(&self) -> Vec<(DeviceConfig, RoutePlan)> {
+        self.state.lock().changes.clone()
     }
 
     /// The calls so far: every `apply` reads the configuration; one that changes it writes.
     pub fn calls(&self) -> Calls {
-        self.state.lock().1
+        self.state.lock().calls
     }
 
     /// The device's configuration.
     pub fn config(&self) -> DeviceConfig {
-        self.state.lock().0.clone()
+        self.state.lock().config.clone()
     }
 }
 
 impl Engine for MemEngine {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         let mut s = self.state.lock();
-        s.1.reads += 1;
-        if s.0 == *desired {
+        s.calls.reads += 1;
+        if s.config == *desired {
             return Ok(false);
         }
-        s.1.writes += 1;
-        s.0 = desired.clone();
+        s.calls.writes += 1;
+        s.config = desired.clone();
+        if let Some(routes) = s.kernel.as_ref().map(MemKernel::routes) {
+            s.changes.push((desired.clone(), routes));
+        }
         Ok(true)
     }
     fn configuration(&self) -> Result<DeviceConfig> {
         let mut s = self.state.lock();
-        s.1.reads += 1;
-        Ok(s.0.clone())
+        s.calls.reads += 1;
+        Ok(s.config.clone())
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         let mut s = self.state.lock();
-        s.1.reads += 1;
-        Ok(s.0
+        s.calls.reads += 1;
+        Ok(s.config
             .peers
             .iter()
             .map(|p| DevicePeer {
@@ -377,8 +403,8 @@ impl Engine for MemEngine {
     }
     fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>> {
         let mut s = self.state.lock();
-        s.1.reads += 1;
-        Ok(s.0
+        s.calls.reads += 1;
+        Ok(s.config
             .peers
             .iter()
             .map(|p| (control::Key(*p.public_key.as_bytes()), (0, 0)))
