@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # kg at scale: a real Kubernetes API server (v1.20.2, scripts/kube-up.sh) with N ready
-# Nodes in 100 locations and their check-in churn (each Node's last-seen patched every 30 s, N/30
-# patches a second), and one kg (leader of its own location, so it peers with all 100) in a
-# network namespace. Prints kg's CPU (its own and its iptables children's) per event and in % of
-# a core under churn, its idle CPU, its RSS, and the change-to-engine latency of a remote Node's
-# location change (median of 5).
+# Nodes in L locations (100 by default) and their check-in churn (each Node's last-seen patched
+# every 30 s, N/30 patches a second), and one kg (leader of its own location, so it peers with
+# all L) in a network namespace. Prints kg's CPU (its own and its firewall children's) per
+# event and in % of a core under churn, its idle CPU, its RSS, and the latency from a change in
+# the API server to kg's engine (median and worst of K changes, 5 by default), with where the
+# time went: the watch and each stage of kg's reconciles (its `kilotun::stages` lines).
 #
-#   sudo bench/scale.sh N [KG_BINARY]     # default N=1000, KG_BINARY=target/release/kg
+#   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] N [KG_BINARY]
+#
+# N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
+#   follower  a node that does not lead its location moves to a new location (the default)
+#   leader    a location's leader moves to a new location, so two locations change leaders
+#   join      a new node joins an existing location
+#   delete    a location's leader is deleted
+# KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # KUBELET_STATUS=1 gives each Node a real kubelet's status (conditions, node info, 50 images),
 # so every watch event is as large as in a real cluster (bench/scale_driver.py).
@@ -16,6 +24,33 @@
 # scripts/kube-apiserver.sh for the control-plane binaries.
 set -euo pipefail
 
+locations=100
+what=follower
+changes=5
+while [[ ${1:-} == --* ]]; do
+	case $1 in
+	--locations=*) locations=${1#*=} ;;
+	--change=*) what=${1#*=} ;;
+	--changes=*) changes=${1#*=} ;;
+	*)
+		echo "scale.sh: unknown option $1" >&2
+		exit 2
+		;;
+	esac
+	shift
+done
+case $what in
+follower | leader | join | delete) ;;
+*)
+	echo "scale.sh: --change=$what: one of follower, leader, join, delete" >&2
+	exit 2
+	;;
+esac
+[[ $locations =~ ^[1-9][0-9]*$ && $changes =~ ^[1-9][0-9]*$ ]] || {
+	echo "scale.sh: --locations and --changes take a positive number" >&2
+	exit 2
+}
+export SCALE_LOCATIONS=$locations
 n=${1:-1000}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kg=${2:-${CARGO_TARGET_DIR:-$root/target}/release/kg}
@@ -58,20 +93,23 @@ env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" |
 # `ip netns exec` and `env` exec in place: a background driver's or kg's $! is its own pid.
 driver() {
 	ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
-		KUBE_CA_FILE="$KUBE_CA_FILE" python3 "$root/bench/scale_driver.py" "$@"
+		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" \
+		python3 "$root/bench/scale_driver.py" "$@"
 }
 
 start=$SECONDS
 driver create "$n"
 echo "created $n Nodes in $((SECONDS - start)) s" >&2
 
-ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
-	KUBE_CA_FILE="$KUBE_CA_FILE" python3 "$root/bench/scale_driver.py" churn "$n" "$work/patches" &
+driver churn "$n" "$work/patches" &
 churn_pid=$!
 
-ip netns exec "$ns" "$kg" --backend=kubernetes --kubeconfig="$KUBECONFIG" --hostname=kg-bench \
+# Warnings, and the stage times of each reconcile that computed a topology. KG_ARGS is split
+# into words on purpose.
+# shellcheck disable=SC2086
+ip netns exec "$ns" env KG_LOG=warn,kilotun::stages=debug "$kg" --backend=kubernetes --kubeconfig="$KUBECONFIG" --hostname=kg-bench \
 	--interface="$iface" --key-file="$work/key" --encapsulate=never --cni=false --mtu=1420 \
-	--listen=127.0.0.1:11070 --log-level=warn >"$work/kg.log" 2>&1 &
+	--listen=127.0.0.1:11070 --log-level=warn ${KG_ARGS:-} >"$work/kg.log" 2>&1 &
 kg_pid=$!
 
 # Wait until kg peers with every location, then let it settle.
@@ -82,10 +120,10 @@ for ((i = 0; i < 600; i++)); do
 		exit 1
 	}
 	peers=$( (in_ns wg show "$iface" peers 2>/dev/null || true) | wc -l)
-	((peers >= 100)) && break
+	((peers >= locations)) && break
 	sleep 0.5
 done
-((peers >= 100)) || {
+((peers >= locations)) || {
 	echo "scale.sh: kg has $peers peers after 300 s" >&2
 	tail -n 20 "$work/kg.log" >&2
 	exit 1
@@ -108,8 +146,10 @@ t1=$(ticks)
 p1=$(patches)
 s1=$(date +%s.%N)
 
-latencies=$(driver move "$n" "$iface" 5 | sort -n)
-median=$(echo "$latencies" | sed -n 3p)
+driver change "$n" "$iface" "$changes" "$what" >"$work/changes"
+latencies=$(cut -d' ' -f1 "$work/changes" | sort -n)
+median=$(echo "$latencies" | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+worst=$(echo "$latencies" | tail -n1)
 rss_churn=$(rss)
 
 kill "$churn_pid"
@@ -122,12 +162,14 @@ i1=$(ticks)
 
 awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" \
 	-v i0="$i0" -v i1="$i1" -v idle="$idle_window" -v r0="$rss_start" -v r1="$rss_churn" \
-	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v kg="$kg" 'BEGIN {
+	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v worst="$worst" -v kg="$kg" \
+	-v locations="$locations" -v what="$what" 'BEGIN {
 	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
-	printf "kg %s, %d nodes, 100 locations%s\n", kg, n, ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
+	printf "kg %s, %d nodes, %d locations%s\n", kg, n, locations, ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
 	printf "idle: kg CPU %.2f s in %d s = %.2f%% of a core\n", (i1 - i0) / hz, idle, 100 * (i1 - i0) / hz / idle
 	printf "RSS: %d MB once meshed, %d MB after the churn window\n", r0, r1
-	printf "location change to engine: median %s ms (%s)\n", med, lat
+	printf "%s change to engine: median %s ms, worst %s ms (%s)\n", what, med, worst, lat
 }'
+driver stages "$work/kg.log" "$work/changes"

@@ -2,12 +2,28 @@
 check-in churn (each Node's kilo.squat.ai/last-seen patched every 30 s, so N/30 patches a
 second), and the change-to-engine latency of a remote Node's location change.
 
-    scale_driver.py create N            create N ready Nodes in 100 locations, plus kg's own
+    scale_driver.py create N            create N ready Nodes in SCALE_LOCATIONS locations (100
+                                        by default), plus kg's own
     scale_driver.py churn N COUNTER     patch last-seen at N/30 a second until killed; the
                                         number of patches done is rewritten into COUNTER
-    scale_driver.py move N IFACE K      move K remote Nodes (one at a time) to new locations and
-                                        print each one's latency until `wg show IFACE peers`
-                                        lists it, in ms
+    scale_driver.py change N IFACE K WHAT
+                                        make K changes of kind WHAT, one at a time, and print
+                                        for each its latency until kg's engine (`wg show
+                                        IFACE`) has it, in ms, and the Unix time in ms it was
+                                        sent at. WHAT is one of:
+                                          follower  a node that does not lead its location
+                                                    moves to a new location (a new peer)
+                                          leader    a location's leader moves to a new
+                                                    location: that location's next node
+                                                    becomes its peer and the mover a new one
+                                          join      a new node joins an existing location (its
+                                                    pod CIDR joins that location's peer)
+                                          delete    a location's leader is deleted (the next
+                                                    node of the location becomes its peer)
+    scale_driver.py stages LOG CHANGES  where each change's time went: the stages of kg's
+                                        reconciles (its `kilotun::stages` debug lines in LOG)
+                                        that started while the change was on its way, and
+                                        the watch (the first one's start less the send time)
 
 Environment: APISERVER_URL, ADMIN_TOKEN, KUBE_CA_FILE (scripts/kube-up.sh's env file).
 KUBELET_STATUS=1 gives every created Node the status a kubelet reports (addresses, conditions,
@@ -19,6 +35,8 @@ managed fields).
 import base64
 import http.client
 import json
+import re
+import statistics
 import os
 import ssl
 import struct
@@ -28,7 +46,7 @@ import threading
 import time
 import urllib.parse
 
-LOCATIONS = 100
+LOCATIONS = int(os.environ.get("SCALE_LOCATIONS", "100"))
 LOCAL = "kg-bench"
 
 
@@ -177,41 +195,118 @@ def churn(n, counter):
         os.replace(counter + ".tmp", counter)
 
 
-def peers(iface):
-    out = subprocess.run(["wg", "show", iface, "peers"], capture_output=True, text=True)
+def wg_show(iface, what):
+    out = subprocess.run(["wg", "show", iface, what], capture_output=True, text=True)
     return out.stdout.split()
 
 
-def move(n, iface, count):
+def pod_cidr(i):
+    return f"10.{64 + i // 256}.{i % 256}.0/24"
+
+
+def change(n, iface, count, what):
+    """Makes `count` changes of kind `what` and prints each one's latency (ms) and send time
+    (Unix ms). Node X < LOCATIONS leads location X (Kilo's rule picks the first name);
+    node X + LOCATIONS is that location's next."""
     conn = connection()
-    latencies = []
+    now = int(time.time())
+    results = []
     for k in range(count):
-        # A node that is not its location's first (so the old location keeps its leader).
-        i = LOCATIONS * (1 + k) + 7
-        if i >= n:
-            i = LOCATIONS + k
-        want = key(i)
+        # Locations spread over the cluster, a different one for each change.
+        x = (k * 37 + 11) % LOCATIONS
+        if what == "follower":
+            i = LOCATIONS * (1 + k) + 7
+            if i >= n:
+                i = LOCATIONS + k
+            wanted = lambda: key(i) in wg_show(iface, "peers")
+            act = lambda: patch_annotation(conn, i, "kilo.squat.ai/location",
+                                           f"moved-{k}-{int(time.time())}")
+        elif what == "leader":
+            if x + LOCATIONS >= n:
+                raise SystemExit("leader: every location needs a second node")
+            wanted = lambda: {key(x), key(x + LOCATIONS)} <= set(wg_show(iface, "peers"))
+            act = lambda: patch_annotation(conn, x, "kilo.squat.ai/location",
+                                           f"moved-{k}-{int(time.time())}")
+        elif what == "join":
+            i = n + k
+            wanted = lambda: pod_cidr(i) in wg_show(iface, "allowed-ips")
+            act = lambda: request(conn, "POST", "/api/v1/nodes", node(i, now))
+        elif what == "delete":
+            if x + LOCATIONS >= n:
+                raise SystemExit("delete: every location needs a second node")
+
+            def wanted():
+                peers = set(wg_show(iface, "peers"))
+                return key(x + LOCATIONS) in peers and key(x) not in peers
+
+            act = lambda: request(conn, "DELETE", f"/api/v1/nodes/{name(x)}", {})
+        else:
+            raise SystemExit(f"unknown change {what!r}: follower, leader, join or delete")
+        sent_ms = int(time.time() * 1000)
         start = time.monotonic()
-        patch_annotation(conn, i, "kilo.squat.ai/location", f"moved-{k}-{int(time.time())}")
-        while want not in peers(iface):
+        act()
+        while not wanted():
             if time.monotonic() - start > 30:
-                raise RuntimeError(f"{name(i)} never reached {iface}")
+                raise RuntimeError(f"change {k} ({what}) never reached {iface}")
             time.sleep(0.005)
-        latencies.append((time.monotonic() - start) * 1000)
+        results.append(((time.monotonic() - start) * 1000, sent_ms))
         time.sleep(2)
-    for value in latencies:
-        print(f"{value:.0f}")
+    for latency, sent in results:
+        print(f"{latency:.1f} {sent}")
+
+
+STAGES = ["translate", "leases", "topology", "routes", "engine", "firewall"]
+
+
+def stages(log, changes):
+    """Prints, for the changes in file `changes` (lines "latency_ms sent_unix_ms"), the
+    median and worst of the watch and of each stage summed over the reconciles that started
+    while the change was on its way to the engine."""
+    field = re.compile(r"(\w+)=(\S+)")
+    reconciles = []
+    with open(log) as f:
+        for line in f:
+            if "reconcile stages" not in line:
+                continue
+            fields = dict(field.findall(line))
+            if "started_unix_ms" in fields:
+                reconciles.append(fields)
+    per_change = []
+    for line in open(changes):
+        latency, sent = line.split()
+        latency, sent = float(latency), int(sent)
+        during = [r for r in reconciles
+                  if sent <= int(r["started_unix_ms"]) <= sent + latency]
+        if not during:
+            continue
+        row = {"watch": int(during[0]["started_unix_ms"]) - sent, "reconciles": len(during)}
+        for stage in STAGES:
+            row[stage] = sum(float(r.get(f"{stage}_ms", "0")) for r in during)
+        per_change.append(row)
+    if not per_change:
+        print("where the time went: no kilotun::stages line matched a change")
+        return
+    parts = []
+    for what in ["watch"] + STAGES:
+        values = [r[what] for r in per_change]
+        parts.append(f"{what} {statistics.median(values):.1f}/{max(values):.1f}")
+    counts = [r["reconciles"] for r in per_change]
+    print(f"where the time went, ms median/worst over {len(per_change)} changes: "
+          + ", ".join(parts) + f"; reconciles per change {statistics.median(counts):g}")
 
 
 def main():
     what = sys.argv[1]
+    if what == "stages":
+        stages(sys.argv[2], sys.argv[3])
+        return
     n = int(sys.argv[2])
     if what == "create":
         create(n)
     elif what == "churn":
         churn(n, sys.argv[3])
-    elif what == "move":
-        move(n, sys.argv[3], int(sys.argv[4]))
+    elif what == "change":
+        change(n, sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:
         raise SystemExit(__doc__)
 

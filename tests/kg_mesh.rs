@@ -583,3 +583,73 @@ fn wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none() {
         "a link was left behind"
     );
 }
+
+/// A host whose kernel has no nf_tables: every `nft` transaction is refused with the message
+/// nft prints there. The CI kernel has nf_tables, and unloading it would take the host's own
+/// firewall with it, so the refusal comes from this stand-in for the `nft` binary (kg runs the
+/// one `KILOTUN_NFT` names); everything else (iptables, the kernel's NAT) is real.
+fn refusing_nft(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join("nft-refused");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\n[ \"$1\" = -f ] && cat >/dev/null\n\
+         echo 'Error: Could not process rule: Operation not supported' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_kernel_that_refuses_nftables_gets_kilos_iptables_chains_instead() {
+    if !common::can_run("a_kernel_that_refuses_nftables_gets_kilos_iptables_chains_instead") {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
+    let nft = refusing_nft(&c.work);
+    let env = [("KILOTUN_NFT", nft)];
+    c.start_kg_with_env(0, &[], &env);
+    c.start_kg_with_env(1, &[], &env);
+
+    // --firewall=auto (the default) falls back to iptables, says why once, and the mesh works.
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    for name in ["n1", "n2"] {
+        let n = c.node(name);
+        let log = n.log_text();
+        let why = "--firewall=auto: writing Kilo's rules to iptables: nftables cannot be used here";
+        assert_eq!(log.matches(why).count(), 1, "{name}: said once\n{log}");
+        assert!(log.contains("Operation not supported"), "{log}");
+        let nat = String::from_utf8_lossy(&n.ns.output(&["iptables", "-t", "nat", "-S"]).stdout)
+            .into_owned();
+        assert!(
+            nat.contains("-A KILO-NAT") && nat.contains("-j MASQUERADE"),
+            "{name}: Kilo's NAT chain is not in iptables\n{nat}"
+        );
+        if common::which("nft") {
+            // Nothing half-applied: the real nft finds no table of kg's.
+            let tables = String::from_utf8_lossy(&n.ns.output(&["nft", "list", "tables"]).stdout)
+                .into_owned();
+            assert!(!tables.contains("kilo"), "{name}: {tables}");
+        }
+    }
+
+    // --firewall=nftables asks for nftables alone: refused, kg stops at start, naming the flag.
+    c.nodes[1].stop();
+    c.start_kg_with_env(1, &["--firewall=nftables"], &env);
+    let mut stopped = false;
+    for _ in 0..150 {
+        if !c.nodes[1].is_running() {
+            stopped = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = c.node("n2").log_text();
+    assert!(stopped, "kg with --firewall=nftables kept running\n{log}");
+    assert!(
+        log.contains("--firewall=nftables:") && log.contains("Operation not supported"),
+        "{log}"
+    );
+}

@@ -6,6 +6,7 @@
 //! anything changed behind kg's back comes back within one resync.
 
 use std::net::IpAddr;
+use std::time::Instant;
 
 use anyhow::Result;
 use control::iptables::{IptablesOptions, RuleSet};
@@ -19,6 +20,7 @@ use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
 use super::shells::{Engine, Firewall, Kernel};
+use super::stages::Stage;
 use super::{state, Agent};
 
 /// What the tunnel was prepared for: the IPv4 pod CIDR, the private link's MTU, whether the
@@ -58,6 +60,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         if full {
             self.memo.applied = Applied::default();
         }
+        let started = Instant::now();
         let kilo = self.kilo_index;
         let host = self
             .memo
@@ -218,6 +221,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.tunnel.update(&plan, index, t);
         }
         self.apply_routes(plan).await?;
+        self.stages.lap(Stage::Routes, started);
+        let started = Instant::now();
         // The engine changes after the routes: a node taking over a location answers its new
         // peers' first initiations (held by the engine for this moment) at once, and they must
         // leave by the new routes, not by the old ones through the location's last leader,
@@ -253,6 +258,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
             self.memo.applied.wg = Some(desired);
         }
+        self.stages.lap(Stage::Engine, started);
+        let started = Instant::now();
         let rules = t.iptables_rules(&IptablesOptions {
             cni: self.s.args.cni,
             forward_rules: self.s.args.iptables_forward_rules,
@@ -260,6 +267,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
         });
         self.apply_rules(rules.clone()).await?;
+        self.stages.lap(Stage::Firewall, started);
         let mtu = self
             .memo
             .host

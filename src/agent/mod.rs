@@ -7,6 +7,7 @@
 //!   compared with the last), [`apply`] (desired state → shells), [`lease`] (leader
 //!   election's side effects) and [`shutdown`] (what SIGTERM undoes, and what it leaves to a
 //!   successor);
+//!   [`stages`] times them;
 //! - [`shells`]: every adapter that talks to the kernel, a child process or a file, each behind
 //!   a small trait, with their in-memory twins beside them;
 //! - [`host`]: what kg learns from and sets up on its own node (its IP, links, MTU, tunnel);
@@ -46,6 +47,7 @@ mod reconcile;
 pub mod serve;
 pub mod shells;
 mod shutdown;
+pub mod stages;
 mod start;
 pub mod twin_agent;
 
@@ -140,6 +142,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     tunnel: encap::Tunnel,
     readiness: control::readiness::ReadinessClock,
     patch_failed: bool,
+    /// Where the current reconcile's time goes.
+    stages: stages::StageClock,
     /// The stages' last outputs, compared with the next ones.
     memo: reconcile::Memo,
 }

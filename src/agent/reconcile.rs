@@ -20,6 +20,7 @@ use super::apply::Applied;
 use super::host::local;
 use super::host::{read_host, DetectionInputs, HostView, OwnSide};
 use super::shells::{Engine, Firewall, Kernel};
+use super::stages::Stage;
 use super::{unix_ms, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
@@ -179,12 +180,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let mut ready = None;
         let mut leaders_changed = false;
         if lease_due {
+            let started = Instant::now();
             let nodes = self.ready_nodes(&local);
             let electors = nodes
                 .iter()
                 .filter(|n| n.name != local.name || n.is_ready(readiness_now));
             leaders_changed = self.memo.leases.elect(electors, unix_ms());
             ready = Some(nodes);
+            self.stages.lap(Stage::Leases, started);
         }
 
         let mesh_changed = full
@@ -205,13 +208,16 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 self.tend_lease(nodes).await;
             }
         }
-        self.publish(
-            local_annotations,
-            &local,
-            now_unix,
-            trigger == Trigger::CheckIn,
-        )
-        .await
+        let published = self
+            .publish(
+                local_annotations,
+                &local,
+                now_unix,
+                trigger == Trigger::CheckIn,
+            )
+            .await;
+        self.stages.finish(trigger, &self.metrics);
+        published
     }
 
     /// Takes in what changed in `snapshot`: brings the node table to it, through the change
@@ -220,6 +226,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// nothing of `snapshot` but the shared objects, so the backend never has to copy a
     /// snapshot a reader still holds.
     pub fn ingest(&mut self, snapshot: &Snapshot) {
+        self.stages.begin();
+        let started = Instant::now();
+        self.take_in(snapshot);
+        self.stages.lap(Stage::Translate, started);
+    }
+
+    /// [`Agent::ingest`]'s work.
+    fn take_in(&mut self, snapshot: &Snapshot) {
         self.memo.listed |= snapshot.listed.all();
         self.memo.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
         self.memo.leases.ingest(&snapshot.leases, unix_ms());
@@ -357,6 +371,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         full: bool,
         ready: Option<Vec<Node>>,
     ) -> Result<()> {
+        let started = Instant::now();
         let hostname = self.s.hostname.clone();
         let mut nodes = match ready {
             Some(nodes) => nodes,
@@ -420,6 +435,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 }
             }
         }
+        self.stages.lap(Stage::Topology, started);
         if full || !same || !self.memo.applied.complete() {
             // Forget the topology until it is applied: a failure retries on the next event.
             self.memo.topology = None;

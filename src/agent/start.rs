@@ -244,6 +244,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             tunnel,
             readiness: Default::default(),
             patch_failed: false,
+            stages: Default::default(),
         })
     }
 }
