@@ -209,11 +209,16 @@ def change(n, iface, count, what):
     (Unix ms). Node X < LOCATIONS leads location X (Kilo's rule picks the first name);
     node X + LOCATIONS is that location's next."""
     conn = connection()
-    now = int(time.time())
     results = []
+    if what in ("leader", "delete") and count > LOCATIONS:
+        raise SystemExit(f"{what}: {count} changes need as many locations (there are {LOCATIONS})")
+    used = set()
     for k in range(count):
         # Locations spread over the cluster, a different one for each change.
         x = (k * 37 + 11) % LOCATIONS
+        while x in used:
+            x = (x + 1) % LOCATIONS
+        used.add(x)
         if what == "follower":
             i = LOCATIONS * (1 + k) + 7
             if i >= n:
@@ -230,7 +235,7 @@ def change(n, iface, count, what):
         elif what == "join":
             i = n + k
             wanted = lambda: pod_cidr(i) in wg_show(iface, "allowed-ips")
-            act = lambda: request(conn, "POST", "/api/v1/nodes", node(i, now))
+            act = lambda: request(conn, "POST", "/api/v1/nodes", node(i, int(time.time())))
         elif what == "delete":
             if x + LOCATIONS >= n:
                 raise SystemExit("delete: every location needs a second node")
@@ -255,13 +260,16 @@ def change(n, iface, count, what):
         print(f"{latency:.1f} {sent}")
 
 
-STAGES = ["translate", "leases", "topology", "routes", "engine", "firewall"]
+STAGES = ["translate", "host", "leases", "topology", "routes", "engine", "firewall", "wall"]
 
 
 def stages(log, changes):
     """Prints, for the changes in file `changes` (lines "latency_ms sent_unix_ms"), the
-    median and worst of the watch and of each stage summed over the reconciles that started
-    while the change was on its way to the engine."""
+    median and worst of the watch (from the send to the start of the first reconcile a watch
+    event started after it) and of each stage summed over the event reconciles that started
+    while the change was on its way to the engine. The firewall comes after the engine, so
+    its time is not part of the latency; `wall` is the reconciles' whole time (DNS and the
+    annotation patch included)."""
     field = re.compile(r"(\w+)=(\S+)")
     reconciles = []
     with open(log) as f:
@@ -276,7 +284,8 @@ def stages(log, changes):
         latency, sent = line.split()
         latency, sent = float(latency), int(sent)
         during = [r for r in reconciles
-                  if sent <= int(r["started_unix_ms"]) <= sent + latency]
+                  if r.get("trigger") == "Event"
+                  and sent <= int(r["started_unix_ms"]) <= sent + latency]
         if not during:
             continue
         row = {"watch": int(during[0]["started_unix_ms"]) - sent, "reconciles": len(during)}

@@ -260,11 +260,13 @@ fn ipip_rules() -> RuleSet {
 /// the INPUT hook.
 fn ipip_sources_received(n: &Net) -> Vec<String> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let receiver = n.node.in_ns(|| {
+    let (ready, listening) = std::sync::mpsc::channel();
+    let receiver = n.node.in_ns(move || {
         let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(4))).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(1500)))
             .unwrap();
+        ready.send(()).unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 256];
         while let Ok(len) = std::io::Read::read(&mut &socket, &mut buf) {
@@ -275,7 +277,7 @@ fn ipip_sources_received(n: &Net) -> Vec<String> {
         }
         seen
     });
-    std::thread::sleep(Duration::from_millis(200));
+    listening.recv().unwrap();
     n.far
         .in_ns(|| {
             for from in [MASQUERADED, KNOWN] {

@@ -1,5 +1,5 @@
 //! Applies a topology to the host: the link's MTU, address and state, the CNI configuration,
-//! the WireGuard device, the tunnel, the routes and rules, and iptables. Each part is compared
+//! the tunnel, the routes and rules, then the WireGuard device, then the firewall. Each part is compared
 //! as a value against what kg last applied (and, for routes, against the kernel state kg last
 //! observed plus its own changes); only a part that differs is written. A full reconcile
 //! (resync, kernel notification) compares against freshly listed state instead, so
@@ -28,6 +28,16 @@ use super::{state, Agent};
 /// internal IP (the kernel's IPv6-outer link is needed).
 type TunnelInputs = (IpNet, Option<u32>, bool, bool);
 
+/// What the links and routes step leaves for the firewall and `/status`.
+struct Routed {
+    /// How traffic inside the location is encapsulated.
+    encapsulate: Encapsulate,
+    /// The tunnel link's index, if there is one.
+    tunnel: Option<u32>,
+    /// The CIDRs not routed because they cover a connected network.
+    withheld: Vec<Withheld>,
+}
+
 /// What kg last applied to the host, part by part (`None`: unknown, apply it).
 #[derive(Debug, Default)]
 pub(super) struct Applied {
@@ -50,6 +60,13 @@ impl Applied {
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Brings the host to `t`. `nodes` and `peers` are the ready ones (for NAT discovery).
+    ///
+    /// The engine changes after the links and routes: a node taking over a location answers
+    /// its new peers' first initiations (held by the engine for this moment) at once, and the
+    /// answers must leave by the new routes, not by the old ones through the location's last
+    /// leader, which sent them to a dead node and cost a 5 s handshake retry. It changes even
+    /// when the links or routes failed, so a failing host step never keeps the node's peers
+    /// from it; the failure is returned after.
     pub(super) async fn apply(
         &mut self,
         t: &Topology,
@@ -61,6 +78,60 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.memo.applied = Applied::default();
         }
         let started = Instant::now();
+        let routed = self.apply_links_and_routes(t, nodes, peers, full).await;
+        self.stages.lap(Stage::Routes, started);
+        let started = Instant::now();
+        self.apply_engine(t)?;
+        self.stages.lap(Stage::Engine, started);
+        let Routed {
+            encapsulate,
+            tunnel,
+            withheld,
+        } = routed?;
+        let kilo = self.kilo_index;
+        let started = Instant::now();
+        let rules = t.iptables_rules(&IptablesOptions {
+            cni: self.s.args.cni,
+            forward_rules: self.s.args.iptables_forward_rules,
+            service_cidrs: self.s.service_cidrs.clone(),
+            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
+        });
+        self.apply_rules(rules.clone()).await?;
+        self.stages.lap(Stage::Firewall, started);
+        let mtu = self
+            .memo
+            .host
+            .as_ref()
+            .and_then(|h| h.link(kilo))
+            .map_or(0, |l| l.mtu);
+        let owned = self.owned.clone();
+        let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
+        let withheld = withheld.iter().map(ToString::to_string).collect();
+        self.status.update(|p| {
+            p.node = self.s.hostname.clone();
+            p.interface = self.s.args.interface.clone();
+            p.granularity = self.s.granularity.as_str().to_string();
+            p.topology = Some(std::sync::Arc::new(t.clone()));
+            p.encapsulate = encapsulate;
+            p.tunnel = tunnel_name;
+            p.mtu = mtu;
+            p.kilo_index = kilo;
+            p.plan = owned;
+            p.rules = Some(rules);
+            p.withheld = withheld;
+        });
+        Ok(())
+    }
+
+    /// The link's MTU, address and state, the CNI configuration, the tunnel and the routes and
+    /// rules, brought to `t`.
+    async fn apply_links_and_routes(
+        &mut self,
+        t: &Topology,
+        nodes: &[Node],
+        peers: &[Peer],
+        full: bool,
+    ) -> Result<Routed> {
         let kilo = self.kilo_index;
         let host = self
             .memo
@@ -102,8 +173,17 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
 
         if full {
-            self.discovered =
-                discover_nat_endpoints(&self.wg.device_peers()?, nodes, peers, &self.discovered);
+            // Endpoints learnt from handshakes: a device that cannot be read leaves the last.
+            match self.wg.device_peers() {
+                Ok(device) => {
+                    self.discovered =
+                        discover_nat_endpoints(&device, nodes, peers, &self.discovered)
+                }
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "reading the device's endpoints for NAT discovery failed"
+                ),
+            }
         }
 
         let host = self.memo.host.as_ref().expect("listed above");
@@ -221,12 +301,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.tunnel.update(&plan, index, t);
         }
         self.apply_routes(plan).await?;
-        self.stages.lap(Stage::Routes, started);
-        let started = Instant::now();
-        // The engine changes after the routes: a node taking over a location answers its new
-        // peers' first initiations (held by the engine for this moment) at once, and they must
-        // leave by the new routes, not by the old ones through the location's last leader,
-        // which sent them to a dead node and cost a 5 s handshake retry.
+        Ok(Routed {
+            encapsulate,
+            tunnel,
+            withheld,
+        })
+    }
+
+    /// The WireGuard device's configuration, brought to `t`.
+    fn apply_engine(&mut self, t: &Topology) -> Result<()> {
         let conf = if t.leader {
             t.conf(Some(&self.public))
         } else {
@@ -258,38 +341,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
             self.memo.applied.wg = Some(desired);
         }
-        self.stages.lap(Stage::Engine, started);
-        let started = Instant::now();
-        let rules = t.iptables_rules(&IptablesOptions {
-            cni: self.s.args.cni,
-            forward_rules: self.s.args.iptables_forward_rules,
-            service_cidrs: self.s.service_cidrs.clone(),
-            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
-        });
-        self.apply_rules(rules.clone()).await?;
-        self.stages.lap(Stage::Firewall, started);
-        let mtu = self
-            .memo
-            .host
-            .as_ref()
-            .and_then(|h| h.link(kilo))
-            .map_or(0, |l| l.mtu);
-        let owned = self.owned.clone();
-        let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
-        let withheld = withheld.iter().map(ToString::to_string).collect();
-        self.status.update(|p| {
-            p.node = self.s.hostname.clone();
-            p.interface = self.s.args.interface.clone();
-            p.granularity = self.s.granularity.as_str().to_string();
-            p.topology = Some(std::sync::Arc::new(t.clone()));
-            p.encapsulate = encapsulate;
-            p.tunnel = tunnel_name;
-            p.mtu = mtu;
-            p.kilo_index = kilo;
-            p.plan = owned;
-            p.rules = Some(rules);
-            p.withheld = withheld;
-        });
         Ok(())
     }
 

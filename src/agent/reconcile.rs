@@ -95,8 +95,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     }
 
     /// Carries what [`Agent::ingest`] took in (and the time passed) through as many stages as
-    /// it changes.
+    /// it changes, and says where the time went ([`super::stages`]).
     pub async fn settle(&mut self, trigger: Trigger) -> Result<()> {
+        let settled = self.run_stages(trigger).await;
+        self.stages.finish(trigger, settled.is_ok(), &self.metrics);
+        settled
+    }
+
+    /// [`Agent::settle`]'s stages.
+    async fn run_stages(&mut self, trigger: Trigger) -> Result<()> {
         self.metrics.reconciles.inc();
         if !self.memo.listed {
             // Nodes without their leases would elect by Kilo's rule, a leader the leases may
@@ -130,7 +137,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 subnet: self.s.subnet,
                 internal_cidrs: &self.s.internal_cidrs,
             };
+            let started = Instant::now();
             self.memo.host = Some(read_host(&self.netlink, &own, &detection).await?);
+            self.stages.lap(Stage::Host, started);
             self.memo.detection = detection;
         }
 
@@ -208,16 +217,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 self.tend_lease(nodes).await;
             }
         }
-        let published = self
-            .publish(
-                local_annotations,
-                &local,
-                now_unix,
-                trigger == Trigger::CheckIn,
-            )
-            .await;
-        self.stages.finish(trigger, &self.metrics);
-        published
+        self.publish(
+            local_annotations,
+            &local,
+            now_unix,
+            trigger == Trigger::CheckIn,
+        )
+        .await
     }
 
     /// Takes in what changed in `snapshot`: brings the node table to it, through the change

@@ -1,9 +1,11 @@
 //! Where one reconcile's time went, stage by stage: the backend's objects translated into the
-//! node table, the leases, the topology, then the host's routes (with the links and tunnel
-//! they need), the engine and the firewall. A reconcile that reached the topology says so in
-//! one debug line on target `kilotun::stages` (with the Unix time it started, so a benchmark
-//! can tell how long the watch took to bring the change) and in the histogram
-//! `kilotun_reconcile_stage_seconds`; check-in churn, which stops at the table, says nothing.
+//! node table, the host listed (resyncs and kernel notifications only), the leases, the
+//! topology, then the host's routes (with the links and tunnel they need), the engine and the
+//! firewall. A reconcile that reached the topology says so in one debug line on target
+//! `kilotun::stages` (with the Unix time it started, so a benchmark can tell how long the
+//! watch took to bring the change, and its whole wall time, DNS and the annotation patch
+//! included) and in the histogram `kilotun_reconcile_stage_seconds`, which counts only the
+//! stages that ran; check-in churn, which stops at the table, says nothing.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -12,6 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub enum Stage {
     /// Changed Nodes and Peers translated into the node table.
     Translate,
+    /// The host's links, addresses, routes and rules listed (a full reconcile only).
+    Host,
     /// Leaders elected from the leases.
     Leases,
     /// The topology computed and compared with the last one.
@@ -26,8 +30,9 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in pipeline order.
-    pub const ALL: [Stage; 6] = [
+    pub const ALL: [Stage; 7] = [
         Stage::Translate,
+        Stage::Host,
         Stage::Leases,
         Stage::Topology,
         Stage::Routes,
@@ -39,6 +44,7 @@ impl Stage {
     pub fn name(self) -> &'static str {
         match self {
             Stage::Translate => "translate",
+            Stage::Host => "host",
             Stage::Leases => "leases",
             Stage::Topology => "topology",
             Stage::Routes => "routes",
@@ -48,10 +54,10 @@ impl Stage {
     }
 }
 
-/// The time one reconcile spent in each stage (zero where it did not go).
+/// The time one reconcile spent in each stage (`None` where it did not go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StageTimes {
-    spent: [Duration; 6],
+    spent: [Option<Duration>; Stage::ALL.len()],
     /// True once the reconcile computed a topology.
     pub meshed: bool,
 }
@@ -59,18 +65,19 @@ pub struct StageTimes {
 impl StageTimes {
     /// Adds `spent` to `stage`.
     pub fn add(&mut self, stage: Stage, spent: Duration) {
-        self.spent[stage as usize] += spent;
+        let slot = &mut self.spent[stage as usize];
+        *slot = Some(slot.unwrap_or_default() + spent);
         self.meshed |= stage == Stage::Topology;
     }
 
-    /// The time spent in `stage`.
-    pub fn get(&self, stage: Stage) -> Duration {
+    /// The time spent in `stage`, if it ran.
+    pub fn get(&self, stage: Stage) -> Option<Duration> {
         self.spent[stage as usize]
     }
 
     /// The time spent in all stages.
     pub fn total(&self) -> Duration {
-        self.spent.iter().sum()
+        self.spent.iter().flatten().sum()
     }
 }
 
@@ -108,25 +115,31 @@ impl StageClock {
         self.times.add(stage, since.elapsed());
     }
 
-    /// Says where the reconcile's time went, if it reached the topology: one debug line and
-    /// an observation per stage in `metrics`. Returns the times said.
+    /// Says where the reconcile's time went, if it reached the topology: one debug line (a
+    /// stage that did not run shows 0) and an observation in `metrics` for each stage that
+    /// ran. `ok` is false when the reconcile failed. Returns the times said.
     pub fn finish(
         &self,
         trigger: super::Trigger,
+        ok: bool,
         metrics: &super::serve::metrics::Metrics,
     ) -> Option<StageTimes> {
         if !self.times.meshed {
             return None;
         }
         for stage in Stage::ALL {
-            metrics.observe_stage(stage.name(), self.times.get(stage).as_secs_f64());
+            if let Some(spent) = self.times.get(stage) {
+                metrics.observe_stage(stage.name(), spent.as_secs_f64());
+            }
         }
-        let ms = |s: Stage| self.times.get(s).as_secs_f64() * 1000.0;
+        let ms = |s: Stage| self.times.get(s).unwrap_or_default().as_secs_f64() * 1000.0;
         tracing::debug!(
             target: "kilotun::stages",
             ?trigger,
+            ok,
             started_unix_ms = self.started_unix_ms,
             translate_ms = ms(Stage::Translate),
+            host_ms = ms(Stage::Host),
             leases_ms = ms(Stage::Leases),
             topology_ms = ms(Stage::Topology),
             routes_ms = ms(Stage::Routes),
@@ -142,6 +155,8 @@ impl StageClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::serve::metrics::{Format, Metrics};
+    use crate::agent::Trigger;
 
     #[test]
     fn times_add_up_per_stage_and_only_a_topology_counts_as_meshed() {
@@ -152,14 +167,15 @@ mod tests {
         t.add(Stage::Routes, Duration::from_millis(3));
         t.add(Stage::Routes, Duration::from_millis(4));
         assert!(t.meshed);
-        assert_eq!(t.get(Stage::Routes), Duration::from_millis(7));
-        assert_eq!(t.get(Stage::Engine), Duration::ZERO);
+        assert_eq!(t.get(Stage::Routes), Some(Duration::from_millis(7)));
+        assert_eq!(t.get(Stage::Engine), None, "did not run");
         assert_eq!(t.total(), Duration::from_millis(14));
         let names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
         assert_eq!(
             names,
             [
                 "translate",
+                "host",
                 "leases",
                 "topology",
                 "routes",
@@ -170,24 +186,25 @@ mod tests {
     }
 
     #[test]
-    fn a_reconcile_that_stopped_at_the_table_reports_nothing() {
+    fn only_a_reconcile_that_meshed_is_reported_and_only_the_stages_that_ran() {
         let mut clock = StageClock::default();
         clock.begin();
         clock.lap(Stage::Translate, Instant::now());
-        let metrics = crate::agent::serve::metrics::Metrics::new();
-        assert!(clock
-            .finish(crate::agent::Trigger::CheckIn, &metrics)
-            .is_none());
-        let scraped = || metrics.render(None, crate::agent::serve::metrics::Format::Text);
+        let metrics = Metrics::new();
+        assert!(clock.finish(Trigger::CheckIn, true, &metrics).is_none());
+        let scraped = || metrics.render(None, Format::Text);
         assert!(!scraped().contains("kilotun_reconcile_stage_seconds_count{"));
         clock.lap(Stage::Topology, Instant::now());
-        assert!(clock
-            .finish(crate::agent::Trigger::Event, &metrics)
-            .is_some());
+        clock.lap(Stage::Routes, Instant::now());
+        assert!(clock.finish(Trigger::Event, true, &metrics).is_some());
+        let text = scraped();
+        for stage in ["translate", "topology", "routes"] {
+            let count = format!("kilotun_reconcile_stage_seconds_count{{stage=\"{stage}\"}} 1");
+            assert!(text.contains(&count), "{count}:\n{text}");
+        }
         assert!(
-            scraped().contains("kilotun_reconcile_stage_seconds_count{stage=\"routes\"} 1"),
-            "{}",
-            scraped()
+            !text.contains("stage=\"engine\""),
+            "a stage that did not run is not observed:\n{text}"
         );
     }
 }

@@ -37,7 +37,7 @@ pub struct EventLabel {
 /// The `stage` label of `kilotun_reconcile_stage_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabel {
-    /// One of `translate`, `leases`, `topology`, `routes`, `engine`, `firewall`.
+    /// One of `translate`, `host`, `leases`, `topology`, `routes`, `engine`, `firewall`.
     pub stage: &'static str,
 }
 
@@ -490,7 +490,7 @@ impl Metrics {
         );
         registry.register_with_unit(
             "kilotun_reconcile_stage",
-            "Time spent in each stage of the reconciles that computed a topology (translate, leases, topology, routes, engine, firewall)",
+            "Time spent in each stage of the reconciles that computed a topology (translate, host, leases, topology, routes, engine, firewall), counted where the stage ran",
             Unit::Seconds,
             m.stages.clone(),
         );

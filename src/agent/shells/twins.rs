@@ -39,6 +39,8 @@ struct KernelState {
     wireguard: bool,
     /// The kind of each link that has one, by name.
     kinds: std::collections::BTreeMap<String, String>,
+    /// `set_up` fails, as on a host whose link cannot be brought up.
+    refuse_link_up: bool,
 }
 
 impl KernelState {
@@ -244,6 +246,9 @@ impl Kernel for MemKernel {
         self.write(|s| Self::link_mut(s, index).map(|l| l.mtu = mtu))
     }
     async fn set_up(&self, index: u32, up: bool) -> Result<()> {
+        if self.state.lock().refuse_link_up {
+            anyhow::bail!("setting link {index} up: refused")
+        }
         self.write(|s| Self::link_mut(s, index).map(|l| l.up = up))
     }
     async fn set_address(&self, index: u32, want: Option<IpNet>) -> Result<()> {
@@ -434,6 +439,11 @@ impl MemKernel {
             ],
             Some(2),
         )
+    }
+
+    /// Makes every `set_up` fail from now on (`true`) or work again.
+    pub fn refuse_link_up(&self, refuse: bool) {
+        self.state.lock().refuse_link_up = refuse;
     }
 
     /// Replaces kg's routes and rules, as someone else changing the kernel would.
