@@ -287,11 +287,22 @@ fn a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second() {
     );
     let log = c.nodes[2].log_text();
     assert!(log.contains("taking over"), "{log}");
-    // The old kg closed its engine before it let go of the lock: the port was free at once.
-    assert!(
-        !log.contains("waited for the UDP port to be released"),
-        "{log}"
-    );
+    // The old kg closed its engine before it let go of the lock, so the port is free at once,
+    // or within milliseconds: a firewall child the old kg forked just before (a resync's `nft`
+    // or `iptables` listing) holds a copy of its sockets until it execs. CI saw one such wait,
+    // of 12 ms. A wait near the new kg's limit would mean the lock came before the sockets.
+    if let Some(line) = log
+        .lines()
+        .find(|l| l.contains("waited for the UDP port to be released"))
+    {
+        let waited: u64 = line
+            .split("waited_ms=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(u64::MAX);
+        assert!(waited <= 100, "the port was held {waited} ms: {line}");
+    }
     assert!(lost <= 5, "{lost} pings lost:\n{text}\n{}", c.logs());
     assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
 }

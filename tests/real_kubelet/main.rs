@@ -649,13 +649,17 @@ fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
             }
         }
         // The manifests leave --clean-up-interface at Kilo's default (false): kilo0 may stay,
-        // but with no engine behind it (no carrier).
-        let link = k.ip_in(node, &["link", "show", "kilo0"]);
-        assert!(
-            link.is_empty() || link.contains("NO-CARRIER"),
-            "{}: kilo0 still carries traffic after the uninstall: {link}",
-            node.name
+        // but with no engine behind it (no carrier) once kg has exited. kg stops its engine
+        // last, after the annotations above, and its pod is Terminating (not listed) meanwhile.
+        wait_for(
+            &format!("{}: kilo0 gone or without carrier", node.name),
+            Duration::from_secs(60),
+            || {
+                let link = k.ip_in(node, &["link", "show", "kilo0"]);
+                link.is_empty() || link.contains("NO-CARRIER")
+            },
         );
+        let link = k.ip_in(node, &["link", "show", "kilo0"]);
         links.push(if link.is_empty() {
             "gone"
         } else {
