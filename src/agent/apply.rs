@@ -350,7 +350,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     fn report_withheld(&mut self, t: &Topology, withheld: &[Withheld]) {
         let before = self.metrics.withheld_cidrs.set(withheld.len() as i64);
         if before != 0 || !withheld.is_empty() {
-            *self.graph.lock() = Some(t.dot_with_withheld(withheld));
+            *self.graph.lock() = Some(super::serve::http::GraphSource {
+                topology: std::sync::Arc::new(t.clone()),
+                withheld: std::sync::Arc::new(withheld.to_vec()),
+            });
         }
         let lines = withheld.iter().map(ToString::to_string).collect();
         for line in self.problems.fresh_lines("withheld routes", lines) {

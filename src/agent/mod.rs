@@ -134,8 +134,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     warned: BTreeMap<&'static str, bool>,
     /// Kilo's metrics and kilotun's own.
     pub metrics: Arc<Metrics>,
-    /// The DOT graph of the last topology, for `/graph`.
-    pub graph: Arc<parking_lot::Mutex<Option<String>>>,
+    /// What `/graph` draws the last topology from.
+    pub graph: Arc<parking_lot::Mutex<Option<http::GraphSource>>>,
     /// What kg last applied, for `/status`.
     pub status: Arc<status::StatusBoard>,
     ip6tables: bool,

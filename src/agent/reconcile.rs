@@ -421,7 +421,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .with_standby(&nodes, &self.memo.leases.verifiers());
         let same = self.memo.topology.as_ref() == Some(&t);
         if !same {
-            *self.graph.lock() = Some(t.dot());
+            *self.graph.lock() = Some(super::serve::http::GraphSource {
+                topology: Arc::new(t.clone()),
+                withheld: Default::default(),
+            });
             // Said once per node, as information: announcing no endpoint is a choice.
             let endpointless = t
                 .segments
