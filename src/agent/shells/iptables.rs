@@ -3,7 +3,6 @@
 //! back ends alike: [`super::xtables`] picks which commands run.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -41,24 +40,8 @@ fn list(v6: bool, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
 
 fn restore(v6: bool, script: &str) -> Result<()> {
     let (_, bin) = tools(v6);
-    let mut child = Command::new(&bin)
-        .args(["-w", "5", "--noflush"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {bin}"))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{bin} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    if let Some(error) = super::feed(&bin, &["-w", "5", "--noflush"], script, "")? {
+        bail!("{bin} failed: {error}");
     }
     Ok(())
 }

@@ -30,6 +30,28 @@ pub mod xtables;
 use netlink::{Link, Netlink};
 use wireguard::WireGuard;
 
+/// Runs `bin args` with `script` on its standard input: `Ok(None)` when it succeeded, its
+/// standard error when it failed. `missing` says what to install when `bin` cannot be run.
+pub fn feed(bin: &str, args: &[&str], script: &str, missing: &str) -> Result<Option<String>> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {bin}{missing}"))?;
+    child
+        .stdin
+        .take()
+        .context("the child's stdin")?
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).trim().to_string()))
+}
+
 /// Replaces `path` with `text` (mode `mode`) through a temporary file and a rename.
 pub fn write_file(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;

@@ -2,7 +2,6 @@
 //! `nft -f -`: one atomic transaction per change, adding and removing set elements only, and a
 //! whole table written only at start or when a resync finds it changed by someone else.
 
-use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -17,24 +16,8 @@ fn nft() -> String {
 /// Runs `nft -f -` with `script` as one transaction.
 fn run(script: &str) -> Result<()> {
     let bin = nft();
-    let mut child = Command::new(&bin)
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {bin} (is nftables installed?)"))?;
-    child
-        .stdin
-        .take()
-        .context("nft's stdin")?
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{bin} -f refused the transaction: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    if let Some(error) = super::feed(&bin, &["-f", "-"], script, " (is nftables installed?)")? {
+        bail!("{bin} -f refused the transaction: {error}");
     }
     Ok(())
 }
