@@ -266,7 +266,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .expect("listed above")
             .connected_networks(&own);
         let (mut plan, withheld) = t.guarded_route_plan(&options, &connected);
-        self.report_withheld(t, &withheld);
+        self.report_withheld(&withheld);
         // The host's own routes: what the kernel has in main, less kg's.
         let kgs: std::collections::BTreeSet<(u32, IpNet, u32)> = self
             .owned
@@ -347,13 +347,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Says once, at warning level, which CIDRs are not routed on this node because they
     /// contain or equal one of its connected networks, and counts them in
     /// `kilotun_withheld_cidrs`; `/graph` marks them.
-    fn report_withheld(&mut self, t: &Topology, withheld: &[Withheld]) {
-        let before = self.metrics.withheld_cidrs.set(withheld.len() as i64);
-        if before != 0 || !withheld.is_empty() {
-            *self.graph.lock() = Some(super::serve::http::GraphSource {
-                topology: std::sync::Arc::new(t.clone()),
-                withheld: std::sync::Arc::new(withheld.to_vec()),
-            });
+    fn report_withheld(&mut self, withheld: &[Withheld]) {
+        self.metrics.withheld_cidrs.set(withheld.len() as i64);
+        // The graph already holds this topology (set when it changed): only its marks change.
+        if let Some(graph) = self.graph.lock().as_mut() {
+            graph.withheld = std::sync::Arc::new(withheld.to_vec());
         }
         let lines = withheld.iter().map(ToString::to_string).collect();
         for line in self.problems.fresh_lines("withheld routes", lines) {
