@@ -202,13 +202,25 @@ impl KubeletCluster {
     }
 
     fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(&self.env["KUBECTL"])
+        self.kubectl_with_input(args, "")
+    }
+
+    /// kubectl with `input` on its standard input.
+    fn kubectl_with_input(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new(&self.env["KUBECTL"])
             .arg("--kubeconfig")
             .arg(&self.env["KUBECONFIG"])
             .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running kubectl")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running kubectl");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+        drop(stdin);
+        child.wait_with_output().expect("running kubectl")
     }
 
     /// kubectl, panicking with its output on failure; returns stdout.
@@ -220,23 +232,7 @@ impl KubeletCluster {
 
     /// `kubectl apply -f -` with `yaml`.
     fn apply(&self, yaml: &str) {
-        let mut child = Command::new(&self.env["KUBECTL"])
-            .arg("--kubeconfig")
-            .arg(&self.env["KUBECONFIG"])
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = self.kubectl_with_input(&["apply", "-f", "-"], yaml);
         assert!(out.status.success(), "kubectl apply: {}", text(&out));
     }
 
