@@ -16,6 +16,9 @@
 #   delete    a location's leader is deleted
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
+# SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (20 s, after the
+# churn has stopped) are the measuring windows' waits and lengths in seconds.
+#
 # KUBELET_STATUS=1 gives each Node a real kubelet's status (conditions, node info, 50 images),
 # so every watch event is as large as in a real cluster (bench/scale_driver.py).
 #
@@ -90,9 +93,10 @@ in_ns ip route add default dev eth0
 env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)
 # shellcheck disable=SC1090
 . "$env_file"
-# `ip netns exec` and `env` exec in place: a background driver's or kg's $! is its own pid.
+# `ip netns exec` and `env` exec in place, and with DRIVER_EXEC=exec the function's subshell
+# does too: a background driver's or kg's $! is then its own pid, which `kill` stops.
 driver() {
-	ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
+	${DRIVER_EXEC:-} ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
 		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" \
 		python3 "$root/bench/scale_driver.py" "$@"
 }
@@ -101,7 +105,7 @@ start=$SECONDS
 driver create "$n"
 echo "created $n Nodes in $((SECONDS - start)) s" >&2
 
-driver churn "$n" "$work/patches" &
+(DRIVER_EXEC=exec driver churn "$n" "$work/patches") &
 churn_pid=$!
 
 # Warnings, and the stage times of each reconcile that computed a topology. KG_ARGS is split
@@ -131,7 +135,10 @@ done
 pid=$kg_pid
 rss() { awk '/^VmRSS/ { print int($2 / 1024) }' "/proc/$pid/status"; }
 rss_start=$(rss)
-sleep 10
+# The bench's peers never answer: kg's first handshake to each of them is retried every 5 s
+# for WireGuard's 90 s (REKEY_ATTEMPT_TIME), which a cluster whose peers answer never pays.
+# The windows start after that.
+sleep "${SETTLE:-95}"
 
 # kg's CPU time, its own threads and the children it waited for (iptables), in clock ticks.
 ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat"; }

@@ -398,6 +398,38 @@ fn on_ns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) 
     ns.in_ns(f).join().unwrap()
 }
 
+/// A thousand known networks, then ten (a mass expiry of Nodes): the incremental change
+/// flushes the set and adds what stays (`control::nftables::FLUSH_OVER`), and the kernel's
+/// table is then exactly what the rules want; the masquerading still holds.
+#[test]
+fn a_thousand_networks_leaving_at_once_leave_the_table_as_wanted() {
+    let test = "a_thousand_networks_leaving_at_once_leave_the_table_as_wanted";
+    if !can_run(test) || !which("nft") {
+        assert!(
+            std::env::var_os("CI").is_none() || which("nft"),
+            "{test}: nft is missing"
+        );
+        return;
+    }
+    let n = net();
+    let many: Vec<String> = (0..1000)
+        .map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256))
+        .collect();
+    let all: Vec<&str> = many.iter().map(String::as_str).collect();
+    let before = rules(&all);
+    let mut staying = all[..10].to_vec();
+    staying.push("192.168.60.0/24");
+    let after = rules(&staying);
+    let (b, a) = (before, after);
+    let drift = on_node(&n, move || {
+        assert!(nftables::reconcile(&b, None, false).unwrap());
+        assert!(nftables::reconcile(&a, Some(&b), false).unwrap());
+        nftables::drift(&a, false).unwrap()
+    });
+    assert!(drift.is_empty(), "after the change: {drift:?}");
+    check_nat(&n, true, "nftables");
+}
+
 /// What one change costs each back end with the rules of a node of 5,000 (500 locations of
 /// 10, the local location's leader, every option): the whole rule set written at start, then a
 /// node joining the local location (a handful of networks), each timed once. Prints the

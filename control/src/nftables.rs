@@ -318,9 +318,16 @@ pub fn full_script(sets: &FirewallSets, v6: bool) -> String {
     s
 }
 
+/// Above this many elements leaving one set, [`change_script`] flushes the set and adds what
+/// stays instead of deleting them: nft 1.0.6 took 2 s of CPU to delete 1,000 elements of a
+/// 5,000-element interval set and 25 s for the Nodes of a 5,000-node cluster expiring at once,
+/// against 0.01 to 0.04 s for a flush and a re-add.
+pub const FLUSH_OVER: usize = 64;
+
 /// The `nft -f` script that takes the table from `from` to `to` (empty when they match): set
 /// elements removed, then added (so a network that replaces one it covers never overlaps it),
-/// and a chain rewritten only when its rules differ.
+/// or, when more than [`FLUSH_OVER`] leave a set, the set flushed and filled again, and a chain
+/// rewritten only when its rules differ. It is one transaction either way.
 pub fn change_script(from: &FirewallSets, to: &FirewallSets, v6: bool) -> String {
     let mut deletes = String::new();
     let mut adds = String::new();
@@ -332,6 +339,20 @@ pub fn change_script(from: &FirewallSets, to: &FirewallSets, v6: bool) -> String
             let was = (spec.members)(before).unwrap_or(&empty);
             let now = (spec.members)(f).unwrap_or(&empty);
             let gone: BTreeSet<IpNet> = was.difference(now).copied().collect();
+            if gone.len() > FLUSH_OVER {
+                // nft removes interval elements one by one, slowly (seconds for a thousand):
+                // emptied and filled again instead, in the same transaction.
+                let _ = writeln!(deletes, "flush set inet {TABLE} {}{n}", spec.name);
+                if !now.is_empty() {
+                    let _ = writeln!(
+                        adds,
+                        "add element inet {TABLE} {}{n} {{ {} }}",
+                        spec.name,
+                        elements(now)
+                    );
+                }
+                continue;
+            }
             let new: BTreeSet<IpNet> = now.difference(was).copied().collect();
             if !gone.is_empty() {
                 let _ = writeln!(

@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use crate::ip::host_net;
 use crate::topology::{Member, Topology};
 
+mod cover;
 mod plan;
 
 /// Kilo's policy-routing table.
@@ -337,6 +338,13 @@ impl Topology {
         underlay: &[Route],
     ) -> Vec<Bypass> {
         let mut added = Vec::new();
+        // Most endpoints are under no tunnel route: the indexes answer that without scanning
+        // every route for every endpoint (5,000 routes and 500 endpoints at 5,000 nodes). A
+        // standby endpoint is checked against any main-table route, including the host routes
+        // added here.
+        let main = || plan.routes.iter().filter(|r| r.table == MAIN_TABLE);
+        let in_tunnel = cover::Cover::of(main().filter(|r| r.link == kilo).map(|r| &r.dst));
+        let mut in_main = cover::Cover::of(main().map(|r| &r.dst));
         let peers = self
             .peer_endpoints()
             .into_iter()
@@ -349,6 +357,10 @@ impl Topology {
         });
         for (owner, endpoint, standby) in peers.chain(standby_endpoints) {
             let host = host_net(endpoint);
+            let index = if standby { &in_main } else { &in_tunnel };
+            if !index.may_cover(endpoint) {
+                continue;
+            }
             let Some(tunnel) = plan
                 .routes
                 .iter()
@@ -377,6 +389,7 @@ impl Topology {
             plan.routes.retain(|r| {
                 !(r.table == MAIN_TABLE && r.dst == host && (standby || r.link == kilo))
             });
+            in_main.insert(route.dst);
             plan.insert_route(route.clone());
             added.push(Bypass {
                 owner,

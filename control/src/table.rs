@@ -59,6 +59,62 @@ fn same_object(old: &Arc<KubeNode>, object: &Arc<KubeNode>) -> bool {
     }
 }
 
+/// The `last-seen` of `object` (Unix seconds) when it differs from `old` in nothing but that
+/// annotation and its `resourceVersion`: a Kilo check-in, which needs no translation. `None`
+/// when anything else differs or either check-in does not parse (then the object is
+/// translated, and a bad value reported as ever).
+fn check_in_only(old: &KubeNode, object: &KubeNode) -> Option<i64> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let key = crate::node::annotation::LAST_SEEN;
+    // Every field named, so a field added to ObjectMeta cannot be forgotten here.
+    let ObjectMeta {
+        annotations,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields,
+        name,
+        namespace,
+        owner_references,
+        resource_version: _,
+        self_link,
+        uid,
+    } = &object.metadata;
+    let o = &old.metadata;
+    let same = old.spec == object.spec
+        && old.status == object.status
+        && *creation_timestamp == o.creation_timestamp
+        && *deletion_grace_period_seconds == o.deletion_grace_period_seconds
+        && *deletion_timestamp == o.deletion_timestamp
+        && *finalizers == o.finalizers
+        && *generate_name == o.generate_name
+        && *generation == o.generation
+        && *labels == o.labels
+        && *managed_fields == o.managed_fields
+        && *name == o.name
+        && *namespace == o.namespace
+        && *owner_references == o.owner_references
+        && *self_link == o.self_link
+        && *uid == o.uid;
+    if !same {
+        return None;
+    }
+    let (now, then) = (annotations.as_ref()?, o.annotations.as_ref()?);
+    let parse = |a: &std::collections::BTreeMap<String, String>| a.get(key)?.parse::<i64>().ok();
+    let seen = parse(now)?;
+    parse(then)?;
+    let others_equal = now.len() == then.len()
+        && now
+            .iter()
+            .zip(then.iter())
+            .all(|((k, v), (k0, v0))| k == k0 && (v == v0 || k == key));
+    others_equal.then_some(seen)
+}
+
 impl NodeTable {
     /// An empty table translating with `topology_label` (`--topology-label`).
     pub fn new(topology_label: &str) -> Self {
@@ -90,6 +146,14 @@ impl NodeTable {
                 return None;
             }
         }
+        if let Some(seen) = self
+            .entries
+            .get(name)
+            .and_then(|old| check_in_only(&old.object, object))
+        {
+            self.check_in(name, object, seen);
+            return None;
+        }
         let (mut node, problems) = translate_node(object, &self.topology_label);
         let ready = node.is_ready(self.now);
         match self.entries.remove(name) {
@@ -113,6 +177,27 @@ impl NodeTable {
             },
         );
         Some(problems)
+    }
+
+    /// A check-in of Node `name` (its entry exists): the new object and `last_seen`, its
+    /// readiness and deadline moved, `changed` raised only if its readiness flipped.
+    fn check_in(&mut self, name: &str, object: &Arc<KubeNode>, last_seen: i64) {
+        let Some(mut entry) = self.entries.remove(name) else {
+            return;
+        };
+        self.forget_deadline(name, &entry);
+        entry.object = Arc::clone(object);
+        entry.node.last_seen = last_seen;
+        let ready = entry.node.is_ready(self.now);
+        if ready != entry.ready {
+            self.changed = true;
+        }
+        entry.ready = ready;
+        if ready {
+            self.deadlines
+                .insert((deadline(&entry.node), name.to_string()));
+        }
+        self.entries.insert(name.to_string(), entry);
     }
 
     /// Brings the whole table to `objects` (after a re-list, or when a reader fell behind):

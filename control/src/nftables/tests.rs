@@ -122,6 +122,43 @@ fn a_change_adds_and_removes_only_the_elements_that_changed() {
 }
 
 #[test]
+fn a_set_losing_many_elements_is_flushed_and_filled_again() {
+    let many = |count: u32| -> std::collections::BTreeSet<ipnet::IpNet> {
+        (0..count)
+            .map(|i| {
+                format!("10.{}.{}.0/24", 100 + i / 256, i % 256)
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let mut from = FirewallSets::default();
+    from.v4.no_nat = many(1000);
+    let mut to = from.clone();
+    to.v4.no_nat = many(10);
+    let script = change_script(&from, &to, false);
+    assert!(!script.contains("delete element"), "{script}");
+    let flush = script.find("flush set inet kilo no_nat4\n").expect(&script);
+    let add = script
+        .find("add element inet kilo no_nat4 { ")
+        .expect(&script);
+    assert!(flush < add, "{script}");
+    // What stays is all there: the ten networks, in one add.
+    assert_eq!(script.matches("add element").count(), 1, "{script}");
+    for net in &to.v4.no_nat {
+        assert!(script.contains(&net.to_string()), "{net} missing: {script}");
+    }
+    // Everything leaving: a flush and nothing to add.
+    to.v4.no_nat.clear();
+    let script = change_script(&from, &to, false);
+    assert_eq!(script, "flush set inet kilo no_nat4\n");
+    // At the threshold, still element by element.
+    to.v4.no_nat = from.v4.no_nat.iter().skip(FLUSH_OVER).copied().collect();
+    let script = change_script(&from, &to, false);
+    assert!(script.starts_with("delete element"), "{script}");
+}
+
+#[test]
 fn a_chain_is_rewritten_only_when_its_rules_change() {
     let mut from = FirewallSets::default();
     let mut to = from.clone();

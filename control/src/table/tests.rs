@@ -43,13 +43,50 @@ fn a_check_in_that_flips_no_readiness_is_no_change() {
         &nodes[3].name,
         Some(&with_last_seen(&nodes[3], NOW + 30, 100)),
     );
-    assert_eq!(problems, Some(vec![]), "the new object was translated");
+    assert_eq!(problems, None, "a check-in alone is not translated");
     assert!(!t.take_changed());
     assert_eq!(t.get(&nodes[3].name).unwrap().last_seen, NOW + 30);
     // The same resourceVersion again is not even translated.
     let again = with_last_seen(&nodes[3], NOW + 31, 100);
     assert_eq!(t.update(&nodes[3].name, Some(&again)), None);
     assert_eq!(t.get(&nodes[3].name).unwrap().last_seen, NOW + 30);
+}
+
+#[test]
+fn a_check_in_alone_is_taken_without_translation_and_anything_more_is_translated() {
+    let nodes = synthetic_cluster(6, 2);
+    let mut t = table(&nodes);
+    t.take_changed();
+    // A check-in alone: what translating would give, readiness and deadline moved.
+    let object = with_last_seen(&nodes[1], NOW + 45, 200);
+    assert_eq!(t.update(&nodes[1].name, Some(&object)), None);
+    let (translated, _) = translate_node(&object, DEFAULT_TOPOLOGY_LABEL);
+    assert_eq!(t.get(&nodes[1].name), Some(&translated));
+    t.advance(NOW + READY_WINDOW_SECS + 1);
+    assert!(t.take_changed(), "the others expired");
+    let ready: Vec<bool> = t.iter().map(|(_, r)| r).collect();
+    assert_eq!(ready.iter().filter(|r| **r).count(), 1, "{ready:?}");
+    // A check-in that brings a Node back is a change.
+    let back = with_last_seen(&nodes[2], NOW + READY_WINDOW_SECS + 1, 201);
+    assert_eq!(t.update(&nodes[2].name, Some(&back)), None);
+    assert!(t.take_changed());
+    // A check-in with another annotation changed is translated.
+    let mut moved = nodes[3].clone();
+    moved.last_seen = NOW + READY_WINDOW_SECS + 1;
+    moved.location = "elsewhere".into();
+    let object = Arc::new(kube_node(&moved, 202));
+    assert_eq!(t.update(&moved.name, Some(&object)), Some(vec![]));
+    assert_eq!(t.get(&moved.name).unwrap().location, "elsewhere");
+    // A check-in that does not parse is translated, and reported.
+    let mut bad = (*with_last_seen(&nodes[4], NOW, 203)).clone();
+    bad.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(annotation::LAST_SEEN.into(), "yesterday".into());
+    let problems = t.update(&nodes[4].name, Some(&Arc::new(bad))).unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].annotation, annotation::LAST_SEEN);
 }
 
 #[test]
@@ -139,12 +176,17 @@ fn sync_removes_what_is_gone_and_translates_only_what_changed() {
         .map(|(i, n)| (n.name.clone(), Arc::new(kube_node(n, i as u64 + 1))))
         .collect();
     objects.remove(&nodes[0].name);
+    let mut moved = nodes[1].clone();
+    moved.location = "elsewhere".into();
+    objects.insert(nodes[1].name.clone(), Arc::new(kube_node(&moved, 99)));
+    // A check-in: a new object, taken without translation.
     objects.insert(
-        nodes[1].name.clone(),
-        with_last_seen(&nodes[1], NOW + 5, 99),
+        nodes[2].name.clone(),
+        with_last_seen(&nodes[2], NOW + 5, 98),
     );
     let translated = t.sync(&objects);
-    assert_eq!(translated.len(), 1, "only node 1 changed");
+    assert_eq!(translated.len(), 1, "only node 1 changed beyond a check-in");
+    assert_eq!(t.get(&nodes[2].name).unwrap().last_seen, NOW + 5);
     assert_eq!(translated[0].0, nodes[1].name);
     assert!(t.take_changed(), "node 0 is gone");
     assert_eq!(t.len(), 4);
