@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod fake_kube;
 pub mod pinger;
 pub mod real_kube;
+pub mod webhook;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

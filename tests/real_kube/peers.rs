@@ -103,29 +103,19 @@ webhooks:
         scope: Cluster
 "
     ));
-    let peer = |name: &str, key: &str, ip: &str| {
-        format!(
-            "apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: {name}\nspec:\n  allowedIPs:\n  - {ip}\n  publicKey: {key}\n  persistentKeepalive: 10\n"
-        )
-    };
+    let peer = common::webhook::peer_yaml;
     let good_key = "a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-    // The API server may take a moment to use a new webhook configuration.
     let refused = |name: &str, yaml: &str, field: &str| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = kube.kubectl_output(&["apply", "-f", "-"], Some(yaml));
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            if !out.status.success() && stderr.contains("denied the request") {
-                assert!(stderr.contains(field), "{name}: {stderr}");
-                return stderr;
-            }
-            let _ = kube.kubectl_output(&["delete", "peer", name, "--ignore-not-found"], None);
-            assert!(
-                Instant::now() < deadline,
-                "{name} was not refused by the webhook: {stderr}"
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        common::webhook::refused_by_webhook(
+            name,
+            yaml,
+            field,
+            Duration::from_secs(20),
+            |yaml| kube.kubectl_output(&["apply", "-f", "-"], Some(yaml)),
+            |name| {
+                let _ = kube.kubectl_output(&["delete", "peer", name, "--ignore-not-found"], None);
+            },
+        )
     };
     let bad_key = refused(
         "badkey",
