@@ -11,9 +11,10 @@
 #     /24 out of KUBE_CLUSTER_CIDR; the token controller, so ServiceAccounts get token Secrets)
 #   - N nodes. Node i (1..N) is a network namespace <cid>-n<i> with eth0 at 10.77.0.(10+i)/24 on a
 #     bridge that lives in its own namespace <cid>-sw (10.77.0.1 there is every node's default
-#     gateway; it routes nowhere), and a mount namespace (bound to DIR/ns/<i>.mnt) in which the
-#     node's own directories are bind-mounted over /var/lib/kubelet, /etc/cni/net.d,
-#     /opt/cni/bin, /var/lib/kilo, /run/wireguard, /run/containerd, /run/netns, /var/log/pods,
+#     gateway; it routes nowhere; the host is on it at 10.77.0.254 and routes each node's pod
+#     CIDR through the node, so the API server reaches webhooks in pods), and a mount
+#     namespace (bound to DIR/ns/<i>.mnt) in which the node's own directories are bind-mounted
+#     over /var/lib/kubelet, /etc/cni/net.d, /opt/cni/bin, /var/lib/kilo, /run/wireguard, /run/containerd, /run/netns, /var/log/pods,
 #     /var/log/containers, /run/xtables.lock (and, for KUBE_NODE_FLAVOR=k3s, /etc/rancher/k3s and
 #     /var/lib/rancher/k3s/agent/etc/cni/net.d). Each node runs its own containerd (own config,
 #     root, state and socket under DIR/nodes/<i>/; the host's containerd service is not touched)
@@ -46,10 +47,15 @@
 #                       kubeconfig (k3s: /var/lib/rancher/k3s/agent/etc/cni/net.d, the CNI
 #                       plugins preinstalled in /opt/cni/bin, /etc/rancher/k3s/k3s.yaml)
 #   KUBE_NODE_READY_TIMEOUT  seconds to wait for each Node to register (default 120)
+#   KUBE_NODE_RUNTIMES  the OCI runtime of each node, in node order, separated by spaces: runc
+#                       (the default for a node not named) or crun (Debian's crun, whose default
+#                       device rules leave /dev/net/tun out, as crun did from 2022 to 2025).
+#                       crun refuses a hybrid cgroup layout, so a crun node's mount namespace
+#                       does without /sys/fs/cgroup/unified (the host keeps it).
 #
 # DIR/cluster.env exports everything DIR/env (kube-up.sh) does, and CLUSTER_ID, NODE_COUNT,
 # NODE_NAMES, NODE_NETNS, NODE_IPS, NODE_MNTNS (space-separated, in node order),
-# NODE_CONTAINERD_SOCKS, SWITCH_NETNS, CLUSTER_CIDR, PAUSE_IMAGE, NODE_FLAVOR.
+# NODE_CONTAINERD_SOCKS, SWITCH_NETNS, CLUSTER_CIDR, PAUSE_IMAGE, NODE_FLAVOR, NODE_RUNTIMES.
 #
 # Needs root, iproute2, util-linux (unshare, nsenter), containerd, ctr, runc, iptables, socat
 # (installed when missing), openssl and curl.
@@ -209,6 +215,14 @@ dir=$(cd "$2" && pwd)
 flavor=${KUBE_NODE_FLAVOR:-kubeadm}
 [[ $flavor == kubeadm || $flavor == k3s ]] || die "KUBE_NODE_FLAVOR must be kubeadm or k3s, not '$flavor'"
 cluster_cidr=${KUBE_CLUSTER_CIDR:-10.244.0.0/16}
+read -r -a runtimes <<<"${KUBE_NODE_RUNTIMES:-}"
+for runtime in "${runtimes[@]}"; do
+	case $runtime in
+	runc) ;;
+	crun) command -v crun >/dev/null || die "KUBE_NODE_RUNTIMES names crun, which is not installed (package crun)" ;;
+	*) die "KUBE_NODE_RUNTIMES: '$runtime' is neither runc nor crun" ;;
+	esac
+done
 # Unix socket paths are limited to 107 bytes.
 ((${#dir} <= 60)) || die "DIR ($dir) is too long for the unix sockets under it; use a shorter path"
 
@@ -276,8 +290,11 @@ done
 
 ########################################################################################################
 phase control-plane
-# kube-up.sh stops what it started if it fails; our trap runs kube-down.sh as well.
-env_file=$(bash "$script_dir/kube-up.sh" "$dir" | tail -n1) || die "scripts/kube-up.sh failed"
+# kube-up.sh stops what it started if it fails; our trap runs kube-down.sh as well. The API
+# server calls webhooks at their Service's endpoints (pod IPs, routed below), as there is no
+# kube-proxy to make a ClusterIP work on this host.
+env_file=$(KUBE_APISERVER_EXTRA_FLAGS="${KUBE_APISERVER_EXTRA_FLAGS:-} --enable-aggregator-routing=true" \
+	bash "$script_dir/kube-up.sh" "$dir" | tail -n1) || die "scripts/kube-up.sh failed"
 # shellcheck disable=SC1090
 source "$env_file"
 kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG" "$@"; }
@@ -367,6 +384,12 @@ ip -n "$cid-sw" link set lo up
 ip -n "$cid-sw" link add br0 type bridge
 ip -n "$cid-sw" addr add "$SUBNET.1/24" dev br0
 ip -n "$cid-sw" link set br0 up
+# The host (the API server) on the switch too, at .254, so that it reaches the pods: each
+# node's pod CIDR is routed through the node once it has one. The link goes with the switch.
+ip link add "${cid}h" type veth peer name host netns "$cid-sw"
+ip addr add "$SUBNET.254/24" dev "${cid}h"
+ip link set "${cid}h" up
+ip -n "$cid-sw" link set host master br0 up
 
 # The mount namespaces are bound to files in DIR/ns, which must be on a private mount.
 mkdir -p "$dir/ns"
@@ -438,8 +461,15 @@ for ((i = 1; i <= count; i++)); do
 	fi
 
 	# containerd: its own everything; CRI with cgroupfs, the imported pause image as sandbox
-	# image, no OOM score below its own (root here may lack CAP_SYS_RESOURCE).
+	# image, no OOM score below its own (root here may lack CAP_SYS_RESOURCE); runc or crun
+	# behind containerd's runc shim.
 	sock="$nd/containerd.sock"
+	runtime=${runtimes[i - 1]:-runc}
+	runtime_binary=$(command -v "$runtime")
+	if [[ $runtime == crun ]] && nsenter --mount="$mnt" mountpoint -q /sys/fs/cgroup/unified; then
+		nsenter --mount="$mnt" umount /sys/fs/cgroup/unified
+	fi
+	log "node $i: containers run with $runtime_binary"
 	cat >"$nd/containerd.toml" <<EOF
 version = 2
 root = "$nd/containerd/root"
@@ -460,10 +490,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    default_runtime_name = "$runtime"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$runtime]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$runtime.options]
+        BinaryName = "$runtime_binary"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/opt/cni/bin"
@@ -602,7 +633,9 @@ for ((i = 1; i <= count; i++)); do
 		fi
 		sleep 0.5
 	done
-	log "node $name registered, pod CIDR $(kubectl get node "$name" -o 'jsonpath={.spec.podCIDR}')"
+	pod_cidr=$(kubectl get node "$name" -o 'jsonpath={.spec.podCIDR}')
+	ip route replace "$pod_cidr" via "$SUBNET.$((10 + i))" dev "${cid}h"
+	log "node $name registered, pod CIDR $pod_cidr (routed from the host)"
 done
 
 ########################################################################################################
@@ -621,7 +654,7 @@ phase ''
 		"SWITCH_NETNS=$cid-sw" \
 		"CLUSTER_CIDR=$cluster_cidr" \
 		"PAUSE_IMAGE=$pause_image" \
-		"NODE_FLAVOR=$flavor"; do
+		"NODE_FLAVOR=$flavor" "NODE_RUNTIMES=${runtimes[*]}"; do
 		printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"
 	done
 } >"$dir/cluster.env"

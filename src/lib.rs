@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod backend;
+pub mod device_plugin;
 pub mod kgctl;
 pub mod webhook;
 pub mod wiring;

@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agent::args::KgArgs;
+use crate::device_plugin::DevicePluginArgs;
 use crate::webhook::WebhookArgs;
 
 fn manifests_dir() -> PathBuf {
@@ -95,6 +96,86 @@ fn expand(container: &Container, arg: &str) -> String {
         out.replace_range(start..=end, "node-1");
     }
     out
+}
+
+/// Whether the pod runs `kg device-plugin`.
+fn runs_device_plugin(pod: &PodSpec) -> bool {
+    pod.containers.iter().any(|c| {
+        c.args
+            .as_ref()
+            .and_then(|a| a.first())
+            .is_some_and(|a| a == "device-plugin")
+    })
+}
+
+/// Checks `kg device-plugin`'s DaemonSet: flags `kg` accepts, the kubelet's plugin directory
+/// and the device on the host, nothing privileged, and that the patch its header tells users
+/// to apply asks kg's container for the resource the plugin offers. Returns the resource.
+fn check_device_plugin(file: &str, pod: &PodSpec, header: &str) -> String {
+    assert_eq!(pod.containers.len(), 1, "{file}: one container");
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap_or_default();
+    let parsed = DevicePluginArgs::try_parse_from(
+        std::iter::once("kg".to_string()).chain(args[1..].iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("{file}: kg device-plugin rejects {args:?}: {e}"));
+    let inventory = parsed
+        .inventory()
+        .unwrap_or_else(|e| panic!("{file}: kg device-plugin rejects {args:?}: {e:#}"));
+    let host_path = |mount_path: &str| {
+        let mount = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == mount_path)
+            .unwrap_or_else(|| panic!("{file}: {mount_path} is not mounted"));
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .and_then(|v| v.host_path.clone())
+            .unwrap_or_else(|| panic!("{file}: {mount_path} is not a host path"))
+    };
+    let dir = host_path(parsed.plugin_dir.to_str().unwrap());
+    assert_eq!(
+        Some(dir.path.as_str()),
+        parsed.plugin_dir.to_str(),
+        "{file}"
+    );
+    // The device's directory, so that the plugin sees the host's device come and go.
+    let parent = std::path::Path::new(&inventory.device)
+        .parent()
+        .and_then(|p| p.to_str())
+        .unwrap();
+    let device_dir = host_path(parent);
+    assert_eq!(device_dir.path, parent, "{file}");
+    assert_eq!(device_dir.type_.as_deref(), Some("Directory"), "{file}");
+    let security = container.security_context.clone().unwrap_or_default();
+    assert_ne!(security.privileged, Some(true), "{file}: privileged");
+    // The patch in the header, as the user would paste it.
+    let patch = header
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix('\'')
+                .and_then(|p| p.strip_suffix('\''))
+        })
+        .unwrap_or_else(|| panic!("{file}: no '…' patch in the header"));
+    let patch: Value =
+        serde_json::from_str(patch).unwrap_or_else(|e| panic!("{file}: the patch: {e}"));
+    let patched = &patch["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        patched["name"], "kilo",
+        "{file}: the patch names kg's container"
+    );
+    assert_eq!(
+        patched["resources"]["limits"][inventory.resource_name.as_str()],
+        "1",
+        "{file}: the patch asks for another resource than {}",
+        inventory.resource_name
+    );
+    inventory.resource_name
 }
 
 /// Checks the `kg` containers of a pod: returns how many there were.
@@ -215,6 +296,7 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
     let mut kinds = BTreeSet::new();
     let mut agents = 0;
     let mut webhooks = 0;
+    let mut device_plugins = Vec::new();
     let mut daemonset_labels = Vec::new();
     let mut kg_listen = BTreeSet::new();
     let mut monitor_target = None;
@@ -237,8 +319,13 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
                 let template = spec.template;
                 let labels = template.metadata.unwrap().labels.unwrap();
                 assert_eq!(spec.selector.match_labels.as_ref(), Some(&labels), "{file}");
-                daemonset_labels.push(labels);
                 let pod = template.spec.unwrap();
+                if runs_device_plugin(&pod) {
+                    let header = std::fs::read_to_string(manifests_dir().join(&file)).unwrap();
+                    device_plugins.push(check_device_plugin(&file, &pod, &header));
+                    continue;
+                }
+                daemonset_labels.push(labels);
                 assert_eq!(pod.service_account_name.as_deref(), Some("kilo"), "{file}");
                 let found = check_kg_containers(&file, &pod);
                 assert_eq!(found, 1, "{file}: one kg container, no sidecar");
@@ -363,6 +450,7 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
     }
     assert_eq!(agents, 2, "a DaemonSet for kubeadm and one for k3s");
     assert_eq!(webhooks, 1, "the webhook Deployment");
+    assert_eq!(device_plugins, ["squat.ai/tun"], "the TUN's device plugin");
     // The PodMonitor scrapes kg's container on kg's port in both DaemonSets.
     let monitor_target = monitor_target.expect("a PodMonitor");
     assert!(

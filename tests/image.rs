@@ -570,8 +570,8 @@ fn the_manifests_run_the_image_the_build_writes() {
         }
     }
     assert_eq!(
-        seen, 5,
-        "kubeadm and k3s (kg and install-cni each) and the webhook"
+        seen, 6,
+        "kubeadm and k3s (kg and install-cni each), the webhook and the TUN's device plugin"
     );
     let build = fs::read_to_string(Path::new(REPO).join("image/build.sh")).unwrap();
     assert!(build.contains("docker.io/library/kilotun:$version"));

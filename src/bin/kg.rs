@@ -4,12 +4,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kilotun::agent::{self, args::KgArgs};
+use kilotun::device_plugin::{self, DevicePluginArgs};
 use kilotun::webhook::{self, WebhookArgs};
 
-/// What this invocation runs: the agent, or `kg webhook`.
+/// What this invocation runs: the agent, `kg webhook` or `kg device-plugin`.
 enum Job {
     Agent(Box<agent::args::Settings>),
     Webhook(WebhookArgs),
+    DevicePlugin(DevicePluginArgs),
 }
 
 fn main() -> ExitCode {
@@ -17,6 +19,9 @@ fn main() -> ExitCode {
     let job = if argv.get(1).is_some_and(|a| a == "webhook") {
         argv.remove(1);
         Job::Webhook(WebhookArgs::parse_from(argv))
+    } else if argv.get(1).is_some_and(|a| a == "device-plugin") {
+        argv.remove(1);
+        Job::DevicePlugin(DevicePluginArgs::parse_from(argv))
     } else {
         match KgArgs::parse_from(argv).settings() {
             Ok(s) => Job::Agent(Box::new(s)),
@@ -29,6 +34,7 @@ fn main() -> ExitCode {
     let log_level = match &job {
         Job::Agent(s) => s.args.log_level.clone(),
         Job::Webhook(w) => w.log_level.clone(),
+        Job::DevicePlugin(d) => d.log_level.clone(),
     };
     let level = agent::log_filter(&log_level).unwrap_or("info");
     // netlink-proto's own chatter is not kg's to report.
@@ -57,6 +63,7 @@ fn main() -> ExitCode {
     let outcome = match job {
         Job::Agent(settings) => runtime.block_on(agent::run(*settings)),
         Job::Webhook(args) => runtime.block_on(webhook::run(args)),
+        Job::DevicePlugin(args) => runtime.block_on(device_plugin::run(args)),
     };
     // Dropping the runtime would wait for every blocking task, such as a name lookup stuck in
     // the resolver's timeout; the work is done, so the process exits within a moment instead

@@ -1,11 +1,12 @@
 //! kilotun's DaemonSet as pods under real kubelets: `scripts/kubelet-cluster.sh` starts etcd,
 //! kube-apiserver, kube-scheduler and kube-controller-manager v1.20.2 on this host and two nodes,
-//! each a network and a mount namespace with its own containerd (CRI, runc) and kubelet, with
+//! each a network and a mount namespace with its own containerd (CRI, runc or crun) and kubelet, with
 //! the pause image and kilotun's image (`image/build.sh`) imported. The tests apply the
 //! manifests as a user would (only the pull policy changed: nothing can be pulled here) and
 //! check what a cluster operator sees: the pods Ready, the Node annotations, the mesh carrying
 //! pod traffic through WireGuard, the liveness probe holding, traffic across a crash of kg and
-//! across `kubectl rollout restart`, and `kubectl delete` cleaning up.
+//! across `kubectl rollout restart`, and `kubectl delete` cleaning up; on a crun node, kg given
+//! the TUN by `kg device-plugin` (`device_plugin.rs`); the Peer webhook as a pod (`webhook.rs`).
 //!
 //! Needs root, containerd, runc and the container tools; the Kubernetes binaries are built (and
 //! cached) by `scripts/kube-apiserver.sh` and `scripts/kube-node-bins.sh`. Without them the
@@ -15,7 +16,9 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod device_plugin;
 mod surge;
+mod webhook;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -140,9 +143,10 @@ struct KubeletCluster {
 }
 
 impl KubeletCluster {
-    /// `count` nodes of `flavor` (kubeadm or k3s) with kilotun's image imported, or `None` (the
-    /// test skipped) when that cannot be done here.
-    fn up(test: &str, count: usize, flavor: &str) -> Option<Self> {
+    /// `count` nodes of `flavor` (kubeadm or k3s) with kilotun's image imported, their OCI
+    /// runtimes as `runtimes` names them (`KUBE_NODE_RUNTIMES`: runc where empty), or `None`
+    /// (the test skipped) when that cannot be done here.
+    fn up(test: &str, count: usize, flavor: &str, runtimes: &str) -> Option<Self> {
         if !can_run(test) {
             return None;
         }
@@ -166,6 +170,7 @@ impl KubeletCluster {
                 format!("{}={}", archive.display(), image_name()),
             )
             .env("KUBE_NODE_FLAVOR", flavor)
+            .env("KUBE_NODE_RUNTIMES", runtimes)
             .stdin(Stdio::null())
             .output()
             .expect("running scripts/kubelet-cluster.sh");
@@ -511,6 +516,16 @@ fn wireguard_ip(k: &KubeletCluster, node: &str) -> String {
 /// Installs `manifest_name` with the CRDs and RBAC, waits for the pods, annotations and mesh;
 /// returns the sleeper pods' IPs (one per node, in node order) and when kilo became Ready.
 fn install(k: &KubeletCluster, manifest_name: &str) -> (Vec<String>, Instant) {
+    install_with(k, manifest_name, |_| {})
+}
+
+/// [`install`], with `before_ready` run once the DaemonSet is applied, before waiting for its
+/// pods to be Ready.
+fn install_with(
+    k: &KubeletCluster,
+    manifest_name: &str,
+    before_ready: impl FnOnce(&KubeletCluster),
+) -> (Vec<String>, Instant) {
     let started = Instant::now();
     // The nodes share one subnet and no topology label: Kilo's rule would make them one
     // location, joined by IPIP without WireGuard. An operator who wants the WireGuard mesh
@@ -522,6 +537,7 @@ fn install(k: &KubeletCluster, manifest_name: &str) -> (Vec<String>, Instant) {
     k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/crds.yaml")]);
     k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/rbac.yaml")]);
     k.apply(&manifest(manifest_name));
+    before_ready(k);
     let pods = k.wait_kilo_ready(Duration::from_secs(180));
     let ready_at = Instant::now();
     eprintln!(
@@ -671,7 +687,7 @@ fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
 #[test]
 fn kubeadm_daemonset_on_real_kubelets() {
     let test = "kubeadm_daemonset_on_real_kubelets";
-    let Some(k) = KubeletCluster::up(test, 2, "kubeadm") else {
+    let Some(k) = KubeletCluster::up(test, 2, "kubeadm", "") else {
         return;
     };
     let (pod_ips, ready_at) = install(&k, "kilo-kubeadm.yaml");
@@ -831,10 +847,12 @@ fn kubeadm_daemonset_on_real_kubelets() {
 #[test]
 fn k3s_daemonset_on_real_kubelets() {
     let test = "k3s_daemonset_on_real_kubelets";
-    let Some(k) = KubeletCluster::up(test, 2, "k3s") else {
+    // The second node's runtime is crun 1.8, which leaves /dev/net/tun out of its default
+    // devices: kg fails there with its one line until the device plugin gives it the TUN.
+    let Some(k) = KubeletCluster::up(test, 2, "k3s", "runc crun") else {
         return;
     };
-    let (pod_ips, _) = install(&k, "kilo-k3s.yaml");
+    let (pod_ips, _) = install_with(&k, "kilo-k3s.yaml", device_plugin::denied_then_given);
     // k3s's CNI directory holds kg's configuration with the node's pod CIDR.
     for (i, n) in k.nodes.iter().enumerate() {
         let conf = k
@@ -844,5 +862,6 @@ fn k3s_daemonset_on_real_kubelets() {
         let cidr = k.kubectl_ok(&["get", "node", &n.name, "-o", "jsonpath={.spec.podCIDR}"]);
         assert!(text.contains(cidr.trim()), "{}: {text}", conf.display());
     }
+    webhook::the_webhook_pod_validates_peers(&k);
     uninstall(&k, &pod_ips, &["kilo"]);
 }

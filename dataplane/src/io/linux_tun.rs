@@ -42,7 +42,7 @@ pub enum TunError {
     NoTunDevice,
     /// `/dev/net/tun` exists but may not be opened: a device rule of the container runtime
     /// (the devices cgroup) or a `nodev` mount denies it, whatever the process's capabilities.
-    #[error("/dev/net/tun exists but opening it is denied ({source}): the container runtime's device rules leave it out (runc 1.2.0 to 1.2.3 and crun from 2022 to 2025 dropped it from their default devices); allow the character device 10:200 for the container (a device plugin, a CDI device, or a runtime with it in its defaults) or run it privileged")]
+    #[error("/dev/net/tun exists but opening it is denied ({source}): the container runtime's device rules leave it out (runc 1.2.0 to 1.2.3 and crun from 2022 to 2025 dropped it from their default devices); allow the character device 10:200 for the container (a device plugin such as `kg device-plugin`, whose manifests/tun-device-plugin.yaml gives it as squat.ai/tun; a CDI device; or a runtime with it in its defaults) or run it privileged")]
     DeviceDenied {
         /// The error opening the device.
         source: io::Error,
