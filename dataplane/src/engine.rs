@@ -40,14 +40,31 @@ pub const TIMER_TICK: Duration = Duration::from_millis(250);
 /// is acknowledged with a keepalive, so its sender knows the path works.
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an initiation sent by [`Engine::initiate_handshakes`] waits for an answer before
-/// another is sent, instead of WireGuard's 5 s REKEY_TIMEOUT. A restarted agent's first
-/// initiation often reaches a peer whose own agent has not added it back yet (Kilo's agent,
-/// after a node's annotations went and came back, reconfigures its WireGuard a moment later
-/// and drops what came before): waiting the full 5 s cost a migrating node 6 s of traffic.
-pub(crate) const EAGER_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// How many such early initiations follow the first, at most: by then REKEY_TIMEOUT's own
-/// retries take over.
-pub(crate) const EAGER_RETRIES: u8 = 4;
+/// another is sent, instead of WireGuard's 5 s REKEY_TIMEOUT, while [`EAGER_RETRIES`] -
+/// [`EAGER_SLOW_RETRIES`] retries remain. A restarted agent's first initiation often reaches a
+/// peer whose own agent has not added it back yet (Kilo's agent, after a node's annotations went
+/// and came back, reconfigures its WireGuard a moment later and drops what came before): waiting
+/// the full 5 s cost a migrating node 6 s of traffic, and a retry a second later still cost
+/// that node up to 2 s on a busy host where Kilo's agent took over a second to catch up.
+pub(crate) const EAGER_RETRY_AFTER: Duration = Duration::from_millis(500);
+/// The wait before each of the last [`EAGER_SLOW_RETRIES`] early initiations: a retry replaces
+/// the unanswered initiation (a new index), so an answer that takes longer than the wait is
+/// dropped when it comes; these leave a path with a round trip of up to a second its chance.
+pub(crate) const EAGER_SLOW_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How many early initiations follow the first, at most (at 0.5, 1, 1.5, 2.5, 3.5 and 4.5 s):
+/// by then REKEY_TIMEOUT's own retries take over.
+pub(crate) const EAGER_RETRIES: u8 = 6;
+/// How many of the [`EAGER_RETRIES`] wait [`EAGER_SLOW_RETRY_AFTER`].
+pub(crate) const EAGER_SLOW_RETRIES: u8 = 3;
+
+/// The wait before the next early initiation when `left` of them remain.
+pub(crate) fn eager_retry_after(left: u8) -> Duration {
+    if left > EAGER_SLOW_RETRIES {
+        EAGER_RETRY_AFTER
+    } else {
+        EAGER_SLOW_RETRY_AFTER
+    }
+}
 
 /// Handshake messages per second the whole device verifies before answering with cookies.
 const DEVICE_HANDSHAKE_RATE_LIMIT: u64 = 100;
@@ -147,8 +164,8 @@ impl Engine {
     /// of its last run: the other side still sends on a session that died with the old process,
     /// and would wait for its own timers (up to about 15 s) before it starts a new one. (A peer
     /// with a persistent keepalive starts one at its first tick anyway; this is for the rest.)
-    /// An initiation left unanswered is sent again every [`EAGER_RETRY_AFTER`], up to
-    /// [`EAGER_RETRIES`] times, until a handshake completes.
+    /// An initiation left unanswered is sent again after [`EAGER_RETRY_AFTER`] (later ones after
+    /// [`EAGER_SLOW_RETRY_AFTER`]), up to [`EAGER_RETRIES`] times, until a handshake completes.
     pub fn initiate_handshakes(&self) -> usize {
         let state = self.state.load();
         let mut marked = 0;

@@ -533,8 +533,9 @@ fn nodes_migrate_from_kilo_to_kilotun_location_by_location() {
 /// Kilo's agents cleaning up as its manifests run them (`--clean-up=true`) remove a node's
 /// annotations when they stop, so Kilo's remaining agents re-elect and replace their WireGuard
 /// peers (dropping sessions) twice per step, and reconfigure a moment after kilotun's first
-/// initiation: kilotun retries it within a second (6.1 s at the first leader's step before,
-/// waiting for WireGuard's 5 s REKEY_TIMEOUT; 1.14 s after, then 0.31 to 0.42 s).
+/// initiation: kilotun retries it half a second later (6.1 s at the first leader's step with
+/// WireGuard's 5 s REKEY_TIMEOUT; 1.14 to 1.36 s with a retry after a second; 0.63 to 0.75 s
+/// now, then 0.31 to 0.42 s).
 #[test]
 fn nodes_migrate_from_kilo_cleaning_up_as_its_manifests_run_it_leaders_first() {
     migrate_in_order_cleaning_up(

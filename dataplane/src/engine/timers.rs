@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use boringtun::noise::TunnResult;
 
 use super::peer::{PeerCore, PeerShared};
-use super::{Engine, EAGER_RETRIES, EAGER_RETRY_AFTER, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
+use super::{eager_retry_after, Engine, EAGER_RETRIES, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
 use crate::config::PeerConfig;
 use crate::outbox::{offset_within, Outbox};
 
@@ -38,11 +38,11 @@ impl Engine {
             let initiate = std::mem::take(&mut core.handshake_due) && unshaken;
             let retry = !initiate && unshaken && core.eager_retry.is_some_and(|(at, _)| now >= at);
             if initiate {
-                core.eager_retry = Some((now + EAGER_RETRY_AFTER, EAGER_RETRIES));
+                core.eager_retry = Some((now + eager_retry_after(EAGER_RETRIES), EAGER_RETRIES));
             } else if retry {
-                core.eager_retry = core
-                    .eager_retry
-                    .and_then(|(_, left)| (left > 1).then(|| (now + EAGER_RETRY_AFTER, left - 1)));
+                core.eager_retry = core.eager_retry.and_then(|(_, left)| {
+                    (left > 1).then(|| (now + eager_retry_after(left - 1), left - 1))
+                });
             }
             let Some(tunn) = core.tunn.as_mut() else {
                 continue;
