@@ -15,7 +15,8 @@
 //! allows 1.5 s under emulation), in a location that mixes the kernel's IPIP and kilotun's
 //! userspace IPIP (`--ipip=userspace`), then restarts all four with `--mesh-granularity=full`
 //! (the last run's routes over the tunnels must go); it prints `CHECK <name> ok` per step and
-//! `GAP` lines with what each lost.
+//! `GAP` lines with what each lost. A third machine, on 5.10, runs two of `tests/kg_mesh.rs`'s
+//! tests with the binary cargo built for the suite (`CORE_ON_5_10`).
 //!
 //! Needs root and qemu-system-x86, busybox-static, kmod, python3 (venv), socat, iproute2,
 //! wireguard-tools, iputils-ping; the kernels and virtme-ng are fetched once into
@@ -204,4 +205,90 @@ fn kilotun_and_kg_with_kernel_wireguard_on_linux_6_1() {
 #[test]
 fn kilotun_and_kg_with_kernel_wireguard_on_linux_5_10() {
     interop("5.10", "kilotun_and_kg_with_kernel_wireguard_on_linux_5_10");
+}
+
+/// The tests of `tests/kg_mesh.rs` that run the core of the suite under bullseye's 5.10: Kilo's
+/// leaders elected and every pod reached across locations (with the firewall, the metrics and
+/// the graph), and a machine joined with `kgctl connect`. (The other kg_mesh tests passed there
+/// too, by hand; in CI they would add about four more minutes under TCG.)
+const CORE_ON_5_10: [&str; 2] = [
+    "location_mesh_elects_kilos_leaders_and_connects_every_pod",
+    "kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine",
+];
+
+/// The `kg_mesh` test binary cargo built beside this one (the newest, if several).
+fn kg_mesh_binary() -> Option<std::path::PathBuf> {
+    let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    std::fs::read_dir(&deps)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("kg_mesh-")
+                .is_some_and(|hash| hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, path)| path)
+}
+
+/// [`CORE_ON_5_10`] run in a machine booted from bullseye's 5.10 kernel: the same netns
+/// clusters, nftables, routes and TUN devices as on this machine's kernel, on an older one.
+#[test]
+fn the_core_of_the_mesh_suite_on_linux_5_10() {
+    let test = "the_core_of_the_mesh_suite_on_linux_5_10";
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run(test, "5.10") {
+        return;
+    }
+    let Some(binary) = kg_mesh_binary() else {
+        return unavailable(
+            test,
+            "no kg_mesh test binary beside this one (cargo test builds it: run the whole suite)",
+        );
+    };
+    let binary = binary.to_string_lossy().into_owned();
+    let mut args = vec![
+        "--timeout",
+        "900",
+        "--",
+        "bash",
+        "-c",
+        "cd \"$1\" && shift && uname -r && CI=1 exec \"$@\"",
+        "kernel-vm",
+        REPO,
+        &binary,
+        "--test-threads=1",
+        "--exact",
+    ];
+    args.extend(CORE_ON_5_10);
+    let out = kernel_vm("5.10", &args);
+    let (stdout, stderr) = text(&out);
+    let timings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("kernel-vm.sh:"))
+        .collect();
+    eprintln!("{test}: {}", timings.join("\n"));
+    assert!(
+        out.status.success(),
+        "{test}: the guest's tests failed ({}):\n{stdout}\n--- stderr:\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("5.10.")),
+        "{test}: the guest did not run 5.10:\n{stdout}"
+    );
+    for name in CORE_ON_5_10 {
+        assert!(
+            stdout.contains(&format!("test {name} ... ok")),
+            "{test}: {name} did not pass in the guest:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains(&format!("test result: ok. {} passed", CORE_ON_5_10.len())),
+        "{test}: {stdout}"
+    );
+    for line in stdout.lines().filter(|l| l.starts_with("test ")) {
+        eprintln!("{test}: under 5.10: {line}");
+    }
 }
