@@ -1,8 +1,35 @@
-//! The Peer webhook as a test meets it, whichever cluster runs it: a Peer's YAML, and the
-//! wait for the API server to refuse one.
+//! The Peer webhook as a test meets it, whichever cluster runs it: its self-signed serving
+//! certificate, a Peer's YAML, and the wait for the API server to refuse one.
 
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
+
+/// A self-signed serving certificate (its own CA bundle) for the common name `cn` and the
+/// subject alternative names `san` (`DNS:…`, `IP:…`), written in `dir`: (cert, key).
+pub fn self_signed_cert(dir: &Path, cn: &str, san: &str) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("webhook.crt"), dir.join("webhook.key"));
+    super::run(&[
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-sha256",
+        "-days",
+        "1",
+        "-subj",
+        &format!("/CN={cn}"),
+        "-addext",
+        &format!("subjectAltName={san}"),
+        "-keyout",
+        key.to_str().unwrap(),
+        "-out",
+        cert.to_str().unwrap(),
+    ]);
+    (cert, key)
+}
 
 /// A Peer named `name` with public key `key`, one allowed IP and a 10 s keepalive.
 pub fn peer_yaml(name: &str, key: &str, allowed: &str) -> String {

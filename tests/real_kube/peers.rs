@@ -2,35 +2,8 @@
 //! external peer from `kgctl showconf`, `kgctl connect`, and two clusters joined through their
 //! leaders.
 
-use std::path::PathBuf;
-
 use super::common;
 use super::*;
-
-/// A self-signed serving certificate for 127.0.0.1 (it is its own CA bundle): (cert, key).
-fn webhook_cert(dir: &std::path::Path) -> (PathBuf, PathBuf) {
-    let (cert, key) = (dir.join("webhook.crt"), dir.join("webhook.key"));
-    common::run(&[
-        "openssl",
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-sha256",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-addext",
-        "subjectAltName=IP:127.0.0.1",
-        "-keyout",
-        key.to_str().unwrap(),
-        "-out",
-        cert.to_str().unwrap(),
-    ]);
-    (cert, key)
-}
 
 /// A free loopback TCP port (bound and released: a test-only race, unique enough here).
 fn free_port() -> u16 {
@@ -50,7 +23,7 @@ fn the_peer_webhook_refuses_invalid_peers_for_the_api_server() {
     kube.apply_manifest("crds.yaml");
     let work = kube.dir.join("webhook");
     std::fs::create_dir_all(&work).unwrap();
-    let (cert, key) = webhook_cert(&work);
+    let (cert, key) = common::webhook::self_signed_cert(&work, "127.0.0.1", "IP:127.0.0.1");
     let (port, metrics) = (free_port(), free_port());
     let log = std::fs::File::create(work.join("webhook.log")).unwrap();
     struct Killed(std::process::Child);

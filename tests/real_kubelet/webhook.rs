@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
-use super::common::webhook::{peer_yaml as peer, refused_by_webhook};
+use super::common::webhook::{peer_yaml as peer, refused_by_webhook, self_signed_cert};
 use super::{manifest, KubeletCluster};
 
 /// The manifest's documents but its certgen Jobs (and their account and roles).
@@ -25,44 +25,18 @@ fn without_certgen(text: &str) -> String {
         .join("\n---\n")
 }
 
-/// A self-signed certificate and key for the webhook's Service name, in `dir`.
-fn service_certificate(dir: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
-    let (cert, key) = (dir.join("webhook.crt"), dir.join("webhook.key"));
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-sha256",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=peer-validation.kilo.svc",
-            "-addext",
-            "subjectAltName=DNS:peer-validation.kilo.svc,DNS:peer-validation",
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("running openssl");
-    assert!(out.status.success(), "openssl: {:?}", out);
-    (fs::read(cert).unwrap(), fs::read(key).unwrap())
-}
-
 /// Installs the webhook, waits for its pod, and checks what the API server makes of Peers.
 pub(crate) fn the_webhook_pod_validates_peers(k: &KubeletCluster) {
     let started = Instant::now();
     let work = k.dir.join("webhook");
     fs::create_dir_all(&work).unwrap();
-    let (cert, key) = service_certificate(&work);
+    let (cert, key) = self_signed_cert(
+        &work,
+        "peer-validation.kilo.svc",
+        "DNS:peer-validation.kilo.svc,DNS:peer-validation",
+    );
     let text = without_certgen(&manifest("peer-validation.yaml"));
     k.apply(&text);
-    fs::write(work.join("cert"), &cert).unwrap();
-    fs::write(work.join("key"), &key).unwrap();
     k.kubectl_ok(&[
         "-n",
         "kilo",
@@ -70,10 +44,10 @@ pub(crate) fn the_webhook_pod_validates_peers(k: &KubeletCluster) {
         "secret",
         "generic",
         "peer-validation-webhook-tls",
-        &format!("--from-file=cert={}", work.join("cert").display()),
-        &format!("--from-file=key={}", work.join("key").display()),
+        &format!("--from-file=cert={}", cert.display()),
+        &format!("--from-file=key={}", key.display()),
     ]);
-    let ca = base64::engine::general_purpose::STANDARD.encode(&cert);
+    let ca = base64::engine::general_purpose::STANDARD.encode(fs::read(&cert).unwrap());
     k.kubectl_ok(&[
         "patch",
         "validatingwebhookconfiguration",
