@@ -139,6 +139,23 @@ fn can_run(test: &str, kernel: &str) -> bool {
     true
 }
 
+/// The guest's standard output of a [`kernel_vm`] run, once the script's timings (boot, run,
+/// power-off) are printed and the run is known to have passed.
+fn guest_stdout(test: &str, out: &Output) -> String {
+    let (stdout, stderr) = text(out);
+    let timings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("kernel-vm.sh:"))
+        .collect();
+    eprintln!("{test}: {}", timings.join("\n"));
+    assert!(
+        out.status.success(),
+        "{test}: the guest's test failed ({}):\n{stdout}\n--- stderr:\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
 fn interop(kernel: &str, test: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !can_run(test, kernel) {
@@ -158,19 +175,8 @@ fn interop(kernel: &str, test: &str) {
             kg_bin(),
         ],
     );
-    let (stdout, stderr) = text(&out);
-    // The guest's report, and the script's timings (boot, run, power-off).
+    let stdout = guest_stdout(test, &out);
     eprintln!("{test}: guest output:\n{stdout}");
-    let timings: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("kernel-vm.sh:"))
-        .collect();
-    eprintln!("{test}: {}", timings.join("\n"));
-    assert!(
-        out.status.success(),
-        "{test}: the guest's test failed ({}):\n{stdout}\n--- stderr:\n{stderr}",
-        out.status
-    );
     let mut from = 0;
     for step in STEPS {
         let at = stdout[from..].find(step).unwrap_or_else(|| {
@@ -263,17 +269,7 @@ fn the_core_of_the_mesh_suite_on_linux_5_10() {
     ];
     args.extend(CORE_ON_5_10);
     let out = kernel_vm("5.10", &args);
-    let (stdout, stderr) = text(&out);
-    let timings: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("kernel-vm.sh:"))
-        .collect();
-    eprintln!("{test}: {}", timings.join("\n"));
-    assert!(
-        out.status.success(),
-        "{test}: the guest's tests failed ({}):\n{stdout}\n--- stderr:\n{stderr}",
-        out.status
-    );
+    let stdout = guest_stdout(test, &out);
     assert!(
         stdout.lines().any(|l| l.starts_with("5.10.")),
         "{test}: the guest did not run 5.10:\n{stdout}"
