@@ -5,7 +5,9 @@
 //! listen port through `SO_REUSEPORT`, so the kernel keeps each peer's datagrams on one worker,
 //! and the multi-queue TUN keeps each flow on one queue: nothing is reordered). A worker reads a
 //! batch, hands it to the engine, and writes the engine's output; no lock is held across a
-//! syscall. Configuration changes swap the engine's snapshot; a listen-port change binds the new
+//! syscall. A big batch's crypto is shared with helper threads (one fewer than the cores), while
+//! the worker alone decides the batch's order, so one peer's traffic (a location leader's whole
+//! link) uses every core. Configuration changes swap the engine's snapshot; a listen-port change binds the new
 //! sockets first, so a port in use fails the change and leaves everything as it was.
 
 use std::io;
@@ -20,6 +22,7 @@ use parking_lot::Mutex;
 use crate::config::{ApplyReport, DeviceConfig};
 use crate::engine::{Engine, TIMER_TICK};
 use crate::eventfd::{poll, readable, EventFd};
+use crate::helpers::Helpers;
 use crate::io::udp::UdpSocketIo;
 use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
 use crate::outbox::Outbox;
@@ -35,6 +38,19 @@ const UDP_SLOTS: usize = 16;
 const TUN_BATCH: usize = 256;
 /// Largest packet a TUN read or UDP receive may return.
 const MAX_PACKET: usize = 65536;
+
+/// The environment variable that sets how many helper threads a device starts (see
+/// [`default_helpers`]).
+pub const HELPERS_ENV: &str = "KILOTUN_HELPERS";
+
+/// How many threads help the workers through big batches' crypto: one fewer than the cores
+/// this process may run on (the worker holding the batch is the last), or `KILOTUN_HELPERS`.
+pub fn default_helpers() -> usize {
+    std::env::var(HELPERS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) - 1)
+}
 
 /// Sockets bound to the listen port: `v4[i]` and `v6[i]` serve worker `i` (modulo their count).
 #[derive(Debug)]
@@ -147,6 +163,19 @@ impl<B: UdpBinder> Device<B> {
     /// # Errors
     /// Failure to bind the sockets or create the wake-up eventfds.
     pub fn start<T: TunIo>(queues: Vec<T>, binder: B) -> io::Result<Self> {
+        Self::start_with_helpers(queues, binder, default_helpers())
+    }
+
+    /// [`Device::start`] with `helpers` threads to help the workers through big batches'
+    /// crypto (see [`Helpers`]); 0 leaves each batch to its worker alone.
+    ///
+    /// # Errors
+    /// As [`Device::start`], or failure to spawn a helper.
+    pub fn start_with_helpers<T: TunIo>(
+        queues: Vec<T>,
+        binder: B,
+        helpers: usize,
+    ) -> io::Result<Self> {
         let workers = queues.len().max(1);
         let sockets = binder.bind(0, 0, workers)?;
         let wakers = (0..=workers)
@@ -163,6 +192,9 @@ impl<B: UdpBinder> Device<B> {
             wakers,
             tun_write_errors: AtomicU64::new(0),
         });
+        shared
+            .engine
+            .use_helpers(Arc::new(Helpers::start(helpers)?));
         let mut threads = Vec::with_capacity(workers + 1);
         for (i, tun) in queues.into_iter().enumerate() {
             let shared = Arc::clone(&shared);

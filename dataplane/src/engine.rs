@@ -4,12 +4,15 @@
 //! itself; every call takes `now`. Input is packets (from the TUN device, from the network);
 //! output goes into the caller's [`Outbox`](crate::outbox::Outbox). All methods take `&self`: the peer table is an
 //! immutable snapshot swapped atomically by [`Engine::apply`], and each peer has its own lock,
-//! held only for the noise call, so any number of worker threads can share one engine.
+//! held only for the noise state's bookkeeping (never for a data packet's AEAD, which runs on
+//! boringtun's session outside it: `engine/crypto.rs`), so any number of worker threads can
+//! share one engine, and one peer's crypto runs on all of them.
 //!
 //! boringtun's `Tunn` keeps its own coarse clock, advanced by `update_timers`; the runtime must
 //! call [`Engine::handle_timers`] every [`TIMER_TICK`].
 
 mod apply;
+mod crypto;
 mod held;
 mod inbound;
 mod outbound;
@@ -19,7 +22,7 @@ mod timers;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -29,8 +32,10 @@ use parking_lot::Mutex;
 
 use crate::allowed_ips::AllowedIps;
 use crate::config::{DeviceConfig, InterfaceConfig};
+use crate::helpers::Helpers;
 use crate::key::{PublicKey, SecretKey};
 use crate::stats::{DropCounters, DropReason, PeerStats, RejectedHandshake, RejectedHandshakes};
+pub(crate) use crypto::CryptoScratch;
 use held::HeldInitiations;
 use peer::PeerEntry;
 
@@ -131,6 +136,8 @@ pub struct Engine {
     last_rate_reset: Mutex<Option<Instant>>,
     /// Pairs a monotonic instant with wall-clock time to report handshakes as wall-clock times.
     clock_anchor: (Instant, SystemTime),
+    /// Threads that may take part in a big batch's crypto (see [`Engine::use_helpers`]).
+    helpers: OnceLock<Arc<Helpers>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -156,7 +163,14 @@ impl Engine {
             held: HeldInitiations::default(),
             last_rate_reset: Mutex::new(None),
             clock_anchor: anchor,
+            helpers: OnceLock::new(),
         }
+    }
+
+    /// Lets big batches spread their crypto over `helpers` (the engine spawns no thread of its
+    /// own). Only the first call counts; returns whether it was this one.
+    pub fn use_helpers(&self, helpers: Arc<Helpers>) -> bool {
+        self.helpers.set(helpers).is_ok()
     }
 
     /// Marks every peer with an endpoint and no handshake in this engine's life for a handshake

@@ -14,6 +14,7 @@ pub mod engine;
 mod eventfd;
 pub mod fuzzing;
 pub mod gro;
+pub mod helpers;
 pub mod io;
 pub mod ipip;
 pub mod key;

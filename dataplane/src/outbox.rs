@@ -7,6 +7,8 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
+use crate::engine::CryptoScratch;
+
 /// A batch of packets in one contiguous buffer.
 ///
 /// The buffer never shrinks: bytes past the last packet are scratch left from earlier packets,
@@ -98,6 +100,35 @@ impl Batch {
         self.reserved_at = self.end;
     }
 
+    /// Appends a packet of `len` bytes to `addr` whose bytes the caller writes later (through
+    /// [`Batch::bytes_mut`], at the returned range) and before anyone reads the batch.
+    pub(crate) fn push_unwritten(&mut self, addr: Option<SocketAddr>, len: usize) -> Range<usize> {
+        self.reserve(len);
+        self.commit(addr, 0, len);
+        self.end - len..self.end
+    }
+
+    /// Sets aside `len` bytes at the end, with no packet yet: [`Batch::push_range`] makes a
+    /// packet of part of them later, or nothing does (the bytes are then unused until the batch
+    /// is cleared).
+    pub(crate) fn set_aside(&mut self, len: usize) -> Range<usize> {
+        self.reserve(len);
+        self.end += len;
+        self.reserved_at = self.end;
+        self.end - len..self.end
+    }
+
+    /// Appends the packet at `range`, bytes set aside earlier by [`Batch::set_aside`].
+    pub(crate) fn push_range(&mut self, addr: Option<SocketAddr>, range: Range<usize>) {
+        debug_assert!(range.end <= self.end);
+        self.entries.push((addr, range));
+    }
+
+    /// The batch's whole buffer, packets and scratch, for writing packets in place.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+
     /// Appends a copy of `packet` to `addr`.
     pub(crate) fn push_copy(&mut self, addr: Option<SocketAddr>, packet: &[u8]) {
         let len = packet.len();
@@ -113,6 +144,8 @@ pub struct Outbox {
     pub to_network: Batch,
     /// Decrypted IP packets to write to the TUN device.
     pub to_tunnel: Batch,
+    /// The engine's scratch for one batch's crypto, kept here so that its capacity is reused.
+    pub(crate) crypto: CryptoScratch,
 }
 
 impl Outbox {
@@ -121,6 +154,7 @@ impl Outbox {
         Self {
             to_network: Batch::with_capacity(packets * packet_size, packets),
             to_tunnel: Batch::with_capacity(packets * packet_size, packets),
+            crypto: CryptoScratch::default(),
         }
     }
 

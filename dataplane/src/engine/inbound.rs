@@ -9,9 +9,11 @@ use std::time::{Instant, SystemTime};
 
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{errors::WireGuardError, Packet, TunnResult};
+use parking_lot::MutexGuard;
 
-use super::peer::{self, PeerEntry, PeerShared};
-use super::run::{cached_lookup, PeerRun, Run};
+use super::crypto::{run_jobs, OpenJob, Opened, DATA_HEADER};
+use super::peer::{self, PeerCore, PeerEntry, PeerShared};
+use super::run::{PeerRun, Run};
 use super::{
     reason_for, Engine, State, COOKIE_REPLY, DATA_OVERHEAD, HANDSHAKE_INITIATION,
     HANDSHAKE_RESPONSE, MIN_OUTPUT,
@@ -19,6 +21,41 @@ use super::{
 use crate::key::PublicKey;
 use crate::outbox::{offset_within, Outbox};
 use crate::stats::{DropReason, RejectedHandshake};
+
+/// Who sent a datagram, and whether it is a data message.
+enum Sender<'s> {
+    Data(DataMessage<'s>),
+    /// A handshake message or a cookie reply, from this peer.
+    Other(&'s Arc<PeerEntry>),
+}
+
+/// A data message's peer and header.
+struct DataMessage<'s> {
+    entry: &'s Arc<PeerEntry>,
+    receiver_idx: u32,
+    counter: u64,
+}
+
+/// The first bytes of a data message: its type, 4, as a little-endian word.
+const DATA_MESSAGE_TYPE: [u8; 4] = [4, 0, 0, 0];
+/// The shortest data message: header and tag (a keepalive).
+const DATA_MESSAGE_MIN: usize = DATA_HEADER + 16;
+
+/// The data message `datagram`, if it is one for the same session as the last job's (the
+/// common case in a batch: a run of one peer's packets), without the lookups
+/// [`Engine::find_sender`] makes for the first of a run.
+fn continues_run<'s>(jobs: &[OpenJob<'s, '_>], datagram: &[u8]) -> Option<DataMessage<'s>> {
+    let last = jobs.last()?;
+    if datagram.len() < DATA_MESSAGE_MIN || datagram[..4] != DATA_MESSAGE_TYPE {
+        return None;
+    }
+    let receiver_idx = u32::from_le_bytes(datagram[4..8].try_into().ok()?);
+    (receiver_idx == last.receiver_idx).then(|| DataMessage {
+        entry: last.entry,
+        receiver_idx,
+        counter: u64::from_le_bytes(datagram[8..16].try_into().expect("8 bytes")),
+    })
+}
 
 impl Engine {
     /// Handles one datagram received from `from`: handshakes answered into `out.to_network`,
@@ -35,7 +72,10 @@ impl Engine {
 
     /// Handles a batch of received datagrams; see [`Engine::handle_datagram`]. Consecutive
     /// datagrams from the same peer share one update of the peer's counters, and their inner
-    /// packets' sources one lookup.
+    /// packets' sources one lookup. Data messages are opened after the walk through the batch
+    /// (on this thread or, for a big batch, on the device's helpers too: see
+    /// `engine/crypto.rs`) and delivered in their order; a handshake message in the batch is
+    /// handled after the data before it.
     pub fn handle_datagrams<'p>(
         &self,
         now: Instant,
@@ -44,21 +84,179 @@ impl Engine {
     ) {
         let state = self.state.load();
         let mut run = Run::default();
+        let mut jobs = out.crypto.take_open_jobs();
         for (from, datagram) in datagrams {
-            if let Err(reason) = self.decapsulate_one(&state, now, from, datagram, &mut run, out) {
-                self.drops.count(reason);
-                if matches!(reason, DropReason::InvalidMac | DropReason::HandshakeFailed) {
-                    self.rejected.record(RejectedHandshake {
-                        reason,
-                        from,
-                        public_key: None,
-                        at: SystemTime::now(),
-                    });
+            let sender = match continues_run(&jobs, datagram) {
+                Some(data) => Ok(Sender::Data(data)),
+                None => self.find_sender(&state, now, from, datagram, out),
+            };
+            let claimed = match sender {
+                Ok(Sender::Data(data)) => {
+                    Self::claim_data(&state, data, from, datagram, out, &mut jobs)
                 }
+                Ok(Sender::Other(entry)) => {
+                    self.open_and_deliver(now, &mut jobs, &mut run, out);
+                    self.decapsulate_one(entry, now, from, datagram, &mut run, out)
+                }
+                Err(reason) => Err(reason),
+            };
+            if let Err(reason) = claimed {
+                self.count_refused(reason, from);
             }
+        }
+        self.open_and_deliver(now, &mut jobs, &mut run, out);
+        out.crypto.keep_open_jobs(jobs);
+    }
+
+    fn count_refused(&self, reason: DropReason, from: SocketAddr) {
+        self.drops.count(reason);
+        if matches!(reason, DropReason::InvalidMac | DropReason::HandshakeFailed) {
+            self.rejected.record(RejectedHandshake {
+                reason,
+                from,
+                public_key: None,
+                at: SystemTime::now(),
+            });
         }
     }
 
+    /// Takes the session a data message is for and sets room aside for its plaintext, leaving
+    /// the opening to a job.
+    fn claim_data<'s, 'p>(
+        state: &'s State,
+        data: DataMessage<'s>,
+        from: SocketAddr,
+        datagram: &'p [u8],
+        out: &mut Outbox,
+        jobs: &mut Vec<OpenJob<'s, 'p>>,
+    ) -> Result<(), DropReason> {
+        let same_session = jobs.last().filter(|last| {
+            last.receiver_idx == data.receiver_idx && Arc::ptr_eq(last.entry, data.entry)
+        });
+        let session_index = if let Some(last) = same_session {
+            last.session
+        } else {
+            let core = data.entry.shared.core.lock();
+            let tunn = core.tunn.as_ref().ok_or(DropReason::NoPrivateKey)?;
+            let session = tunn
+                .receiving_session(data.receiver_idx)
+                .ok_or(reason_for(WireGuardError::NoCurrentSession))?;
+            out.crypto.session_index(session)
+        };
+        // The replay window's first check, before any decryption (a replayed flood costs no
+        // AEAD); the second comes when the packet is delivered, in order.
+        let counter = out.crypto.sessions[session_index]
+            .check_receiving_counter(data.receiver_idx, data.counter)
+            .map_err(reason_for)?;
+        let sealed = &datagram[DATA_HEADER..];
+        jobs.push(OpenJob {
+            entry: data.entry,
+            routes: &state.routes,
+            from,
+            datagram_len: datagram.len(),
+            session: session_index,
+            receiver_idx: data.receiver_idx,
+            counter: Some(counter),
+            opened_counter: None,
+            sealed,
+            plaintext: out.to_tunnel.set_aside(sealed.len()),
+            opened: Opened::Pending,
+        });
+        Ok(())
+    }
+
+    /// Opens the data messages claimed so far, then, in their order, notes each one that
+    /// authenticated and delivers its inner packet.
+    fn open_and_deliver<'s>(
+        &self,
+        now: Instant,
+        jobs: &mut Vec<OpenJob<'s, '_>>,
+        run: &mut Run<'s>,
+        out: &mut Outbox,
+    ) {
+        if jobs.is_empty() {
+            return;
+        }
+        run_jobs(
+            self.helpers.get().map(|h| &**h),
+            jobs,
+            &out.crypto.sessions,
+            out.to_tunnel.bytes_mut(),
+        );
+        // One lock per run of messages from one peer: the bookkeeping under it is short.
+        let mut held: Option<(&Arc<PeerShared>, MutexGuard<'_, PeerCore>)> = None;
+        for mut job in jobs.drain(..) {
+            if let Some(opened) = job.opened_counter.take() {
+                // The replay window's second check: a packet opened twice in this batch, or
+                // overtaken by too many others, is refused here.
+                if let Err(error) = out.crypto.sessions[job.session].mark_received(opened) {
+                    self.count_refused(reason_for(error), job.from);
+                    continue;
+                }
+            }
+            let peer = PeerRun::switch_to(&mut run.peer, job.entry);
+            let shared = peer.shared();
+            if !held.as_ref().is_some_and(|(h, _)| Arc::ptr_eq(h, shared)) {
+                drop(held.take());
+                held = Some((shared, shared.core.lock()));
+            }
+            let core = &mut *held.as_mut().expect("just locked").1;
+            let delivered = Self::note_opened(now, &job, shared, core).and_then(|inner| {
+                peer.add_rx(job.datagram_len);
+                match inner {
+                    None => Ok(()),
+                    Some((true, len)) => {
+                        let start = job.plaintext.start;
+                        out.to_tunnel.push_range(None, start..start + len);
+                        Ok(())
+                    }
+                    Some((false, _)) => Err(DropReason::SourceNotAllowed),
+                }
+            });
+            if let Err(reason) = delivered {
+                self.count_refused(reason, job.from);
+            }
+        }
+        drop(held);
+        out.crypto.sessions.clear();
+    }
+
+    /// What [`Engine::decapsulate_one`] notes after boringtun opened a data message, for a job:
+    /// the session in use, boringtun's timers, roaming, and when the peer was last heard from.
+    /// Returns, if it carries an inner packet, whether its source is the sender's and its length.
+    fn note_opened(
+        now: Instant,
+        job: &OpenJob<'_, '_>,
+        shared: &PeerShared,
+        core: &mut PeerCore,
+    ) -> Result<Option<(bool, usize)>, DropReason> {
+        let Some(tunn) = core.tunn.as_mut() else {
+            return Err(DropReason::NoPrivateKey);
+        };
+        let inner = match job.opened {
+            Opened::Inner { len, allowed, .. } => Some((allowed, len)),
+            Opened::Keepalive => None,
+            Opened::NotIp => {
+                tunn.note_data_received(job.receiver_idx, 0);
+                return Err(DropReason::InvalidInnerPacket);
+            }
+            Opened::Failed(reason) => return Err(reason),
+            Opened::Pending => return Err(DropReason::Other),
+        };
+        tunn.note_data_received(job.receiver_idx, inner.map_or(0, |(_, len)| len));
+        // The message authenticated (even if its inner packet is then refused): roam to its
+        // source and count it.
+        core.last_received = Some(now);
+        core.unanswered_since = None;
+        shared.set_endpoint(core, job.from);
+        if inner.is_some() {
+            core.unacknowledged_since.get_or_insert(now);
+        }
+        Ok(inner)
+    }
+
+    /// The peer a datagram comes from, after the rate limiter's checks: by static key for an
+    /// initiation, by receiver index otherwise.
     fn find_sender<'s>(
         &self,
         state: &'s State,
@@ -66,7 +264,7 @@ impl Engine {
         from: SocketAddr,
         datagram: &[u8],
         out: &mut Outbox,
-    ) -> Result<&'s Arc<PeerEntry>, DropReason> {
+    ) -> Result<Sender<'s>, DropReason> {
         let identity = state.identity.as_ref().ok_or(DropReason::NoPrivateKey)?;
         let mut cookie = [0u8; 64];
         let parsed =
@@ -93,7 +291,7 @@ impl Engine {
                 )
                 .map_err(|_| DropReason::HandshakeFailed)?;
                 let key = PublicKey::from_bytes(half.peer_static_public);
-                return state.peers.get(&key).ok_or_else(|| {
+                return state.peers.get(&key).map(Sender::Other).ok_or_else(|| {
                     self.held.hold(now, from, key, datagram);
                     self.rejected.record(RejectedHandshake {
                         reason: DropReason::UnknownPeer,
@@ -106,24 +304,37 @@ impl Engine {
             }
             Packet::HandshakeResponse(ref r) => r.receiver_idx,
             Packet::PacketCookieReply(ref c) => c.receiver_idx,
-            Packet::PacketData(ref d) => d.receiver_idx,
+            Packet::PacketData(ref d) => {
+                let entry = state
+                    .by_index
+                    .get(&(d.receiver_idx >> 8))
+                    .ok_or(DropReason::UnknownIndex)?;
+                // boringtun parsed it: a data message is at least header and tag long.
+                let counter = u64::from_le_bytes(datagram[8..16].try_into().expect("8 bytes"));
+                return Ok(Sender::Data(DataMessage {
+                    entry,
+                    receiver_idx: d.receiver_idx,
+                    counter,
+                }));
+            }
         };
         state
             .by_index
             .get(&(index >> 8))
+            .map(Sender::Other)
             .ok_or(DropReason::UnknownIndex)
     }
 
+    /// Handles a handshake message (or a cookie reply) from `entry` through boringtun.
     fn decapsulate_one<'s>(
         &self,
-        state: &'s State,
+        entry: &'s Arc<PeerEntry>,
         now: Instant,
         from: SocketAddr,
         datagram: &[u8],
         run: &mut Run<'s>,
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
-        let entry = self.find_sender(state, now, from, datagram, out)?;
         let message_type = datagram[0];
         let peer = PeerRun::switch_to(&mut run.peer, entry);
         let shared = peer.shared();
@@ -132,37 +343,17 @@ impl Engine {
         let Some(tunn) = core.tunn.as_mut() else {
             return Err(DropReason::NoPrivateKey);
         };
+        // The to-tunnel batch's scratch holds boringtun's reply; nothing is delivered from it.
         let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
-        let base = slot.as_ptr();
         let result = tunn.decapsulate(Some(from.ip()), datagram, slot);
-        let carried_data = matches!(
-            result,
-            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..)
-        );
         let mut replied = false;
-        let outcome = match result {
-            TunnResult::WriteToTunnelV4(inner, source) => {
-                let (offset, len) = (offset_within(base, inner), inner.len());
-                let owner = cached_lookup(&mut run.source, &state.routes, source.into());
-                Self::deliver_inner(owner, shared, offset, len, out)
-            }
-            TunnResult::WriteToTunnelV6(inner, source) => {
-                let (offset, len) = (offset_within(base, inner), inner.len());
-                let owner = cached_lookup(&mut run.source, &state.routes, source.into());
-                Self::deliver_inner(owner, shared, offset, len, out)
-            }
+        match result {
             TunnResult::WriteToNetwork(reply) => {
                 // A handshake response, or the keepalive confirming our initiation. Both go
                 // back where the message came from.
                 shared.add_tx(reply.len());
                 out.to_network.push_copy(Some(from), reply);
-                out.to_tunnel.abort();
                 replied = true;
-                Ok(())
-            }
-            TunnResult::Done => {
-                out.to_tunnel.abort();
-                Ok(())
             }
             TunnResult::Err(e) => {
                 out.to_tunnel.abort();
@@ -171,14 +362,15 @@ impl Engine {
                 }
                 return Err(reason_for(e));
             }
-        };
-        // The message authenticated (even if its inner packet was then refused): roam to its
-        // source, count it, and note handshakes.
+            // A handshake message or a cookie reply carries no packet for the TUN device.
+            TunnResult::Done
+            | TunnResult::WriteToTunnelV4(..)
+            | TunnResult::WriteToTunnelV6(..) => {}
+        }
+        out.to_tunnel.abort();
+        // The message authenticated: roam to its source, count it, and note handshakes.
         core.last_received = Some(now);
         core.unanswered_since = None;
-        if carried_data {
-            core.unacknowledged_since.get_or_insert(now);
-        }
         if message_type != COOKIE_REPLY {
             shared.set_endpoint(core, from);
         }
@@ -194,26 +386,7 @@ impl Engine {
             Self::flush_queued(core, shared, out);
         }
         peer.add_rx(datagram.len());
-        outcome
-    }
-
-    /// Keeps the decrypted packet reserved in `out.to_tunnel` if the peer whose allowed IPs
-    /// hold its source (`owner`) is the one that sent it (cryptokey routing's reverse-path
-    /// check), else drops it.
-    fn deliver_inner(
-        owner: Option<&Arc<PeerEntry>>,
-        sender: &Arc<PeerShared>,
-        offset: usize,
-        len: usize,
-        out: &mut Outbox,
-    ) -> Result<(), DropReason> {
-        if owner.is_some_and(|owner| Arc::ptr_eq(&owner.shared, sender)) {
-            out.to_tunnel.commit(None, offset, len);
-            Ok(())
-        } else {
-            out.to_tunnel.abort();
-            Err(DropReason::SourceNotAllowed)
-        }
+        Ok(())
     }
 
     /// Sends the packets the tunnel queued while it had no session.

@@ -1,5 +1,5 @@
 //! Bookkeeping carried through one batch of packets: runs of consecutive packets for the same
-//! peer share route lookups and one update of the peer's byte counters.
+//! peer share a route lookup and one update of the peer's byte counters.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -14,8 +14,6 @@ use crate::allowed_ips::AllowedIps;
 pub(super) struct Run<'s> {
     /// The last destination looked up for encryption, and its peer.
     pub(super) route: Option<(IpAddr, &'s Arc<PeerEntry>)>,
-    /// The last decrypted packet's source looked up, and its peer.
-    pub(super) source: Option<(IpAddr, &'s Arc<PeerEntry>)>,
     /// The peer of the current run of packets.
     pub(super) peer: Option<PeerRun<'s>>,
 }

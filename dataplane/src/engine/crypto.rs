@@ -1,0 +1,245 @@
+//! One batch's data-phase crypto, set apart from its bookkeeping so that it can run on every
+//! core.
+//!
+//! A batch goes through three steps. The worker walks it in order, under each peer's lock only
+//! long enough to take the session and the next sending counters, and writes down a job per data
+//! packet. The jobs then run (a copy into place and one AEAD call each), on the worker alone or
+//! spread over the device's [`Helpers`] when the batch is big enough to be worth it. Finally the
+//! worker walks the results in order. Everything the peer sees in order (the counters on the
+//! wire, the packets into the TUN device) is decided by the first and last steps, which only
+//! the batch's worker runs; the middle step may run in any order.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+
+use boringtun::noise::session::{OpenedCounter, ReceivingCounter, SendingCounter, Session};
+use parking_lot::Mutex;
+
+use super::peer::PeerEntry;
+use super::reason_for;
+use crate::allowed_ips::AllowedIps;
+use crate::helpers::Helpers;
+use crate::packet;
+use crate::stats::DropReason;
+
+/// The least plaintext a batch carries before its crypto is offered to helpers: below it, a
+/// helper's wake-up costs about what it would save.
+pub(crate) const SPREAD_MIN_BYTES: usize = 32 * 1024;
+/// About how many bytes of packets one chunk of spread work holds (two or three microseconds of
+/// AEAD). Threads take several chunks at a time while much is left, so small chunks cost
+/// little, and they let whoever finishes last wait little for the others.
+const CHUNK_BYTES: usize = 4 * 1024;
+/// Bytes of a data message before its encrypted payload: type, receiver index, counter.
+pub(super) const DATA_HEADER: usize = 16;
+
+/// A data packet to seal: its plaintext, and where its datagram goes in the outbox.
+pub(super) struct SealJob<'p> {
+    pub(super) session: usize,
+    pub(super) counter: Option<SendingCounter>,
+    pub(super) plaintext: &'p [u8],
+    pub(super) datagram: Range<usize>,
+}
+
+/// What opening a data message gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Opened {
+    /// Not run yet (or its chunk panicked).
+    Pending,
+    /// An IP packet of `len` bytes whose source is among the sender's allowed IPs (cryptokey
+    /// routing's reverse-path check) if `allowed`.
+    Inner { len: usize, allowed: bool },
+    /// An empty payload: a keepalive.
+    Keepalive,
+    /// Authenticated, but not an IP packet.
+    NotIp,
+    /// Refused: authentication, replay window or index, counted as this.
+    Failed(DropReason),
+}
+
+/// A data message to open: who sent it, its header, its sealed payload, and the room set aside
+/// for the plaintext in the outbox.
+pub(super) struct OpenJob<'s, 'p> {
+    pub(super) entry: &'s Arc<PeerEntry>,
+    /// The snapshot's routes, to check the inner packet's source.
+    pub(super) routes: &'s AllowedIps<Arc<PeerEntry>>,
+    pub(super) from: SocketAddr,
+    pub(super) datagram_len: usize,
+    pub(super) session: usize,
+    pub(super) receiver_idx: u32,
+    /// The counter, checked against the replay window when the job was written down; marked
+    /// received (the window's second check) when the job's packet is delivered.
+    pub(super) counter: Option<ReceivingCounter>,
+    pub(super) opened_counter: Option<OpenedCounter>,
+    pub(super) sealed: &'p [u8],
+    pub(super) plaintext: Range<usize>,
+    pub(super) opened: Opened,
+}
+
+/// A job that writes its output in place, in its own range of one buffer.
+pub(super) trait InPlace: Send {
+    /// Where its output goes in the buffer.
+    fn range(&self) -> Range<usize>;
+    /// Does the crypto; `out` is the job's range of the buffer.
+    fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]);
+}
+
+impl InPlace for SealJob<'_> {
+    fn range(&self) -> Range<usize> {
+        self.datagram.clone()
+    }
+
+    fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]) {
+        let len = self.plaintext.len();
+        out[DATA_HEADER..DATA_HEADER + len].copy_from_slice(self.plaintext);
+        if let Some(counter) = self.counter.take() {
+            sessions[self.session].seal_in_place(counter, out, len);
+        }
+    }
+}
+
+impl InPlace for OpenJob<'_, '_> {
+    fn range(&self) -> Range<usize> {
+        self.plaintext.clone()
+    }
+
+    fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]) {
+        let sealed = &mut out[..self.sealed.len()];
+        sealed.copy_from_slice(self.sealed);
+        let Some(counter) = self.counter.take() else {
+            return;
+        };
+        self.opened = match sessions[self.session].open_checked_in_place(counter, sealed) {
+            Ok((opened, plain)) => {
+                self.opened_counter = Some(opened);
+                classify(plain, self.routes, self.entry)
+            }
+            Err(error) => Opened::Failed(reason_for(error)),
+        };
+    }
+}
+
+/// What an opened plaintext is: a keepalive, an IP packet (from an allowed source or not), or
+/// not IP.
+fn classify(plain: &[u8], routes: &AllowedIps<Arc<PeerEntry>>, sender: &Arc<PeerEntry>) -> Opened {
+    if plain.is_empty() {
+        return Opened::Keepalive;
+    }
+    // The same checks as boringtun's own: a whole IPv4 or IPv6 header, and a declared length
+    // that fits (what follows it is padding).
+    match packet::parse_header(plain) {
+        Some(header) if header.total_len <= plain.len() => Opened::Inner {
+            len: header.total_len,
+            allowed: routes
+                .lookup(header.source)
+                .is_some_and(|owner| Arc::ptr_eq(&owner.shared, &sender.shared)),
+        },
+        _ => Opened::NotIp,
+    }
+}
+
+/// Runs `jobs`, whose ranges of `buffer` rise and do not overlap, on this thread or spread over
+/// `helpers`.
+pub(super) fn run_jobs<J: InPlace>(
+    helpers: Option<&Helpers>,
+    jobs: &mut [J],
+    sessions: &[Arc<Session>],
+    buffer: &mut [u8],
+) {
+    let helpers = helpers.filter(|h| {
+        h.count() > 0 && jobs.iter().map(|j| j.range().len()).sum::<usize>() >= SPREAD_MIN_BYTES
+    });
+    let Some(helpers) = helpers else {
+        for job in jobs {
+            let range = job.range();
+            job.run(sessions, &mut buffer[range]);
+        }
+        return;
+    };
+    // Cut the jobs, and the buffer with them, into chunks of about CHUNK_BYTES.
+    let mut chunks = Vec::with_capacity(jobs.len() / 2 + 1);
+    let (mut jobs, mut buffer, mut base) = (jobs, buffer, 0);
+    while !jobs.is_empty() {
+        let (mut count, mut bytes) = (0, 0);
+        while count < jobs.len() && (count == 0 || bytes < CHUNK_BYTES) {
+            bytes += jobs[count].range().len();
+            count += 1;
+        }
+        let (these, rest) = std::mem::take(&mut jobs).split_at_mut(count);
+        let end = these[count - 1].range().end;
+        let (region, tail) = std::mem::take(&mut buffer).split_at_mut(end - base);
+        chunks.push(Mutex::new((these, region, base)));
+        (jobs, buffer, base) = (rest, tail, end);
+    }
+    helpers.run(chunks.len(), &|i| {
+        let mut chunk = chunks[i].lock();
+        let (jobs, region, base) = &mut *chunk;
+        for job in jobs.iter_mut() {
+            let range = job.range();
+            job.run(
+                sessions,
+                &mut region[range.start - *base..range.end - *base],
+            );
+        }
+    });
+}
+
+/// The engine's per-worker scratch for one batch's crypto, kept in the worker's
+/// [`Outbox`](crate::outbox::Outbox) so that its capacity is reused from batch to batch.
+#[derive(Default)]
+pub(crate) struct CryptoScratch {
+    /// The sessions the jobs of the batch use (consecutive jobs of one session share an entry).
+    pub(super) sessions: Vec<Arc<Session>>,
+    seal: Vec<SealJob<'static>>,
+    open: Vec<OpenJob<'static, 'static>>,
+}
+
+impl std::fmt::Debug for CryptoScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CryptoScratch").finish_non_exhaustive()
+    }
+}
+
+impl CryptoScratch {
+    /// The index of `session` in [`CryptoScratch::sessions`], adding it unless it is the last.
+    pub(super) fn session_index(&mut self, session: &Arc<Session>) -> usize {
+        if !self
+            .sessions
+            .last()
+            .is_some_and(|last| Arc::ptr_eq(last, session))
+        {
+            self.sessions.push(Arc::clone(session));
+        }
+        self.sessions.len() - 1
+    }
+
+    /// An empty list of seal jobs, on the capacity of the last one.
+    pub(super) fn take_seal_jobs<'p>(&mut self) -> Vec<SealJob<'p>> {
+        recycle(std::mem::take(&mut self.seal))
+    }
+
+    /// Keeps the capacity of `jobs` for the next batch.
+    pub(super) fn keep_seal_jobs(&mut self, jobs: Vec<SealJob<'_>>) {
+        self.seal = recycle(jobs);
+        self.sessions.clear();
+    }
+
+    /// An empty list of open jobs, on the capacity of the last one.
+    pub(super) fn take_open_jobs<'s, 'p>(&mut self) -> Vec<OpenJob<'s, 'p>> {
+        recycle(std::mem::take(&mut self.open))
+    }
+
+    /// Keeps the capacity of `jobs` for the next batch.
+    pub(super) fn keep_open_jobs(&mut self, jobs: Vec<OpenJob<'_, '_>>) {
+        self.open = recycle(jobs);
+        self.sessions.clear();
+    }
+}
+
+/// Empties `jobs` and returns its allocation as a vector of another type of the same layout
+/// (here: the same job with other lifetimes). Collecting a vector's own `into_iter` reuses its
+/// allocation when the layouts match, so this allocates nothing.
+fn recycle<T, U>(mut jobs: Vec<T>) -> Vec<U> {
+    jobs.clear();
+    jobs.into_iter().map(|_| -> U { unreachable!() }).collect()
+}

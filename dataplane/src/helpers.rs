@@ -1,0 +1,471 @@
+//! Threads that help a worker through the crypto of one batch.
+//!
+//! A worker that holds a big batch of packets for one peer (one TCP stream's segments, or a
+//! location leader's whole link) splits the batch's sealing or opening into chunks and offers
+//! them here; idle helpers take chunks while the worker takes them too, so one peer's crypto runs
+//! on every core while the worker keeps the batch's order (it alone assigned the counters before,
+//! and it alone writes the batch after). The worker never waits for a chunk nobody took: a helper
+//! that wakes late finds the batch done and goes back to sleep. When helpers keep waking too late
+//! to take anything (every core is busy anyway, so moving crypto only costs context switches),
+//! the worker stops offering for a while and backs off further each time.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// How long an idle helper keeps looking for work (yielding its core to anyone who wants it)
+/// before it sleeps: a loaded worker's next batch follows within tens of microseconds, and a
+/// sleeping helper costs a wake-up (tens of microseconds more) to reach.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
+/// The longest run of batches a worker keeps to itself after offers that no helper took.
+const MAX_BACKOFF_BATCHES: u32 = 256;
+
+/// One batch's work, offered on the board while its worker runs it too. It lives on the
+/// worker's stack: the worker withdraws it and waits until no helper is inside before
+/// returning, which is what makes handing helpers a pointer to it sound.
+///
+/// The worker takes chunks from the front and helpers from the back, each time about
+/// 1/(2 × threads) of what is left (at least one): while much is left few claims are made,
+/// near the end chunks come one at a time, so whoever finishes last waits little. From batch to
+/// batch the worker writes the same front part of its buffers and the helpers the back part, so
+/// those stay in each core's cache instead of moving between cores.
+struct Job<'a> {
+    work: &'a (dyn Fn(usize) + Sync),
+    shared: &'a Shared,
+    /// The chunks still to take, `front << 32 | back`: from `front` up to (not including) `back`.
+    left: AtomicU64,
+    /// The threads that may take part (the worker and every helper).
+    threads: usize,
+    /// Helpers that took this job from the board and have not let go of it.
+    inside: AtomicUsize,
+    /// Chunks run by helpers.
+    helped: AtomicUsize,
+    /// Set when a chunk panicked on a helper; the worker panics in turn.
+    panicked: AtomicBool,
+}
+
+impl Job<'_> {
+    /// Runs chunks until none is left, taking them from the front (the worker) or the back (a
+    /// helper); returns how many this thread ran.
+    fn run_chunks(&self, from_front: bool) -> usize {
+        let mut ran = 0;
+        while let Some(chunks) = self.claim(from_front) {
+            ran += chunks.len();
+            for chunk in chunks {
+                self.shared.jitter();
+                (self.work)(chunk);
+            }
+        }
+        ran
+    }
+
+    fn claim(&self, from_front: bool) -> Option<std::ops::Range<usize>> {
+        let mut left = self.left.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = (left >> 32, left & 0xffff_ffff);
+            if front >= back {
+                return None;
+            }
+            let take = ((back - front) / (2 * self.threads as u64)).max(1);
+            let (next, claimed) = if from_front {
+                ((front + take) << 32 | back, front..front + take)
+            } else {
+                (front << 32 | (back - take), back - take..back)
+            };
+            match self
+                .left
+                .compare_exchange_weak(left, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(claimed.start as usize..claimed.end as usize),
+                Err(now) => left = now,
+            }
+        }
+    }
+
+    fn has_chunks_left(&self) -> bool {
+        let left = self.left.load(Ordering::Relaxed);
+        left >> 32 < left & 0xffff_ffff
+    }
+}
+
+/// A pointer to a [`Job`] on some worker's stack, with its lifetime erased.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Offer(*const Job<'static>);
+
+// SAFETY: a job is only reached through its offer while it is on the board or while a helper
+// counts itself `inside` it (counted under the board's lock, while the job is on the board); its
+// worker withdraws it and waits for `inside` to reach zero before the job goes away. Everything
+// the job holds is `Sync`.
+unsafe impl Send for Offer {}
+
+#[derive(Default)]
+struct Board {
+    offers: Vec<Offer>,
+    sleeping: usize,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    board: Mutex<Board>,
+    wake: Condvar,
+    /// Jobs on the board, readable without its lock (helpers spin on it).
+    offered: AtomicUsize,
+    /// Batches still to run alone before offering again, and the length of the last backoff.
+    skip: AtomicU32,
+    backoff: AtomicU32,
+    spread: AtomicU64,
+    helped_chunks: AtomicU64,
+    /// For tests: each chunk first waits a pseudo-random time below this many nanoseconds.
+    jitter_nanos: u64,
+    jitter_draws: AtomicU64,
+}
+
+impl Shared {
+    /// Waits the test's jitter before a chunk, if any.
+    fn jitter(&self) {
+        if self.jitter_nanos == 0 {
+            return;
+        }
+        // splitmix64 of a shared draw counter: a different wait for every chunk.
+        let mut z = self
+            .jitter_draws
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        std::thread::sleep(Duration::from_nanos((z ^ (z >> 31)) % self.jitter_nanos));
+    }
+}
+
+/// Counters of what the helpers did, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HelperStats {
+    /// Batches offered to the helpers.
+    pub spread: u64,
+    /// Chunks run by helpers rather than the batch's worker.
+    pub helped_chunks: u64,
+}
+
+/// Helper threads shared by a device's workers. See the module documentation.
+pub struct Helpers {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helpers")
+            .field("threads", &self.threads.len())
+            .finish()
+    }
+}
+
+impl Helpers {
+    /// Starts `count` helper threads (none: every batch runs on its worker alone).
+    ///
+    /// # Errors
+    /// When a thread cannot be spawned.
+    pub fn start(count: usize) -> std::io::Result<Self> {
+        Self::start_jittered(count, Duration::ZERO)
+    }
+
+    /// For tests: [`Helpers::start`], but every chunk (on a helper or on the worker) first
+    /// waits a pseudo-random time below `jitter`, so that chunks finish in a random order and
+    /// the worker and helpers take random shares.
+    ///
+    /// # Errors
+    /// When a thread cannot be spawned.
+    pub fn start_jittered(count: usize, jitter: Duration) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            jitter_nanos: u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX),
+            ..Shared::default()
+        });
+        let mut threads = Vec::with_capacity(count);
+        for i in 0..count {
+            let for_thread = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("kilotun-helper-{i}"))
+                .spawn(move || help(&for_thread));
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(e) => {
+                    Self { shared, threads }.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self { shared, threads })
+    }
+
+    /// How many helper threads run.
+    pub fn count(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// What the helpers did so far.
+    pub fn stats(&self) -> HelperStats {
+        HelperStats {
+            spread: self.shared.spread.load(Ordering::Relaxed),
+            helped_chunks: self.shared.helped_chunks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `work(0)` to `work(chunks - 1)`, each once, on this thread and on any helper free to
+    /// take a chunk, and returns when all have run. The order in which chunks run is not
+    /// defined; `work` must give each chunk its own data.
+    ///
+    /// # Panics
+    /// When a chunk panics (on this thread or on a helper).
+    pub fn run(&self, chunks: usize, work: &(dyn Fn(usize) + Sync)) {
+        if self.threads.is_empty() || chunks < 2 || chunks > u32::MAX as usize || self.backing_off()
+        {
+            for chunk in 0..chunks {
+                self.shared.jitter();
+                work(chunk);
+            }
+            return;
+        }
+        let job = Job {
+            work,
+            shared: &self.shared,
+            left: AtomicU64::new(chunks.min(u32::MAX as usize) as u64),
+            threads: self.threads.len() + 1,
+            inside: AtomicUsize::new(0),
+            helped: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+        };
+        let offer = Offer((&raw const job).cast());
+        let shared = &*self.shared;
+        let to_wake = {
+            let mut board = shared.board.lock();
+            board.offers.push(offer);
+            shared.offered.fetch_add(1, Ordering::Release);
+            board.sleeping.min(chunks - 1)
+        };
+        for _ in 0..to_wake {
+            shared.wake.notify_one();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job.run_chunks(true)));
+        {
+            let mut board = shared.board.lock();
+            board.offers.retain(|o| *o != offer);
+            shared.offered.fetch_sub(1, Ordering::Release);
+        }
+        // Helpers still inside are finishing a chunk each (none can start one: if `mine` ran
+        // to the end, no chunk is left; if it panicked, they may take the rest, which is fine).
+        let mut spins = 0u32;
+        while job.inside.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let helped = job.helped.load(Ordering::Relaxed);
+        shared.spread.fetch_add(1, Ordering::Relaxed);
+        shared
+            .helped_chunks
+            .fetch_add(helped as u64, Ordering::Relaxed);
+        self.note_outcome(helped > 0);
+        if let Err(panic) = mine {
+            resume_unwind(panic);
+        }
+        assert!(
+            !job.panicked.load(Ordering::Relaxed),
+            "a helper panicked running a chunk"
+        );
+    }
+
+    /// Whether this batch should run alone, after offers no helper took.
+    fn backing_off(&self) -> bool {
+        let skip = &self.shared.skip;
+        let mut left = skip.load(Ordering::Relaxed);
+        while left > 0 {
+            match skip.compare_exchange_weak(left, left - 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => left = now,
+            }
+        }
+        false
+    }
+
+    fn note_outcome(&self, helped: bool) {
+        let shared = &*self.shared;
+        if helped {
+            shared.backoff.store(0, Ordering::Relaxed);
+        } else {
+            let next = (shared.backoff.load(Ordering::Relaxed) * 2).clamp(1, MAX_BACKOFF_BATCHES);
+            shared.backoff.store(next, Ordering::Relaxed);
+            shared.skip.store(next, Ordering::Relaxed);
+        }
+    }
+
+    fn stop(&mut self) {
+        self.shared.board.lock().stop = true;
+        self.shared.wake.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Lets go of a job when a helper is done with it, even if its chunk panicked.
+struct Inside<'j>(&'j Job<'j>);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        // The helper's last touch of the job: after this its worker may return.
+        self.0.inside.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A helper thread: take a chunk of any offered job, else spin a little, else sleep.
+fn help(shared: &Shared) {
+    let mut idle_since = Instant::now();
+    loop {
+        let taken = {
+            let mut board = shared.board.lock();
+            if board.stop {
+                return;
+            }
+            let found = board.offers.iter().copied().find(|offer| {
+                // SAFETY: the offer is on the board, so its job is alive (see `Offer`).
+                unsafe { &*offer.0 }.has_chunks_left()
+            });
+            match found {
+                Some(offer) => {
+                    // SAFETY: as above; counting ourselves inside keeps it alive after we
+                    // release the board.
+                    unsafe { &*offer.0 }.inside.fetch_add(1, Ordering::Acquire);
+                    Some(offer)
+                }
+                None if idle_since.elapsed() >= SPIN_BEFORE_SLEEP => {
+                    board.sleeping += 1;
+                    shared.wake.wait(&mut board);
+                    board.sleeping -= 1;
+                    idle_since = Instant::now();
+                    None
+                }
+                None => None,
+            }
+        };
+        let Some(offer) = taken else {
+            // Spin without the lock until something is offered.
+            let mut spins = 0u32;
+            while shared.offered.load(Ordering::Acquire) == 0 {
+                spins += 1;
+                if spins % 64 == 0 {
+                    if idle_since.elapsed() >= SPIN_BEFORE_SLEEP {
+                        break;
+                    }
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            continue;
+        };
+        // SAFETY: we are counted inside the job, so it outlives this borrow (see `Offer`).
+        let job: &Job<'_> = unsafe { &*offer.0 };
+        let inside = Inside(job);
+        match catch_unwind(AssertUnwindSafe(|| job.run_chunks(false))) {
+            Ok(ran) => {
+                job.helped.fetch_add(ran, Ordering::Relaxed);
+            }
+            Err(_) => job.panicked.store(true, Ordering::Relaxed),
+        }
+        drop(inside);
+        idle_since = Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_chunk_runs_once() {
+        let helpers = Helpers::start(3).unwrap();
+        for round in 0..200 {
+            let chunks = 1 + round % 37;
+            let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
+            helpers.run(chunks, &|i| {
+                if i % 5 == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn idle_helpers_take_chunks() {
+        let helpers = Helpers::start(1).unwrap();
+        // Slow chunks leave the helper time to wake and take some.
+        helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(2)));
+        let stats = helpers.stats();
+        assert_eq!(stats.spread, 1);
+        assert!(stats.helped_chunks > 0, "{stats:?}");
+    }
+
+    #[test]
+    fn many_workers_share_the_helpers() {
+        let helpers = Arc::new(Helpers::start(2).unwrap());
+        let total = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (helpers, total) = (Arc::clone(&helpers), Arc::clone(&total));
+                std::thread::spawn(move || {
+                    for _ in 0..300 {
+                        helpers.run(8, &|_| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 300 * 8);
+    }
+
+    #[test]
+    fn a_panicking_chunk_reaches_the_worker_and_the_helpers_survive() {
+        let helpers = Helpers::start(2).unwrap();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            helpers.run(16, &|i| {
+                std::thread::sleep(Duration::from_micros(200));
+                assert!(i != 7, "chunk 7 fails");
+            })
+        }));
+        assert!(result.is_err());
+        let ran = AtomicUsize::new(0);
+        helpers.run(16, &|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 16);
+    }
+
+    #[test]
+    fn without_helpers_the_worker_runs_everything_in_order() {
+        let helpers = Helpers::start(0).unwrap();
+        let order = Mutex::new(Vec::new());
+        helpers.run(5, &|i| order.lock().push(i));
+        assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(helpers.stats(), HelperStats::default());
+    }
+}
