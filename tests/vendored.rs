@@ -28,7 +28,10 @@ fn vendored_boringtun_is_the_published_0_7_1_plus_the_patch() {
     let vendor = Path::new(ROOT).join("vendor");
     let copy = std::env::temp_dir().join(format!("kilotun-vendored-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&copy);
-    run(Command::new("cp").arg("-r").arg(vendor.join("boringtun")).arg(&copy));
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(vendor.join("boringtun"))
+        .arg(&copy));
     run(Command::new("patch")
         .args(["-R", "-p1", "--no-backup-if-mismatch", "-s", "-i"])
         .arg(vendor.join("boringtun.patch"))
@@ -40,8 +43,13 @@ fn vendored_boringtun_is_the_published_0_7_1_plus_the_patch() {
         .arg(&sums)
         .current_dir(&copy));
     let listed = std::fs::read_to_string(&sums).unwrap().lines().count();
-    assert_eq!(checked.lines().filter(|l| l.ends_with(": OK")).count(), listed);
-    let present = run(Command::new("find").args([".", "-type", "f"]).current_dir(&copy));
+    assert_eq!(
+        checked.lines().filter(|l| l.ends_with(": OK")).count(),
+        listed
+    );
+    let present = run(Command::new("find")
+        .args([".", "-type", "f"])
+        .current_dir(&copy));
     std::fs::remove_dir_all(&copy).unwrap();
     assert_eq!(
         present.lines().count(),

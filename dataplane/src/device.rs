@@ -7,7 +7,8 @@
 //! batch, hands it to the engine, and writes the engine's output; no lock is held across a
 //! syscall. A big batch's crypto is shared with helper threads (one fewer than the cores), while
 //! the worker alone decides the batch's order, so one peer's traffic (a location leader's whole
-//! link) uses every core. Configuration changes swap the engine's snapshot; a listen-port change binds the new
+//! link) uses every core. The timer thread keeps the helpers closed while the machine has no
+//! idle core for them (read from `/proc/stat` once a tick). Configuration changes swap the engine's snapshot; a listen-port change binds the new
 //! sockets first, so a port in use fails the change and leaves everything as it was.
 
 use std::io;
@@ -22,7 +23,7 @@ use parking_lot::Mutex;
 use crate::config::{ApplyReport, DeviceConfig};
 use crate::engine::{Engine, TIMER_TICK};
 use crate::eventfd::{poll, readable, EventFd};
-use crate::helpers::Helpers;
+use crate::helpers::{CpuTimes, Helpers, IdleCores};
 use crate::io::udp::UdpSocketIo;
 use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
 use crate::outbox::Outbox;
@@ -192,9 +193,10 @@ impl<B: UdpBinder> Device<B> {
             wakers,
             tun_write_errors: AtomicU64::new(0),
         });
-        shared
-            .engine
-            .use_helpers(Arc::new(Helpers::start(helpers)?));
+        let helpers = Arc::new(Helpers::start(helpers)?);
+        // Closed until the timer thread has seen idle cores for them.
+        helpers.set_open(false);
+        shared.engine.use_helpers(Arc::clone(&helpers));
         let mut threads = Vec::with_capacity(workers + 1);
         for (i, tun) in queues.into_iter().enumerate() {
             let shared = Arc::clone(&shared);
@@ -208,7 +210,7 @@ impl<B: UdpBinder> Device<B> {
         threads.push(
             std::thread::Builder::new()
                 .name("kilotun-timers".into())
-                .spawn(move || timers(&timer_shared, workers))?,
+                .spawn(move || timers(&timer_shared, workers, &helpers))?,
         );
         Ok(Self {
             shared,
@@ -454,8 +456,13 @@ fn flush<S: UdpIo, T: TunIo>(
 
 /// The timer loop: every [`TIMER_TICK`] while the engine has a peer, run the engine's timers and
 /// send what they produce; with no peer, sleep until one is added.
-fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
+fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize, helpers: &Helpers) {
     let mut out = Outbox::with_capacity(64, 256);
+    let mut idle_cores = IdleCores::default();
+    if helpers.count() > 0 && read_cpu_times().is_none() {
+        // No /proc/stat to judge by: leave the helpers to the workers' own backoff.
+        helpers.set_open(true);
+    }
     let waker = &shared.wakers[waker_index];
     let mut next = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
@@ -473,6 +480,13 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
             }
             out.clear();
             next = now + TIMER_TICK;
+            if helpers.count() > 0 {
+                if let Some(open) =
+                    read_cpu_times().and_then(|t| idle_cores.judge(t, helpers.busy()))
+                {
+                    helpers.set_open(open);
+                }
+            }
         }
         // With no peer there is nothing to time: sleep until set_config adds one (or shutdown).
         let wait = shared
@@ -484,6 +498,11 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize) {
             waker.drain();
         }
     }
+}
+
+/// The machine's CPU times from `/proc/stat` (about 20 µs, once a timer tick).
+fn read_cpu_times() -> Option<CpuTimes> {
+    CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
 fn random_bytes() -> [u8; 4] {

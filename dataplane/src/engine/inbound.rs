@@ -71,8 +71,8 @@ impl Engine {
     }
 
     /// Handles a batch of received datagrams; see [`Engine::handle_datagram`]. Consecutive
-    /// datagrams from the same peer share one update of the peer's counters, and their inner
-    /// packets' sources one lookup. Data messages are opened after the walk through the batch
+    /// datagrams from the same peer share one update of the peer's counters and one hold of its
+    /// lock for the bookkeeping. Data messages are opened after the walk through the batch
     /// (on this thread or, for a big batch, on the device's helpers too: see
     /// `engine/crypto.rs`) and delivered in their order; a handshake message in the batch is
     /// handled after the data before it.
