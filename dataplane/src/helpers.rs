@@ -5,11 +5,10 @@
 //! them here; idle helpers take chunks while the worker takes them too, so one peer's crypto runs
 //! on every core while the worker keeps the batch's order (it alone assigned the counters before,
 //! and it alone writes the batch after). The worker never waits for a chunk nobody took: a helper
-//! that wakes late finds the batch done and goes back to sleep. When helpers keep starting too late
-//! to take their share (every core is busy anyway, so moving crypto only costs context switches:
-//! measured end to end on a 2-core machine that also runs the traffic's both ends, spreading
-//! every batch cost a quarter of the throughput), the worker stops offering for a while, and
-//! backs off further each time, up to 256 batches.
+//! that wakes late finds the batch done and goes back to sleep. When awake helpers keep starting
+//! too late to take their share (every core is busy, so moving crypto only costs switches), the
+//! worker stops offering for a while, backing off further each time, up to 256 batches; and the
+//! device closes the helpers while the machine shows no idle core ([`IdleCores`]).
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -18,6 +17,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+
+mod idle;
+pub use idle::{CpuTimes, IdleCores};
 
 /// How long an idle helper keeps looking for work (yielding its core to anyone who wants it)
 /// before it sleeps: a loaded worker's next batch follows within tens of microseconds, and a
@@ -353,74 +355,6 @@ impl Drop for Helpers {
     }
 }
 
-/// The machine's CPU time so far, idle and in total, as the first line of `/proc/stat` counts it
-/// (in the kernel's clock ticks).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuTimes {
-    /// Time no core had work: `idle` plus `iowait`.
-    pub idle: u64,
-    /// All time counted, over every core.
-    pub total: u64,
-    /// The cores counted (`cpuN` lines).
-    pub cores: usize,
-}
-
-impl CpuTimes {
-    /// Reads the `cpu` line of `/proc/stat`'s text; `None` if it has none.
-    pub fn parse(proc_stat: &str) -> Option<Self> {
-        let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
-        let fields: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .map(|f| f.parse().ok())
-            .collect::<Option<_>>()?;
-        // user nice system idle iowait irq softirq steal (guest time is inside user already).
-        let counted = &fields[..fields.len().min(8)];
-        let cores = proc_stat
-            .lines()
-            .filter(|l| l.starts_with("cpu") && l[3..].starts_with(|c: char| c.is_ascii_digit()))
-            .count();
-        Some(Self {
-            idle: fields.get(3)? + fields.get(4).copied().unwrap_or(0),
-            total: counted.iter().sum(),
-            cores: cores.max(1),
-        })
-    }
-}
-
-/// Whether helpers have idle cores to run on, judged between two readings of the machine's
-/// CPU time. Spreading a batch pays only when a helper runs on a core that would otherwise be
-/// idle; on a machine whose cores are all busy (both ends of a transfer and its programs on two
-/// cores, say) it only adds context switches, and measured end to end that cost up to a quarter
-/// of the throughput. So the helpers stay open while the cores left idle, plus the time the
-/// helpers themselves ran (which would be idle without them), come to half a core or more.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IdleCores {
-    last: Option<CpuTimes>,
-    last_busy: Duration,
-}
-
-/// The idle share of a core below which helpers are closed.
-const MIN_IDLE_CORES: f64 = 0.5;
-
-impl IdleCores {
-    /// Takes a reading: the machine's CPU times and the helpers' [`Helpers::busy`] time.
-    /// Returns whether helpers should be open until the next reading (`None` on the first, or
-    /// when no time passed). `/proc/stat` counts 100 ticks a second on every core.
-    pub fn judge(&mut self, now: CpuTimes, helpers_busy: Duration) -> Option<bool> {
-        let cores = now.cores;
-        let last = self.last.replace(now)?;
-        let busy =
-            helpers_busy.saturating_sub(std::mem::replace(&mut self.last_busy, helpers_busy));
-        let total = now.total.checked_sub(last.total).filter(|&t| t > 0)?;
-        let idle = now.idle.saturating_sub(last.idle) as f64 / total as f64;
-        // The interval in seconds, from the ticks every core counted (100 a second).
-        let seconds = total as f64 / cores.max(1) as f64 / 100.0;
-        let helped = busy.as_secs_f64() / seconds.max(1e-3);
-        Some(idle * cores as f64 + helped >= MIN_IDLE_CORES)
-    }
-}
-
 /// Lets go of a job when a helper is done with it, even if its chunk panicked.
 struct Inside<'j>(&'j Job<'j>);
 
@@ -495,174 +429,4 @@ fn help(shared: &Shared) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn every_chunk_runs_once() {
-        let helpers = Helpers::start(3).unwrap();
-        for round in 0..200 {
-            let chunks = 1 + round % 37;
-            let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
-            helpers.run(chunks, &|i| {
-                if i % 5 == 0 {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                hits[i].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
-        }
-    }
-
-    #[test]
-    fn idle_helpers_take_chunks() {
-        let helpers = Helpers::start(1).unwrap();
-        // Slow chunks leave the helper time to wake and take some.
-        helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(2)));
-        let stats = helpers.stats();
-        assert_eq!(stats.spread, 1);
-        assert!(stats.helped_chunks > 0, "{stats:?}");
-    }
-
-    #[test]
-    fn a_worker_stops_offering_for_a_while_after_awake_helpers_came_too_late() {
-        let helpers = Arc::new(Helpers::start(1).unwrap());
-        // Another worker keeps the one helper busy with slow chunks...
-        let other = {
-            let helpers = Arc::clone(&helpers);
-            std::thread::spawn(move || {
-                helpers.run(4, &|_| std::thread::sleep(Duration::from_millis(30)));
-            })
-        };
-        std::thread::sleep(Duration::from_millis(10));
-        // ...so this worker's batch is done before the (awake) helper can take any of it.
-        helpers.run(2, &|_| {});
-        // The next batch runs on the worker alone: one batch of backoff after the first miss.
-        helpers.run(2, &|_| {});
-        other.join().unwrap();
-        assert_eq!(
-            helpers.stats().spread,
-            2,
-            "the other worker's and the first"
-        );
-        // Then it offers again; slow chunks give the helper its share, which ends the backoff.
-        helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
-        helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
-        assert_eq!(helpers.stats().spread, 4);
-    }
-
-    #[test]
-    fn helpers_late_from_sleep_are_not_taken_for_busy_cores() {
-        let helpers = Helpers::start(1).unwrap();
-        // The helper falls asleep; a batch of two instant chunks is done before it wakes, and
-        // that does not stop the next offer.
-        std::thread::sleep(Duration::from_millis(5));
-        helpers.run(2, &|_| {});
-        std::thread::sleep(Duration::from_millis(5));
-        helpers.run(2, &|_| {});
-        assert_eq!(helpers.stats().spread, 2);
-    }
-
-    #[test]
-    fn proc_stat_gives_idle_and_total_time() {
-        let text = "cpu  100 5 50 800 20 3 7 15 0 0\ncpu0 50 2 25 400 10 1 3 7 0 0\n";
-        let times = CpuTimes::parse(text).unwrap();
-        assert_eq!(
-            times,
-            CpuTimes {
-                idle: 820,
-                total: 1000,
-                cores: 1
-            }
-        );
-        assert_eq!(CpuTimes::parse("intr 1 2 3\n"), None);
-        assert_eq!(CpuTimes::parse("cpu  1 2 x\n"), None);
-    }
-
-    #[test]
-    fn helpers_stay_open_only_while_cores_are_left_idle() {
-        let mut gate = IdleCores::default();
-        let at = |idle, total| CpuTimes {
-            idle,
-            total,
-            cores: 2,
-        };
-        // 2 cores, 250 ms a reading: 50 ticks in all.
-        assert_eq!(gate.judge(at(0, 0), Duration::ZERO), None, "first reading");
-        // A core and a half idle: open.
-        assert_eq!(gate.judge(at(38, 50), Duration::ZERO), Some(true));
-        // Both cores busy (a quarter of a core idle), helpers idle: closed.
-        assert_eq!(gate.judge(at(44, 100), Duration::ZERO), Some(false));
-        // Busy cores, but 200 ms of them were the helpers' own: they used an idle core. Open.
-        let busy = Duration::from_millis(200);
-        assert_eq!(gate.judge(at(47, 150), busy), Some(true));
-        // The helpers ran only 20 ms more and the cores were busy: closed.
-        assert_eq!(
-            gate.judge(at(50, 200), busy + Duration::from_millis(20)),
-            Some(false)
-        );
-        // No time passed: no judgement.
-        assert_eq!(gate.judge(at(50, 200), busy), None);
-    }
-
-    #[test]
-    fn closed_helpers_take_nothing() {
-        let helpers = Helpers::start(1).unwrap();
-        helpers.set_open(false);
-        helpers.run(20, &|_| std::thread::sleep(Duration::from_micros(200)));
-        assert_eq!(helpers.stats(), HelperStats::default());
-        helpers.set_open(true);
-        helpers.run(20, &|_| std::thread::sleep(Duration::from_micros(500)));
-        assert_eq!(helpers.stats().spread, 1);
-        assert!(helpers.busy() > Duration::ZERO);
-    }
-
-    #[test]
-    fn many_workers_share_the_helpers() {
-        let helpers = Arc::new(Helpers::start(2).unwrap());
-        let total = Arc::new(AtomicUsize::new(0));
-        let workers: Vec<_> = (0..4)
-            .map(|_| {
-                let (helpers, total) = (Arc::clone(&helpers), Arc::clone(&total));
-                std::thread::spawn(move || {
-                    for _ in 0..300 {
-                        helpers.run(8, &|_| {
-                            total.fetch_add(1, Ordering::Relaxed);
-                        });
-                    }
-                })
-            })
-            .collect();
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        assert_eq!(total.load(Ordering::Relaxed), 4 * 300 * 8);
-    }
-
-    #[test]
-    fn a_panicking_chunk_reaches_the_worker_and_the_helpers_survive() {
-        let helpers = Helpers::start(2).unwrap();
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            helpers.run(16, &|i| {
-                std::thread::sleep(Duration::from_micros(200));
-                assert!(i != 7, "chunk 7 fails");
-            })
-        }));
-        assert!(result.is_err());
-        let ran = AtomicUsize::new(0);
-        helpers.run(16, &|_| {
-            ran.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(ran.load(Ordering::Relaxed), 16);
-    }
-
-    #[test]
-    fn without_helpers_the_worker_runs_everything_in_order() {
-        let helpers = Helpers::start(0).unwrap();
-        let order = Mutex::new(Vec::new());
-        helpers.run(5, &|i| order.lock().push(i));
-        assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
-        assert_eq!(helpers.stats(), HelperStats::default());
-    }
-}
+mod tests;

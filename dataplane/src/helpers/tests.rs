@@ -1,0 +1,128 @@
+//! The helpers' own tests: chunks, sharing, backoff, panics, closing.
+use super::*;
+use std::time::Duration;
+
+#[test]
+fn every_chunk_runs_once() {
+    let helpers = Helpers::start(3).unwrap();
+    for round in 0..200 {
+        let chunks = 1 + round % 37;
+        let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
+        helpers.run(chunks, &|i| {
+            if i % 5 == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+}
+
+#[test]
+fn idle_helpers_take_chunks() {
+    let helpers = Helpers::start(1).unwrap();
+    // Slow chunks leave the helper time to wake and take some.
+    helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(2)));
+    let stats = helpers.stats();
+    assert_eq!(stats.spread, 1);
+    assert!(stats.helped_chunks > 0, "{stats:?}");
+}
+
+#[test]
+fn a_worker_stops_offering_for_a_while_after_awake_helpers_came_too_late() {
+    let helpers = Arc::new(Helpers::start(1).unwrap());
+    // Another worker keeps the one helper busy with slow chunks...
+    let other = {
+        let helpers = Arc::clone(&helpers);
+        std::thread::spawn(move || {
+            helpers.run(4, &|_| std::thread::sleep(Duration::from_millis(30)));
+        })
+    };
+    std::thread::sleep(Duration::from_millis(10));
+    // ...so this worker's batch is done before the (awake) helper can take any of it.
+    helpers.run(2, &|_| {});
+    // The next batch runs on the worker alone: one batch of backoff after the first miss.
+    helpers.run(2, &|_| {});
+    other.join().unwrap();
+    assert_eq!(
+        helpers.stats().spread,
+        2,
+        "the other worker's and the first"
+    );
+    // Then it offers again; slow chunks give the helper its share, which ends the backoff.
+    helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
+    helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
+    assert_eq!(helpers.stats().spread, 4);
+}
+
+#[test]
+fn helpers_late_from_sleep_are_not_taken_for_busy_cores() {
+    let helpers = Helpers::start(1).unwrap();
+    // The helper falls asleep; a batch of two instant chunks is done before it wakes, and
+    // that does not stop the next offer.
+    std::thread::sleep(Duration::from_millis(5));
+    helpers.run(2, &|_| {});
+    std::thread::sleep(Duration::from_millis(5));
+    helpers.run(2, &|_| {});
+    assert_eq!(helpers.stats().spread, 2);
+}
+
+#[test]
+fn closed_helpers_take_nothing() {
+    let helpers = Helpers::start(1).unwrap();
+    helpers.set_open(false);
+    helpers.run(20, &|_| std::thread::sleep(Duration::from_micros(200)));
+    assert_eq!(helpers.stats(), HelperStats::default());
+    helpers.set_open(true);
+    helpers.run(20, &|_| std::thread::sleep(Duration::from_micros(500)));
+    assert_eq!(helpers.stats().spread, 1);
+    assert!(helpers.busy() > Duration::ZERO);
+}
+
+#[test]
+fn many_workers_share_the_helpers() {
+    let helpers = Arc::new(Helpers::start(2).unwrap());
+    let total = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (helpers, total) = (Arc::clone(&helpers), Arc::clone(&total));
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    helpers.run(8, &|_| {
+                        total.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert_eq!(total.load(Ordering::Relaxed), 4 * 300 * 8);
+}
+
+#[test]
+fn a_panicking_chunk_reaches_the_worker_and_the_helpers_survive() {
+    let helpers = Helpers::start(2).unwrap();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        helpers.run(16, &|i| {
+            std::thread::sleep(Duration::from_micros(200));
+            assert!(i != 7, "chunk 7 fails");
+        })
+    }));
+    assert!(result.is_err());
+    let ran = AtomicUsize::new(0);
+    helpers.run(16, &|_| {
+        ran.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(ran.load(Ordering::Relaxed), 16);
+}
+
+#[test]
+fn without_helpers_the_worker_runs_everything_in_order() {
+    let helpers = Helpers::start(0).unwrap();
+    let order = Mutex::new(Vec::new());
+    helpers.run(5, &|i| order.lock().push(i));
+    assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(helpers.stats(), HelperStats::default());
+}
