@@ -1,6 +1,7 @@
 //! The helpers' own tests: chunks, sharing, backoff, panics, closing.
 use super::*;
 use std::time::Duration;
+use std::time::Instant;
 
 #[test]
 fn every_chunk_runs_once() {
@@ -28,43 +29,63 @@ fn idle_helpers_take_chunks() {
     assert!(stats.helped_chunks > 0, "{stats:?}");
 }
 
+/// Waits (up to a minute: emulated machines are slow) until `done` holds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(60), "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn a_worker_stops_offering_for_a_while_after_awake_helpers_came_too_late() {
     let helpers = Arc::new(Helpers::start(1).unwrap());
-    // Another worker keeps the one helper busy with slow chunks...
+    // Another worker's batch keeps the one helper busy (awake) in a slow chunk...
+    let helper_inside = Arc::new(AtomicBool::new(false));
     let other = {
-        let helpers = Arc::clone(&helpers);
+        let (helpers, inside) = (Arc::clone(&helpers), Arc::clone(&helper_inside));
         std::thread::spawn(move || {
-            helpers.run(4, &|_| std::thread::sleep(Duration::from_millis(30)));
+            helpers.run(2, &|_| {
+                if std::thread::current().name() == Some("kilotun-helper-0") {
+                    inside.store(true, Ordering::Release);
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            });
         })
     };
-    std::thread::sleep(Duration::from_millis(10));
-    // ...so this worker's batch is done before the (awake) helper can take any of it.
+    wait_until("the helper takes a chunk", || {
+        helper_inside.load(Ordering::Acquire)
+    });
+    // ...so this worker's batch is done before the helper can take any of it: judged a miss.
     helpers.run(2, &|_| {});
-    // The next batch runs on the worker alone: one batch of backoff after the first miss.
+    assert_eq!(
+        helpers.shared.skip.load(Ordering::Relaxed),
+        1,
+        "one batch alone"
+    );
+    // The next batch runs on the worker alone, then offers resume.
     helpers.run(2, &|_| {});
+    assert_eq!(helpers.shared.skip.load(Ordering::Relaxed), 0);
     other.join().unwrap();
     assert_eq!(
         helpers.stats().spread,
         2,
-        "the other worker's and the first"
+        "the other worker's and the missed one"
     );
-    // Then it offers again; slow chunks give the helper its share, which ends the backoff.
-    helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
-    helpers.run(20, &|_| std::thread::sleep(Duration::from_millis(1)));
-    assert_eq!(helpers.stats().spread, 4);
 }
 
 #[test]
 fn helpers_late_from_sleep_are_not_taken_for_busy_cores() {
     let helpers = Helpers::start(1).unwrap();
-    // The helper falls asleep; a batch of two instant chunks is done before it wakes, and
-    // that does not stop the next offer.
-    std::thread::sleep(Duration::from_millis(5));
+    wait_until("the helper sleeps", || {
+        helpers.shared.board.lock().sleeping == 1
+    });
+    // A batch of two instant chunks is done before the sleeping helper wakes: that is its
+    // wake-up, not a busy core, and does not stop the next offer.
     helpers.run(2, &|_| {});
-    std::thread::sleep(Duration::from_millis(5));
-    helpers.run(2, &|_| {});
-    assert_eq!(helpers.stats().spread, 2);
+    assert_eq!(helpers.shared.skip.load(Ordering::Relaxed), 0);
+    assert_eq!(helpers.shared.backoff.load(Ordering::Relaxed), 0);
 }
 
 #[test]
