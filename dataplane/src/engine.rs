@@ -173,6 +173,11 @@ impl Engine {
         self.helpers.set(helpers).is_ok()
     }
 
+    /// The helpers big batches may spread over, once set.
+    fn helpers(&self) -> Option<&Helpers> {
+        self.helpers.get().map(|h| &**h)
+    }
+
     /// Marks every peer with an endpoint and no handshake in this engine's life for a handshake
     /// initiation at the next timer tick. A restarted device calls it after restoring the peers
     /// of its last run: the other side still sends on a session that died with the old process,

@@ -25,7 +25,7 @@ use crate::stats::DropReason;
 
 /// The least plaintext a batch carries before its crypto is offered to helpers: below it, a
 /// helper's wake-up costs about what it would save.
-pub(crate) const SPREAD_MIN_BYTES: usize = 32 * 1024;
+const SPREAD_MIN_BYTES: usize = 32 * 1024;
 /// About how many bytes of packets one chunk of spread work holds (two or three microseconds of
 /// AEAD). Threads take several chunks at a time while much is left, so small chunks cost
 /// little, and they let whoever finishes last wait little for the others.

@@ -38,23 +38,26 @@ struct DataMessage<'s> {
 
 /// The first bytes of a data message: its type, 4, as a little-endian word.
 const DATA_MESSAGE_TYPE: [u8; 4] = [4, 0, 0, 0];
-/// The shortest data message: header and tag (a keepalive).
-const DATA_MESSAGE_MIN: usize = DATA_HEADER + 16;
 
 /// The data message `datagram`, if it is one for the same session as the last job's (the
 /// common case in a batch: a run of one peer's packets), without the lookups
 /// [`Engine::find_sender`] makes for the first of a run.
 fn continues_run<'s>(jobs: &[OpenJob<'s, '_>], datagram: &[u8]) -> Option<DataMessage<'s>> {
     let last = jobs.last()?;
-    if datagram.len() < DATA_MESSAGE_MIN || datagram[..4] != DATA_MESSAGE_TYPE {
+    if datagram.len() < DATA_OVERHEAD || datagram[..4] != DATA_MESSAGE_TYPE {
         return None;
     }
     let receiver_idx = u32::from_le_bytes(datagram[4..8].try_into().ok()?);
     (receiver_idx == last.receiver_idx).then(|| DataMessage {
         entry: last.entry,
         receiver_idx,
-        counter: u64::from_le_bytes(datagram[8..16].try_into().expect("8 bytes")),
+        counter: data_counter(datagram),
     })
+}
+
+/// The counter in a data message's header (the datagram is at least a header long).
+fn data_counter(datagram: &[u8]) -> u64 {
+    u64::from_le_bytes(datagram[8..16].try_into().expect("8 bytes"))
 }
 
 impl Engine {
@@ -178,7 +181,7 @@ impl Engine {
             return;
         }
         run_jobs(
-            self.helpers.get().map(|h| &**h),
+            self.helpers(),
             jobs,
             &out.crypto.sessions,
             out.to_tunnel.bytes_mut(),
@@ -310,7 +313,7 @@ impl Engine {
                     .get(&(d.receiver_idx >> 8))
                     .ok_or(DropReason::UnknownIndex)?;
                 // boringtun parsed it: a data message is at least header and tag long.
-                let counter = u64::from_le_bytes(datagram[8..16].try_into().expect("8 bytes"));
+                let counter = data_counter(datagram);
                 return Ok(Sender::Data(DataMessage {
                     entry,
                     receiver_idx: d.receiver_idx,

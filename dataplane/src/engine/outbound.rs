@@ -37,7 +37,7 @@ impl Engine {
         }
         drop(run);
         run_jobs(
-            self.helpers.get().map(|h| &**h),
+            self.helpers(),
             &mut jobs,
             &out.crypto.sessions,
             out.to_network.bytes_mut(),
