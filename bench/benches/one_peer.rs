@@ -69,30 +69,62 @@ fn report(dir: &str, workers: usize, bytes: u64, time: Duration, helpers: &Helpe
     );
 }
 
+/// Packets as a device's worker holds them: in buffers it reuses from batch to batch (so their
+/// pages stay in its TLB), each just written on the worker's own core, as the kernel's copy
+/// into them on the worker's read or receive call leaves them (in the worker's cache, not in
+/// the helpers'). Filled from `stock` outside the timed stretch: that copy is the kernel's work,
+/// not the engine's.
+struct Received {
+    buffers: Vec<Vec<u8>>,
+}
+
+impl Received {
+    fn new() -> Self {
+        Self {
+            buffers: (0..BATCH)
+                .map(|_| Vec::with_capacity(PACKET + 64))
+                .collect(),
+        }
+    }
+
+    /// Copies `packets` in, on this thread.
+    fn fill<'a>(&mut self, packets: impl Iterator<Item = &'a [u8]>) {
+        let mut filled = 0;
+        for (buffer, packet) in self.buffers.iter_mut().zip(packets) {
+            buffer.clear();
+            buffer.extend_from_slice(packet);
+            filled += 1;
+        }
+        assert_eq!(filled, BATCH, "a whole batch");
+    }
+
+    fn packets(&self) -> impl Iterator<Item = &[u8]> {
+        self.buffers.iter().map(Vec::as_slice)
+    }
+}
+
 fn seal(c: &mut Criterion) {
     let mut group = c.benchmark_group("one_peer_workers/seal");
     group.throughput(Throughput::Bytes((BATCH * PACKET) as u64));
     for workers in worker_counts() {
         let (pair, batch, helpers) = pair_with_workers(workers, true);
-        // Distinct copies, more than the caches hold, taken in turn: like packets just read
-        // from the TUN device, none is in a core's cache already.
-        let batches: Vec<Vec<Vec<u8>>> = (0..IN_FLIGHT).map(|_| batch.clone()).collect();
+        let mut received = Received::new();
         let mut out = Outbox::with_capacity(BATCH, PACKET + 64);
         let (mut bytes, mut time) = (0u64, Duration::ZERO);
         group.bench_function(BenchmarkId::from_parameter(workers), |b| {
             b.iter_custom(|iters| {
                 let now = Instant::now();
-                let start = Instant::now();
-                for i in 0..iters as usize {
-                    pair.a.engine.handle_tunnel_packets(
-                        now,
-                        batches[i % IN_FLIGHT].iter().map(Vec::as_slice),
-                        &mut out,
-                    );
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    received.fill(batch.iter().map(Vec::as_slice));
+                    let start = Instant::now();
+                    pair.a
+                        .engine
+                        .handle_tunnel_packets(now, received.packets(), &mut out);
+                    took += start.elapsed();
                     assert_eq!(out.to_network.len(), BATCH);
                     out.clear();
                 }
-                let took = start.elapsed();
                 bytes += iters * (BATCH * PACKET) as u64;
                 time += took;
                 took
@@ -103,21 +135,58 @@ fn seal(c: &mut Criterion) {
     group.finish();
 }
 
-/// Batches in flight: sealed from distinct plaintexts (64 batches are 23 MB, more than this
-/// machine's 2 MB of L2, so a helper never finds its input in its own cache, as with packets the
-/// kernel just copied in for the worker); opened from datagrams sealed ahead of each timed
-/// stretch (a receiver under load opens batch after batch, with no sealing in between to let its
-/// helpers fall asleep).
-const IN_FLIGHT: usize = 64;
+/// Batches of datagrams sealed ahead of each timed stretch (the replay window refuses a second
+/// opening, so every batch is fresh), kept in one stock of 190 MB: a receiver under load opens
+/// batch after batch, and the helpers fall asleep only while the stock is sealed again, once
+/// every this many batches.
+const SEALED_AHEAD: usize = 512;
+/// The room one datagram takes in the stock.
+const DATAGRAM_ROOM: usize = PACKET + 32;
+
+/// Datagrams sealed ahead, each at a multiple of [`DATAGRAM_ROOM`] with its length.
+struct SealedStock {
+    bytes: Vec<u8>,
+    lengths: Vec<usize>,
+}
+
+impl SealedStock {
+    /// Seals `batches` batches of `batch` with A's engine (no helpers).
+    fn seal(&mut self, pair: &EnginePair, now: Instant, batch: &[Vec<u8>], batches: usize) {
+        self.bytes.resize(batches * BATCH * DATAGRAM_ROOM, 0);
+        self.lengths.clear();
+        let mut sealed = Outbox::with_capacity(BATCH, PACKET + 64);
+        for b in 0..batches {
+            sealed.clear();
+            pair.a
+                .engine
+                .handle_tunnel_packets(now, batch.iter().map(Vec::as_slice), &mut sealed);
+            for (i, (_, datagram)) in sealed.to_network.iter().enumerate() {
+                let at = (b * BATCH + i) * DATAGRAM_ROOM;
+                self.bytes[at..at + datagram.len()].copy_from_slice(datagram);
+                self.lengths.push(datagram.len());
+            }
+        }
+    }
+
+    /// The datagrams of batch `b`.
+    fn batch(&self, b: usize) -> impl Iterator<Item = &[u8]> {
+        (b * BATCH..(b + 1) * BATCH).map(|i| {
+            let at = i * DATAGRAM_ROOM;
+            &self.bytes[at..at + self.lengths[i]]
+        })
+    }
+}
 
 fn open(c: &mut Criterion) {
     let mut group = c.benchmark_group("one_peer_workers/open");
     group.throughput(Throughput::Bytes((BATCH * PACKET) as u64));
     for workers in worker_counts() {
         let (pair, batch, helpers) = pair_with_workers(workers, false);
-        let mut sealed: Vec<Outbox> = (0..IN_FLIGHT)
-            .map(|_| Outbox::with_capacity(BATCH, PACKET + 64))
-            .collect();
+        let mut stock = SealedStock {
+            bytes: Vec::new(),
+            lengths: Vec::new(),
+        };
+        let mut received = Received::new();
         let mut out = Outbox::with_capacity(BATCH, PACKET + 64);
         let from = pair.a.addr;
         let (mut bytes, mut time) = (0u64, Duration::ZERO);
@@ -127,30 +196,20 @@ fn open(c: &mut Criterion) {
                 let mut took = Duration::ZERO;
                 let mut left = iters as usize;
                 while left > 0 {
-                    // Fresh datagrams each time (the replay window refuses a second opening),
-                    // sealed by A's engine (no helpers) on this thread, not timed: the datagrams
-                    // are then in this worker's cache and not in the helpers', as after the
-                    // kernel copied them in on the worker's receive call.
-                    let ahead = left.min(IN_FLIGHT);
-                    for outbox in &mut sealed[..ahead] {
-                        outbox.clear();
-                        pair.a.engine.handle_tunnel_packets(
-                            now,
-                            batch.iter().map(Vec::as_slice),
-                            outbox,
-                        );
-                    }
-                    let start = Instant::now();
-                    for outbox in &sealed[..ahead] {
+                    let ahead = left.min(SEALED_AHEAD);
+                    stock.seal(&pair, now, &batch, ahead);
+                    for b in 0..ahead {
+                        received.fill(stock.batch(b));
+                        let start = Instant::now();
                         pair.b.engine.handle_datagrams(
                             now,
-                            outbox.to_network.iter().map(|(_, d)| (from, d)),
+                            received.packets().map(|d| (from, d)),
                             &mut out,
                         );
+                        took += start.elapsed();
                         assert_eq!(out.to_tunnel.len(), BATCH, "every packet opens");
                         out.clear();
                     }
-                    took += start.elapsed();
                     left -= ahead;
                 }
                 bytes += iters * (BATCH * PACKET) as u64;

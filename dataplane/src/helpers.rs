@@ -4,7 +4,8 @@
 //! location leader's whole link) splits the batch's sealing or opening into chunks and offers
 //! them here; idle helpers take chunks while the worker takes them too, so one peer's crypto runs
 //! on every core while the worker keeps the batch's order (it alone assigned the counters before,
-//! and it alone writes the batch after). The worker never waits for a chunk nobody took: a helper
+//! and it alone goes through the results after, its own chunks while the helpers still run
+//! theirs: [`Helpers::run_in_order`]). The worker never waits for a chunk nobody took: a helper
 //! that wakes late finds the batch done and goes back to sleep. When awake helpers keep starting
 //! too late to take their share (every core is busy, so moving crypto only costs switches), the
 //! worker stops offering for a while, backing off further each time, up to 256 batches; and the
@@ -53,11 +54,10 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Runs chunks until none is left, taking them from the front (the worker) or the back (a
-    /// helper); returns how many this thread ran.
-    fn run_chunks(&self, from_front: bool) -> usize {
+    /// A helper's share: chunks taken from the back until none is left; returns how many ran.
+    fn run_back(&self) -> usize {
         let mut ran = 0;
-        while let Some(chunks) = self.claim(from_front) {
+        while let Some(chunks) = self.claim(false) {
             ran += chunks.len();
             for chunk in chunks {
                 self.shared.jitter();
@@ -65,6 +65,24 @@ impl Job<'_> {
             }
         }
         ran
+    }
+
+    /// The worker's share: chunks taken from the front until none is left, each claim handed
+    /// to `done` once it ran. Returns how many chunks ran here and where the last claim ended.
+    fn run_front(&self, done: &mut dyn FnMut(std::ops::Range<usize>)) -> (usize, usize) {
+        let (mut ran, mut upto) = (0, 0);
+        while let Some(chunks) = self.claim(true) {
+            ran += chunks.len();
+            for chunk in chunks.clone() {
+                self.shared.jitter();
+                (self.work)(chunk);
+            }
+            // Only the worker takes from the front, so its claims follow one another from 0.
+            debug_assert_eq!(chunks.start, upto, "the front's claims are consecutive");
+            upto = chunks.end;
+            done(chunks);
+        }
+        (ran, upto)
     }
 
     fn claim(&self, from_front: bool) -> Option<std::ops::Range<usize>> {
@@ -117,8 +135,10 @@ struct Board {
 struct Shared {
     board: Mutex<Board>,
     wake: Condvar,
-    /// Jobs on the board, readable without its lock (helpers spin on it).
-    offered: AtomicUsize,
+    /// Offers made so far, changed under the board's lock: a helper that found nothing to take
+    /// spins until this moves, without touching the board (whose lock the worker needs to
+    /// withdraw its job).
+    offers_made: AtomicU64,
     /// Batches still to run alone before offering again, and the length of the last backoff.
     skip: AtomicU32,
     backoff: AtomicU32,
@@ -229,6 +249,23 @@ impl Helpers {
     /// # Panics
     /// When a chunk panics (on this thread or on a helper).
     pub fn run(&self, chunks: usize, work: &(dyn Fn(usize) + Sync)) {
+        self.run_in_order(chunks, work, &mut |_| {});
+    }
+
+    /// [`Helpers::run`], also calling `done`, on this thread, with consecutive ranges of chunks
+    /// that have all run, in order, together covering `0..chunks`. This thread takes its chunks
+    /// from the front, so the ranges it ran are handed to `done` at once, while helpers still
+    /// run theirs; the rest follows when every chunk has run. A caller that must go through
+    /// the results in order (delivering packets) goes through its own share in the meantime.
+    ///
+    /// # Panics
+    /// When a chunk panics (on this thread or on a helper), or `done` does.
+    pub fn run_in_order(
+        &self,
+        chunks: usize,
+        work: &(dyn Fn(usize) + Sync),
+        done: &mut dyn FnMut(std::ops::Range<usize>),
+    ) {
         if self.threads.is_empty()
             || chunks < 2
             || chunks > u32::MAX as usize
@@ -238,6 +275,9 @@ impl Helpers {
             for chunk in 0..chunks {
                 self.shared.jitter();
                 work(chunk);
+            }
+            if chunks > 0 {
+                done(0..chunks);
             }
             return;
         }
@@ -255,7 +295,7 @@ impl Helpers {
         let (to_wake, all_asleep) = {
             let mut board = shared.board.lock();
             board.offers.push(offer);
-            shared.offered.fetch_add(1, Ordering::Release);
+            shared.offers_made.fetch_add(1, Ordering::Release);
             (
                 board.sleeping.min(chunks - 1),
                 board.sleeping == self.threads.len(),
@@ -264,11 +304,10 @@ impl Helpers {
         for _ in 0..to_wake {
             shared.wake.notify_one();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| job.run_chunks(true)));
+        let mine = catch_unwind(AssertUnwindSafe(|| job.run_front(done)));
         {
             let mut board = shared.board.lock();
             board.offers.retain(|o| *o != offer);
-            shared.offered.fetch_sub(1, Ordering::Release);
         }
         // Helpers still inside are finishing a chunk each (none can start one: if `mine` ran
         // to the end, no chunk is left; if it panicked, they may take the rest, which is fine).
@@ -296,13 +335,17 @@ impl Helpers {
         if !all_asleep {
             self.note_outcome(2 * threads * helped >= (threads - 1) * chunks);
         }
-        if let Err(panic) = mine {
-            resume_unwind(panic);
-        }
+        let upto = match mine {
+            Ok((_, upto)) => upto,
+            Err(panic) => resume_unwind(panic),
+        };
         assert!(
             !job.panicked.load(Ordering::Relaxed),
             "a helper panicked running a chunk"
         );
+        if upto < chunks {
+            done(upto..chunks);
+        }
     }
 
     /// Lets workers offer batches (`true`, the default) or not. The device closes the helpers
@@ -369,7 +412,7 @@ impl Drop for Inside<'_> {
 fn help(shared: &Shared) {
     let mut idle_since = Instant::now();
     loop {
-        let taken = {
+        let (taken, seen) = {
             let mut board = shared.board.lock();
             if board.stop {
                 return;
@@ -383,22 +426,24 @@ fn help(shared: &Shared) {
                     // SAFETY: as above; counting ourselves inside keeps it alive after we
                     // release the board.
                     unsafe { &*offer.0 }.inside.fetch_add(1, Ordering::Acquire);
-                    Some(offer)
+                    (Some(offer), 0)
                 }
                 None if idle_since.elapsed() >= SPIN_BEFORE_SLEEP => {
                     board.sleeping += 1;
                     shared.wake.wait(&mut board);
                     board.sleeping -= 1;
                     idle_since = Instant::now();
-                    None
+                    // Woken for an offer (or to stop): look at the board again at once.
+                    continue;
                 }
-                None => None,
+                None => (None, shared.offers_made.load(Ordering::Relaxed)),
             }
         };
         let Some(offer) = taken else {
-            // Spin without the lock until something is offered.
+            // Spin without the lock until a new offer is made (the ones on the board now have
+            // nothing left to take).
             let mut spins = 0u32;
-            while shared.offered.load(Ordering::Acquire) == 0 {
+            while shared.offers_made.load(Ordering::Acquire) == seen {
                 spins += 1;
                 if spins % 64 == 0 {
                     if idle_since.elapsed() >= SPIN_BEFORE_SLEEP {
@@ -415,16 +460,17 @@ fn help(shared: &Shared) {
         let job: &Job<'_> = unsafe { &*offer.0 };
         let inside = Inside(job);
         let started = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| job.run_chunks(false))) {
+        match catch_unwind(AssertUnwindSafe(|| job.run_back())) {
             Ok(ran) => {
                 job.helped.fetch_add(ran, Ordering::Relaxed);
             }
             Err(_) => job.panicked.store(true, Ordering::Relaxed),
         }
-        drop(inside);
         idle_since = Instant::now();
         let busy = u64::try_from((idle_since - started).as_nanos()).unwrap_or(u64::MAX);
         shared.busy_nanos.fetch_add(busy, Ordering::Relaxed);
+        // Let go last, so that the batch's worker finds this helper's time counted.
+        drop(inside);
     }
 }
 

@@ -108,7 +108,7 @@ impl Batch {
         self.end - len..self.end
     }
 
-    /// Sets aside `len` bytes at the end, with no packet yet: [`Batch::push_range`] makes a
+    /// Sets aside `len` bytes at the end, with no packet yet: [`PacketList::push_range`] makes a
     /// packet of part of them later, or nothing does (the bytes are then unused until the batch
     /// is cleared).
     pub(crate) fn set_aside(&mut self, len: usize) -> Range<usize> {
@@ -118,15 +118,21 @@ impl Batch {
         self.end - len..self.end
     }
 
-    /// Appends the packet at `range`, bytes set aside earlier by [`Batch::set_aside`].
-    pub(crate) fn push_range(&mut self, addr: Option<SocketAddr>, range: Range<usize>) {
-        debug_assert!(range.end <= self.end);
-        self.entries.push((addr, range));
-    }
-
     /// The batch's whole buffer, packets and scratch, for writing packets in place.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.data
+    }
+
+    /// The batch's whole buffer, for writing packets in place in bytes set aside, and its list
+    /// of packets apart, for making packets of them meanwhile.
+    pub(crate) fn split_for_fill(&mut self) -> (&mut [u8], PacketList<'_>) {
+        (
+            &mut self.data,
+            PacketList {
+                entries: &mut self.entries,
+                end: self.end,
+            },
+        )
     }
 
     /// Appends a copy of `packet` to `addr`.
@@ -134,6 +140,20 @@ impl Batch {
         let len = packet.len();
         self.reserve(len).copy_from_slice(packet);
         self.commit(addr, 0, len);
+    }
+}
+
+/// A batch's list of packets, apart from its buffer (see [`Batch::split_for_fill`]).
+pub(crate) struct PacketList<'b> {
+    entries: &'b mut Vec<(Option<SocketAddr>, Range<usize>)>,
+    end: usize,
+}
+
+impl PacketList<'_> {
+    /// Appends the packet at `range`, bytes set aside earlier by [`Batch::set_aside`].
+    pub(crate) fn push_range(&mut self, addr: Option<SocketAddr>, range: Range<usize>) {
+        debug_assert!(range.end <= self.end);
+        self.entries.push((addr, range));
     }
 }
 

@@ -5,7 +5,8 @@
 //! long enough to take the session and the next sending counters, and writes down a job per data
 //! packet. The jobs then run (a copy into place and one AEAD call each), on the worker alone or
 //! spread over the device's [`Helpers`] when the batch is big enough to be worth it. Finally the
-//! worker walks the results in order. Everything the peer sees in order (the counters on the
+//! worker walks the results in order: its own share (the front of the batch) as soon as it ran,
+//! while the helpers still run theirs (the back), which it walks last. Everything the peer sees in order (the counters on the
 //! wire, the packets into the TUN device) is decided by the first and last steps, which only
 //! the batch's worker runs; the middle step may run in any order.
 
@@ -139,21 +140,25 @@ fn classify(plain: &[u8], routes: &AllowedIps<Arc<PeerEntry>>, sender: &Arc<Peer
 }
 
 /// Runs `jobs`, whose ranges of `buffer` rise and do not overlap, on this thread or spread over
-/// `helpers`.
+/// `helpers`, and hands them to `done` in order, in consecutive slices that together cover
+/// `jobs`, as soon as each slice has run: this thread goes through its own share of a spread
+/// batch while the helpers still run theirs.
 pub(super) fn run_jobs<J: InPlace>(
     helpers: Option<&Helpers>,
     jobs: &mut [J],
     sessions: &[Arc<Session>],
     buffer: &mut [u8],
+    done: &mut dyn FnMut(&mut [J]),
 ) {
     let helpers = helpers.filter(|h| {
         h.count() > 0 && jobs.iter().map(|j| j.range().len()).sum::<usize>() >= SPREAD_MIN_BYTES
     });
     let Some(helpers) = helpers else {
-        for job in jobs {
+        for job in jobs.iter_mut() {
             let range = job.range();
             job.run(sessions, &mut buffer[range]);
         }
+        done(jobs);
         return;
     };
     // Cut the jobs, and the buffer with them, into chunks of about CHUNK_BYTES.
@@ -171,17 +176,25 @@ pub(super) fn run_jobs<J: InPlace>(
         chunks.push(Mutex::new((these, region, base)));
         (jobs, buffer, base) = (rest, tail, end);
     }
-    helpers.run(chunks.len(), &|i| {
-        let mut chunk = chunks[i].lock();
-        let (jobs, region, base) = &mut *chunk;
-        for job in jobs.iter_mut() {
-            let range = job.range();
-            job.run(
-                sessions,
-                &mut region[range.start - *base..range.end - *base],
-            );
-        }
-    });
+    helpers.run_in_order(
+        chunks.len(),
+        &|i| {
+            let mut chunk = chunks[i].lock();
+            let (jobs, region, base) = &mut *chunk;
+            for job in jobs.iter_mut() {
+                let range = job.range();
+                job.run(
+                    sessions,
+                    &mut region[range.start - *base..range.end - *base],
+                );
+            }
+        },
+        &mut |ran| {
+            for chunk in &chunks[ran] {
+                done(chunk.lock().0);
+            }
+        },
+    );
 }
 
 /// The engine's per-worker scratch for one batch's crypto, kept in the worker's

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::session::Session;
 use boringtun::noise::{errors::WireGuardError, Packet, TunnResult};
 use parking_lot::MutexGuard;
 
@@ -19,7 +20,7 @@ use super::{
     HANDSHAKE_RESPONSE, MIN_OUTPUT,
 };
 use crate::key::PublicKey;
-use crate::outbox::{offset_within, Outbox};
+use crate::outbox::{offset_within, Outbox, PacketList};
 use crate::stats::{DropReason, RejectedHandshake};
 
 /// Who sent a datagram, and whether it is a data message.
@@ -168,8 +169,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Opens the data messages claimed so far, then, in their order, notes each one that
-    /// authenticated and delivers its inner packet.
+    /// Opens the data messages claimed so far and, in their order, notes each one that
+    /// authenticated and delivers its inner packet: the first ones while the helpers, if any,
+    /// still open the last.
     fn open_and_deliver<'s>(
         &self,
         now: Instant,
@@ -180,19 +182,32 @@ impl Engine {
         if jobs.is_empty() {
             return;
         }
-        run_jobs(
-            self.helpers(),
-            jobs,
-            &out.crypto.sessions,
-            out.to_tunnel.bytes_mut(),
-        );
+        let sessions = &out.crypto.sessions;
+        let (buffer, mut packets) = out.to_tunnel.split_for_fill();
+        run_jobs(self.helpers(), jobs, sessions, buffer, &mut |opened| {
+            self.deliver_opened(now, opened, sessions, run, &mut packets);
+        });
+        jobs.clear();
+        out.crypto.sessions.clear();
+    }
+
+    /// Goes through opened `jobs` in order: the replay window's second check, the peer's
+    /// bookkeeping, and the inner packet into `packets`.
+    fn deliver_opened<'s>(
+        &self,
+        now: Instant,
+        jobs: &mut [OpenJob<'s, '_>],
+        sessions: &[Arc<Session>],
+        run: &mut Run<'s>,
+        packets: &mut PacketList<'_>,
+    ) {
         // One lock per run of messages from one peer: the bookkeeping under it is short.
         let mut held: Option<(&Arc<PeerShared>, MutexGuard<'_, PeerCore>)> = None;
-        for mut job in jobs.drain(..) {
+        for job in jobs {
             if let Some(opened) = job.opened_counter.take() {
                 // The replay window's second check: a packet opened twice in this batch, or
                 // overtaken by too many others, is refused here.
-                if let Err(error) = out.crypto.sessions[job.session].mark_received(opened) {
+                if let Err(error) = sessions[job.session].mark_received(opened) {
                     self.count_refused(reason_for(error), job.from);
                     continue;
                 }
@@ -204,13 +219,13 @@ impl Engine {
                 held = Some((shared, shared.core.lock()));
             }
             let core = &mut *held.as_mut().expect("just locked").1;
-            let delivered = Self::note_opened(now, &job, shared, core).and_then(|inner| {
+            let delivered = Self::note_opened(now, job, shared, core).and_then(|inner| {
                 peer.add_rx(job.datagram_len);
                 match inner {
                     None => Ok(()),
                     Some((true, len)) => {
                         let start = job.plaintext.start;
-                        out.to_tunnel.push_range(None, start..start + len);
+                        packets.push_range(None, start..start + len);
                         Ok(())
                     }
                     Some((false, _)) => Err(DropReason::SourceNotAllowed),
@@ -220,8 +235,6 @@ impl Engine {
                 self.count_refused(reason, job.from);
             }
         }
-        drop(held);
-        out.crypto.sessions.clear();
     }
 
     /// What [`Engine::decapsulate_one`] notes after boringtun opened a data message, for a job:

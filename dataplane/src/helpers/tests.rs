@@ -147,3 +147,46 @@ fn without_helpers_the_worker_runs_everything_in_order() {
     assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
     assert_eq!(helpers.stats(), HelperStats::default());
 }
+
+#[test]
+fn results_are_handed_back_in_order_each_range_once_it_ran() {
+    let helpers = Helpers::start_jittered(2, Duration::from_micros(30)).unwrap();
+    for round in 0..100 {
+        let chunks = 1 + round % 41;
+        let ran: Vec<AtomicBool> = (0..chunks).map(|_| AtomicBool::new(false)).collect();
+        let mut next = 0;
+        helpers.run_in_order(
+            chunks,
+            &|i| {
+                assert!(!ran[i].swap(true, Ordering::AcqRel), "chunk {i} ran twice");
+            },
+            &mut |range| {
+                assert_eq!(range.start, next, "ranges follow one another from 0");
+                assert!(range.end > range.start, "no empty range");
+                for i in range.clone() {
+                    assert!(ran[i].load(Ordering::Acquire), "chunk {i} handed back unrun");
+                }
+                next = range.end;
+            },
+        );
+        assert_eq!(next, chunks, "every chunk handed back");
+        assert!(ran.iter().all(|r| r.load(Ordering::Relaxed)));
+    }
+    assert!(helpers.stats().spread > 0, "some batches were spread");
+}
+
+#[test]
+fn a_helper_woken_by_an_offer_takes_part_in_it() {
+    // The helper falls asleep, then a batch of slow chunks is offered: the offer that woke it
+    // must be the one it helps with (not only the next).
+    let helpers = Helpers::start(1).unwrap();
+    wait_until("the helper sleeps", || {
+        helpers.shared.board.lock().sleeping == 1
+    });
+    helpers.run(8, &|_| std::thread::sleep(Duration::from_millis(5)));
+    assert!(
+        helpers.stats().helped_chunks > 0,
+        "the woken helper took no chunk of the batch that woke it: {:?}",
+        helpers.stats()
+    );
+}
