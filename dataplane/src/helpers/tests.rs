@@ -164,7 +164,10 @@ fn results_are_handed_back_in_order_each_range_once_it_ran() {
                 assert_eq!(range.start, next, "ranges follow one another from 0");
                 assert!(range.end > range.start, "no empty range");
                 for i in range.clone() {
-                    assert!(ran[i].load(Ordering::Acquire), "chunk {i} handed back unrun");
+                    assert!(
+                        ran[i].load(Ordering::Acquire),
+                        "chunk {i} handed back unrun"
+                    );
                 }
                 next = range.end;
             },
