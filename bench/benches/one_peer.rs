@@ -1,6 +1,8 @@
 //! One peer's crypto on N workers, in memory: batches of 256 packets of 1420 bytes for one peer
 //! sealed (and, separately, opened) by an engine whose batches spread over N - 1 helper threads
-//! plus the calling worker, as a location leader's one link does on a device. No I/O.
+//! plus the calling worker, as a location leader's one link does on a device. No I/O: the
+//! packets are copied, outside the timed stretch, into buffers the worker reuses from batch to
+//! batch, as the kernel copies them in on a device's read or receive call (see [`Received`]).
 //!
 //! Prints one line per direction and N, `one_peer_workers dir=seal workers=N gib_s=X`, from
 //! all the batches criterion timed (warm-up included). N comes from `ONE_PEER_WORKERS` (a comma
