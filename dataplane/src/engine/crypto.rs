@@ -6,9 +6,9 @@
 //! packet. The jobs then run (a copy into place and one AEAD call each), on the worker alone or
 //! spread over the device's [`Helpers`] when the batch is big enough to be worth it. Finally the
 //! worker walks the results in order: its own share (the front of the batch) as soon as it ran,
-//! while the helpers still run theirs (the back), which it walks last. Everything the peer sees in order (the counters on the
-//! wire, the packets into the TUN device) is decided by the first and last steps, which only
-//! the batch's worker runs; the middle step may run in any order.
+//! while the helpers still run theirs (the back), which it walks last. Everything the peer sees
+//! in order (the counters on the wire, the packets into the TUN device) is decided by the first
+//! and last steps, which only the batch's worker runs; the middle step may run in any order.
 
 use std::net::SocketAddr;
 use std::ops::Range;
