@@ -146,6 +146,7 @@ const SEALED_AHEAD: usize = 512;
 const DATAGRAM_ROOM: usize = PACKET + 32;
 
 /// Datagrams sealed ahead, each at a multiple of [`DATAGRAM_ROOM`] with its length.
+#[derive(Default)]
 struct SealedStock {
     bytes: Vec<u8>,
     lengths: Vec<usize>,
@@ -184,10 +185,7 @@ fn open(c: &mut Criterion) {
     group.throughput(Throughput::Bytes((BATCH * PACKET) as u64));
     for workers in worker_counts() {
         let (pair, batch, helpers) = pair_with_workers(workers, false);
-        let mut stock = SealedStock {
-            bytes: Vec::new(),
-            lengths: Vec::new(),
-        };
+        let mut stock = SealedStock::default();
         let mut received = Received::new();
         let mut out = Outbox::with_capacity(BATCH, PACKET + 64);
         let from = pair.a.addr;

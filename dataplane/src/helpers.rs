@@ -68,11 +68,10 @@ impl Job<'_> {
     }
 
     /// The worker's share: chunks taken from the front until none is left, each claim handed
-    /// to `done` once it ran. Returns how many chunks ran here and where the last claim ended.
-    fn run_front(&self, done: &mut dyn FnMut(std::ops::Range<usize>)) -> (usize, usize) {
-        let (mut ran, mut upto) = (0, 0);
+    /// to `done` once it ran. Returns where the last claim ended.
+    fn run_front(&self, done: &mut dyn FnMut(std::ops::Range<usize>)) -> usize {
+        let mut upto = 0;
         while let Some(chunks) = self.claim(true) {
-            ran += chunks.len();
             for chunk in chunks.clone() {
                 self.shared.jitter();
                 (self.work)(chunk);
@@ -82,7 +81,7 @@ impl Job<'_> {
             upto = chunks.end;
             done(chunks);
         }
-        (ran, upto)
+        upto
     }
 
     fn claim(&self, from_front: bool) -> Option<std::ops::Range<usize>> {
@@ -335,10 +334,7 @@ impl Helpers {
         if !all_asleep {
             self.note_outcome(2 * threads * helped >= (threads - 1) * chunks);
         }
-        let upto = match mine {
-            Ok((_, upto)) => upto,
-            Err(panic) => resume_unwind(panic),
-        };
+        let upto = mine.unwrap_or_else(|panic| resume_unwind(panic));
         assert!(
             !job.panicked.load(Ordering::Relaxed),
             "a helper panicked running a chunk"
@@ -412,7 +408,8 @@ impl Drop for Inside<'_> {
 fn help(shared: &Shared) {
     let mut idle_since = Instant::now();
     loop {
-        let (taken, seen) = {
+        // The offer taken, or how many offers had been made when there was none to take.
+        let taken: Result<Offer, u64> = {
             let mut board = shared.board.lock();
             if board.stop {
                 return;
@@ -426,7 +423,7 @@ fn help(shared: &Shared) {
                     // SAFETY: as above; counting ourselves inside keeps it alive after we
                     // release the board.
                     unsafe { &*offer.0 }.inside.fetch_add(1, Ordering::Acquire);
-                    (Some(offer), 0)
+                    Ok(offer)
                 }
                 None if idle_since.elapsed() >= SPIN_BEFORE_SLEEP => {
                     board.sleeping += 1;
@@ -436,25 +433,15 @@ fn help(shared: &Shared) {
                     // Woken for an offer (or to stop): look at the board again at once.
                     continue;
                 }
-                None => (None, shared.offers_made.load(Ordering::Relaxed)),
+                None => Err(shared.offers_made.load(Ordering::Relaxed)),
             }
         };
-        let Some(offer) = taken else {
-            // Spin without the lock until a new offer is made (the ones on the board now have
-            // nothing left to take).
-            let mut spins = 0u32;
-            while shared.offers_made.load(Ordering::Acquire) == seen {
-                spins += 1;
-                if spins % 64 == 0 {
-                    if idle_since.elapsed() >= SPIN_BEFORE_SLEEP {
-                        break;
-                    }
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+        let offer = match taken {
+            Ok(offer) => offer,
+            Err(seen) => {
+                spin_until_offered(shared, seen, idle_since);
+                continue;
             }
-            continue;
         };
         // SAFETY: we are counted inside the job, so it outlives this borrow (see `Offer`).
         let job: &Job<'_> = unsafe { &*offer.0 };
@@ -471,6 +458,24 @@ fn help(shared: &Shared) {
         shared.busy_nanos.fetch_add(busy, Ordering::Relaxed);
         // Let go last, so that the batch's worker finds this helper's time counted.
         drop(inside);
+    }
+}
+
+/// Spins, without the board's lock, until an offer is made after the first `seen` (the ones on
+/// the board now have nothing left to take), or until the helper has been idle since
+/// `idle_since` for [`SPIN_BEFORE_SLEEP`].
+fn spin_until_offered(shared: &Shared, seen: u64, idle_since: Instant) {
+    let mut spins = 0u32;
+    while shared.offers_made.load(Ordering::Acquire) == seen {
+        spins += 1;
+        if spins % 64 == 0 {
+            if idle_since.elapsed() >= SPIN_BEFORE_SLEEP {
+                return;
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 

@@ -139,8 +139,11 @@ fn classify(plain: &[u8], routes: &AllowedIps<Arc<PeerEntry>>, sender: &Arc<Peer
     }
 }
 
+/// What goes through a batch's finished jobs in order (see [`run_jobs`]).
+pub(super) type Deliver<'d, J> = dyn FnMut(&mut [J]) + 'd;
+
 /// Runs `jobs`, whose ranges of `buffer` rise and do not overlap, on this thread or spread over
-/// `helpers`, and hands them to `done` in order, in consecutive slices that together cover
+/// `helpers`. With `done`, hands them to it in order, in consecutive slices that together cover
 /// `jobs`, as soon as each slice has run: this thread goes through its own share of a spread
 /// batch while the helpers still run theirs.
 pub(super) fn run_jobs<J: InPlace>(
@@ -148,7 +151,7 @@ pub(super) fn run_jobs<J: InPlace>(
     jobs: &mut [J],
     sessions: &[Arc<Session>],
     buffer: &mut [u8],
-    done: &mut dyn FnMut(&mut [J]),
+    done: Option<&mut Deliver<'_, J>>,
 ) {
     let helpers = helpers.filter(|h| {
         h.count() > 0 && jobs.iter().map(|j| j.range().len()).sum::<usize>() >= SPREAD_MIN_BYTES
@@ -158,7 +161,9 @@ pub(super) fn run_jobs<J: InPlace>(
             let range = job.range();
             job.run(sessions, &mut buffer[range]);
         }
-        done(jobs);
+        if let Some(done) = done {
+            done(jobs);
+        }
         return;
     };
     // Cut the jobs, and the buffer with them, into chunks of about CHUNK_BYTES.
@@ -176,25 +181,25 @@ pub(super) fn run_jobs<J: InPlace>(
         chunks.push(Mutex::new((these, region, base)));
         (jobs, buffer, base) = (rest, tail, end);
     }
-    helpers.run_in_order(
-        chunks.len(),
-        &|i| {
-            let mut chunk = chunks[i].lock();
-            let (jobs, region, base) = &mut *chunk;
-            for job in jobs.iter_mut() {
-                let range = job.range();
-                job.run(
-                    sessions,
-                    &mut region[range.start - *base..range.end - *base],
-                );
-            }
-        },
-        &mut |ran| {
+    let work = |i: usize| {
+        let mut chunk = chunks[i].lock();
+        let (jobs, region, base) = &mut *chunk;
+        for job in jobs.iter_mut() {
+            let range = job.range();
+            job.run(
+                sessions,
+                &mut region[range.start - *base..range.end - *base],
+            );
+        }
+    };
+    match done {
+        None => helpers.run(chunks.len(), &work),
+        Some(done) => helpers.run_in_order(chunks.len(), &work, &mut |ran| {
             for chunk in &chunks[ran] {
                 done(chunk.lock().0);
             }
-        },
-    );
+        }),
+    }
 }
 
 /// The engine's per-worker scratch for one batch's crypto, kept in the worker's

@@ -184,9 +184,10 @@ impl Engine {
         }
         let sessions = &out.crypto.sessions;
         let (buffer, mut packets) = out.to_tunnel.split_for_fill();
-        run_jobs(self.helpers(), jobs, sessions, buffer, &mut |opened| {
+        let mut deliver = |opened: &mut [OpenJob<'s, '_>]| {
             self.deliver_opened(now, opened, sessions, run, &mut packets);
-        });
+        };
+        run_jobs(self.helpers(), jobs, sessions, buffer, Some(&mut deliver));
         jobs.clear();
         out.crypto.sessions.clear();
     }
