@@ -108,8 +108,16 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
             && log.contains("bad: kilo.squat.ai/key=\"not-a-key\"")
     });
     assert!(reported, "{}", c.node("n1").log_text());
-    c.nodes.pop(); // the bad node runs no kg; its namespace goes away
-    assert_eq!(c.all_pods_reachable(), Ok(()), "{}", c.logs());
+    // The bad node runs no kg; its namespace goes away.
+    c.nodes.pop();
+    // Pings are given a few seconds: in a machine emulated without KVM (tests/kernel_vm.rs runs
+    // this test in one) a ping's three echoes can all go unanswered within their two seconds
+    // while four kg processes share two emulated cores. A first miss is printed.
+    if let Err(first) = c.all_pods_reachable() {
+        eprintln!("after the bad node, at first: {first}");
+    }
+    let working = c.wait_for(Duration::from_secs(10), |c| c.all_pods_reachable().is_ok());
+    assert!(working, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     assert!(c.nodes.iter_mut().all(|n| n.is_running()), "{}", c.logs());
 
     // Moving n4 to its own location makes it a leader and re-shapes the mesh.
