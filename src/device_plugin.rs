@@ -262,9 +262,7 @@ async fn incarnation(
     };
     let mut registered: Option<(u64, u64)> = None;
     let mut complained = false;
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    // A tick missed while the loop was busy is taken once, not replayed back to back.
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::periodic::periodic(CHECK_EVERY);
     let ended = loop {
         tokio::select! {
             _ = stop.as_mut() => break Ended::Stopped,

@@ -112,11 +112,14 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
     c.nodes.pop();
     // Pings are given a few seconds: in a machine emulated without KVM (tests/kernel_vm.rs runs
     // this test in one) a ping's three echoes can all go unanswered within their two seconds
-    // while four kg processes share two emulated cores. A first miss is printed.
-    if let Err(first) = c.all_pods_reachable() {
-        eprintln!("after the bad node, at first: {first}");
-    }
-    let working = c.wait_for(Duration::from_secs(10), |c| c.all_pods_reachable().is_ok());
+    // while four kg processes share two emulated cores. Each miss is printed.
+    let working = c.wait_for(Duration::from_secs(10), |c| match c.all_pods_reachable() {
+        Ok(()) => true,
+        Err(miss) => {
+            eprintln!("after the bad node: {miss}");
+            false
+        }
+    });
     assert!(working, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     assert!(c.nodes.iter_mut().all(|n| n.is_running()), "{}", c.logs());
 

@@ -230,9 +230,7 @@ pub async fn run(global: &KgctlArgs, args: &ConnectArgs) -> Result<()> {
         owned: RoutePlan::default(),
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut ticker = tokio::time::interval(resync);
-    // A tick missed while the loop was busy is taken once, not replayed back to back.
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::periodic::periodic(resync);
     loop {
         let snapshot = Arc::clone(&snapshots.borrow_and_update());
         if let Err(e) = connection.reconcile(global, &snapshot).await {
