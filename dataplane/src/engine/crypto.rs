@@ -58,23 +58,73 @@ pub(super) enum Opened {
     Failed(DropReason),
 }
 
-/// A data message to open: who sent it, its header, its sealed payload, and the room set aside
-/// for the plaintext in the outbox.
+/// A data message's counter, as the replay window's first check finds it.
+pub(super) enum JobCounter {
+    /// As the header gives it, not checked yet.
+    Unchecked(u64),
+    /// One the window may still accept: the message is to be opened.
+    Checked(ReceivingCounter),
+    /// Opened: to be marked received (the window's second check) when it is delivered.
+    Opened(OpenedCounter),
+    /// Not to be opened, or opened already and marked or refused.
+    Done,
+}
+
+/// Checks the counters of `jobs` (their senders' receiver indexes in `notes`) against their
+/// sessions' replay windows before anything is decrypted, so that a replayed flood costs no
+/// AEAD; a refused job is done, failed. One lock of a window per run of one session's jobs,
+/// not one per packet: a lock and an unlock are locked instructions, each of which waits for
+/// all of this core's earlier stores.
+pub(super) fn check_counters(
+    jobs: &mut [OpenJob<'_, '_>],
+    notes: &[OpenNote],
+    sessions: &[Arc<Session>],
+) {
+    let mut window = None;
+    for (job, note) in jobs.iter_mut().zip(notes) {
+        let JobCounter::Unchecked(counter) = job.counter else {
+            continue;
+        };
+        let window = match &mut window {
+            Some((session, window)) if *session == job.session => window,
+            _ => {
+                // Let go of one window before locking the next.
+                window = None;
+                &mut window
+                    .insert((job.session, sessions[job.session].receiving_window()))
+                    .1
+            }
+        };
+        match window.check(note.receiver_idx, counter) {
+            Ok(checked) => job.counter = JobCounter::Checked(checked),
+            Err(error) => {
+                job.counter = JobCounter::Done;
+                job.opened = Opened::Failed(reason_for(error));
+            }
+        }
+    }
+}
+
+/// A data message to open: who sent it, its sealed payload, its counter, where its plaintext
+/// goes in the outbox (as many bytes as `sealed`, from `plaintext_at`), and what opening it
+/// gave. What only the batch's worker needs is apart, in an [`OpenNote`], so that the lines a
+/// helper reads and writes hold little else.
 pub(super) struct OpenJob<'s, 'p> {
     pub(super) entry: &'s Arc<PeerEntry>,
     /// The snapshot's routes, to check the inner packet's source.
     pub(super) routes: &'s AllowedIps<Arc<PeerEntry>>,
-    pub(super) from: SocketAddr,
-    pub(super) datagram_len: usize,
     pub(super) session: usize,
-    pub(super) receiver_idx: u32,
-    /// The counter, checked against the replay window when the job was written down; marked
-    /// received (the window's second check) when the job's packet is delivered.
-    pub(super) counter: Option<ReceivingCounter>,
-    pub(super) opened_counter: Option<OpenedCounter>,
+    pub(super) counter: JobCounter,
     pub(super) sealed: &'p [u8],
-    pub(super) plaintext: Range<usize>,
+    pub(super) plaintext_at: usize,
     pub(super) opened: Opened,
+}
+
+/// What the worker alone notes of a data message to open, for its delivery: where it came from
+/// and the receiver index in its header.
+pub(super) struct OpenNote {
+    pub(super) from: SocketAddr,
+    pub(super) receiver_idx: u32,
 }
 
 /// A job that writes its output in place, in its own range of one buffer.
@@ -101,22 +151,25 @@ impl InPlace for SealJob<'_> {
 
 impl InPlace for OpenJob<'_, '_> {
     fn range(&self) -> Range<usize> {
-        self.plaintext.clone()
+        self.plaintext_at..self.plaintext_at + self.sealed.len()
     }
 
     fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]) {
-        let sealed = &mut out[..self.sealed.len()];
-        sealed.copy_from_slice(self.sealed);
-        let Some(counter) = self.counter.take() else {
+        let JobCounter::Checked(counter) = &self.counter else {
             return;
         };
-        self.opened = match sessions[self.session].open_checked_in_place(counter, sealed) {
+        let sealed = &mut out[..self.sealed.len()];
+        sealed.copy_from_slice(self.sealed);
+        match sessions[self.session].open_checked_in_place(counter, sealed) {
             Ok((opened, plain)) => {
-                self.opened_counter = Some(opened);
-                classify(plain, self.routes, self.entry)
+                self.opened = classify(plain, self.routes, self.entry);
+                self.counter = JobCounter::Opened(opened);
             }
-            Err(error) => Opened::Failed(reason_for(error)),
-        };
+            Err(error) => {
+                self.opened = Opened::Failed(reason_for(error));
+                self.counter = JobCounter::Done;
+            }
+        }
     }
 }
 
@@ -139,8 +192,9 @@ fn classify(plain: &[u8], routes: &AllowedIps<Arc<PeerEntry>>, sender: &Arc<Peer
     }
 }
 
-/// What goes through a batch's finished jobs in order (see [`run_jobs`]).
-pub(super) type Deliver<'d, J> = dyn FnMut(&mut [J]) + 'd;
+/// What goes through a batch's finished jobs in order (see [`run_jobs`]): where they are in
+/// the batch, and the jobs.
+pub(super) type Deliver<'d, J> = dyn FnMut(Range<usize>, &mut [J]) + 'd;
 
 /// Runs `jobs`, whose ranges of `buffer` rise and do not overlap, on this thread or spread over
 /// `helpers`. With `done`, hands them to it in order, in consecutive slices that together cover
@@ -162,13 +216,13 @@ pub(super) fn run_jobs<J: InPlace>(
             job.run(sessions, &mut buffer[range]);
         }
         if let Some(done) = done {
-            done(jobs);
+            done(0..jobs.len(), jobs);
         }
         return;
     };
     // Cut the jobs, and the buffer with them, into chunks of about CHUNK_BYTES.
     let mut chunks = Vec::with_capacity(jobs.len() / 2 + 1);
-    let (mut jobs, mut buffer, mut base) = (jobs, buffer, 0);
+    let (mut jobs, mut buffer, mut base, mut first) = (jobs, buffer, 0, 0);
     while !jobs.is_empty() {
         let (mut count, mut bytes) = (0, 0);
         while count < jobs.len() && (count == 0 || bytes < CHUNK_BYTES) {
@@ -178,12 +232,12 @@ pub(super) fn run_jobs<J: InPlace>(
         let (these, rest) = std::mem::take(&mut jobs).split_at_mut(count);
         let end = these[count - 1].range().end;
         let (region, tail) = std::mem::take(&mut buffer).split_at_mut(end - base);
-        chunks.push(Mutex::new((these, region, base)));
-        (jobs, buffer, base) = (rest, tail, end);
+        chunks.push(Mutex::new((these, region, base, first)));
+        (jobs, buffer, base, first) = (rest, tail, end, first + count);
     }
     let work = |i: usize| {
         let mut chunk = chunks[i].lock();
-        let (jobs, region, base) = &mut *chunk;
+        let (jobs, region, base, _) = &mut *chunk;
         for job in jobs.iter_mut() {
             let range = job.range();
             job.run(
@@ -196,7 +250,9 @@ pub(super) fn run_jobs<J: InPlace>(
         None => helpers.run(chunks.len(), &work),
         Some(done) => helpers.run_in_order(chunks.len(), &work, &mut |ran| {
             for chunk in &chunks[ran] {
-                done(chunk.lock().0);
+                let mut chunk = chunk.lock();
+                let (jobs, _, _, first) = &mut *chunk;
+                done(*first..*first + jobs.len(), jobs);
             }
         }),
     }
@@ -209,7 +265,7 @@ pub(crate) struct CryptoScratch {
     /// The sessions the jobs of the batch use (consecutive jobs of one session share an entry).
     pub(super) sessions: Vec<Arc<Session>>,
     seal: Vec<SealJob<'static>>,
-    open: Vec<OpenJob<'static, 'static>>,
+    open: OpenBatch<'static, 'static>,
 }
 
 impl std::fmt::Debug for CryptoScratch {
@@ -242,15 +298,45 @@ impl CryptoScratch {
         self.sessions.clear();
     }
 
-    /// An empty list of open jobs, on the capacity of the last one.
-    pub(super) fn take_open_jobs<'s, 'p>(&mut self) -> Vec<OpenJob<'s, 'p>> {
-        recycle(std::mem::take(&mut self.open))
+    /// An empty batch of data messages to open, on the capacity of the last one.
+    pub(super) fn take_open_batch<'s, 'p>(&mut self) -> OpenBatch<'s, 'p> {
+        let OpenBatch { jobs, notes } = std::mem::take(&mut self.open);
+        OpenBatch {
+            jobs: recycle(jobs),
+            notes,
+        }
     }
 
-    /// Keeps the capacity of `jobs` for the next batch.
-    pub(super) fn keep_open_jobs(&mut self, jobs: Vec<OpenJob<'_, '_>>) {
-        self.open = recycle(jobs);
+    /// Keeps the capacity of `batch` for the next one.
+    pub(super) fn keep_open_batch(&mut self, batch: OpenBatch<'_, '_>) {
+        let OpenBatch { jobs, mut notes } = batch;
+        notes.clear();
+        self.open = OpenBatch {
+            jobs: recycle(jobs),
+            notes,
+        };
         self.sessions.clear();
+    }
+}
+
+/// A batch's data messages to open: the jobs, and the worker's notes, one for each.
+#[derive(Default)]
+pub(super) struct OpenBatch<'s, 'p> {
+    pub(super) jobs: Vec<OpenJob<'s, 'p>>,
+    pub(super) notes: Vec<OpenNote>,
+}
+
+impl<'s, 'p> OpenBatch<'s, 'p> {
+    /// Adds a data message to open.
+    pub(super) fn push(&mut self, job: OpenJob<'s, 'p>, note: OpenNote) {
+        self.jobs.push(job);
+        self.notes.push(note);
+    }
+
+    /// Forgets the messages.
+    pub(super) fn clear(&mut self) {
+        self.jobs.clear();
+        self.notes.clear();
     }
 }
 

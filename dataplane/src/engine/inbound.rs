@@ -3,16 +3,19 @@
 //! the inner packet's source checked against the sender's allowed IPs.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::session::Session;
+use boringtun::noise::session::{ReceivingWindow, Session};
 use boringtun::noise::{errors::WireGuardError, Packet, TunnResult};
 use parking_lot::MutexGuard;
 
-use super::crypto::{run_jobs, OpenJob, Opened, DATA_HEADER};
+use super::crypto::{
+    check_counters, run_jobs, JobCounter, OpenBatch, OpenJob, OpenNote, Opened, DATA_HEADER,
+};
 use super::peer::{self, PeerCore, PeerEntry, PeerShared};
 use super::run::{PeerRun, Run};
 use super::{
@@ -43,13 +46,13 @@ const DATA_MESSAGE_TYPE: [u8; 4] = [4, 0, 0, 0];
 /// The data message `datagram`, if it is one for the same session as the last job's (the
 /// common case in a batch: a run of one peer's packets), without the lookups
 /// [`Engine::find_sender`] makes for the first of a run.
-fn continues_run<'s>(jobs: &[OpenJob<'s, '_>], datagram: &[u8]) -> Option<DataMessage<'s>> {
-    let last = jobs.last()?;
+fn continues_run<'s>(batch: &OpenBatch<'s, '_>, datagram: &[u8]) -> Option<DataMessage<'s>> {
+    let (last, note) = (batch.jobs.last()?, batch.notes.last()?);
     if datagram.len() < DATA_OVERHEAD || datagram[..4] != DATA_MESSAGE_TYPE {
         return None;
     }
     let receiver_idx = u32::from_le_bytes(datagram[4..8].try_into().ok()?);
-    (receiver_idx == last.receiver_idx).then(|| DataMessage {
+    (receiver_idx == note.receiver_idx).then(|| DataMessage {
         entry: last.entry,
         receiver_idx,
         counter: data_counter(datagram),
@@ -88,18 +91,18 @@ impl Engine {
     ) {
         let state = self.state.load();
         let mut run = Run::default();
-        let mut jobs = out.crypto.take_open_jobs();
+        let mut batch = out.crypto.take_open_batch();
         for (from, datagram) in datagrams {
-            let sender = match continues_run(&jobs, datagram) {
+            let sender = match continues_run(&batch, datagram) {
                 Some(data) => Ok(Sender::Data(data)),
                 None => self.find_sender(&state, now, from, datagram, out),
             };
             let claimed = match sender {
                 Ok(Sender::Data(data)) => {
-                    Self::claim_data(&state, data, from, datagram, out, &mut jobs)
+                    Self::claim_data(&state, data, from, datagram, out, &mut batch)
                 }
                 Ok(Sender::Other(entry)) => {
-                    self.open_and_deliver(now, &mut jobs, &mut run, out);
+                    self.open_and_deliver(now, &mut batch, &mut run, out);
                     self.decapsulate_one(entry, now, from, datagram, &mut run, out)
                 }
                 Err(reason) => Err(reason),
@@ -108,8 +111,8 @@ impl Engine {
                 self.count_refused(reason, from);
             }
         }
-        self.open_and_deliver(now, &mut jobs, &mut run, out);
-        out.crypto.keep_open_jobs(jobs);
+        self.open_and_deliver(now, &mut batch, &mut run, out);
+        out.crypto.keep_open_batch(batch);
     }
 
     fn count_refused(&self, reason: DropReason, from: SocketAddr) {
@@ -132,10 +135,11 @@ impl Engine {
         from: SocketAddr,
         datagram: &'p [u8],
         out: &mut Outbox,
-        jobs: &mut Vec<OpenJob<'s, 'p>>,
+        batch: &mut OpenBatch<'s, 'p>,
     ) -> Result<(), DropReason> {
-        let same_session = jobs.last().filter(|last| {
-            last.receiver_idx == data.receiver_idx && Arc::ptr_eq(last.entry, data.entry)
+        let same_session = batch.jobs.last().filter(|last| {
+            batch.notes.last().map(|note| note.receiver_idx) == Some(data.receiver_idx)
+                && Arc::ptr_eq(last.entry, data.entry)
         });
         let session_index = if let Some(last) = same_session {
             last.session
@@ -147,25 +151,24 @@ impl Engine {
                 .ok_or(reason_for(WireGuardError::NoCurrentSession))?;
             out.crypto.session_index(session)
         };
-        // The replay window's first check, before any decryption (a replayed flood costs no
-        // AEAD); the second comes when the packet is delivered, in order.
-        let counter = out.crypto.sessions[session_index]
-            .check_receiving_counter(data.receiver_idx, data.counter)
-            .map_err(reason_for)?;
+        // The replay window's first check comes before any decryption, for the whole batch
+        // (`check_counters`); the second when the packet is delivered, in order.
         let sealed = &datagram[DATA_HEADER..];
-        jobs.push(OpenJob {
-            entry: data.entry,
-            routes: &state.routes,
-            from,
-            datagram_len: datagram.len(),
-            session: session_index,
-            receiver_idx: data.receiver_idx,
-            counter: Some(counter),
-            opened_counter: None,
-            sealed,
-            plaintext: out.to_tunnel.set_aside(sealed.len()),
-            opened: Opened::Pending,
-        });
+        batch.push(
+            OpenJob {
+                entry: data.entry,
+                routes: &state.routes,
+                session: session_index,
+                counter: JobCounter::Unchecked(data.counter),
+                sealed,
+                plaintext_at: out.to_tunnel.set_aside(sealed.len()).start,
+                opened: Opened::Pending,
+            },
+            OpenNote {
+                from,
+                receiver_idx: data.receiver_idx,
+            },
+        );
         Ok(())
     }
 
@@ -175,57 +178,81 @@ impl Engine {
     fn open_and_deliver<'s>(
         &self,
         now: Instant,
-        jobs: &mut Vec<OpenJob<'s, '_>>,
+        batch: &mut OpenBatch<'s, '_>,
         run: &mut Run<'s>,
         out: &mut Outbox,
     ) {
-        if jobs.is_empty() {
+        if batch.jobs.is_empty() {
             return;
         }
         let sessions = &out.crypto.sessions;
+        check_counters(&mut batch.jobs, &batch.notes, sessions);
         let (buffer, mut packets) = out.to_tunnel.split_for_fill();
-        let mut deliver = |opened: &mut [OpenJob<'s, '_>]| {
-            self.deliver_opened(now, opened, sessions, run, &mut packets);
+        let notes = &batch.notes;
+        let mut deliver = |range: Range<usize>, jobs: &mut [OpenJob<'s, '_>]| {
+            self.deliver_opened(now, jobs, &notes[range], sessions, run, &mut packets);
         };
-        run_jobs(self.helpers(), jobs, sessions, buffer, Some(&mut deliver));
-        jobs.clear();
+        run_jobs(
+            self.helpers(),
+            &mut batch.jobs,
+            sessions,
+            buffer,
+            Some(&mut deliver),
+        );
+        batch.clear();
         out.crypto.sessions.clear();
     }
 
-    /// Goes through opened `jobs` in order: the replay window's second check, the peer's
-    /// bookkeeping, and the inner packet into `packets`.
+    /// Goes through opened jobs in order, with their notes and outcomes: the replay window's
+    /// second check, the peer's bookkeeping, and the inner packet into `packets`.
     fn deliver_opened<'s>(
         &self,
         now: Instant,
         jobs: &mut [OpenJob<'s, '_>],
+        notes: &[OpenNote],
         sessions: &[Arc<Session>],
         run: &mut Run<'s>,
         packets: &mut PacketList<'_>,
     ) {
-        // One lock per run of messages from one peer: the bookkeeping under it is short.
+        // One lock per run of messages from one peer (the bookkeeping under it is short), and
+        // within it one lock of the session's replay window; a window is only locked under its
+        // peer's lock, and let go of before another is locked.
         let mut held: Option<(&Arc<PeerShared>, MutexGuard<'_, PeerCore>)> = None;
-        for job in jobs {
-            if let Some(opened) = job.opened_counter.take() {
-                // The replay window's second check: a packet opened twice in this batch, or
-                // overtaken by too many others, is refused here.
-                if let Err(error) = sessions[job.session].mark_received(opened) {
-                    self.count_refused(reason_for(error), job.from);
-                    continue;
-                }
-            }
+        let mut window: Option<(usize, ReceivingWindow<'_>)> = None;
+        for (job, note) in jobs.iter_mut().zip(notes) {
             let peer = PeerRun::switch_to(&mut run.peer, job.entry);
             let shared = peer.shared();
             if !held.as_ref().is_some_and(|(h, _)| Arc::ptr_eq(h, shared)) {
+                window = None;
                 drop(held.take());
                 held = Some((shared, shared.core.lock()));
             }
+            if let JobCounter::Opened(opened) =
+                std::mem::replace(&mut job.counter, JobCounter::Done)
+            {
+                if window
+                    .as_ref()
+                    .is_none_or(|(session, _)| *session != job.session)
+                {
+                    drop(window.take());
+                    window = Some((job.session, sessions[job.session].receiving_window()));
+                }
+                let (_, locked) = window.as_mut().expect("just locked");
+                // The replay window's second check: a packet opened twice in this batch, or
+                // overtaken by too many others, is refused here.
+                if let Err(error) = locked.mark(opened) {
+                    self.count_refused(reason_for(error), note.from);
+                    continue;
+                }
+            }
             let core = &mut *held.as_mut().expect("just locked").1;
-            let delivered = Self::note_opened(now, job, shared, core).and_then(|inner| {
-                peer.add_rx(job.datagram_len);
+            let delivered = Self::note_opened(now, job.opened, note, shared, core);
+            let delivered = delivered.and_then(|inner| {
+                peer.add_rx(DATA_HEADER + job.sealed.len());
                 match inner {
                     None => Ok(()),
                     Some((true, len)) => {
-                        let start = job.plaintext.start;
+                        let start = job.plaintext_at;
                         packets.push_range(None, start..start + len);
                         Ok(())
                     }
@@ -233,39 +260,41 @@ impl Engine {
                 }
             });
             if let Err(reason) = delivered {
-                self.count_refused(reason, job.from);
+                self.count_refused(reason, note.from);
             }
         }
     }
 
-    /// What [`Engine::decapsulate_one`] notes after boringtun opened a data message, for a job:
-    /// the session in use, boringtun's timers, roaming, and when the peer was last heard from.
-    /// Returns, if it carries an inner packet, whether its source is the sender's and its length.
+    /// What [`Engine::decapsulate_one`] notes after boringtun opened a data message (`opened`,
+    /// noted as `note`): the session in use, boringtun's timers, roaming, and when the peer was
+    /// last heard from. Returns, if it carries an inner packet, whether its source is the
+    /// sender's and its length.
     fn note_opened(
         now: Instant,
-        job: &OpenJob<'_, '_>,
+        opened: Opened,
+        note: &OpenNote,
         shared: &PeerShared,
         core: &mut PeerCore,
     ) -> Result<Option<(bool, usize)>, DropReason> {
         let Some(tunn) = core.tunn.as_mut() else {
             return Err(DropReason::NoPrivateKey);
         };
-        let inner = match job.opened {
-            Opened::Inner { len, allowed, .. } => Some((allowed, len)),
+        let inner = match opened {
+            Opened::Inner { len, allowed } => Some((allowed, len)),
             Opened::Keepalive => None,
             Opened::NotIp => {
-                tunn.note_data_received(job.receiver_idx, 0);
+                tunn.note_data_received(note.receiver_idx, 0);
                 return Err(DropReason::InvalidInnerPacket);
             }
             Opened::Failed(reason) => return Err(reason),
             Opened::Pending => return Err(DropReason::Other),
         };
-        tunn.note_data_received(job.receiver_idx, inner.map_or(0, |(_, len)| len));
+        tunn.note_data_received(note.receiver_idx, inner.map_or(0, |(_, len)| len));
         // The message authenticated (even if its inner packet is then refused): roam to its
         // source and count it.
         core.last_received = Some(now);
         core.unanswered_since = None;
-        shared.set_endpoint(core, job.from);
+        shared.set_endpoint(core, note.from);
         if inner.is_some() {
             core.unacknowledged_since.get_or_insert(now);
         }

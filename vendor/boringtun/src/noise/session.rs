@@ -266,7 +266,7 @@ impl Session {
         sealed: &'a mut [u8],
     ) -> Result<&'a mut [u8], WireGuardError> {
         let counter = self.check_receiving_counter(receiver_idx, counter)?;
-        let (opened, plaintext) = self.open_checked_in_place(counter, sealed)?;
+        let (opened, plaintext) = self.open_checked_in_place(&counter, sealed)?;
         self.mark_received(opened)?;
         Ok(plaintext)
     }
@@ -289,10 +289,11 @@ impl Session {
 
     /// The second step: decrypts `sealed` (payload and tag) in place and returns the plaintext.
     /// Nothing is marked received yet: the packet may be used only once
-    /// [`Session::mark_received`] accepts its counter.
+    /// [`Session::mark_received`] accepts its counter. The checked counter is only borrowed:
+    /// decrypting twice gives nothing away, and only the mark accepts a counter once.
     pub fn open_checked_in_place<'a>(
         &self,
-        counter: ReceivingCounter,
+        counter: &ReceivingCounter,
         sealed: &'a mut [u8],
     ) -> Result<(OpenedCounter, &'a mut [u8]), WireGuardError> {
         let mut nonce = [0u8; 12];
@@ -308,6 +309,15 @@ impl Session {
     /// or overtaken by too many others meanwhile, is refused here).
     pub fn mark_received(&self, opened: OpenedCounter) -> Result<(), WireGuardError> {
         self.receiving_counter_mark(opened.0)
+    }
+
+    /// Locks the replay window, for checking ([`ReceivingWindow::check`]) or marking
+    /// ([`ReceivingWindow::mark`]) a run of packets under one lock instead of one each.
+    pub fn receiving_window(&self) -> ReceivingWindow<'_> {
+        ReceivingWindow {
+            receiving_index: self.receiving_index,
+            window: self.receiving_key_counter.lock(),
+        }
     }
 
     /// packet - a data packet we received from the network
@@ -347,6 +357,30 @@ impl SendingCounter {
     /// The counter's value (the packet's nonce).
     pub fn value(&self) -> u64 {
         self.0
+    }
+}
+
+/// A session's replay window, locked ([`Session::receiving_window`]).
+pub struct ReceivingWindow<'s> {
+    receiving_index: u32,
+    window: parking_lot::MutexGuard<'s, ReceivingKeyCounterValidator>,
+}
+
+impl ReceivingWindow<'_> {
+    /// [`Session::check_receiving_counter`], under this lock.
+    pub fn check(&self, receiver_idx: u32, counter: u64) -> Result<ReceivingCounter, WireGuardError> {
+        if receiver_idx != self.receiving_index {
+            return Err(WireGuardError::WrongIndex);
+        }
+        self.window.will_accept(counter)?;
+        Ok(ReceivingCounter(counter))
+    }
+
+    /// [`Session::mark_received`], under this lock.
+    pub fn mark(&mut self, opened: OpenedCounter) -> Result<(), WireGuardError> {
+        self.window.mark_did_receive(opened.0)?;
+        self.window.receive_cnt += 1;
+        Ok(())
     }
 }
 
