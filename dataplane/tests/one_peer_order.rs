@@ -247,4 +247,25 @@ fn replays_and_forgeries_in_a_spread_batch_are_refused_and_counted_as_on_one_thr
     assert!(out.to_tunnel.is_empty());
     assert_eq!(drops.get(DropReason::Replay), repeated + 200 - forged);
     assert_eq!(drops.get(DropReason::DecryptFailed), 2 * forged);
+    // Forged copies of the genuine packets: their counters were seen, so the replay window's
+    // first check refuses them before any decryption, as replays, not as failed decryptions.
+    let copies: Vec<Vec<u8>> = (0..200)
+        .filter(|i| i % 10 != 3)
+        .map(|i| {
+            let mut copy = wire[i].clone();
+            copy[40] ^= 0x01;
+            copy
+        })
+        .collect();
+    out.clear();
+    let before = b_helpers.stats();
+    pair.b.engine.handle_datagrams(
+        now,
+        copies.iter().map(|d| (pair.a.addr, d.as_slice())),
+        &mut out,
+    );
+    assert!(b_helpers.stats().spread > before.spread, "the batch spread");
+    assert!(out.to_tunnel.is_empty());
+    assert_eq!(drops.get(DropReason::Replay), repeated + 2 * (200 - forged));
+    assert_eq!(drops.get(DropReason::DecryptFailed), 2 * forged);
 }

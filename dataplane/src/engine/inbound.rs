@@ -203,7 +203,7 @@ impl Engine {
         out.crypto.sessions.clear();
     }
 
-    /// Goes through opened jobs in order, with their notes and outcomes: the replay window's
+    /// Goes through opened jobs in order, with their notes: the replay window's
     /// second check, the peer's bookkeeping, and the inner packet into `packets`.
     fn deliver_opened<'s>(
         &self,
