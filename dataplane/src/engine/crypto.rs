@@ -25,7 +25,8 @@ use crate::packet;
 use crate::stats::DropReason;
 
 /// The least plaintext a batch carries before its crypto is offered to helpers: below it, a
-/// helper's wake-up costs about what it would save.
+/// helper's wake-up costs about what it would save. Messages refused before decryption (replays)
+/// carry none: a replayed flood wakes no helper.
 const SPREAD_MIN_BYTES: usize = 32 * 1024;
 /// About how many bytes of packets one chunk of spread work holds (two or three microseconds of
 /// AEAD). Threads take several chunks at a time while much is left, so small chunks cost
@@ -131,6 +132,8 @@ pub(super) struct OpenNote {
 pub(super) trait InPlace: Send {
     /// Where its output goes in the buffer.
     fn range(&self) -> Range<usize>;
+    /// How many bytes of crypto it does (none for a job refused before it).
+    fn work(&self) -> usize;
     /// Does the crypto; `out` is the job's range of the buffer.
     fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]);
 }
@@ -138,6 +141,10 @@ pub(super) trait InPlace: Send {
 impl InPlace for SealJob<'_> {
     fn range(&self) -> Range<usize> {
         self.datagram.clone()
+    }
+
+    fn work(&self) -> usize {
+        self.plaintext.len()
     }
 
     fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]) {
@@ -152,6 +159,13 @@ impl InPlace for SealJob<'_> {
 impl InPlace for OpenJob<'_, '_> {
     fn range(&self) -> Range<usize> {
         self.plaintext_at..self.plaintext_at + self.sealed.len()
+    }
+
+    fn work(&self) -> usize {
+        match self.counter {
+            JobCounter::Checked(_) => self.sealed.len(),
+            _ => 0,
+        }
     }
 
     fn run(&mut self, sessions: &[Arc<Session>], out: &mut [u8]) {
@@ -208,7 +222,7 @@ pub(super) fn run_jobs<J: InPlace>(
     done: Option<&mut Deliver<'_, J>>,
 ) {
     let helpers = helpers.filter(|h| {
-        h.count() > 0 && jobs.iter().map(|j| j.range().len()).sum::<usize>() >= SPREAD_MIN_BYTES
+        h.count() > 0 && jobs.iter().map(InPlace::work).sum::<usize>() >= SPREAD_MIN_BYTES
     });
     let Some(helpers) = helpers else {
         for job in jobs.iter_mut() {
