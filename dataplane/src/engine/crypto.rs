@@ -14,7 +14,9 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-use boringtun::noise::session::{OpenedCounter, ReceivingCounter, SendingCounter, Session};
+use boringtun::noise::session::{
+    OpenedCounter, ReceivingCounter, ReceivingWindow, SendingCounter, Session,
+};
 use parking_lot::Mutex;
 
 use super::peer::PeerEntry;
@@ -86,17 +88,7 @@ pub(super) fn check_counters(
         let JobCounter::Unchecked(counter) = job.counter else {
             continue;
         };
-        let window = match &mut window {
-            Some((session, window)) if *session == job.session => window,
-            _ => {
-                // Let go of one window before locking the next.
-                window = None;
-                &mut window
-                    .insert((job.session, sessions[job.session].receiving_window()))
-                    .1
-            }
-        };
-        match window.check(note.receiver_idx, counter) {
+        match locked_window(&mut window, sessions, job.session).check(note.receiver_idx, counter) {
             Ok(checked) => job.counter = JobCounter::Checked(checked),
             Err(error) => {
                 job.counter = JobCounter::Done;
@@ -104,6 +96,21 @@ pub(super) fn check_counters(
             }
         }
     }
+}
+
+/// The replay window of `sessions[session]`, locked: the one `held` already holds if it is that
+/// session's, else that session's, locked after the one held is let go of (so that no thread
+/// ever holds two windows).
+pub(super) fn locked_window<'h, 'w>(
+    held: &'h mut Option<(usize, ReceivingWindow<'w>)>,
+    sessions: &'w [Arc<Session>],
+    session: usize,
+) -> &'h mut ReceivingWindow<'w> {
+    if held.as_ref().is_none_or(|(locked, _)| *locked != session) {
+        *held = None;
+        *held = Some((session, sessions[session].receiving_window()));
+    }
+    &mut held.as_mut().expect("just locked").1
 }
 
 /// A data message to open: who sent it, its sealed payload, its counter, where its plaintext

@@ -14,7 +14,8 @@ use boringtun::noise::{errors::WireGuardError, Packet, TunnResult};
 use parking_lot::MutexGuard;
 
 use super::crypto::{
-    check_counters, run_jobs, JobCounter, OpenBatch, OpenJob, OpenNote, Opened, DATA_HEADER,
+    check_counters, locked_window, run_jobs, JobCounter, OpenBatch, OpenJob, OpenNote, Opened,
+    DATA_HEADER,
 };
 use super::peer::{self, PeerCore, PeerEntry, PeerShared};
 use super::run::{PeerRun, Run};
@@ -230,17 +231,9 @@ impl Engine {
             if let JobCounter::Opened(opened) =
                 std::mem::replace(&mut job.counter, JobCounter::Done)
             {
-                if window
-                    .as_ref()
-                    .is_none_or(|(session, _)| *session != job.session)
-                {
-                    drop(window.take());
-                    window = Some((job.session, sessions[job.session].receiving_window()));
-                }
-                let (_, locked) = window.as_mut().expect("just locked");
                 // The replay window's second check: a packet opened twice in this batch, or
                 // overtaken by too many others, is refused here.
-                if let Err(error) = locked.mark(opened) {
+                if let Err(error) = locked_window(&mut window, sessions, job.session).mark(opened) {
                     self.count_refused(reason_for(error), note.from);
                     continue;
                 }
