@@ -279,12 +279,7 @@ impl Session {
         receiver_idx: u32,
         counter: u64,
     ) -> Result<ReceivingCounter, WireGuardError> {
-        if receiver_idx != self.receiving_index {
-            return Err(WireGuardError::WrongIndex);
-        }
-        // Don't reuse counters, in case this is a replay attack we want to quickly check the counter without running expensive decryption
-        self.receiving_counter_quick_check(counter)?;
-        Ok(ReceivingCounter(counter))
+        self.receiving_window().check(receiver_idx, counter)
     }
 
     /// The second step: decrypts `sealed` (payload and tag) in place and returns the plaintext.
@@ -308,7 +303,7 @@ impl Session {
     /// The last step: checks the counter again and marks it received (a packet opened twice,
     /// or overtaken by too many others meanwhile, is refused here).
     pub fn mark_received(&self, opened: OpenedCounter) -> Result<(), WireGuardError> {
-        self.receiving_counter_mark(opened.0)
+        self.receiving_window().mark(opened)
     }
 
     /// Locks the replay window, for checking ([`ReceivingWindow::check`]) or marking
