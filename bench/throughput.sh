@@ -6,6 +6,8 @@
 # every round's value, and kilotun's ratio to it.
 #
 # Usage (as root): bench/throughput.sh [seconds per TCP run, default 10] [rounds, default 3]
+# TCP_ONLY=1 measures only the four TCP figures (no ping, no UDP): for comparing builds over
+# many rounds, where the per-round ratios below say more than any one round.
 #
 # Engines: kilotun (built here in release mode, in ${CARGO_TARGET_DIR:-target}); wireguard-go
 # 0.0.20231211 (Debian bookworm-backports) and gotatun 0.10.2, fetched and cached by
@@ -233,9 +235,13 @@ rtt() {
 results="$work/results"
 : >"$results"
 setup_underlay
-# What udp-load can send over the bare veth, no tunnel: the ceiling of the UDP figures.
-read -r bare_loss bare_sent < <(udp_probe 192.168.210.2 5000)
-read -r bare_gso_loss bare_gso_sent < <(udp_probe 192.168.210.2 8000 gso)
+tcp_only=${TCP_ONLY:-0}
+bare_loss=- bare_sent=- bare_gso_loss=- bare_gso_sent=-
+if [ "$tcp_only" = 0 ]; then
+  # What udp-load can send over the bare veth, no tunnel: the ceiling of the UDP figures.
+  read -r bare_loss bare_sent < <(udp_probe 192.168.210.2 5000)
+  read -r bare_gso_loss bare_gso_sent < <(udp_probe 192.168.210.2 8000 gso)
+fi
 for round in $(seq "$rounds"); do
   for engine in "${engines[@]}"; do
     echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
@@ -245,9 +251,11 @@ for round in $(seq "$rounds"); do
         echo "$engine $round $streams-$dir $(iperf "$streams" "$dir")" >>"$results"
       done
     done
-    echo "$engine $round rtt $(rtt)" >>"$results"
-    echo "$engine $round udp $(udp_sustained)" >>"$results"
-    echo "$engine $round udp-gso $(udp_sustained gso)" >>"$results"
+    if [ "$tcp_only" = 0 ]; then
+      echo "$engine $round rtt $(rtt)" >>"$results"
+      echo "$engine $round udp $(udp_sustained)" >>"$results"
+      echo "$engine $round udp-gso $(udp_sustained gso)" >>"$results"
+    fi
     teardown_tunnel
   done
 done
@@ -256,12 +264,13 @@ labels=$(for engine in "${engines[@]}"; do printf '%s=%s\n' "$engine" "${label[$
 echo "# $(date -u +%F) $(nproc) cores, $(uname -r), iperf3 TCP $secs s per run, $rounds rounds" \
   "(engines alternate within each round), medians over the rounds"
 python3 - "$results" "$labels" "$bare_sent" "$bare_loss" "$bare_gso_sent" "$bare_gso_loss" <<'EOF'
-import statistics, sys
+import math, random, statistics, sys
 
 results, labels, bare_sent, bare_loss, bare_gso_sent, bare_gso_loss = sys.argv[1:7]
 label = dict(line.split("=", 1) for line in labels.splitlines())
 engines = list(label)
 values = {}
+rounds_run = len({line.split()[1] for line in open(results)})
 for line in open(results):
     engine, _round, metric, *rest = line.split()
     values.setdefault((engine, metric), []).append(rest)
@@ -309,30 +318,62 @@ for engine in engines[1:]:
     cells = [ratio(own_cpu(engine, m), own_cpu("kilotun", m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev")]
     print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>13}" for c in cells))
 
-print()
-print("ping RTT through the idle tunnel, average of 20 pings (ms), median over the rounds:")
-for engine in engines:
-    runs = " ".join(v[0] for v in values[(engine, "rtt")])
-    print(f"  {label[engine]:<{width}}  {median(engine, 'rtt'):.3f}  (rounds: {runs})")
-
-for metric, title, sent, loss, offered in (
-    ("udp", "one datagram per message (sendmmsg/recvmmsg)", bare_sent, bare_loss, 5000),
-    ("udp-gso", "QUIC-style sender and receiver (UDP_SEGMENT/UDP_GRO)", bare_gso_sent, bare_gso_loss, 8000),
-):
+tcp_only = ("kilotun", "rtt") not in values
+if not tcp_only:
     print()
-    print(f"UDP, {title}: highest rate sent (Mbit/s) with loss under 1%, median over the rounds:")
-    k = median("kilotun", metric)
+    print("ping RTT through the idle tunnel, average of 20 pings (ms), median over the rounds:")
     for engine in engines:
-        m = median(engine, metric)
-        runs = " ".join(f"{v[0]} ({v[1]}%, {v[2]} offered)" for v in values[(engine, metric)])
-        r = "" if engine == "kilotun" else f"  kilotun ratio {ratio(k, m)}"
-        print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss and the rate offered: {runs})")
-    print(f"  no tunnel (the bare veth), {offered} offered: udp-load sent {sent} Mbit/s, loss {float(loss):.2f}%")
+        runs = " ".join(v[0] for v in values[(engine, "rtt")])
+        print(f"  {label[engine]:<{width}}  {median(engine, 'rtt'):.3f}  (rounds: {runs})")
 
+    for metric, title, sent, loss, offered in (
+        ("udp", "one datagram per message (sendmmsg/recvmmsg)", bare_sent, bare_loss, 5000),
+        ("udp-gso", "QUIC-style sender and receiver (UDP_SEGMENT/UDP_GRO)", bare_gso_sent, bare_gso_loss, 8000),
+    ):
+        print()
+        print(f"UDP, {title}: highest rate sent (Mbit/s) with loss under 1%, median over the rounds:")
+        k = median("kilotun", metric)
+        for engine in engines:
+            m = median(engine, metric)
+            runs = " ".join(f"{v[0]} ({v[1]}%, {v[2]} offered)" for v in values[(engine, metric)])
+            r = "" if engine == "kilotun" else f"  kilotun ratio {ratio(k, m)}"
+            print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss and the rate offered: {runs})")
+        print(f"  no tunnel (the bare veth), {offered} offered: udp-load sent {sent} Mbit/s, loss {float(loss):.2f}%")
+
+tcp = ("1-fwd", "1-rev", "4-fwd", "4-rev")
+shown = tcp if tcp_only else tcp + ("udp", "udp-gso")
 print()
 print("kilotun's ratio to each engine (medians):")
-print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev    UDP  UDP-GSO")
+print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev" + ("" if tcp_only else "    UDP  UDP-GSO"))
 for engine in engines[1:]:
-    cells = [ratio(median("kilotun", m), median(engine, m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev", "udp", "udp-gso")]
-    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:5]) + f"  {cells[5]:>7}")
+    cells = [ratio(median("kilotun", m), median(engine, m)) for m in shown]
+    tail = "" if tcp_only else f"  {cells[5]:>7}"
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:5]) + tail)
+
+
+# Round by round: each engine ran right after kilotun in the same round, so a ratio taken within
+# a round cancels the machine's slower drifts. Their geometric mean, with a 95% interval from
+# resampling the rounds (10,000 draws, fixed seed): a build within 3% of another shows as an
+# interval inside 0.97 to 1.03, which single medians of noisy rounds cannot show.
+def paired(engine, metric):
+    mine = [float(v[0]) for v in values[("kilotun", metric)]]
+    theirs = [float(v[0]) for v in values[(engine, metric)]]
+    return [math.log(a / b) for a, b in zip(mine, theirs) if a > 0 and b > 0]
+
+
+if rounds_run >= 3:
+    draw = random.Random(35)
+    print()
+    print(f"kilotun's ratio round by round, geometric mean and 95% interval over {rounds_run} rounds:")
+    print(f"  {'engine':<{width}}" + "".join(f"  {m.replace('-', ' '):>18}" for m in tcp))
+    for engine in engines[1:]:
+        cells = []
+        for metric in tcp:
+            logs = paired(engine, metric)
+            means = sorted(
+                statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(10_000)
+            )
+            low, high = means[250], means[9_749]
+            cells.append(f"{math.exp(statistics.fmean(logs)):.3f} [{math.exp(low):.3f}-{math.exp(high):.3f}]")
+        print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>18}" for c in cells))
 EOF
