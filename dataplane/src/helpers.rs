@@ -265,39 +265,89 @@ impl Helpers {
         work: &(dyn Fn(usize) + Sync),
         done: &mut dyn FnMut(std::ops::Range<usize>),
     ) {
-        if self.threads.is_empty()
-            || chunks < 2
-            || chunks > u32::MAX as usize
-            || self.shared.closed.load(Ordering::Relaxed)
-            || self.backing_off()
-        {
-            for chunk in 0..chunks {
-                self.shared.jitter();
-                work(chunk);
-            }
-            if chunks > 0 {
-                done(0..chunks);
-            }
-            return;
+        let offering = if chunks >= 2 { self.offer() } else { None };
+        match offering {
+            Some(offering) => offering.run_in_order(chunks, work, done),
+            None => run_alone(&self.shared, chunks, work, done),
+        }
+    }
+
+    /// Whether the next batch is to be offered to the helpers: `Some` while helpers run, are
+    /// open, and are not backing off after offers they took too little of (a batch turned away
+    /// runs alone, and counts toward the backoff). A caller that must first prepare a batch for
+    /// spreading (cut it into chunks) asks here, so that a batch the helpers will not see runs
+    /// as if there were none.
+    pub fn offer(&self) -> Option<Offering<'_>> {
+        let open = !self.threads.is_empty()
+            && !self.shared.closed.load(Ordering::Relaxed)
+            && !self.backing_off();
+        open.then_some(Offering { helpers: self })
+    }
+}
+
+/// Runs every chunk on this thread, then hands them all to `done`.
+fn run_alone(
+    shared: &Shared,
+    chunks: usize,
+    work: &(dyn Fn(usize) + Sync),
+    done: &mut dyn FnMut(std::ops::Range<usize>),
+) {
+    for chunk in 0..chunks {
+        shared.jitter();
+        work(chunk);
+    }
+    if chunks > 0 {
+        done(0..chunks);
+    }
+}
+
+/// One batch the helpers take part in, from [`Helpers::offer`].
+#[must_use = "an offering does nothing until it runs a batch"]
+pub struct Offering<'h> {
+    helpers: &'h Helpers,
+}
+
+impl Offering<'_> {
+    /// [`Helpers::run`] for the batch that was offered.
+    ///
+    /// # Panics
+    /// When a chunk panics (on this thread or on a helper).
+    pub fn run(self, chunks: usize, work: &(dyn Fn(usize) + Sync)) {
+        self.run_in_order(chunks, work, &mut |_| {});
+    }
+
+    /// [`Helpers::run_in_order`] for the batch that was offered.
+    ///
+    /// # Panics
+    /// When a chunk panics (on this thread or on a helper), or `done` does.
+    pub fn run_in_order(
+        self,
+        chunks: usize,
+        work: &(dyn Fn(usize) + Sync),
+        done: &mut dyn FnMut(std::ops::Range<usize>),
+    ) {
+        let this = self.helpers;
+        if chunks < 2 || chunks > u32::MAX as usize {
+            return run_alone(&this.shared, chunks, work, done);
         }
         let job = Job {
             work,
-            shared: &self.shared,
+            shared: &this.shared,
             left: AtomicU64::new(chunks.min(u32::MAX as usize) as u64),
-            threads: self.threads.len() + 1,
+            threads: this.threads.len() + 1,
             inside: AtomicUsize::new(0),
             helped: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
         };
         let offer = Offer((&raw const job).cast());
-        let shared = &*self.shared;
+        let shared = &*this.shared;
         let (to_wake, all_asleep) = {
             let mut board = shared.board.lock();
             board.offers.push(offer);
             shared.offers_made.fetch_add(1, Ordering::Release);
             (
                 board.sleeping.min(chunks - 1),
-                board.sleeping == self.threads.len(),
+                board.sleeping == this.threads.len(),
             )
         };
         for _ in 0..to_wake {
@@ -330,9 +380,9 @@ impl Helpers {
         // and moving crypto then costs more in switches than it saves.
         // Helpers that were all asleep are late by their wake-up, which says nothing of idle
         // cores: only offers to helpers already awake are judged.
-        let threads = self.threads.len() + 1;
+        let threads = this.threads.len() + 1;
         if !all_asleep {
-            self.note_outcome(2 * threads * helped >= (threads - 1) * chunks);
+            this.note_outcome(2 * threads * helped >= (threads - 1) * chunks);
         }
         let upto = mine.unwrap_or_else(|panic| resume_unwind(panic));
         assert!(
@@ -343,7 +393,9 @@ impl Helpers {
             done(upto..chunks);
         }
     }
+}
 
+impl Helpers {
     /// Lets workers offer batches (`true`, the default) or not. The device closes the helpers
     /// while the machine has no idle core for them (see [`IdleCores`]).
     pub fn set_open(&self, open: bool) {

@@ -228,10 +228,12 @@ pub(super) fn run_jobs<J: InPlace>(
     buffer: &mut [u8],
     done: Option<&mut Deliver<'_, J>>,
 ) {
-    let helpers = helpers.filter(|h| {
-        h.count() > 0 && jobs.iter().map(InPlace::work).sum::<usize>() >= SPREAD_MIN_BYTES
-    });
-    let Some(helpers) = helpers else {
+    // Only a batch the helpers will take part in is cut into chunks: one they turn away (none
+    // run, they are closed or backing off) runs and is delivered whole, as with no helpers.
+    let offering = helpers
+        .filter(|_| jobs.iter().map(InPlace::work).sum::<usize>() >= SPREAD_MIN_BYTES)
+        .and_then(Helpers::offer);
+    let Some(offering) = offering else {
         for job in jobs.iter_mut() {
             let range = job.range();
             job.run(sessions, &mut buffer[range]);
@@ -268,8 +270,8 @@ pub(super) fn run_jobs<J: InPlace>(
         }
     };
     match done {
-        None => helpers.run(chunks.len(), &work),
-        Some(done) => helpers.run_in_order(chunks.len(), &work, &mut |ran| {
+        None => offering.run(chunks.len(), &work),
+        Some(done) => offering.run_in_order(chunks.len(), &work, &mut |ran| {
             for chunk in &chunks[ran] {
                 let mut chunk = chunk.lock();
                 let (jobs, _, _, first) = &mut *chunk;
@@ -367,4 +369,72 @@ impl<'s, 'p> OpenBatch<'s, 'p> {
 fn recycle<T, U>(mut jobs: Vec<T>) -> Vec<U> {
     jobs.clear();
     jobs.into_iter().map(|_| -> U { unreachable!() }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job that fills its range of the buffer.
+    struct Fill {
+        range: Range<usize>,
+        ran: bool,
+    }
+
+    impl InPlace for Fill {
+        fn range(&self) -> Range<usize> {
+            self.range.clone()
+        }
+
+        fn work(&self) -> usize {
+            self.range.len()
+        }
+
+        fn run(&mut self, _: &[Arc<Session>], out: &mut [u8]) {
+            out.fill(1);
+            self.ran = true;
+        }
+    }
+
+    /// Runs 64 jobs of 1500 bytes (96 KB, past the spreading threshold) through `run_jobs` and
+    /// returns the slices they were delivered in, after checking that every job ran before its
+    /// delivery and that the slices cover the batch in order.
+    fn deliveries(helpers: &Helpers) -> Vec<Range<usize>> {
+        let mut jobs: Vec<Fill> = (0..64)
+            .map(|i| Fill {
+                range: i * 1500..(i + 1) * 1500,
+                ran: false,
+            })
+            .collect();
+        let mut buffer = vec![0u8; 64 * 1500];
+        let mut slices = Vec::new();
+        let mut deliver = |range: Range<usize>, jobs: &mut [Fill]| {
+            assert!(jobs.iter().all(|job| job.ran));
+            assert_eq!(range.len(), jobs.len());
+            slices.push(range);
+        };
+        run_jobs(Some(helpers), &mut jobs, &[], &mut buffer, Some(&mut deliver));
+        assert!(buffer.iter().all(|&b| b == 1), "every job ran");
+        let mut next = 0;
+        for slice in &slices {
+            assert_eq!(slice.start, next, "slices in order: {slices:?}");
+            next = slice.end;
+        }
+        assert_eq!(next, 64);
+        slices
+    }
+
+    #[test]
+    fn a_batch_the_helpers_turn_away_runs_and_is_delivered_whole() {
+        let helpers = Helpers::start(1).unwrap();
+        helpers.set_open(false);
+        // Closed helpers: no chunks, one delivery of the whole batch, as with no helpers.
+        assert_eq!(deliveries(&helpers), vec![0..64]);
+        assert_eq!(helpers.stats().spread, 0);
+        // Open: the batch is offered, cut into chunks of about CHUNK_BYTES (three jobs each),
+        // and delivered chunk by chunk.
+        helpers.set_open(true);
+        assert_eq!(deliveries(&helpers).len(), 64usize.div_ceil(3));
+        assert_eq!(helpers.stats().spread, 1);
+    }
 }
