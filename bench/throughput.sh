@@ -2,7 +2,7 @@
 # End-to-end throughput through a WireGuard tunnel between two network namespaces over veth, both
 # ends the same engine: kilotun and the engines users run instead, all measured in one run on the
 # same machine. Each round measures every engine in turn (the engines alternate, so a change in
-# the machine's load reaches all of them); the table gives each figure's median over the rounds,
+# the machine's load reaches all of them; each round starts with the next engine); the table gives each figure's median over the rounds,
 # every round's value, and kilotun's ratio to it.
 #
 # Usage (as root): bench/throughput.sh [seconds per TCP run, default 10] [rounds, default 3]
@@ -243,7 +243,10 @@ if [ "$tcp_only" = 0 ]; then
   read -r bare_gso_loss bare_gso_sent < <(udp_probe 192.168.210.2 8000 gso)
 fi
 for round in $(seq "$rounds"); do
-  for engine in "${engines[@]}"; do
+  # Each round starts with the next engine, so that none is always first (after the idle
+  # pause of the round's start) or always last.
+  shift_by=$(((round - 1) % ${#engines[@]}))
+  for engine in "${engines[@]:shift_by}" "${engines[@]:0:shift_by}"; do
     echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
     tunnel "$engine"
     for streams in 1 4; do

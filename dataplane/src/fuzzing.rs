@@ -2,9 +2,12 @@
 //! replays the committed corpus (`fuzz/corpus/`) on every `cargo test`. Each takes arbitrary bytes
 //! and must never panic; the engine must stay usable afterwards.
 
+use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Instant;
 
+use crate::helpers::Helpers;
 use crate::ipip::IpipTable;
 use crate::outbox::Outbox;
 use crate::testing::{ip_packet, EnginePair};
@@ -95,6 +98,123 @@ pub fn tun_packet(data: &[u8]) {
     });
 }
 
+/// A pair whose B side opens with a helper thread, and the number of the next packet A sends.
+struct SpreadPair {
+    pair: EnginePair,
+    now: Instant,
+    next: Cell<u64>,
+    _helpers: Arc<Helpers>,
+}
+
+thread_local! {
+    static SPREAD_PAIR: SpreadPair = {
+        let mut pair = EnginePair::new();
+        let helpers = Arc::new(Helpers::start(1).expect("a helper thread"));
+        pair.b.engine.use_helpers(Arc::clone(&helpers));
+        // One instant for every batch: the session never ages, however long the fuzzer runs.
+        let now = Instant::now();
+        pair.send_a_to_b(now, b"session");
+        SpreadPair { pair, now, next: Cell::new(0), _helpers: helpers }
+    };
+}
+
+/// Packets in each batch of [`datagram_batch`]: 48 of 1400 bytes, past the size at which a
+/// batch is spread over the helpers.
+const BATCH_PACKETS: u64 = 48;
+
+/// One batch of data messages from one peer, big enough to be opened by the worker and a
+/// helper together, changed as `data` says (three bytes an edit: altered, truncated, repeated,
+/// moved, dropped, or raw bytes put in): nothing panics, and B delivers exactly the genuine,
+/// unchanged messages, each once (the first copy), in the order they came, each packet as sent.
+pub fn datagram_batch(data: &[u8]) {
+    SPREAD_PAIR.with(|spread| {
+        let (pair, now) = (&spread.pair, spread.now);
+        let first = spread.next.get();
+        spread.next.set(first + BATCH_PACKETS);
+        let packets: Vec<Vec<u8>> = (first..first + BATCH_PACKETS)
+            .map(|seq| {
+                let mut payload = vec![(seq % 251) as u8; 1380];
+                payload[..8].copy_from_slice(&seq.to_le_bytes());
+                ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, &payload)
+            })
+            .collect();
+        let mut sealed = Outbox::default();
+        pair.a
+            .engine
+            .handle_tunnel_packets(now, packets.iter().map(Vec::as_slice), &mut sealed);
+        // Each datagram with the packet it still carries, if it is genuine and unchanged.
+        let mut batch: Vec<(Vec<u8>, Option<u64>)> = sealed
+            .to_network
+            .iter()
+            .zip(first..)
+            .map(|((_, datagram), seq)| (datagram.to_vec(), Some(seq)))
+            .collect();
+        assert_eq!(batch.len() as u64, BATCH_PACKETS, "A sealed every packet");
+        let mut edits = data;
+        while let [op, at, arg, rest @ ..] = edits {
+            edits = rest;
+            if batch.is_empty() || batch.len() >= 256 {
+                break;
+            }
+            let (i, arg) = (usize::from(*at) % batch.len(), usize::from(*arg));
+            match op % 6 {
+                0 => {
+                    let datagram = &mut batch[i].0;
+                    if !datagram.is_empty() {
+                        let at = arg * 7 % datagram.len();
+                        datagram[at] ^= 1 << (arg % 8);
+                        batch[i].1 = None;
+                    }
+                }
+                1 => {
+                    let len = batch[i].0.len();
+                    batch[i].0.truncate(arg * 8 % len.max(1));
+                    batch[i].1 = None;
+                }
+                2 => {
+                    let copy = batch[i].clone();
+                    batch.insert(arg % (batch.len() + 1), copy);
+                }
+                3 => {
+                    let moved = batch.remove(i);
+                    batch.insert(arg % (batch.len() + 1), moved);
+                }
+                4 => {
+                    batch.remove(i);
+                }
+                _ => {
+                    let (raw, rest) = edits.split_at(arg.min(edits.len()));
+                    edits = rest;
+                    batch.insert(i, (raw.to_vec(), None));
+                }
+            }
+        }
+        let mut expected = Vec::new();
+        for seq in batch.iter().filter_map(|(_, seq)| *seq) {
+            if !expected.contains(&seq) {
+                expected.push(seq);
+            }
+        }
+        let mut out = Outbox::default();
+        pair.b.engine.handle_datagrams(
+            now,
+            batch.iter().map(|(datagram, _)| (pair.a.addr, datagram.as_slice())),
+            &mut out,
+        );
+        let delivered: Vec<u64> = out
+            .to_tunnel
+            .iter()
+            .map(|(_, packet)| {
+                let seq = u64::from_le_bytes(packet[20..28].try_into().expect("8 bytes"));
+                let sent = &packets[usize::try_from(seq - first).expect("this batch's")];
+                assert_eq!(packet, sent.as_slice(), "packet {seq} delivered as sent");
+                seq
+            })
+            .collect();
+        assert_eq!(delivered, expected, "the genuine messages, each once, in order");
+    });
+}
+
 /// Runs `target` on every file of the committed corpus `fuzz/corpus/<name>`: returns how many
 /// inputs ran.
 pub fn replay(name: &str, target: fn(&[u8])) -> usize {
@@ -122,6 +242,11 @@ mod tests {
     #[test]
     fn the_datagram_corpus_replays_without_a_panic() {
         assert!(replay("datagram", datagram) > 0);
+    }
+
+    #[test]
+    fn the_datagram_batch_corpus_replays_with_exact_delivery() {
+        assert!(replay("datagram_batch", datagram_batch) > 0);
     }
 
     #[test]
