@@ -2,12 +2,13 @@
 # End-to-end throughput through a WireGuard tunnel between two network namespaces over veth, both
 # ends the same engine: kilotun and the engines users run instead, all measured in one run on the
 # same machine. Each round measures every engine in turn (the engines alternate, so a change in
-# the machine's load reaches all of them; each round starts with the next engine); the table gives each figure's median over the rounds,
-# every round's value, and kilotun's ratio to it.
+# the machine's load reaches all of them; each round starts with the next engine); the table
+# gives each figure's median over the rounds, every round's value, and kilotun's ratio to it.
 #
 # Usage (as root): bench/throughput.sh [seconds per TCP run, default 10] [rounds, default 3]
 # TCP_ONLY=1 measures only the four TCP figures (no ping, no UDP): for comparing builds over
-# many rounds, where the per-round ratios below say more than any one round.
+# many rounds, where the per-round ratios below say more than any one round; STREAMS="1" (or
+# "4") with it measures only those TCP runs.
 #
 # Engines: kilotun (built here in release mode, in ${CARGO_TARGET_DIR:-target}); wireguard-go
 # 0.0.20231211 (Debian bookworm-backports) and gotatun 0.10.2, fetched and cached by
@@ -249,7 +250,7 @@ for round in $(seq "$rounds"); do
   for engine in "${engines[@]:shift_by}" "${engines[@]:0:shift_by}"; do
     echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
     tunnel "$engine"
-    for streams in 1 4; do
+    for streams in ${STREAMS:-1 4}; do
       for dir in fwd rev; do
         echo "$engine $round $streams-$dir $(iperf "$streams" "$dir")" >>"$results"
       done
@@ -277,6 +278,8 @@ rounds_run = len({line.split()[1] for line in open(results)})
 for line in open(results):
     engine, _round, metric, *rest = line.split()
     values.setdefault((engine, metric), []).append(rest)
+# The TCP runs made (STREAMS may leave some out).
+tcp = tuple(m for m in ("1-fwd", "1-rev", "4-fwd", "4-rev") if ("kilotun", m) in values)
 
 
 def median(engine, metric):
@@ -289,7 +292,7 @@ def ratio(a, b):
 
 width = max(len(l) for l in label.values())
 print(f"{'engine':<{width}}  streams  direction  {'Mbit/s':>7}  {'kilotun ratio':>13}  rounds")
-for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
+for metric in tcp:
     streams, direction = metric.split("-")
     k = median("kilotun", metric)
     for engine in engines:
@@ -300,10 +303,10 @@ for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
 
 print()
 print("CPU seconds per GB carried, medians over the rounds: the whole machine / the two engines:")
-print(f"  {'engine':<{width}}" + "".join(f"  {m:>13}" for m in ("1 fwd", "1 rev", "4 fwd", "4 rev")))
+print(f"  {'engine':<{width}}" + "".join(f"  {m.replace('-', ' '):>13}" for m in tcp))
 for engine in engines:
     cells = []
-    for metric in ("1-fwd", "1-rev", "4-fwd", "4-rev"):
+    for metric in tcp:
         runs = [v for v in values[(engine, metric)] if len(v) >= 3]
         machine = statistics.median(float(v[1]) for v in runs) if runs else float("nan")
         own = statistics.median(float(v[2]) for v in runs) if runs else float("nan")
@@ -318,7 +321,7 @@ def own_cpu(engine, metric):
 
 print("each engine's own CPU per GB as a multiple of kilotun's:")
 for engine in engines[1:]:
-    cells = [ratio(own_cpu(engine, m), own_cpu("kilotun", m)) for m in ("1-fwd", "1-rev", "4-fwd", "4-rev")]
+    cells = [ratio(own_cpu(engine, m), own_cpu("kilotun", m)) for m in tcp]
     print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>13}" for c in cells))
 
 tcp_only = ("kilotun", "rtt") not in values
@@ -343,15 +346,14 @@ if not tcp_only:
             print(f"  {label[engine]:<{width}}  {m:>5.0f}{r}  (rounds, with loss and the rate offered: {runs})")
         print(f"  no tunnel (the bare veth), {offered} offered: udp-load sent {sent} Mbit/s, loss {float(loss):.2f}%")
 
-tcp = ("1-fwd", "1-rev", "4-fwd", "4-rev")
 shown = tcp if tcp_only else tcp + ("udp", "udp-gso")
+titles = {"udp": "UDP", "udp-gso": "UDP-GSO"}
 print()
 print("kilotun's ratio to each engine (medians):")
-print(f"  {'engine':<{width}}  1 fwd  1 rev  4 fwd  4 rev" + ("" if tcp_only else "    UDP  UDP-GSO"))
+print(f"  {'engine':<{width}}" + "".join(f"  {titles.get(m, m.replace('-', ' ')):>5}" for m in shown))
 for engine in engines[1:]:
     cells = [ratio(median("kilotun", m), median(engine, m)) for m in shown]
-    tail = "" if tcp_only else f"  {cells[5]:>7}"
-    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells[:5]) + tail)
+    print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>5}" for c in cells))
 
 
 # Round by round: each engine ran right after kilotun in the same round, so a ratio taken within

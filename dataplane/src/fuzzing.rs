@@ -142,14 +142,9 @@ pub fn datagram_batch(data: &[u8]) {
         pair.a
             .engine
             .handle_tunnel_packets(now, packets.iter().map(Vec::as_slice), &mut sealed);
-        // Each datagram with the packet it still carries, if it is genuine and unchanged.
-        let mut batch: Vec<(Vec<u8>, Option<u64>)> = sealed
-            .to_network
-            .iter()
-            .zip(first..)
-            .map(|((_, datagram), seq)| (datagram.to_vec(), Some(seq)))
-            .collect();
-        assert_eq!(batch.len() as u64, BATCH_PACKETS, "A sealed every packet");
+        let genuine: Vec<Vec<u8>> = sealed.to_network.iter().map(|(_, d)| d.to_vec()).collect();
+        assert_eq!(genuine.len() as u64, BATCH_PACKETS, "A sealed every packet");
+        let mut batch = genuine.clone();
         let mut edits = data;
         while let [op, at, arg, rest @ ..] = edits {
             edits = rest;
@@ -159,17 +154,15 @@ pub fn datagram_batch(data: &[u8]) {
             let (i, arg) = (usize::from(*at) % batch.len(), usize::from(*arg));
             match op % 6 {
                 0 => {
-                    let datagram = &mut batch[i].0;
+                    let datagram = &mut batch[i];
                     if !datagram.is_empty() {
                         let at = arg * 7 % datagram.len();
                         datagram[at] ^= 1 << (arg % 8);
-                        batch[i].1 = None;
                     }
                 }
                 1 => {
-                    let len = batch[i].0.len();
-                    batch[i].0.truncate(arg * 8 % len.max(1));
-                    batch[i].1 = None;
+                    let len = batch[i].len();
+                    batch[i].truncate(arg * 8 % len.max(1));
                 }
                 2 => {
                     let copy = batch[i].clone();
@@ -185,20 +178,24 @@ pub fn datagram_batch(data: &[u8]) {
                 _ => {
                     let (raw, rest) = edits.split_at(arg.min(edits.len()));
                     edits = rest;
-                    batch.insert(i, (raw.to_vec(), None));
+                    batch.insert(i, raw.to_vec());
                 }
             }
         }
+        // What B must deliver: the datagrams still equal to one A sealed (edits can undo each
+        // other), the first copy of each, in the order they came.
         let mut expected = Vec::new();
-        for seq in batch.iter().filter_map(|(_, seq)| *seq) {
-            if !expected.contains(&seq) {
-                expected.push(seq);
+        for datagram in &batch {
+            if let Some(seq) = genuine.iter().zip(first..).find(|(g, _)| *g == datagram) {
+                if !expected.contains(&seq.1) {
+                    expected.push(seq.1);
+                }
             }
         }
         let mut out = Outbox::default();
         pair.b.engine.handle_datagrams(
             now,
-            batch.iter().map(|(datagram, _)| (pair.a.addr, datagram.as_slice())),
+            batch.iter().map(|datagram| (pair.a.addr, datagram.as_slice())),
             &mut out,
         );
         let delivered: Vec<u64> = out
