@@ -195,7 +195,9 @@ pub fn datagram_batch(data: &[u8]) {
         let mut out = Outbox::default();
         pair.b.engine.handle_datagrams(
             now,
-            batch.iter().map(|datagram| (pair.a.addr, datagram.as_slice())),
+            batch
+                .iter()
+                .map(|datagram| (pair.a.addr, datagram.as_slice())),
             &mut out,
         );
         let delivered: Vec<u64> = out
@@ -208,7 +210,10 @@ pub fn datagram_batch(data: &[u8]) {
                 seq
             })
             .collect();
-        assert_eq!(delivered, expected, "the genuine messages, each once, in order");
+        assert_eq!(
+            delivered, expected,
+            "the genuine messages, each once, in order"
+        );
     });
 }
 

@@ -283,6 +283,49 @@ impl Helpers {
             && !self.backing_off();
         open.then_some(Offering { helpers: self })
     }
+
+    /// Lets workers offer batches (`true`, the default) or not. The device closes the helpers
+    /// while the machine has no idle core for them (see [`IdleCores`]).
+    pub fn set_open(&self, open: bool) {
+        self.shared.closed.store(!open, Ordering::Relaxed);
+    }
+
+    /// Time the helpers have spent running chunks.
+    pub fn busy(&self) -> Duration {
+        Duration::from_nanos(self.shared.busy_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Whether this batch should run alone, after offers the helpers took too little of.
+    fn backing_off(&self) -> bool {
+        let skip = &self.shared.skip;
+        let mut left = skip.load(Ordering::Relaxed);
+        while left > 0 {
+            match skip.compare_exchange_weak(left, left - 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => left = now,
+            }
+        }
+        false
+    }
+
+    fn note_outcome(&self, helped: bool) {
+        let shared = &*self.shared;
+        if helped {
+            shared.backoff.store(0, Ordering::Relaxed);
+        } else {
+            let next = (shared.backoff.load(Ordering::Relaxed) * 2).clamp(1, MAX_BACKOFF_BATCHES);
+            shared.backoff.store(next, Ordering::Relaxed);
+            shared.skip.store(next, Ordering::Relaxed);
+        }
+    }
+
+    fn stop(&mut self) {
+        self.shared.board.lock().stop = true;
+        self.shared.wake.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Runs every chunk on this thread, then hands them all to `done`.
@@ -391,51 +434,6 @@ impl Offering<'_> {
         );
         if upto < chunks {
             done(upto..chunks);
-        }
-    }
-}
-
-impl Helpers {
-    /// Lets workers offer batches (`true`, the default) or not. The device closes the helpers
-    /// while the machine has no idle core for them (see [`IdleCores`]).
-    pub fn set_open(&self, open: bool) {
-        self.shared.closed.store(!open, Ordering::Relaxed);
-    }
-
-    /// Time the helpers have spent running chunks.
-    pub fn busy(&self) -> Duration {
-        Duration::from_nanos(self.shared.busy_nanos.load(Ordering::Relaxed))
-    }
-
-    /// Whether this batch should run alone, after offers the helpers took too little of.
-    fn backing_off(&self) -> bool {
-        let skip = &self.shared.skip;
-        let mut left = skip.load(Ordering::Relaxed);
-        while left > 0 {
-            match skip.compare_exchange_weak(left, left - 1, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(now) => left = now,
-            }
-        }
-        false
-    }
-
-    fn note_outcome(&self, helped: bool) {
-        let shared = &*self.shared;
-        if helped {
-            shared.backoff.store(0, Ordering::Relaxed);
-        } else {
-            let next = (shared.backoff.load(Ordering::Relaxed) * 2).clamp(1, MAX_BACKOFF_BATCHES);
-            shared.backoff.store(next, Ordering::Relaxed);
-            shared.skip.store(next, Ordering::Relaxed);
-        }
-    }
-
-    fn stop(&mut self) {
-        self.shared.board.lock().stop = true;
-        self.shared.wake.notify_all();
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
         }
     }
 }

@@ -413,7 +413,13 @@ mod tests {
             assert_eq!(range.len(), jobs.len());
             slices.push(range);
         };
-        run_jobs(Some(helpers), &mut jobs, &[], &mut buffer, Some(&mut deliver));
+        run_jobs(
+            Some(helpers),
+            &mut jobs,
+            &[],
+            &mut buffer,
+            Some(&mut deliver),
+        );
         assert!(buffer.iter().all(|&b| b == 1), "every job ran");
         let mut next = 0;
         for slice in &slices {
