@@ -98,23 +98,22 @@ pub fn tun_packet(data: &[u8]) {
     });
 }
 
-/// A pair whose B side opens with a helper thread, and the number of the next packet A sends.
+/// A pair whose B side opens with a helper thread (its engine keeps it), the one instant every
+/// batch is handled at, and the number of the next packet A sends.
 struct SpreadPair {
     pair: EnginePair,
     now: Instant,
     next: Cell<u64>,
-    _helpers: Arc<Helpers>,
 }
 
 thread_local! {
     static SPREAD_PAIR: SpreadPair = {
         let mut pair = EnginePair::new();
-        let helpers = Arc::new(Helpers::start(1).expect("a helper thread"));
-        pair.b.engine.use_helpers(Arc::clone(&helpers));
+        pair.b.engine.use_helpers(Arc::new(Helpers::start(1).expect("a helper thread")));
         // One instant for every batch: the session never ages, however long the fuzzer runs.
         let now = Instant::now();
         pair.send_a_to_b(now, b"session");
-        SpreadPair { pair, now, next: Cell::new(0), _helpers: helpers }
+        SpreadPair { pair, now, next: Cell::new(0) }
     };
 }
 
@@ -145,50 +144,18 @@ pub fn datagram_batch(data: &[u8]) {
         let genuine: Vec<Vec<u8>> = sealed.to_network.iter().map(|(_, d)| d.to_vec()).collect();
         assert_eq!(genuine.len() as u64, BATCH_PACKETS, "A sealed every packet");
         let mut batch = genuine.clone();
-        let mut edits = data;
-        while let [op, at, arg, rest @ ..] = edits {
-            edits = rest;
-            if batch.is_empty() || batch.len() >= 256 {
-                break;
-            }
-            let (i, arg) = (usize::from(*at) % batch.len(), usize::from(*arg));
-            match op % 6 {
-                0 => {
-                    let datagram = &mut batch[i];
-                    if !datagram.is_empty() {
-                        let at = arg * 7 % datagram.len();
-                        datagram[at] ^= 1 << (arg % 8);
-                    }
-                }
-                1 => {
-                    let len = batch[i].len();
-                    batch[i].truncate(arg * 8 % len.max(1));
-                }
-                2 => {
-                    let copy = batch[i].clone();
-                    batch.insert(arg % (batch.len() + 1), copy);
-                }
-                3 => {
-                    let moved = batch.remove(i);
-                    batch.insert(arg % (batch.len() + 1), moved);
-                }
-                4 => {
-                    batch.remove(i);
-                }
-                _ => {
-                    let (raw, rest) = edits.split_at(arg.min(edits.len()));
-                    edits = rest;
-                    batch.insert(i, raw.to_vec());
-                }
-            }
-        }
+        apply_edits(&mut batch, data);
         // What B must deliver: the datagrams still equal to one A sealed (edits can undo each
         // other), the first copy of each, in the order they came.
         let mut expected = Vec::new();
         for datagram in &batch {
-            if let Some(seq) = genuine.iter().zip(first..).find(|(g, _)| *g == datagram) {
-                if !expected.contains(&seq.1) {
-                    expected.push(seq.1);
+            if let Some(seq) = genuine
+                .iter()
+                .position(|g| g == datagram)
+                .map(|i| first + i as u64)
+            {
+                if !expected.contains(&seq) {
+                    expected.push(seq);
                 }
             }
         }
@@ -215,6 +182,48 @@ pub fn datagram_batch(data: &[u8]) {
             "the genuine messages, each once, in order"
         );
     });
+}
+
+/// Edits `batch` as `edits` says, three bytes an edit (what, which datagram, an argument): a bit
+/// flipped, a datagram truncated, repeated, moved or dropped, or the next bytes of `edits` put in
+/// as a datagram of their own. Stops at 256 datagrams or none.
+fn apply_edits(batch: &mut Vec<Vec<u8>>, mut edits: &[u8]) {
+    while let [op, at, arg, rest @ ..] = edits {
+        edits = rest;
+        if batch.is_empty() || batch.len() >= 256 {
+            break;
+        }
+        let (i, arg) = (usize::from(*at) % batch.len(), usize::from(*arg));
+        match op % 6 {
+            0 => {
+                let datagram = &mut batch[i];
+                if !datagram.is_empty() {
+                    let at = arg * 7 % datagram.len();
+                    datagram[at] ^= 1 << (arg % 8);
+                }
+            }
+            1 => {
+                let len = batch[i].len();
+                batch[i].truncate(arg * 8 % len.max(1));
+            }
+            2 => {
+                let copy = batch[i].clone();
+                batch.insert(arg % (batch.len() + 1), copy);
+            }
+            3 => {
+                let moved = batch.remove(i);
+                batch.insert(arg % (batch.len() + 1), moved);
+            }
+            4 => {
+                batch.remove(i);
+            }
+            _ => {
+                let (raw, rest) = edits.split_at(arg.min(edits.len()));
+                edits = rest;
+                batch.insert(i, raw.to_vec());
+            }
+        }
+    }
 }
 
 /// Runs `target` on every file of the committed corpus `fuzz/corpus/<name>`: returns how many
