@@ -5,6 +5,7 @@ pub mod agent;
 pub mod backend;
 pub mod device_plugin;
 pub mod kgctl;
+pub mod model;
 mod periodic;
 pub mod webhook;
 pub mod wiring;

@@ -16,7 +16,7 @@ use control::leader::{
 use control::Node;
 
 use super::shells::{Engine, Firewall, Kernel};
-use super::{unix_ms, Agent};
+use super::Agent;
 
 /// A lease as last seen, and when this node saw it change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,8 +135,9 @@ impl Leases {
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// The lease step: renew, take, or hand over this node's location's lease.
-    pub(super) async fn tend_lease(&mut self, nodes: &[Node]) {
+    /// The lease step at `now` (Unix milliseconds): renew, take, or hand over this node's
+    /// location's lease.
+    pub(super) async fn tend_lease(&mut self, nodes: &[Node], now: i64) {
         let hostname = self.s.hostname.clone();
         let Some(local) = nodes.iter().find(|n| n.name == hostname) else {
             return;
@@ -168,7 +169,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .map(|s| s.state.clone())
             .unwrap_or_default();
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
-        let now = unix_ms();
         let expired = self
             .memo
             .leases

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
+use control::clock::Now;
 use control::dns::{Answer, DnsBook};
 use control::routes::RoutePlan;
 use control::Key;
@@ -74,16 +75,15 @@ pub fn log_filter(level: &str) -> Option<&'static str> {
     })
 }
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+/// Reads both clocks: the one place kg's event loop takes the time, which every decision
+/// then receives as an argument.
+pub fn read_clock() -> Now {
+    Now {
+        instant: Instant::now(),
+        unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
+    }
 }
 
 /// What woke the reconcile loop. Only the resync timer and the kernel's own notifications list
@@ -185,9 +185,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// Re-resolves the DNS names that are due; a failure keeps the last good address. True
     /// when an address changed.
-    async fn resolve_due(&mut self) -> bool {
-        let now = Instant::now();
-        let due = self.dns.due(now);
+    async fn resolve_due(&mut self, now: Now) -> bool {
+        let due = self.dns.due(now.instant);
         if due.is_empty() {
             return false;
         }
@@ -216,7 +215,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             });
         for (name, result) in futures::future::join_all(lookups).await {
             let error = result.as_ref().err().cloned();
-            match self.dns.record(&name, result, Instant::now()) {
+            match self.dns.record(&name, result, now.instant) {
                 Answer::Changed { old, new } => {
                     changed = true;
                     tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
@@ -276,12 +275,13 @@ pub async fn run(settings: Settings) -> Result<()> {
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.
-        agent.ingest(&snapshots.borrow_and_update());
+        let now = read_clock();
+        agent.ingest(&snapshots.borrow_and_update(), now);
         if trigger == Trigger::Dns {
-            last_dns = Some(Instant::now());
+            last_dns = Some(now.instant);
         }
         tracing::trace!(?trigger, "reconcile");
-        if let Err(e) = agent.settle(trigger).await {
+        if let Err(e) = agent.settle(trigger, now).await {
             agent.metrics.error("apply");
             agent.status.error(format!("reconcile failed: {e:#}"));
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");

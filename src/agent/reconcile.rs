@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
+use control::clock::Now;
 use control::node::{Node, WrittenAnnotations};
 use control::table::{differs_beyond_check_in, NodeTable};
 use control::{translate_peer, Peer, Topology, TopologyParams};
@@ -21,7 +22,7 @@ use super::host::local;
 use super::host::{read_host, DetectionInputs, HostView, OwnSide};
 use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
-use super::{unix_ms, unix_now, Agent, Trigger, CHECK_IN_PERIOD};
+use super::{read_clock, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
 /// Annotations to set (`Some`) or remove (`None`), as sent to the backend.
@@ -88,22 +89,33 @@ impl Memo {
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// One reconcile after `trigger`: [`Agent::ingest`] `snapshot`, then [`Agent::settle`].
+    /// One reconcile after `trigger`, now: [`Agent::reconcile_at`] the clock's time.
     pub async fn reconcile(&mut self, snapshot: &Snapshot, trigger: Trigger) -> Result<()> {
-        self.ingest(snapshot);
-        self.settle(trigger).await
+        self.reconcile_at(snapshot, trigger, read_clock()).await
     }
 
-    /// Carries what [`Agent::ingest`] took in (and the time passed) through as many stages as
-    /// it changes, and says where the time went ([`super::stages`]).
-    pub async fn settle(&mut self, trigger: Trigger) -> Result<()> {
-        let settled = self.run_stages(trigger).await;
+    /// One reconcile after `trigger` at `now`: [`Agent::ingest`] `snapshot`, then
+    /// [`Agent::settle`].
+    pub async fn reconcile_at(
+        &mut self,
+        snapshot: &Snapshot,
+        trigger: Trigger,
+        now: Now,
+    ) -> Result<()> {
+        self.ingest(snapshot, now);
+        self.settle(trigger, now).await
+    }
+
+    /// Carries what [`Agent::ingest`] took in (and the time passed, to `now`) through as many
+    /// stages as it changes, and says where the time went ([`super::stages`]).
+    pub async fn settle(&mut self, trigger: Trigger, now: Now) -> Result<()> {
+        let settled = self.run_stages(trigger, now).await;
         self.stages.finish(trigger, settled.is_ok(), &self.metrics);
         settled
     }
 
     /// [`Agent::settle`]'s stages.
-    async fn run_stages(&mut self, trigger: Trigger) -> Result<()> {
+    async fn run_stages(&mut self, trigger: Trigger, now: Now) -> Result<()> {
         self.metrics.reconciles.inc();
         if !self.memo.listed {
             // Nodes without their leases would elect by Kilo's rule, a leader the leases may
@@ -111,7 +123,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             tracing::debug!("waiting for the backend's first list of Nodes, Peers and Leases");
             return Ok(());
         }
-        let now_unix = unix_now();
+        let now_unix = now.unix_secs();
         let detection = DetectionInputs::of(self.memo.local_object.as_deref());
         let full = trigger.lists_the_host()
             || self.memo.host.is_none()
@@ -174,9 +186,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let nodes_changed = self.memo.table.take_changed();
         let peers_changed = std::mem::take(&mut self.memo.peers_changed);
         if full || nodes_changed || peers_changed || local_changed {
-            self.track_dns_names(&local);
+            self.track_dns_names(&local, now);
         }
-        let dns_changed = self.resolve_due().await;
+        let dns_changed = self.resolve_due(now).await;
 
         // Leaders by lease: elected again when anything they depend on moved, and on the
         // lease timer (leases expire with time alone).
@@ -194,7 +206,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             let electors = nodes
                 .iter()
                 .filter(|n| n.name != local.name || n.is_ready(readiness_now));
-            leaders_changed = self.memo.leases.elect(electors, unix_ms());
+            leaders_changed = self.memo.leases.elect(electors, now.unix_ms);
             ready = Some(nodes);
             self.stages.lap(Stage::Leases, started);
         }
@@ -214,7 +226,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         if trigger == Trigger::Lease {
             if let Some(nodes) = &ready {
-                self.tend_lease(nodes).await;
+                self.tend_lease(nodes, now.unix_ms).await;
             }
         }
         self.publish(
@@ -231,18 +243,18 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// re-translates the Peers when they changed. Costs in proportion to the changes and keeps
     /// nothing of `snapshot` but the shared objects, so the backend never has to copy a
     /// snapshot a reader still holds.
-    pub fn ingest(&mut self, snapshot: &Snapshot) {
+    pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
         self.stages.begin();
         let started = Instant::now();
-        self.take_in(snapshot);
+        self.take_in(snapshot, now);
         self.stages.lap(Stage::Translate, started);
     }
 
     /// [`Agent::ingest`]'s work.
-    fn take_in(&mut self, snapshot: &Snapshot) {
+    fn take_in(&mut self, snapshot: &Snapshot, now: Now) {
         self.memo.listed |= snapshot.listed.all();
         self.memo.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
-        self.memo.leases.ingest(&snapshot.leases, unix_ms());
+        self.memo.leases.ingest(&snapshot.leases, now.unix_ms);
         let table = &mut self.memo.table;
         let mut translated = Vec::new();
         match self.memo.revision.and_then(|r| snapshot.changes.since(r)) {
@@ -328,7 +340,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     }
 
     /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.
-    fn track_dns_names(&mut self, local: &Node) {
+    fn track_dns_names(&mut self, local: &Node, now: Now) {
         let hostname = &self.s.hostname;
         let names: Vec<String> = self
             .memo
@@ -346,7 +358,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             )
             .collect();
         self.dns
-            .track(names.iter().map(String::as_str), Instant::now());
+            .track(names.iter().map(String::as_str), now.instant);
     }
 
     /// The ready Nodes, and the local one (`local`, ready or not).

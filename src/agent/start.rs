@@ -23,8 +23,9 @@ use super::shells::netlink::Netlink;
 use super::shells::wireguard::WireGuard;
 use super::shells::{keyfile, state};
 use super::shells::{Engine, Firewall, Kernel};
-use super::{args, reconcile, unix_ms, Agent, Shells, DNS_TIMEOUT};
+use super::{args, read_clock, reconcile, Agent, Shells, DNS_TIMEOUT};
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
+use control::clock::Now;
 
 impl Agent {
     /// Loads the key, connects the backend, creates or finds the interface.
@@ -84,19 +85,45 @@ impl Agent {
             },
             engine: wg,
         };
-        Self::with_shells(s, key, backend, shells, restored).await
+        // The node's own name is looked up meanwhile (it can take up to a second).
+        let hostname = s.hostname.clone();
+        let hostname_ips = tokio::spawn(async move {
+            match tokio::time::timeout(
+                HOSTNAME_LOOKUP_TIMEOUT,
+                tokio::net::lookup_host((hostname.as_str(), 0)),
+            )
+            .await
+            {
+                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                _ => hostname.parse::<IpAddr>().into_iter().collect::<Vec<_>>(),
+            }
+        });
+        let hostname_ips = async move { hostname_ips.await.unwrap_or_default() };
+        Self::with_shells(
+            s,
+            key,
+            backend,
+            shells,
+            restored,
+            hostname_ips,
+            read_clock(),
+        )
+        .await
     }
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// Builds the agent on `shells`: finds the interface, sets the key and port (and the
-    /// `restored` peers of the last run), picks the tunnel.
+    /// Builds the agent on `shells` at `now`: finds the interface, sets the key and port (and
+    /// the `restored` peers of the last run), picks the tunnel. `hostname_ips` gives the
+    /// addresses the node's own name resolves to (awaited after the engine is configured).
     pub async fn with_shells(
         s: Settings,
         key: SecretKey,
         backend: Backend,
         shells: Shells<N, F, W>,
         restored: Option<DeviceConfig>,
+        hostname_ips: impl std::future::Future<Output = Vec<IpAddr>>,
+        now: Now,
     ) -> Result<Self> {
         let Shells {
             kernel: netlink,
@@ -156,19 +183,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 "waited for the UDP port to be released"
             );
         }
-        // The node's own name is looked up meanwhile (it can take up to a second).
-        let hostname = s.hostname.clone();
-        let hostname_lookup = tokio::spawn(async move {
-            match tokio::time::timeout(
-                HOSTNAME_LOOKUP_TIMEOUT,
-                tokio::net::lookup_host((hostname.as_str(), 0)),
-            )
-            .await
-            {
-                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
-                _ => hostname.parse::<IpAddr>().into_iter().collect::<Vec<_>>(),
-            }
-        });
         // The endpoints the last run used, NAT-discovered ones among them: kept as discovered
         // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
         // reconcile does not send the restored peers back to their announced addresses.
@@ -181,7 +195,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                     .filter_map(|p| Some((Key(*p.public_key.as_bytes()), p.endpoint?))),
             );
             let snapshot = backend.complete_within(RESTORE_WAIT).await;
-            match stale_restore(&snapshot, &s) {
+            match stale_restore(&snapshot, &s, now.unix_ms) {
                 Some(why) => {
                     tracing::info!("not restoring the WireGuard peers of the last run: {why}")
                 }
@@ -204,9 +218,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 None
             }
         };
-        let hostname_ips = hostname_lookup
-            .await
-            .context("looking up the node's name")?;
+        let hostname_ips = hostname_ips.await;
         preparing.await.context("preparing the firewall")??;
         let tunnel =
             encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility, s.args.ipip).await?;
@@ -257,15 +269,16 @@ const RESTORE_WAIT: Duration = Duration::from_millis(300);
 /// How long the lookup of the node's own name may take.
 const HOSTNAME_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Why the last run's peers must not come back, judged from `snapshot` (complete or not):
+/// Why the last run's peers must not come back, judged from `snapshot` (complete or not) at
+/// `now_ms`:
 /// another node holds this node's location's lease, so this node does not lead. Had it led
 /// when it died (a leader returning after its successor took over), its saved peers would make
 /// it act as a leader until its first reconcile; a follower's are not needed before then
 /// either. `None`: restore them.
-fn stale_restore(snapshot: &Snapshot, s: &Settings) -> Option<String> {
+fn stale_restore(snapshot: &Snapshot, s: &Settings, now_ms: i64) -> Option<String> {
     let own = snapshot.nodes.get(&s.hostname)?;
     let (node, _) = control::node::translate_node(own, &s.args.topology_label);
-    let holder = control::leader::led_by_another(&node, &snapshot.leases, unix_ms())?;
+    let holder = control::leader::led_by_another(&node, &snapshot.leases, now_ms)?;
     Some(format!(
         "{holder} holds the lease of location {} now",
         node.location

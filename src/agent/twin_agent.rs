@@ -2,8 +2,30 @@
 //! that count what a reconcile asks of the host.
 
 use anyhow::Result;
+use control::clock::Now;
+use dataplane::{DeviceConfig, SecretKey};
 
+use super::args::Settings;
 use super::shells::twins::{Calls, MemEngine, MemFirewall, MemKernel};
+use crate::backend::Backend;
+
+/// How a [`TwinAgent`] starts: its key, the peers it restores (as `kg` restores the last run's
+/// saved state) and when.
+pub struct Start {
+    /// The node's private key.
+    pub key: SecretKey,
+    /// The peers of the last run, restored before the first reconcile.
+    pub restored: Option<DeviceConfig>,
+    /// The moment it starts.
+    pub now: Now,
+}
+
+/// `kg` flags `args`, parsed.
+fn settings(args: &[&str]) -> Result<Settings> {
+    use clap::Parser as _;
+    super::args::KgArgs::try_parse_from(std::iter::once("kg").chain(args.iter().copied()))?
+        .settings()
+}
 
 /// An agent on in-memory twins, and the twins, to count what it does.
 pub struct TwinAgent {
@@ -28,23 +50,45 @@ impl TwinAgent {
     /// [`TwinAgent::start`] on `engine`, a device that may hold a configuration already (one
     /// that outlived the last kg).
     pub async fn start_on(args: &[&str], engine: MemEngine) -> Result<Self> {
-        use clap::Parser as _;
-        let settings = crate::agent::args::KgArgs::try_parse_from(
-            std::iter::once("kg").chain(args.iter().copied()),
-        )?
-        .settings()?;
-        let backend = crate::backend::Backend::File(crate::backend::file::FileBackend::open(
+        let settings = settings(args)?;
+        let backend = Backend::File(crate::backend::file::FileBackend::open(
             std::path::Path::new(&settings.args.cluster_dir),
         )?);
         let kernel = MemKernel::host(&settings.args.interface);
+        let start = Start {
+            key: SecretKey::generate(),
+            restored: None,
+            now: crate::agent::read_clock(),
+        };
+        Self::start_with(args, backend, kernel, engine, start).await
+    }
+
+    /// Starts an agent with `kg` flags `args` on `backend` (whatever `--backend` says), on
+    /// `kernel` and `engine`, as `start` says.
+    pub async fn start_with(
+        args: &[&str],
+        backend: Backend,
+        kernel: MemKernel,
+        engine: MemEngine,
+        start: Start,
+    ) -> Result<Self> {
+        let settings = settings(args)?;
         let firewall = MemFirewall::default();
         let shells = crate::agent::Shells {
             kernel: kernel.clone(),
             firewall: firewall.clone(),
             engine: engine.clone(),
         };
-        let key = dataplane::SecretKey::generate();
-        let agent = crate::agent::Agent::with_shells(settings, key, backend, shells, None).await?;
+        let agent = crate::agent::Agent::with_shells(
+            settings,
+            start.key,
+            backend,
+            shells,
+            start.restored,
+            std::future::ready(Vec::new()),
+            start.now,
+        )
+        .await?;
         Ok(Self {
             agent,
             kernel,
@@ -66,7 +110,7 @@ impl TwinAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::{DeviceConfig, PeerConfig, SecretKey};
+    use dataplane::PeerConfig;
 
     #[tokio::test]
     async fn a_device_that_outlived_kg_keeps_its_peers_when_kg_starts() {

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 pub mod backoff;
 pub mod file;
 pub mod kube;
+pub mod memory;
 
 #[cfg(test)]
 mod tests;
@@ -216,6 +217,8 @@ pub enum Backend {
     File(Arc<file::FileBackend>),
     /// `--backend=kubernetes`.
     Kube(kube::KubeBackend),
+    /// The in-memory twin, for tests that run many agents at once.
+    Memory(Arc<memory::MemoryBackend>),
 }
 
 /// Why kg is stopping, as far as the backend can tell.
@@ -240,6 +243,9 @@ impl Backend {
             Self::File(_) => Departure::Removed {
                 why: "the file backend has nothing that restarts kg".to_string(),
             },
+            Self::Memory(_) => Departure::Removed {
+                why: "the in-memory backend has nothing that restarts kg".to_string(),
+            },
             Self::Kube(k) => k.departure().await,
         }
     }
@@ -249,6 +255,7 @@ impl Backend {
         match self {
             Self::File(f) => f.subscribe(),
             Self::Kube(k) => k.subscribe(),
+            Self::Memory(m) => m.subscribe(),
         }
     }
 
@@ -265,6 +272,7 @@ impl Backend {
         match self {
             Self::File(f) => f.healthy(),
             Self::Kube(k) => k.healthy(),
+            Self::Memory(m) => m.healthy(),
         }
     }
 
@@ -282,6 +290,7 @@ impl Backend {
                 tokio::task::spawn_blocking(move || f.patch_annotations(&name, &changes)).await?
             }
             Self::Kube(k) => k.patch_annotations(name, changes).await,
+            Self::Memory(m) => m.patch_annotations(name, changes),
         }
     }
 
@@ -301,6 +310,7 @@ impl Backend {
                 tokio::task::spawn_blocking(move || f.write_lease(&name, &lease, &expected)).await?
             }
             Self::Kube(k) => k.write_lease(name, lease, expected).await,
+            Self::Memory(m) => m.write_lease(name, lease, expected),
         }
     }
 
@@ -309,6 +319,7 @@ impl Backend {
         match self {
             Self::File(f) => f.create_peer(peer),
             Self::Kube(k) => k.create_peer(peer).await,
+            Self::Memory(m) => m.create_peer(peer),
         }
     }
 
@@ -317,6 +328,7 @@ impl Backend {
         match self {
             Self::File(f) => f.delete_peer(name),
             Self::Kube(k) => k.delete_peer(name).await,
+            Self::Memory(m) => m.delete_peer(name),
         }
     }
 }

@@ -132,6 +132,19 @@ impl MemKernel {
             .any(|l| l.name == name && l.up)
     }
 
+    /// The addresses of the link called `name`.
+    pub fn addresses_on(&self, name: &str) -> Vec<IpNet> {
+        let s = self.state.lock();
+        let Some(index) = s.links.iter().find(|l| l.name == name).map(|l| l.index) else {
+            return Vec::new();
+        };
+        s.addresses
+            .iter()
+            .filter(|(i, _)| *i == index)
+            .map(|(_, a)| *a)
+            .collect()
+    }
+
     /// Names of the links this kernel has.
     pub fn link_names(&self) -> Vec<String> {
         self.state
@@ -421,6 +434,11 @@ impl MemKernel {
     /// A host with a loopback, `eth0` (192.168.0.10/24, the default route, MTU 1500) and the
     /// WireGuard link `interface` (down, MTU 1420).
     pub fn host(interface: &str) -> Self {
+        Self::host_at(interface, "192.168.0.10/24".parse().expect("CIDR"))
+    }
+
+    /// [`MemKernel::host`] with `address` on `eth0`.
+    pub fn host_at(interface: &str, address: IpNet) -> Self {
         let link = |index, name: &str, mtu, up| Link {
             index,
             name: name.to_string(),
@@ -433,10 +451,7 @@ impl MemKernel {
                 link(2, "eth0", 1500, true),
                 link(3, interface, 1420, false),
             ],
-            vec![
-                (1, "127.0.0.1/8".parse().expect("CIDR")),
-                (2, "192.168.0.10/24".parse().expect("CIDR")),
-            ],
+            vec![(1, "127.0.0.1/8".parse().expect("CIDR")), (2, address)],
             Some(2),
         )
     }

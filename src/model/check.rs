@@ -1,0 +1,246 @@
+//! What the model checks: invariants that hold after every step, and the converged state every
+//! surviving node must reach once the faults stop. Each is judged on what the agents did to
+//! their hosts (the WireGuard device's peers, the link's address, the kernel's routes, the
+//! leases written), never on what they say about themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use control::leader::lease_name;
+use control::routes::MAIN_TABLE;
+use ipnet::IpNet;
+
+use super::sim::{Sim, SimNode};
+
+/// A peer of a device: its public key (hex) and allowed IPs.
+type DevicePeers = Vec<(String, Vec<IpNet>)>;
+
+fn device_peers(node: &SimNode) -> Option<DevicePeers> {
+    let running = node.running.as_ref()?;
+    Some(
+        running
+            .twin
+            .engine
+            .config()
+            .peers
+            .iter()
+            .map(|p| (hex(p.public_key.as_bytes()), p.allowed_ips.clone()))
+            .collect(),
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn key_of(node: &SimNode) -> String {
+    hex(node.key.public_key().as_bytes())
+}
+
+/// True when the node's agent made it its location's leader: the WireGuard link is up and
+/// holds the node's WireGuard IP (a follower's is down and bare).
+fn leads(node: &SimNode) -> bool {
+    let link = control::DEFAULT_INTERFACE;
+    node.kernel.link_up(link) && !node.kernel.addresses_on(link).is_empty()
+}
+
+/// After every step, on every running agent: no two peers of its device share a key, and no
+/// allowed IP of one peer overlaps one of another (WireGuard would route it to only one).
+pub fn always(sim: &Sim) -> Result<(), String> {
+    for (name, node) in &sim.nodes {
+        let Some(peers) = device_peers(node) else {
+            continue;
+        };
+        let keys: BTreeSet<&String> = peers.iter().map(|(k, _)| k).collect();
+        if keys.len() != peers.len() {
+            return Err(format!("{name}'s device has two peers with one key"));
+        }
+        for (i, (a, a_ips)) in peers.iter().enumerate() {
+            for (b, b_ips) in &peers[i + 1..] {
+                for x in a_ips {
+                    if let Some(y) = b_ips.iter().find(|y| x.contains(*y) || y.contains(x)) {
+                        return Err(format!(
+                            "{name}'s device routes {x} to peer {} and {y} to peer {}",
+                            &a[..8],
+                            &b[..8]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The nodes expected in the converged mesh: running, reachable and with no malformed
+/// annotation left (the caller has healed the faults), by location.
+fn members(sim: &Sim) -> BTreeMap<&str, Vec<(&String, &SimNode)>> {
+    let mut by_location: BTreeMap<&str, Vec<(&String, &SimNode)>> = BTreeMap::new();
+    for (name, node) in &sim.nodes {
+        if node.running.is_some() {
+            by_location
+                .entry(node.location.as_str())
+                .or_default()
+                .push((name, node));
+        }
+    }
+    by_location
+}
+
+/// Once the faults have stopped and enough model time has passed: every location with a
+/// running node has exactly one leader, the one its lease names, chosen as Kilo's rule and the
+/// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first); every
+/// leader's device has exactly the other locations' leaders and the valid Peers as peers, each
+/// running node's pod CIDR routed to its location's leader alone; every follower routes the
+/// other locations' pods through its own leader; nothing routes to a node that left.
+pub fn converged(
+    sim: &Sim,
+    left: &BTreeSet<IpNet>,
+    peers: &[(String, IpNet)],
+) -> Result<(), String> {
+    always(sim)?;
+    let snapshot = sim.cluster.snapshot();
+    let by_location = members(sim);
+    let mut leaders: BTreeMap<&str, (&String, &SimNode)> = BTreeMap::new();
+    for (location, nodes) in &by_location {
+        let leading: Vec<&String> = nodes
+            .iter()
+            .filter(|(_, n)| leads(n))
+            .map(|(name, _)| *name)
+            .collect();
+        let [leader] = leading[..] else {
+            return Err(format!(
+                "location {location} has {} leaders ({leading:?}) among {:?}",
+                leading.len(),
+                nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()
+            ));
+        };
+        let object = |name: &str| snapshot.nodes.get(name).cloned();
+        let cordoned = |name: &str| {
+            object(name)
+                .and_then(|o| o.spec.as_ref()?.unschedulable)
+                .unwrap_or(false)
+        };
+        let preferred = |name: &str| {
+            object(name)
+                .and_then(|o| o.metadata.annotations.clone())
+                .is_some_and(|a| a.contains_key(super::sim::PREFERRED))
+        };
+        if cordoned(leader) && nodes.iter().any(|(n, _)| !cordoned(n)) {
+            return Err(format!(
+                "location {location} is led by cordoned {leader} though an uncordoned node runs"
+            ));
+        }
+        if !preferred(leader) && nodes.iter().any(|(n, _)| preferred(n) && !cordoned(n)) {
+            return Err(format!(
+                "location {location} is led by {leader}, not by its node annotated kilo.squat.ai/leader"
+            ));
+        }
+        let holder = snapshot
+            .leases
+            .get(&lease_name(location))
+            .and_then(|l| l.holder.clone());
+        if holder.as_deref() != Some(leader.as_str()) {
+            return Err(format!(
+                "location {location} is led by {leader} but its lease names {holder:?}"
+            ));
+        }
+        let node = nodes.iter().find(|(n, _)| *n == leader).expect("listed");
+        leaders.insert(location, *node);
+    }
+
+    for (location, (name, node)) in &leaders {
+        let device = device_peers(node).unwrap_or_default();
+        let expected: BTreeSet<String> = leaders
+            .iter()
+            .filter(|(other, _)| *other != location)
+            .map(|(_, (_, n))| key_of(n))
+            .chain(peers.iter().map(|(key, _)| key.clone()))
+            .collect();
+        let have: BTreeSet<String> = device.iter().map(|(k, _)| k.clone()).collect();
+        if have != expected {
+            return Err(format!(
+                "leader {name} of {location} has {} peers, not the {} other leaders and Peers",
+                have.len(),
+                expected.len()
+            ));
+        }
+        for (other, members) in &by_location {
+            if other == location {
+                continue;
+            }
+            let their_key = key_of(leaders[other].1);
+            for (member, m) in members {
+                let carriers: Vec<&String> = device
+                    .iter()
+                    .filter(|(_, ips)| ips.iter().any(|ip| ip.contains(&m.pod_cidr)))
+                    .map(|(k, _)| k)
+                    .collect();
+                if carriers != [&their_key] {
+                    return Err(format!(
+                        "leader {name} of {location} routes {member}'s pods ({}) to {} peers, not to {other}'s leader alone",
+                        m.pod_cidr,
+                        carriers.len()
+                    ));
+                }
+            }
+        }
+        for (key, cidr) in peers {
+            if !device
+                .iter()
+                .any(|(k, ips)| k == key && ips.iter().any(|ip| ip.contains(cidr)))
+            {
+                return Err(format!(
+                    "leader {name} of {location} does not route Peer {cidr}"
+                ));
+            }
+        }
+    }
+
+    for (location, nodes) in &by_location {
+        let (leader_name, leader) = leaders[location];
+        let gateway: IpAddr = leader.address.addr();
+        for (name, node) in nodes {
+            let routes = node.kernel.routes();
+            if *name != leader_name {
+                for (other, members) in &by_location {
+                    if other == location {
+                        continue;
+                    }
+                    for (member, m) in members {
+                        let via: Vec<Option<IpAddr>> = routes
+                            .routes
+                            .iter()
+                            .filter(|r| r.table == MAIN_TABLE && r.dst.contains(&m.pod_cidr))
+                            .map(|r| r.gateway)
+                            .collect();
+                        if via != [Some(gateway)] {
+                            return Err(format!(
+                                "follower {name} of {location} routes {member}'s pods ({}) via {via:?}, not via its leader {leader_name} ({gateway})",
+                                m.pod_cidr
+                            ));
+                        }
+                    }
+                }
+            }
+            for gone in left {
+                let device = device_peers(node).unwrap_or_default();
+                if let Some(route) = routes.routes.iter().find(|r| r.dst.contains(gone)) {
+                    return Err(format!(
+                        "{name} still routes {gone}, the pods of a node that left: {route:?}"
+                    ));
+                }
+                if let Some((key, _)) = device
+                    .iter()
+                    .find(|(_, ips)| ips.iter().any(|ip| ip.contains(gone)))
+                {
+                    return Err(format!(
+                        "{name}'s device still sends {gone}, the pods of a node that left, to peer {}",
+                        &key[..8]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! The simulated cluster: agents on the shells' in-memory twins, one in-memory API server, and a
+//! manual clock. Time moves only in [`Sim::advance`], which fires every agent's timers as they
+//! fall due (resync, check-in, lease) and delivers every change of the cluster to the agents that
+//! can see it, in name order, until nothing changes any more.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use control::clock::Now;
+use control::node::annotation;
+use dataplane::SecretKey;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
+
+use crate::agent::shells::state;
+use crate::agent::shells::twins::{MemEngine, MemKernel};
+use crate::agent::twin_agent::{Start, TwinAgent};
+use crate::agent::{Trigger, CHECK_IN_PERIOD};
+use crate::backend::memory::{MemoryBackend, MemoryCluster};
+use crate::backend::{Backend, Snapshot};
+
+/// The agents' `--resync-period`.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// How often the lease step runs.
+const LEASE_PERIOD: Duration = Duration::from_millis(control::leader::LEASE_RENEW_MS as u64);
+/// How many rounds of change delivery one moment may take before the agents are said to keep
+/// answering each other's writes.
+const MAX_ROUNDS: usize = 50;
+
+/// One node of the model.
+pub struct SimNode {
+    /// Its location label.
+    pub location: String,
+    /// Its address on `eth0`, where its agent detects its endpoint and internal IP.
+    pub address: IpNet,
+    /// Its `spec.podCIDR`.
+    pub pod_cidr: IpNet,
+    /// Its WireGuard key (kept in its key file across restarts).
+    pub key: SecretKey,
+    /// Its kernel: links, addresses and routes outlive the agent.
+    pub kernel: MemKernel,
+    /// Its connection to the API server.
+    pub backend: Arc<MemoryBackend>,
+    /// Its running agent, if any.
+    pub running: Option<Running>,
+    /// Where its key file (and the agent's saved state beside it) lives.
+    dir: PathBuf,
+    /// The snapshot it saw when it lost the API server: what its watch keeps showing.
+    frozen: Option<Arc<Snapshot>>,
+}
+
+/// A running agent and its timers.
+pub struct Running {
+    /// The agent and its twins.
+    pub twin: TwinAgent,
+    /// The snapshot it last took in.
+    seen: Option<Arc<Snapshot>>,
+    next_resync: Instant,
+    next_check_in: Instant,
+    next_lease: Instant,
+    /// The last reconcile's error, if it failed.
+    pub last_error: Option<String>,
+}
+
+/// The model: a cluster, its nodes and the clock.
+pub struct Sim {
+    runtime: tokio::runtime::Runtime,
+    /// The API server's state.
+    pub cluster: Arc<MemoryCluster>,
+    /// The nodes by name (those that left are gone).
+    pub nodes: BTreeMap<String, SimNode>,
+    /// The model's clock.
+    pub now: Now,
+    dir: PathBuf,
+    joined: u8,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Sim {
+    /// An empty cluster at a fixed moment, its files in a fresh directory.
+    pub fn new() -> Result<Self> {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kilotun-model-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            runtime,
+            cluster: MemoryCluster::new(),
+            nodes: BTreeMap::new(),
+            now: Now {
+                instant: Instant::now(),
+                unix_ms: 1_800_000_000_000,
+            },
+            dir,
+            joined: 0,
+        })
+    }
+
+    /// The name of the `index`th node (in name order, wrapping), if there is any node.
+    pub fn nth(&self, index: usize) -> Option<String> {
+        let count = self.nodes.len();
+        (count > 0).then(|| {
+            self.nodes
+                .keys()
+                .nth(index % count)
+                .expect("in range")
+                .clone()
+        })
+    }
+
+    /// How many agents run.
+    pub fn running(&self) -> usize {
+        self.nodes.values().filter(|n| n.running.is_some()).count()
+    }
+
+    /// Registers a new node in `location` (as its kubelet would) and starts its agent.
+    pub fn join(&mut self, location: &str) -> Result<String> {
+        self.joined += 1;
+        let i = self.joined;
+        let name = format!("n{i:02}");
+        let dir = self.dir.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        let address: IpNet = format!("192.168.{}.{}/16", i / 200, 10 + i % 200).parse()?;
+        let pod_cidr: IpNet = format!("10.42.{i}.0/24").parse()?;
+        let mut object = KubeNode::default();
+        object.metadata.name = Some(name.clone());
+        object.metadata.labels = Some(BTreeMap::from([(
+            control::node::DEFAULT_TOPOLOGY_LABEL.to_string(),
+            location.to_string(),
+        )]));
+        object.spec = Some(NodeSpec {
+            pod_cidr: Some(pod_cidr.to_string()),
+            ..NodeSpec::default()
+        });
+        self.cluster.update(|s| s.put_node(&name, object));
+        let node = SimNode {
+            location: location.to_string(),
+            address,
+            pod_cidr,
+            key: SecretKey::from_bytes([i; 32]),
+            kernel: MemKernel::host_at(control::DEFAULT_INTERFACE, address),
+            backend: self.cluster.connect(),
+            running: None,
+            dir,
+            frozen: None,
+        };
+        self.nodes.insert(name.clone(), node);
+        self.start(&name, false)?;
+        Ok(name)
+    }
+
+    /// Starts `name`'s agent (killing a running one first), restoring its saved peers when
+    /// `with_saved_state`.
+    pub fn start(&mut self, name: &str, with_saved_state: bool) -> Result<()> {
+        self.kill(name);
+        let now = self.now;
+        let node = self.nodes.get_mut(name).context("no such node")?;
+        let key_file = node.dir.join("key");
+        // Without saved state: the saved peers are gone, as on a node whose last agent was
+        // Kilo's. (The record of the routes kg installed stays: without it, kg claims only the
+        // routes on its own link, and a route it left on the private link to a node that left
+        // meanwhile would stay, as Kilo's do after a restart.)
+        if !with_saved_state {
+            let _ = std::fs::remove_file(state::path(&key_file));
+        }
+        let restored = state::load(&key_file, &node.key)?;
+        let args = agent_args(name, &key_file);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let start = Start {
+            key: node.key.clone(),
+            restored: restored.clone(),
+            now,
+        };
+        // The embedded engine dies with its agent: a new one starts empty.
+        let engine = MemEngine::default();
+        let backend = Backend::Memory(Arc::clone(&node.backend));
+        let kernel = node.kernel.clone();
+        let twin = self
+            .runtime
+            .block_on(TwinAgent::start_with(&args, backend, kernel, engine, start))?;
+        // The saved peers come back before the first reconcile, unless another node holds
+        // this location's valid lease and this node is not preferred: then it may have led
+        // before it died and its peers are stale.
+        let led_by_another = self
+            .cluster
+            .snapshot()
+            .nodes
+            .get(name)
+            .is_some_and(|object| {
+                let (own, _) =
+                    control::node::translate_node(object, control::node::DEFAULT_TOPOLOGY_LABEL);
+                let lease = self
+                    .cluster
+                    .snapshot()
+                    .leases
+                    .get(&control::leader::lease_name(&own.location))
+                    .cloned();
+                !own.leader
+                    && lease.is_some_and(|l| {
+                        l.holder.as_deref().is_some_and(|h| h != name)
+                            && now.unix_ms < l.renewed_ms + l.duration_ms
+                    })
+            });
+        if let Some(restored) = restored.filter(|r| !r.peers.is_empty() && !led_by_another) {
+            let peers = twin.engine.config().peers;
+            anyhow::ensure!(
+                peers == restored.peers,
+                "{name} restarted with saved state but its engine does not hold the saved peers before the first reconcile"
+            );
+        }
+        node.running = Some(Running {
+            twin,
+            seen: None,
+            next_resync: now.instant,
+            next_check_in: now.instant,
+            next_lease: now.instant,
+            last_error: None,
+        });
+        // The event loop's timers all fire at once when it starts.
+        self.fire_due(name);
+        Ok(())
+    }
+
+    /// Kills `name`'s agent, if it runs: nothing is cleaned up.
+    pub fn kill(&mut self, name: &str) {
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.running = None;
+        }
+    }
+
+    /// `name` leaves the cluster: its agent stops and its Node is deleted.
+    pub fn leave(&mut self, name: &str) {
+        self.kill(name);
+        self.nodes.remove(name);
+        self.cluster.update(|s| s.remove_node(name));
+    }
+
+    /// Changes `name`'s Node object with `change` (as an operator or the kubelet would).
+    pub fn edit_node(&mut self, name: &str, change: impl FnOnce(&mut KubeNode)) {
+        self.cluster.update(|s| {
+            let Some(node) = s.nodes.get(name) else {
+                return false;
+            };
+            let mut node = (**node).clone();
+            change(&mut node);
+            s.put_node(name, node)
+        });
+    }
+
+    /// Sets (`Some`) or removes an annotation on `name`'s Node.
+    pub fn annotate(&mut self, name: &str, key: &str, value: Option<&str>) {
+        self.edit_node(name, |node| {
+            let annotations = node.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            match value {
+                Some(v) => annotations.insert(key.to_string(), v.to_string()),
+                None => annotations.remove(key),
+            };
+        });
+    }
+
+    /// Cuts `name`'s agent off from the API server, or reconnects it.
+    pub fn set_outage(&mut self, name: &str, on: bool) {
+        let snapshot = self.cluster.snapshot();
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.backend.set_reachable(!on);
+            node.frozen = match (on, node.frozen.take()) {
+                (true, Some(frozen)) => Some(frozen),
+                (true, None) => Some(snapshot),
+                (false, _) => None,
+            };
+        }
+    }
+
+    /// Moves the clock `by`, firing every timer that falls due on the way and delivering the
+    /// cluster's changes after each.
+    pub fn advance(&mut self, by: Duration) -> Result<()> {
+        let end = self.now.instant + by;
+        self.deliver()?;
+        loop {
+            let next = self
+                .nodes
+                .values()
+                .filter_map(|n| n.running.as_ref())
+                .map(|r| r.next_resync.min(r.next_check_in).min(r.next_lease))
+                .min();
+            let Some(next) = next.filter(|at| *at <= end) else {
+                break;
+            };
+            self.now = self
+                .now
+                .after(next.saturating_duration_since(self.now.instant));
+            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            for name in names {
+                self.fire_due(&name);
+            }
+            self.deliver()?;
+        }
+        self.now = self
+            .now
+            .after(end.saturating_duration_since(self.now.instant));
+        Ok(())
+    }
+
+    /// Fires `name`'s timers that are due now, each once, and sets the next.
+    fn fire_due(&mut self, name: &str) {
+        let now = self.now.instant;
+        let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) else {
+            return;
+        };
+        let mut due = Vec::new();
+        if running.next_resync <= now {
+            running.next_resync = now + RESYNC;
+            due.push(Trigger::Resync);
+        }
+        if running.next_check_in <= now {
+            running.next_check_in = now + CHECK_IN_PERIOD;
+            due.push(Trigger::CheckIn);
+        }
+        if running.next_lease <= now {
+            running.next_lease = now + LEASE_PERIOD;
+            due.push(Trigger::Lease);
+        }
+        for trigger in due {
+            self.reconcile(name, trigger);
+        }
+    }
+
+    /// What `name`'s watch shows: the cluster, or what it last saw before losing the API.
+    fn visible(&self, name: &str) -> Arc<Snapshot> {
+        match &self.nodes[name].frozen {
+            Some(frozen) => Arc::clone(frozen),
+            None => self.cluster.snapshot(),
+        }
+    }
+
+    /// One reconcile of `name`'s agent after `trigger`, on what it can see.
+    fn reconcile(&mut self, name: &str, trigger: Trigger) {
+        let snapshot = self.visible(name);
+        let now = self.now;
+        let runtime = &self.runtime;
+        let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) else {
+            return;
+        };
+        let result = runtime.block_on(running.twin.agent.reconcile_at(&snapshot, trigger, now));
+        running.last_error = result.err().map(|e| format!("{e:#}"));
+        running.seen = Some(snapshot);
+    }
+
+    /// Delivers the cluster's changes to every running agent that can see them, round after
+    /// round, until a round changes nothing.
+    fn deliver(&mut self) -> Result<()> {
+        for _ in 0..MAX_ROUNDS {
+            let mut delivered = false;
+            let names: Vec<String> = self.nodes.keys().cloned().collect();
+            for name in names {
+                let visible = self.visible(&name);
+                let stale = self.nodes[&name]
+                    .running
+                    .as_ref()
+                    .is_some_and(|r| !r.seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &visible)));
+                if stale {
+                    self.reconcile(&name, Trigger::Event);
+                    delivered = true;
+                }
+            }
+            if !delivered {
+                return Ok(());
+            }
+        }
+        anyhow::bail!(
+            "the agents still answered each other's writes after {MAX_ROUNDS} rounds at one moment"
+        )
+    }
+}
+
+/// The flags every model agent runs with: Kilo's defaults but leases for leader election, no
+/// CNI file and no encapsulation inside a location (the twins have no tunnel).
+fn agent_args(name: &str, key_file: &std::path::Path) -> Vec<String> {
+    vec![
+        // (The backend is given to the agent directly; the flags must only parse.)
+        "--backend=file".to_string(),
+        format!(
+            "--cluster-dir={}",
+            key_file.parent().unwrap_or(key_file).display()
+        ),
+        format!("--hostname={name}"),
+        format!("--key-file={}", key_file.display()),
+        "--cni=false".to_string(),
+        "--leader-election=lease".to_string(),
+        "--encapsulate=never".to_string(),
+        format!("--resync-period={}s", RESYNC.as_secs()),
+    ]
+}
+
+/// The annotation that marks a node preferred as its location's leader.
+pub const PREFERRED: &str = annotation::LEADER;

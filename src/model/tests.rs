@@ -1,0 +1,257 @@
+//! The model's sequences run by `cargo test`: random ones from fixed seeds, the committed corpus
+//! and a few written by hand for the faults the namespace tests used to try one at a time.
+
+use super::*;
+
+/// A byte string from `seed` (xorshift64*), `len` long.
+fn random_input(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+        })
+        .collect()
+}
+
+fn hex(input: &[u8]) -> String {
+    input.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn must_pass(input: &[u8], what: &str) -> Outcome {
+    match run(input) {
+        Ok(outcome) => outcome,
+        Err(violation) => panic!("{what} (input {}):\n{violation}", hex(input)),
+    }
+}
+
+/// How many random sequences `cargo test` runs (`KILOTUN_MODEL_SEQUENCES` sets it).
+fn sequences() -> u64 {
+    std::env::var("KILOTUN_MODEL_SEQUENCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48)
+}
+
+#[test]
+fn random_sequences_of_faults_keep_the_invariants_and_converge() {
+    let (mut events, mut transitions) = (0, 0);
+    for seed in 0..sequences() {
+        let input = random_input(seed, 96);
+        let outcome = must_pass(&input, &format!("seed {seed}"));
+        println!("seed {seed}: {outcome:?}");
+        events += outcome.events;
+        transitions += outcome.lease_transitions;
+    }
+    println!("{events} events, {transitions} lease transitions");
+    assert!(events > 0, "the sequences held events");
+    assert!(
+        transitions > 0,
+        "no sequence moved a lease: the faults are not reaching the leaders"
+    );
+}
+
+#[test]
+fn the_committed_corpus_replays() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/agents");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let input = std::fs::read(&path).unwrap();
+        must_pass(&input, &path.display().to_string());
+        replayed += 1;
+    }
+    assert!(replayed > 0, "{} holds no input", dir.display());
+}
+
+/// The bytes of `events`, as [`events::decode`] reads them back.
+fn encode(events: &[Event]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for event in events {
+        match *event {
+            Event::Wait { secs } => out.extend([0, (secs - 1) as u8]),
+            Event::Join { location } => out.extend([4, location as u8]),
+            Event::Kill { node } => out.extend([6, node as u8]),
+            Event::Restart {
+                node,
+                with_saved_state,
+            } => out.extend([7, node as u8, u8::from(with_saved_state)]),
+            Event::Leave { node } => out.extend([10, node as u8]),
+            Event::Move { node, location } => out.extend([11, node as u8, location as u8]),
+            Event::Break { node, which } => out.extend([12, node as u8, which as u8]),
+            Event::Mend { node } => out.extend([13, node as u8]),
+            Event::Cordon { node, on } => out.extend([14, node as u8, u8::from(on)]),
+            Event::Prefer { node, on } => out.extend([15, node as u8, u8::from(on)]),
+            Event::Outage { node, on } => out.extend([16, node as u8, u8::from(on)]),
+            Event::OutageAll { on } => out.extend([17, u8::from(on)]),
+            Event::Peer { which, change } => out.extend([
+                18,
+                which as u8,
+                match change {
+                    PeerChange::Valid => 0,
+                    PeerChange::Malformed => 1,
+                    PeerChange::Removed => 2,
+                },
+            ]),
+        }
+    }
+    out
+}
+
+#[test]
+fn events_encode_to_the_bytes_they_decode_from() {
+    let events = vec![
+        Event::Wait { secs: 7 },
+        Event::Restart {
+            node: 3,
+            with_saved_state: true,
+        },
+        Event::Peer {
+            which: 2,
+            change: PeerChange::Malformed,
+        },
+        Event::OutageAll { on: true },
+    ];
+    assert_eq!(events::decode(&encode(&events)), events);
+}
+
+/// Each scenario the namespace tests tried one at a time, as a sequence: two more nodes in
+/// location l0 (n04, n05), then the fault.
+fn scenario(fault: &[Event]) -> Vec<u8> {
+    let mut events = vec![
+        Event::Join { location: 0 },
+        Event::Join { location: 0 },
+        Event::Wait { secs: 10 },
+    ];
+    events.extend_from_slice(fault);
+    encode(&events)
+}
+
+#[test]
+fn a_leader_killed_and_restarted_with_or_without_its_state() {
+    for with_saved_state in [true, false] {
+        let input = scenario(&[
+            Event::Kill { node: 0 },
+            Event::Wait { secs: 20 },
+            Event::Restart {
+                node: 0,
+                with_saved_state,
+            },
+        ]);
+        must_pass(&input, "kill and restart");
+    }
+}
+
+#[test]
+fn a_leader_dies_while_another_restarts_during_an_api_outage() {
+    let input = scenario(&[
+        Event::OutageAll { on: true },
+        Event::Kill { node: 0 },
+        Event::Restart {
+            node: 1,
+            with_saved_state: true,
+        },
+        Event::Wait { secs: 30 },
+        Event::OutageAll { on: false },
+        Event::Wait { secs: 5 },
+    ]);
+    must_pass(&input, "compound fault");
+}
+
+#[test]
+fn cordoned_preferred_moved_and_malformed_nodes_and_peers() {
+    let input = scenario(&[
+        Event::Cordon { node: 0, on: true },
+        Event::Prefer { node: 4, on: true },
+        Event::Wait { secs: 8 },
+        Event::Break { node: 2, which: 1 },
+        Event::Peer {
+            which: 0,
+            change: PeerChange::Valid,
+        },
+        Event::Peer {
+            which: 1,
+            change: PeerChange::Malformed,
+        },
+        Event::Move {
+            node: 3,
+            location: 2,
+        },
+        Event::Wait { secs: 30 },
+        Event::Leave { node: 1 },
+    ]);
+    must_pass(&input, "operator changes");
+}
+
+/// The checks themselves: a mesh that converged passes, and each kind of damage done to it
+/// behind the agents' backs is caught.
+#[test]
+fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
+    use dataplane::PeerConfig;
+    let converged = || {
+        let mut sim = Sim::new().unwrap();
+        for location in [0, 1, 0] {
+            sim.join(&format!("l{location}")).unwrap();
+        }
+        sim.advance(Duration::from_secs(10)).unwrap();
+        check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+        sim
+    };
+    let leader_of = |sim: &Sim, location: &str| -> String {
+        let holder = sim.cluster.snapshot().leases[&control::leader::lease_name(location)]
+            .holder
+            .clone();
+        holder.unwrap()
+    };
+
+    // A second peer claiming an address the first one carries.
+    let sim = converged();
+    let leader = leader_of(&sim, "l0");
+    let engine = &sim.nodes[&leader].running.as_ref().unwrap().twin.engine;
+    let mut config = engine.config();
+    let mut extra = PeerConfig::new(dataplane::SecretKey::from_bytes([99; 32]).public_key());
+    extra.add_allowed_ip(sim.nodes["n02"].pod_cidr);
+    config.peers.push(extra);
+    crate::agent::shells::Engine::apply(engine, &config).unwrap();
+    let error = check::always(&sim).unwrap_err();
+    assert!(error.contains("routes 10.42.2.0/24 to peer"), "{error}");
+
+    // A follower whose route to the other location's pods is gone.
+    let sim = converged();
+    let follower = ["n01", "n03"]
+        .into_iter()
+        .find(|n| *n != leader_of(&sim, "l0"))
+        .unwrap();
+    let kernel = &sim.nodes[follower].kernel;
+    let mut routes = kernel.routes();
+    routes.routes.retain(|r| r.dst != sim.nodes["n02"].pod_cidr);
+    kernel.set_routes(routes);
+    let error = check::converged(&sim, &BTreeSet::new(), &[]).unwrap_err();
+    assert!(
+        error.contains(&format!("follower {follower} of l0 routes n02")),
+        "{error}"
+    );
+
+    // A follower that brought its WireGuard link up with an address, as a leader does.
+    let sim = converged();
+    let follower = ["n01", "n03"]
+        .into_iter()
+        .find(|n| *n != leader_of(&sim, "l0"))
+        .unwrap();
+    let kernel = sim.nodes[follower].kernel.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use crate::agent::shells::Kernel as _;
+        kernel
+            .set_address(3, Some("10.4.0.9/16".parse().unwrap()))
+            .await
+            .unwrap();
+        kernel.set_up(3, true).await.unwrap();
+    });
+    let error = check::converged(&sim, &BTreeSet::new(), &[]).unwrap_err();
+    assert!(error.contains("location l0 has 2 leaders"), "{error}");
+}
