@@ -137,6 +137,8 @@ struct Model {
     broken: Vec<(String, &'static str)>,
     /// Nodes cut off from the API.
     cut_off: BTreeSet<String>,
+    /// Nodes whose WireGuard port is blocked.
+    blocked: BTreeSet<String>,
     /// The Peers in the cluster, valid or not, by number.
     peers: [Option<PeerChange>; 3],
 }
@@ -165,7 +167,8 @@ impl Model {
             | Event::Mend { node }
             | Event::Cordon { node, .. }
             | Event::Prefer { node, .. }
-            | Event::Outage { node, .. } => sim.nth(*node),
+            | Event::Outage { node, .. }
+            | Event::Block { node, .. } => sim.nth(*node),
             _ => None,
         }
     }
@@ -197,6 +200,7 @@ impl Model {
             (Event::Leave { .. }, Some(name)) if sim.nodes.len() > 1 => {
                 self.left.insert(sim.nodes[&name].pod_cidr);
                 self.cut_off.remove(&name);
+                self.blocked.remove(&name);
                 self.broken.retain(|(n, _)| *n != name);
                 sim.leave(&name);
             }
@@ -237,6 +241,14 @@ impl Model {
                     self.cut_off.insert(name);
                 } else {
                     self.cut_off.remove(&name);
+                }
+            }
+            (Event::Block { on, .. }, Some(name)) => {
+                sim.set_blocked(&name, *on);
+                if *on {
+                    self.blocked.insert(name);
+                } else {
+                    self.blocked.remove(&name);
                 }
             }
             (Event::OutageAll { on }, _) => {
@@ -284,6 +296,9 @@ impl Model {
         }
         for (name, key) in std::mem::take(&mut self.broken) {
             sim.annotate(&name, key, None);
+        }
+        for name in std::mem::take(&mut self.blocked) {
+            sim.set_blocked(&name, false);
         }
     }
 

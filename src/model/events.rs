@@ -83,6 +83,14 @@ pub enum Event {
         /// Cut off or not.
         on: bool,
     },
+    /// The node's WireGuard port is blocked (a firewall, a broken uplink) while its API
+    /// connection stays up, or opened again.
+    Block {
+        /// Which node.
+        node: usize,
+        /// Blocked or not.
+        on: bool,
+    },
     /// Every agent loses the API server at once, or gets it back.
     OutageAll {
         /// Cut off or not.
@@ -150,7 +158,7 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
         let node = |b: &mut Bytes| b.below(MAX_NODES);
         // Waits and restarts weigh most: faults need time to play out, and a dead node
         // tells the converged mesh little.
-        let event = match bytes.below(20) {
+        let event = match bytes.below(21) {
             0..=3 => Event::Wait {
                 secs: 1 + bytes.below(40) as u32,
             },
@@ -191,6 +199,10 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
                 on: bytes.flag(),
             },
             17 => Event::OutageAll { on: bytes.flag() },
+            18 => Event::Block {
+                node: node(&mut bytes),
+                on: bytes.flag(),
+            },
             _ => Event::Peer {
                 which: bytes.below(3),
                 change: match bytes.below(3) {
@@ -235,6 +247,7 @@ impl fmt::Display for Event {
             Self::Prefer { node, on } => write!(f, "node #{node} annotated leader: {on}"),
             Self::Outage { node, on } => write!(f, "node #{node} cut off from the API: {on}"),
             Self::OutageAll { on } => write!(f, "every node cut off from the API: {on}"),
+            Self::Block { node, on } => write!(f, "node #{node}'s WireGuard port blocked: {on}"),
             Self::Peer { which, change } => write!(f, "Peer p{which}: {change:?}"),
         }
     }

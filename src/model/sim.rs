@@ -50,6 +50,8 @@ pub struct SimNode {
     dir: PathBuf,
     /// The snapshot it saw when it lost the API server: what its watch keeps showing.
     frozen: Option<Arc<Snapshot>>,
+    /// Its WireGuard port is blocked: nothing reaches its device, nothing from it arrives.
+    pub blocked: bool,
 }
 
 /// A running agent and its timers.
@@ -76,6 +78,10 @@ pub struct Sim {
     pub now: Now,
     dir: PathBuf,
     joined: u8,
+    /// Bytes received and sent so far by each node's device, per peer.
+    traffic: BTreeMap<(String, control::Key), (u64, u64)>,
+    /// When the traffic was last brought up to date.
+    flowed: Instant,
 }
 
 impl Drop for Sim {
@@ -94,16 +100,19 @@ impl Sim {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let start = Instant::now();
         Ok(Self {
             runtime,
             cluster: MemoryCluster::new(),
             nodes: BTreeMap::new(),
             now: Now {
-                instant: Instant::now(),
+                instant: start,
                 unix_ms: 1_800_000_000_000,
             },
             dir,
             joined: 0,
+            traffic: BTreeMap::new(),
+            flowed: start,
         })
     }
 
@@ -154,6 +163,7 @@ impl Sim {
             running: None,
             dir,
             frozen: None,
+            blocked: false,
         };
         self.nodes.insert(name.clone(), node);
         self.start(&name, false)?;
@@ -282,6 +292,13 @@ impl Sim {
         }
     }
 
+    /// Blocks `name`'s WireGuard port, or opens it.
+    pub fn set_blocked(&mut self, name: &str, blocked: bool) {
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.blocked = blocked;
+        }
+    }
+
     /// Moves the clock `by`, firing every timer that falls due on the way and delivering the
     /// cluster's changes after each.
     pub fn advance(&mut self, by: Duration) -> Result<()> {
@@ -300,6 +317,7 @@ impl Sim {
             self.now = self
                 .now
                 .after(next.saturating_duration_since(self.now.instant));
+            self.flow();
             let names: Vec<String> = self.nodes.keys().cloned().collect();
             for name in names {
                 self.fire_due(&name);
@@ -310,6 +328,64 @@ impl Sim {
             .now
             .after(end.saturating_duration_since(self.now.instant));
         Ok(())
+    }
+
+    /// Brings every device's traffic up to now: each running device sends on every tunnel it
+    /// has (the pods keep talking), and hears a tunnel's far end when that end runs, has this
+    /// device among its peers, and neither end's port is blocked; a handshake completes on the
+    /// same condition.
+    fn flow(&mut self) {
+        let secs = self
+            .now
+            .instant
+            .saturating_duration_since(self.flowed)
+            .as_secs();
+        if secs == 0 {
+            return;
+        }
+        self.flowed += Duration::from_secs(secs);
+        let keys: BTreeMap<control::Key, &String> = self
+            .nodes
+            .iter()
+            .map(|(name, n)| (control::Key(*n.key.public_key().as_bytes()), name))
+            .collect();
+        let configs: BTreeMap<&String, Vec<control::Key>> = self
+            .nodes
+            .iter()
+            .filter_map(|(name, n)| {
+                let config = n.running.as_ref()?.twin.engine.config();
+                let peers = config
+                    .peers
+                    .iter()
+                    .map(|p| control::Key(*p.public_key.as_bytes()))
+                    .collect();
+                Some((name, peers))
+            })
+            .collect();
+        for (name, node) in &self.nodes {
+            let Some(running) = &node.running else {
+                continue;
+            };
+            let own = control::Key(*node.key.public_key().as_bytes());
+            let mut handshakes = std::collections::BTreeSet::new();
+            let mut counters = BTreeMap::new();
+            for peer in &configs[name] {
+                let far = keys.get(peer).map(|far| &self.nodes[*far]);
+                let hears = far.is_some_and(|far| {
+                    !node.blocked
+                        && !far.blocked
+                        && configs.get(keys[peer]).is_some_and(|p| p.contains(&own))
+                });
+                let counter = self.traffic.entry((name.clone(), *peer)).or_default();
+                counter.1 += 100 * secs;
+                if hears {
+                    counter.0 += 100 * secs;
+                    handshakes.insert(*peer);
+                }
+                counters.insert(*peer, *counter);
+            }
+            running.twin.engine.set_traffic(counters, handshakes);
+        }
     }
 
     /// Fires `name`'s timers that are due now, each once, and sets the next.

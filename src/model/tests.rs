@@ -86,8 +86,9 @@ fn encode(events: &[Event]) -> Vec<u8> {
             Event::Prefer { node, on } => out.extend([15, node as u8, u8::from(on)]),
             Event::Outage { node, on } => out.extend([16, node as u8, u8::from(on)]),
             Event::OutageAll { on } => out.extend([17, u8::from(on)]),
+            Event::Block { node, on } => out.extend([18, node as u8, u8::from(on)]),
             Event::Peer { which, change } => out.extend([
-                18,
+                19,
                 which as u8,
                 match change {
                     PeerChange::Valid => 0,
@@ -254,4 +255,43 @@ fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
     });
     let error = check::converged(&sim, &BTreeSet::new(), &[]).unwrap_err();
     assert!(error.contains("location l0 has 2 leaders"), "{error}");
+}
+
+/// A leader whose WireGuard port is blocked while its API connection stays up: its tunnels fall
+/// silent, it marks its lease cut off, and a verifier whose standby tunnel completes a handshake
+/// takes the lead; the mesh converges around the new leader, also once the port opens again.
+#[test]
+fn a_leader_whose_port_is_blocked_hands_over_to_a_verifier() {
+    let mut sim = Sim::new().unwrap();
+    for location in [0, 1, 0, 0] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(10)).unwrap();
+    let holder = |sim: &Sim| {
+        sim.cluster.snapshot().leases[&control::leader::lease_name("l0")]
+            .holder
+            .clone()
+            .unwrap()
+    };
+    let blocked = holder(&sim);
+    sim.set_blocked(&blocked, true);
+    let mut waited = 0;
+    while holder(&sim) == blocked {
+        assert!(
+            waited < 60,
+            "{blocked} still leads l0 {waited} s after its port was blocked"
+        );
+        sim.advance(Duration::from_secs(1)).unwrap();
+        waited += 1;
+    }
+    println!(
+        "{blocked}'s port blocked: {} took over after {waited} s",
+        holder(&sim)
+    );
+    sim.advance(Duration::from_secs(30)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    assert_ne!(holder(&sim), blocked);
+    sim.set_blocked(&blocked, false);
+    sim.advance(CONVERGENCE_BOUND).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
 }

@@ -353,6 +353,10 @@ struct EngineState {
     kernel: Option<MemKernel>,
     /// Each change of the configuration, with kg's routes in `kernel` at that moment.
     changes: Vec<(DeviceConfig, RoutePlan)>,
+    /// Bytes received and sent per peer, as a test's network says ([`MemEngine::set_traffic`]).
+    traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
+    /// The peers with a completed handshake, as a test's network says.
+    handshakes: std::collections::BTreeSet<control::Key>,
 }
 
 impl MemEngine {
@@ -385,6 +389,18 @@ impl MemEngine {
     pub fn config(&self) -> DeviceConfig {
         self.state.lock().config.clone()
     }
+
+    /// Sets the bytes received and sent per peer and the peers with a completed handshake, as
+    /// the network around this device would make them (a peer not named has none).
+    pub fn set_traffic(
+        &self,
+        traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
+        handshakes: std::collections::BTreeSet<control::Key>,
+    ) {
+        let mut s = self.state.lock();
+        s.traffic = traffic;
+        s.handshakes = handshakes;
+    }
 }
 
 impl Engine for MemEngine {
@@ -412,10 +428,13 @@ impl Engine for MemEngine {
         Ok(s.config
             .peers
             .iter()
-            .map(|p| DevicePeer {
-                public_key: control::Key(*p.public_key.as_bytes()),
-                endpoint: p.endpoint,
-                has_handshake: false,
+            .map(|p| {
+                let public_key = control::Key(*p.public_key.as_bytes());
+                DevicePeer {
+                    public_key,
+                    endpoint: p.endpoint,
+                    has_handshake: s.handshakes.contains(&public_key),
+                }
             })
             .collect())
     }
@@ -425,7 +444,10 @@ impl Engine for MemEngine {
         Ok(s.config
             .peers
             .iter()
-            .map(|p| (control::Key(*p.public_key.as_bytes()), (0, 0)))
+            .map(|p| {
+                let key = control::Key(*p.public_key.as_bytes());
+                (key, s.traffic.get(&key).copied().unwrap_or_default())
+            })
             .collect())
     }
 }
