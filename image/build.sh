@@ -18,7 +18,7 @@
 #      give one OCI image index (a multi-arch name: a runtime pulls the image of its own
 #      platform), tagged kilotun:<crate version> either way.
 # Two builds of the same commit, toolchain and package versions give the same image digest, per
-# platform and for the index (tests/image.rs checks it). The archive's digest, sizes per platform
+# platform and for the index (tests/real/image.rs checks it). The archive's digest, sizes per platform
 # and package list are printed at the end.
 #
 # Platforms: amd64 (linux/amd64, the default), arm64 (linux/arm64/v8), armv7 (linux/arm/v7, Debian

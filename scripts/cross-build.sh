@@ -38,7 +38,7 @@
 #
 # Needs root (mmdebstrap --mode=root, chroot, mount), and the packages mmdebstrap, util-linux,
 # binutils, and for --test qemu-user-static. Building needs no binfmt_misc; running a foreign
-# binary directly (tests/cross_arch.rs does, through `ip netns exec`) does, and --test mounts
+# binary directly (tests/real/cross_arch.rs does, through `ip netns exec`) does, and --test mounts
 # binfmt_misc if it is not mounted. Concurrent callers share one lock per cache: creation is
 # exclusive, builds share it.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fetch, once, the other userspace WireGuard engines that bench/throughput.sh and tests/interop.rs
-# compare kilotun with, and cache them outside the repository:
+# Fetch, once, the other userspace WireGuard engines that bench/throughput.sh and
+# tests/netns/interop.rs compare kilotun with, and cache them outside the repository:
 #
 #   scripts/engines.sh [ENGINE...]   # default: wireguard-go-2023 gotatun
 #
@@ -14,7 +14,8 @@
 #                      CACHE/boringtun-cli-0.7.1/bin/boringtun-cli
 # where CACHE is ${KILOTUN_CACHE:-/var/cache/kilotun}. For each engine it prints one line,
 # VARIABLE=PATH, on stdout (KILOTUN_WIREGUARD_GO_2023, KILOTUN_GOTATUN, KILOTUN_BORINGTUN_CLI: the
-# variables tests/interop.rs and bench/throughput.sh read), so `export $(scripts/engines.sh)` works.
+# variables tests/netns/interop.rs and bench/throughput.sh read), so
+# `export $(scripts/engines.sh)` works.
 # An engine already in the cache is only printed: no lock, no network.
 #
 # apt runs with a private configuration (its own sources list, package lists and download

@@ -10,7 +10,7 @@
 # encapsulation) and kilotun's interoperability with the kernel's WireGuard cannot be tested on
 # them directly. Debian's kernels have all of those as modules: 6.1 is bookworm's, 5.10 bullseye's
 # (an older long-term kernel: a second data point for the kernel interfaces kilotun and kg use).
-# tests/kernel_vm.rs runs tests/kernel_vm_interop.sh under both.
+# tests/real/kernel_vm.rs runs tests/kernel_vm_interop.sh under both.
 #
 # The kernel is Debian's linux-image-<release>-amd64 package, the one linux-image-amd64 depends on
 # in the suite (bookworm for 6.1, bullseye for 5.10), fetched with `apt-get download` through a

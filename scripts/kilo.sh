@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, once, upstream Kilo's `kg` and `kgctl` (github.com/squat/kilo) for the tests that run real
-# Kilo next to kilotun (tests/real_kube/kilo_peer.rs), and cache them outside the repository.
+# Kilo next to kilotun (tests/real/real_kube/kilo_peer.rs), and cache them outside the repository.
 #
 #   scripts/kilo.sh        # prints (last line of stdout) the cache directory
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A mixed fleet on a kernel that has WireGuard (run inside scripts/kernel-vm.sh by
-# tests/kernel_vm.rs): four kg on the file backend, each a network namespace, in two locations:
+# tests/real/kernel_vm.rs): four kg on the file backend, each a network namespace, in two locations:
 #   n1 (east) --wireguard=kernel, n2 (west) --wireguard=embedded, n3 (west) --wireguard=auto,
 #   n4 (west) --wireguard=embedded --ipip=userspace.
 # Every kg runs with --encapsulate=always, so west's nodes reach each other over IPIP: n2 and n3

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kilotun against the kernel's own WireGuard, and the kernel modules kg relies on, under one of
-# Debian's kernels: what tests/kernel_vm.rs runs inside scripts/kernel-vm.sh's virtual machine
+# Debian's kernels: what tests/real/kernel_vm.rs runs inside scripts/kernel-vm.sh's virtual machine
 # (this machine's kernel has neither wireguard nor ipip):
 #
 #   scripts/kernel-vm.sh --kernel 6.1 -- bash tests/kernel_vm_interop.sh target/ci/kilotun

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod fake_kube;
+pub mod image;
 pub mod pinger;
 pub mod real_kube;
 pub mod webhook;
@@ -51,10 +52,13 @@ pub fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// A short name unique to this process and call: `{prefix}{pid%10000}x{n}`, under 15 bytes.
+/// A short name unique to this process and call, and so among the tests that run at the same
+/// time (nextest runs each test in a process of its own, side by side): `{prefix}{pid}x{n}`,
+/// at most 15 bytes (an interface name's limit) for a two-letter prefix, with the pid under
+/// Linux's largest `pid_max` (seven digits) and fewer than 10,000 names.
 pub fn unique(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}x{n}", std::process::id() % 10000)
+    format!("{prefix}{}x{n}", std::process::id())
 }
 
 /// Runs a command, panicking with its output if it fails.

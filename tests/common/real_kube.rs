@@ -412,7 +412,7 @@ impl Drop for Relay {
 /// a ServiceAccount directory over it in a private mount namespace); removes on drop the
 /// directories it had to create, if they are still empty. Removing a directory detaches the
 /// mounts other mount namespaces have on it, so at most one test at a time may rely on it (one
-/// test in `tests/real_kube/` does).
+/// test in `tests/real/real_kube/` does).
 pub struct SecretsMountPoint {
     created: Vec<PathBuf>,
 }

@@ -399,7 +399,8 @@ mod tests {
     fn a_missing_clone_device_is_named() {
         let err = check_device(Path::new("/surely/absent/net/tun")).unwrap_err();
         assert!(matches!(err, TunError::NoTunDevice), "{err}");
-        // (A denied device is tested end to end, under a devices cgroup, in tests/bad_input.rs.)
+        // (A denied device is tested end to end, under a devices cgroup, in
+        // tests/netns/bad_input.rs.)
     }
 
     #[test]

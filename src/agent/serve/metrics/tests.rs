@@ -199,7 +199,7 @@ fn each_format_follows_its_own_rules() {
         assert!(samples > 20, "{body}");
     }
     // promtool (Debian's prometheus package) lints the 0.0.4 format; it cannot read
-    // OpenMetrics, whose counters Prometheus's own scrapes check in tests/prometheus.rs.
+    // OpenMetrics, whose counters Prometheus's own scrapes check in tests/real/prometheus.rs.
     // Present means `promtool --version` succeeds: under qemu-user (cross-built tests) a missing
     // program is not a spawn error but a child that exits 127.
     if !std::process::Command::new("promtool")

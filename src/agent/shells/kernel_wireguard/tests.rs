@@ -17,7 +17,7 @@ fn peer(seed: u8, ips: &[&str]) -> PeerConfig {
 
 /// The kernel's side of `WG_CMD_SET_DEVICE` (drivers/net/wireguard/netlink.c), as far as
 /// kg uses it: the twin the translation is checked against here; the kernel itself checks
-/// it in tests/kernel_vm.rs.
+/// it in tests/real/kernel_vm.rs.
 fn kernel_set(device: &mut DeviceConfig, message: &WireguardMessage) {
     for attribute in &message.attributes {
         match attribute {

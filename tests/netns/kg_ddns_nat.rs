@@ -1,0 +1,157 @@
+//! End-to-end: DNS endpoints that move (DDNS) and a node behind NAT, with `kg` in network
+//! namespaces on the file backend.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, Dns, NodeSpec};
+
+fn endpoint_of(c: &Cluster, on: &str, peer_name: &str) -> String {
+    let key = c
+        .annotations(peer_name)
+        .get("kilo.squat.ai/key")
+        .cloned()
+        .unwrap_or_default();
+    c.node(on)
+        .wg("endpoints")
+        .lines()
+        .find(|l| !key.is_empty() && l.starts_with(&key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("")
+        .to_string()
+}
+
+fn pings(c: &Cluster, from: &str, to: &str) -> bool {
+    let target = c.node(to).pod_ip.clone();
+    common::ping_ok(&c.node(from).ns.name, &target, Duration::from_secs(1))
+}
+
+#[test]
+fn a_moved_dns_endpoint_is_followed_within_one_resync() {
+    if !common::can_run("a_moved_dns_endpoint_is_followed_within_one_resync")
+        || !common::which("dnsmasq")
+    {
+        eprintln!("(needs dnsmasq too)");
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west", "dns"]);
+    let dns = Dns::start(&mut c, "dns");
+    dns.set("node-b.mesh.test", "192.168.20.2");
+    c.add_node(
+        &NodeSpec {
+            name: "a",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    c.add_node(
+        &NodeSpec {
+            name: "b",
+            location: "west",
+            annotations: &[("kilo.squat.ai/force-endpoint", "node-b.mesh.test:51820")],
+        },
+        2,
+    );
+    for i in 0..2 {
+        c.nodes[i].use_nameserver(&dns.ip);
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let up = c.wait_for(Duration::from_secs(30), |c| {
+        pings(c, "a", "b") && pings(c, "b", "a")
+    });
+    assert!(up, "{}", c.logs());
+    assert_eq!(endpoint_of(&c, "a", "b"), "192.168.20.2:51820");
+    assert_eq!(
+        c.annotations("b")["kilo.squat.ai/endpoint"],
+        "node-b.mesh.test:51820",
+        "the DNS name is published, not the address"
+    );
+
+    // b moves to a new address; the record follows. a must re-resolve on its own: b sends
+    // nothing that would let a learn the new address by roaming.
+    let b = c.node("b");
+    b.ns.run(&["ip", "addr", "del", "192.168.20.2/24", "dev", "eth0"]);
+    b.ns.run(&["ip", "addr", "add", "192.168.20.12/24", "dev", "eth0"]);
+    b.ns.run(&["ip", "route", "replace", "default", "via", "192.168.20.254"]);
+    dns.set("node-b.mesh.test", "192.168.20.12");
+    let followed = c.wait_for(Duration::from_secs(6), |c| {
+        endpoint_of(c, "a", "b") == "192.168.20.12:51820"
+    });
+    assert!(
+        followed,
+        "a still sends to {:?}\n{}",
+        endpoint_of(&c, "a", "b"),
+        c.logs()
+    );
+    let resumed = c.wait_for(Duration::from_secs(20), |c| {
+        pings(c, "a", "b") && pings(c, "b", "a")
+    });
+    assert!(resumed, "{}", c.logs());
+
+    // The DNS server goes away: the last good address stays in use and traffic keeps flowing.
+    drop(dns);
+    let failed = c.wait_for(Duration::from_secs(12), |c| {
+        c.node("a")
+            .log_text()
+            .contains("DNS lookup failed; keeping the last good address")
+    });
+    assert!(failed, "{}", c.node("a").log_text());
+    assert_eq!(endpoint_of(&c, "a", "b"), "192.168.20.12:51820");
+    assert!(pings(&c, "a", "b"), "{}", c.logs());
+}
+
+#[test]
+fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
+    if !common::can_run("a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint")
+        || !common::which("iptables")
+    {
+        eprintln!("(needs iptables too)");
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    c.add_node(
+        &NodeSpec {
+            name: "a",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    let (_, nat_ip) = c.add_nated_node(
+        &NodeSpec {
+            name: "b",
+            location: "west",
+            annotations: &[("kilo.squat.ai/persistent-keepalive", "2")],
+        },
+        2,
+    );
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    // b publishes its private 10.99.2.2 (unreachable from a); a learns the NAT's address.
+    let up = c.wait_for(Duration::from_secs(30), |c| {
+        pings(c, "a", "b") && pings(c, "b", "a")
+    });
+    assert!(up, "{}", c.logs());
+    assert_eq!(
+        c.annotations("b")["kilo.squat.ai/endpoint"],
+        "10.99.2.2:51820"
+    );
+    assert!(
+        endpoint_of(&c, "a", "b").starts_with(&format!("{nat_ip}:")),
+        "{}",
+        endpoint_of(&c, "a", "b")
+    );
+    let published = c.wait_for(Duration::from_secs(10), |c| {
+        c.annotations("a")
+            .get("kilo.squat.ai/discovered-endpoints")
+            .is_some_and(|v| v.contains(&format!("\"IP\":\"{nat_ip}\"")))
+    });
+    assert!(published, "{:?}\n{}", c.annotations("a"), c.logs());
+    // Several resyncs later the session still holds (no reconfiguration back to 10.99.2.2).
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(endpoint_of(&c, "a", "b").starts_with(&format!("{nat_ip}:")));
+    assert!(pings(&c, "a", "b") && pings(&c, "b", "a"), "{}", c.logs());
+}

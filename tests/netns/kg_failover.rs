@@ -1,0 +1,420 @@
+//! End-to-end: leaders that fail over in seconds (file backend, network namespaces). A node of
+//! the other location pings a non-leader's pod every 100 ms through the leader while the leader
+//! is killed with its links cut, cordoned, or has its WireGuard port blocked; the longest gap
+//! between replies is printed and bounded. A recovered leader does not take the lead back, and a
+//! leader whose whole location is cut off keeps the lead (no candidate could do better).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::pinger::Pinger;
+
+/// n1 and n2 in east, n3 in west, meshed. Returns the cluster, east's leader (the lease
+/// holder: whichever node took the lease first) and the other east node with its pod address.
+fn east_west() -> (Cluster, (usize, &'static str), (&'static str, &'static str)) {
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for i in 0..3 {
+        c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
+    }
+    let leads = |c: &Cluster| c.leading(&["n1", "n2"]);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok()
+            && leads(c).len() == 1
+            && c.lease_holder("east") == leads(c).first().cloned()
+    });
+    assert!(
+        meshed,
+        "{:?} lease {:?} leading {:?}\n{}",
+        c.all_pods_reachable(),
+        c.lease_holder("east"),
+        leads(&c),
+        c.logs()
+    );
+    if leads(&c)[0] == "n1" {
+        (c, (0, "n1"), ("n2", "10.42.2.1"))
+    } else {
+        (c, (1, "n2"), ("n1", "10.42.1.1"))
+    }
+}
+
+/// [`east_west`], with n3 pinging the east node that does not lead, through the leader.
+fn east_west_pinging() -> (Cluster, (usize, &'static str), &'static str, Pinger) {
+    let (c, leader, (other, other_pod)) = east_west();
+    let pinger = Pinger::start(&c.node("n3").ns.name, other_pod);
+    let flowing = pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10),
+    );
+    assert!(flowing, "{}", c.logs());
+    (c, leader, other, pinger)
+}
+
+/// Sets `spec.unschedulable` on Node `name` in the cluster directory, as `kubectl cordon` does.
+fn cordon(c: &Cluster, name: &str) {
+    let path = c.dir.join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    value["spec"]["unschedulable"] = serde_yaml::Value::Bool(true);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_yaml::to_string(&value).unwrap()).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+#[test]
+fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
+    if !common::can_run("a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back")
+    {
+        return;
+    }
+    let (mut c, (leader_index, leader), other, pinger) = east_west_pinging();
+
+    // n1 dies: kg killed, its links cut.
+    let killed = Instant::now();
+    c.nodes[leader_index].kill();
+    c.node(leader)
+        .ns
+        .run(&["ip", "link", "set", "eth0", "down"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "dead leader: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(gap < Duration::from_secs(10), "gap {gap:?}\n{}", c.logs());
+    let taken = c.wait_for(Duration::from_secs(5), |c| {
+        c.lease_holder("east").as_deref() == Some(other)
+    });
+    assert!(taken, "{:?}\n{}", c.lease_holder("east"), c.logs());
+    // kgctl reads the leases too: the new leader has a configuration, the old one none.
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let kgctl = |node: &str| {
+        common::output(&[
+            common::cluster::kgctl_bin(),
+            "--backend=file",
+            &dir,
+            "showconf",
+            "node",
+            node,
+        ])
+    };
+    assert!(String::from_utf8_lossy(&kgctl(other).stdout).contains("[Peer]"));
+    assert!(String::from_utf8_lossy(&kgctl(leader).stderr).contains("is not a leader node"));
+
+    // The old leader comes back: the new one keeps the lead (hold-down), and only one leads.
+    c.node(leader).ns.run(&["ip", "link", "set", "eth0", "up"]);
+    c.start_kg(
+        leader_index,
+        &["--encapsulate=never", "--leader-election=lease"],
+    );
+    let since = Instant::now();
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        c.lease_holder("east").as_deref(),
+        Some(other),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(c.leading(&["n1", "n2"]), [other], "{}", c.logs());
+    // Its saved peers are a leader's: it did not bring them back, not even until its first
+    // reconcile, and it never configured itself as a leader.
+    let log = c.node(leader).log_text();
+    assert!(
+        log.contains(&format!(
+            "not restoring the WireGuard peers of the last run: {other} holds the lease of location east now"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WireGuard configuration applied") && l.contains("leader=true")),
+        "{log}"
+    );
+    assert!(pinger.replies_since(since) > 100);
+    let gap = pinger.longest_gap_after(since);
+    assert!(
+        gap < Duration::from_secs(1),
+        "the return of {leader} cost {gap:?}"
+    );
+}
+
+#[test]
+fn a_cordoned_leader_hands_over_before_it_goes() {
+    if !common::can_run("a_cordoned_leader_hands_over_before_it_goes") {
+        return;
+    }
+    let (c, (_, leader), other, pinger) = east_west_pinging();
+    let cordoned = Instant::now();
+    cordon(&c, leader);
+    let moved = c.wait_for(Duration::from_secs(10), |c| {
+        c.lease_holder("east").as_deref() == Some(other)
+    });
+    assert!(moved, "{}", c.logs());
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(cordoned);
+    let sent = (cordoned.elapsed().as_millis() / 100) as usize;
+    let lost = sent.saturating_sub(pinger.replies_since(cordoned));
+    eprintln!(
+        "cordoned leader: longest gap {:.1} s, about {lost} of the pings lost",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
+    assert_eq!(c.leading(&["n1", "n2"]), [other], "{}", c.logs());
+}
+
+#[test]
+fn a_leader_with_its_port_blocked_gives_up_the_lead() {
+    if !common::can_run("a_leader_with_its_port_blocked_gives_up_the_lead") {
+        return;
+    }
+    let (c, (_, leader), other, pinger) = east_west_pinging();
+    let blocked = Instant::now();
+    c.node(leader).block_wireguard();
+    let back = pinger.wait_flowing(blocked, Duration::from_secs(45));
+    let gap = pinger.longest_gap_after(blocked);
+    eprintln!(
+        "blocked leader: traffic back after a gap of {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "traffic never came back\n{}", c.logs());
+    assert!(gap < Duration::from_secs(30), "gap {gap:?}\n{}", c.logs());
+    assert_eq!(
+        c.lease_holder("east").as_deref(),
+        Some(other),
+        "{}",
+        c.logs()
+    );
+    // It went to a candidate that had shown it reaches west, not blindly to the next one.
+    let taken = c.wait_for(Duration::from_secs(5), |c| {
+        c.node(other)
+            .log_text()
+            .contains("is cut off and this node has a handshake with the leader of west")
+    });
+    assert!(taken, "{}", c.logs());
+}
+
+/// Whether east's lease file carries the cut-off mark.
+fn marked_cut_off(c: &Cluster) -> bool {
+    std::fs::read_to_string(c.dir.join("lease-kilotun-leader-east.yaml"))
+        .is_ok_and(|t| t.contains("kilotun.io/cut-off"))
+}
+
+#[test]
+fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
+    if !common::can_run("a_leader_cut_off_with_its_whole_location_keeps_the_lead") {
+        return;
+    }
+    let (c, (_, leader), other, pinger) = east_west_pinging();
+    // East sends to west too (through its leader), so the leader's tunnel sends while it hears
+    // nothing.
+    let outbound = Pinger::start(&c.node(other).ns.name, "10.42.3.1");
+    assert!(outbound.wait_flowing(Instant::now(), Duration::from_secs(10)));
+    // West's only node stops WireGuard both ways: every east node is as cut off as the leader,
+    // so handing the lead around would only churn.
+    let block = |op: &str| {
+        for chain in ["INPUT", "OUTPUT"] {
+            c.node("n3").ns.run(&[
+                "iptables", op, chain, "-p", "udp", "--dport", "51820", "-j", "DROP",
+            ]);
+        }
+    };
+    block("-I");
+    let marked = c.wait_for(Duration::from_secs(25), marked_cut_off);
+    assert!(marked, "east's leader never marked its lease\n{}", c.logs());
+    std::thread::sleep(Duration::from_secs(15));
+    assert_eq!(
+        c.lease_holder("east").as_deref(),
+        Some(leader),
+        "{}",
+        c.logs()
+    );
+    assert!(marked_cut_off(&c), "{}", c.logs());
+    assert!(
+        !c.node(other).log_text().contains("taking the lead"),
+        "{}",
+        c.logs()
+    );
+    // West hears again: traffic flows through the same leader and the mark goes.
+    let unblocked = Instant::now();
+    block("-D");
+    let back = pinger.wait_flowing(unblocked, Duration::from_secs(20))
+        && outbound.wait_flowing(unblocked, Duration::from_secs(20));
+    assert!(back, "traffic never came back\n{}", c.logs());
+    let cleared = c.wait_for(Duration::from_secs(10), |c| !marked_cut_off(c));
+    assert!(cleared, "{}", c.logs());
+    assert_eq!(
+        c.lease_holder("east").as_deref(),
+        Some(leader),
+        "{}",
+        c.logs()
+    );
+    eprintln!(
+        "east cut off as a whole: lead kept by {leader}, traffic back {:.1} s after west heard again",
+        pinger.longest_gap_after(unblocked).as_secs_f64()
+    );
+}
+
+#[test]
+fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
+    if !common::can_run("three_leaders_dying_in_a_row_are_each_replaced_within_seconds") {
+        return;
+    }
+    let east = ["n1", "n2", "n4", "n5"];
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[
+            ("n1", "east"),
+            ("n2", "east"),
+            ("n3", "west"),
+            ("n4", "east"),
+            ("n5", "east"),
+        ],
+    );
+    for i in 0..5 {
+        c.start_kg(i, &["--encapsulate=never", "--leader-election=lease"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok() && c.leading(&east).len() == 1
+    });
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    // Kilo's rule makes the other east nodes leaders in name order, so the last of them by
+    // name survives the three deaths: n3 (west) pings its pod throughout.
+    let first = c.leading(&east)[0].clone();
+    let survivor = *east.iter().rev().find(|n| **n != first).unwrap();
+    let pinger = Pinger::start(&c.node("n3").ns.name, &c.node(survivor).pod_ip);
+    assert!(
+        pinger.wait_flowing(Instant::now(), Duration::from_secs(10)),
+        "{}",
+        c.logs()
+    );
+    let mut dead: Vec<String> = Vec::new();
+    for death in 1..=3 {
+        let leader = c
+            .leading(&east)
+            .into_iter()
+            .find(|n| !dead.contains(n))
+            .unwrap_or_else(|| panic!("no live leader before death {death}\n{}", c.logs()));
+        let index = c.nodes.iter().position(|n| n.name == leader).unwrap();
+        // The leader dies: kg killed, its links cut. Its Node still looks ready for a minute.
+        let killed = Instant::now();
+        c.nodes[index].kill();
+        c.node(&leader)
+            .ns
+            .run(&["ip", "link", "set", "eth0", "down"]);
+        dead.push(leader.clone());
+        let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+        let gap = pinger.longest_gap_after(killed);
+        eprintln!(
+            "leader death {death} ({leader}): traffic back after a gap of {:.1} s",
+            gap.as_secs_f64()
+        );
+        assert!(back, "death {death}: traffic never came back\n{}", c.logs());
+        // About 5 to 8 s alone on the machine; the bound leaves room for the other tests of
+        // this file running beside it on two cores (10.5 s was seen once in CI).
+        assert!(
+            gap < Duration::from_secs(13),
+            "death {death}: gap {gap:?}\n{}",
+            c.logs()
+        );
+        // The new leader writes the lease at its next lease step (every 2 s).
+        let taken = c.wait_for(Duration::from_secs(5), |c| {
+            c.lease_holder("east").is_some_and(|h| !dead.contains(&h))
+        });
+        assert!(
+            taken,
+            "death {death}: the lease is still {:?}\n{}",
+            c.lease_holder("east"),
+            c.logs()
+        );
+        // Let the pinger see a stable stretch before the next death.
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert_eq!(c.lease_holder("east").as_deref(), Some(survivor));
+}
+
+#[test]
+fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
+    if !common::can_run("a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates") {
+        return;
+    }
+    // East runs kilotun with leases; west's node still elects by Kilo's rule (as Kilo's own
+    // agent does, for every location). East must follow Kilo's rule too, or the two sides
+    // would disagree about east's leader.
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    let lease = ["--encapsulate=never", "--leader-election=lease"];
+    let kilo = ["--encapsulate=never", "--leader-election=kilo"];
+    c.start_kg(0, &lease);
+    c.start_kg(1, &lease);
+    c.start_kg(2, &kilo);
+    let meshed = c.wait_for(Duration::from_secs(40), |c| {
+        c.all_pods_reachable().is_ok() && c.leading(&["n1", "n2"]) == ["n1"]
+    });
+    assert!(meshed, "{:?}\n{}", c.leading(&["n1", "n2"]), c.logs());
+    // Kilo's rule decides; its leader keeps east's lease current in its own name meanwhile.
+    let mirrored = c.wait_for(Duration::from_secs(5), |c| {
+        c.lease_holder("east").as_deref() == Some("n1")
+    });
+    assert!(mirrored, "{:?}\n{}", c.lease_holder("east"), c.logs());
+    assert!(
+        c.node("n1")
+            .log_text()
+            .contains("leaders are chosen by Kilo's rule: 1 ready node(s), n3 first"),
+        "{}",
+        c.logs()
+    );
+    let pinger = Pinger::start(&c.node("n3").ns.name, "10.42.2.1");
+    assert!(pinger.wait_flowing(Instant::now(), Duration::from_secs(10)));
+
+    // East's leader restarts: by Kilo's rule it stays the leader, and its next kg shakes hands
+    // at once.
+    let restarted = Instant::now();
+    c.nodes[0].kill();
+    c.start_kg(0, &lease);
+    assert!(pinger.wait_flowing(restarted, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(restarted);
+    eprintln!(
+        "mixed cluster, east's leader restarted: longest gap {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap <= Duration::from_millis(1500),
+        "gap {gap:?}\n{}",
+        c.logs()
+    );
+
+    // West's node migrates to leases (its agent replaced in place): now every node agrees to
+    // leases, and east's first lease goes to the leader Kilo's rule had chosen.
+    let migrated = Instant::now();
+    c.nodes[2].kill();
+    c.start_kg(2, &lease);
+    let leased = c.wait_for(Duration::from_secs(15), |c| {
+        c.lease_holder("east").as_deref() == Some("n1")
+    });
+    assert!(leased, "{:?}\n{}", c.lease_holder("east"), c.logs());
+    assert!(pinger.wait_flowing(migrated, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = pinger.longest_gap_after(migrated);
+    eprintln!(
+        "mixed cluster, the last Kilo-rule node migrated: longest gap {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(gap <= Duration::from_secs(2), "gap {gap:?}\n{}", c.logs());
+    assert_eq!(c.leading(&["n1", "n2"]), ["n1"], "no leader moved");
+    assert!(c
+        .node("n1")
+        .log_text()
+        .contains("leaders are chosen by lease"));
+}

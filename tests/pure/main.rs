@@ -1,0 +1,14 @@
+//! The `pure` tier: tests that need no root, no network namespace and no external server (the
+//! documentation, the source tree's layout, the vendored crate, kg on in-memory twins, the
+//! device plugin against an in-process kubelet). `cargo nextest run --test pure` runs them
+//! anywhere; `.config/nextest.toml` says how CI runs the three tiers.
+
+#[path = "../markdown/mod.rs"]
+mod markdown;
+
+mod device_plugin;
+mod docs;
+mod handover_order;
+mod layout;
+mod quiet_events;
+mod vendored;
