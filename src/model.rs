@@ -20,7 +20,7 @@ pub mod events;
 pub mod sim;
 
 use events::{Event, PeerChange, BROKEN_ANNOTATIONS, LOCATIONS, MAX_NODES};
-use sim::Sim;
+use sim::{Election, Sim};
 
 /// How long after the last fault every surviving node must have converged: a dead node's
 /// check-in window (60 s after its last check-in, which is at most 30 s old), then a resync.
@@ -59,15 +59,22 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// Runs the sequence `input` decodes to, on three nodes in as many locations to begin with,
-/// checking the invariants after each event and convergence at the end.
+/// Runs the sequence `input` stands for, on three nodes in as many locations to begin with,
+/// checking the invariants after each event and convergence at the end. The first byte's low
+/// bit chooses the leader election (set: Kilo's rule, clear: leases), the rest decodes to the
+/// events ([`events::decode`]).
 pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
-    let mut history = Vec::new();
+    let (election, input) = match input.split_first() {
+        Some((first, rest)) if first & 1 == 1 => (Election::Kilo, rest),
+        Some((_, rest)) => (Election::Lease, rest),
+        None => (Election::Lease, input),
+    };
+    let mut history = vec![format!("leaders chosen by {election:?}")];
     let fail = |what: String, history: &[String]| Violation {
         what,
         history: history.to_vec(),
     };
-    let mut sim = Sim::new().map_err(|e| fail(format!("{e:#}"), &history))?;
+    let mut sim = Sim::new(election).map_err(|e| fail(format!("{e:#}"), &history))?;
     let mut model = Model::default();
     for location in 0..LOCATIONS {
         let event = Event::Join { location };

@@ -43,6 +43,11 @@ pub(super) struct Leases {
     /// the last lease step: it takes over only on a second step in a row, so a holder that
     /// hears again at the same moment clears its mark first and keeps the lead.
     standby_confirmed: bool,
+    /// The last moment (Unix milliseconds) the backend was reachable.
+    reachable_ms: Option<i64>,
+    /// While the backend is unreachable: the moment leases are judged at (see
+    /// [`Leases::observe_backend`]).
+    frozen_ms: Option<i64>,
 }
 
 impl Leases {
@@ -64,6 +69,32 @@ impl Leases {
             );
             self.changed = true;
         }
+    }
+
+    /// Notes whether the backend is reachable at `now_ms`. While it is not, no lease can be
+    /// renewed or seen renewed, so judged by the clock every holder would look dead and every
+    /// location would change leaders at once, for nothing: leases are judged as of the last
+    /// moment the backend was reached ([`Leases::judged_at`]), as other nodes' check-ins are.
+    /// When it is back, every lease seen before counts as renewed then, so a holder that died
+    /// meanwhile is replaced one lease duration later and a live one renews first.
+    pub(super) fn observe_backend(&mut self, reachable: bool, now_ms: i64) {
+        if reachable {
+            if self.frozen_ms.take().is_some() {
+                for seen in self.seen.values_mut() {
+                    seen.observed_ms = seen.observed_ms.max(now_ms);
+                }
+                self.changed = true;
+            }
+            self.reachable_ms = Some(now_ms);
+        } else if self.frozen_ms.is_none() {
+            self.frozen_ms = Some(self.reachable_ms.unwrap_or(now_ms));
+        }
+    }
+
+    /// The moment leases are judged at, `now_ms` or, while the backend is unreachable, the
+    /// last moment it was reached.
+    pub(super) fn judged_at(&self, now_ms: i64) -> i64 {
+        self.frozen_ms.map_or(now_ms, |frozen| frozen.min(now_ms))
     }
 
     /// The leases as this node judges them: renewed when it saw them change.

@@ -129,6 +129,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             || self.memo.host.is_none()
             || self.memo.detection != detection;
         let healthy = self.backend.healthy() && !self.patch_failed;
+        self.memo.leases.observe_backend(healthy, now.unix_ms);
         let was_frozen = self.readiness.is_frozen();
         let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
         self.readiness.observe(now_unix, healthy, grace);
@@ -206,7 +207,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             let electors = nodes
                 .iter()
                 .filter(|n| n.name != local.name || n.is_ready(readiness_now));
-            leaders_changed = self.memo.leases.elect(electors, now.unix_ms);
+            let judged_at = self.memo.leases.judged_at(now.unix_ms);
+            leaders_changed = self.memo.leases.elect(electors, judged_at);
             ready = Some(nodes);
             self.stages.lap(Stage::Leases, started);
         }

@@ -10,7 +10,7 @@ use control::leader::lease_name;
 use control::routes::MAIN_TABLE;
 use ipnet::IpNet;
 
-use super::sim::{Sim, SimNode};
+use super::sim::{Election, Sim, SimNode};
 
 /// A peer of a device: its public key (hex) and allowed IPs.
 type DevicePeers = Vec<(String, Vec<IpNet>)>;
@@ -126,24 +126,39 @@ pub fn converged(
                 .and_then(|o| o.metadata.annotations.clone())
                 .is_some_and(|a| a.contains_key(super::sim::PREFERRED))
         };
-        if cordoned(leader) && nodes.iter().any(|(n, _)| !cordoned(n)) {
-            return Err(format!(
-                "location {location} is led by cordoned {leader} though an uncordoned node runs"
-            ));
-        }
-        if !preferred(leader) && nodes.iter().any(|(n, _)| preferred(n) && !cordoned(n)) {
-            return Err(format!(
-                "location {location} is led by {leader}, not by its node annotated kilo.squat.ai/leader"
-            ));
-        }
-        let holder = snapshot
-            .leases
-            .get(&lease_name(location))
-            .and_then(|l| l.holder.clone());
-        if holder.as_deref() != Some(leader.as_str()) {
-            return Err(format!(
-                "location {location} is led by {leader} but its lease names {holder:?}"
-            ));
+        match sim.election {
+            Election::Lease => {
+                if cordoned(leader) && nodes.iter().any(|(n, _)| !cordoned(n)) {
+                    return Err(format!(
+                        "location {location} is led by cordoned {leader} though an uncordoned node runs"
+                    ));
+                }
+                if !preferred(leader) && nodes.iter().any(|(n, _)| preferred(n) && !cordoned(n)) {
+                    return Err(format!(
+                        "location {location} is led by {leader}, not by its node annotated kilo.squat.ai/leader"
+                    ));
+                }
+                let holder = snapshot
+                    .leases
+                    .get(&lease_name(location))
+                    .and_then(|l| l.holder.clone());
+                if holder.as_deref() != Some(leader.as_str()) {
+                    return Err(format!(
+                        "location {location} is led by {leader} but its lease names {holder:?}"
+                    ));
+                }
+            }
+            Election::Kilo => {
+                // Kilo's rule among the running nodes (all on private addresses here): the
+                // first annotated one by name, else the first by name.
+                let first_preferred = nodes.iter().map(|(n, _)| *n).find(|n| preferred(n));
+                let expected = first_preferred.unwrap_or(nodes[0].0);
+                if leader != expected {
+                    return Err(format!(
+                        "location {location} is led by {leader}, where Kilo's rule picks {expected}"
+                    ));
+                }
+            }
         }
         let node = nodes.iter().find(|(n, _)| *n == leader).expect("listed");
         leaders.insert(location, *node);

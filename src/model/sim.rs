@@ -67,6 +67,15 @@ pub struct Running {
     pub last_error: Option<String>,
 }
 
+/// How the agents choose their locations' leaders (`--leader-election`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Election {
+    /// By lease: the elected leader holds its location's lease, a cut-off holder hands over.
+    Lease,
+    /// By Kilo's rule alone: the annotated node first, then the first by name, among the ready.
+    Kilo,
+}
+
 /// The model: a cluster, its nodes and the clock.
 pub struct Sim {
     runtime: tokio::runtime::Runtime,
@@ -78,6 +87,8 @@ pub struct Sim {
     pub now: Now,
     dir: PathBuf,
     joined: u8,
+    /// How every agent chooses leaders.
+    pub election: Election,
     /// Bytes received and sent so far by each node's device, per peer.
     traffic: BTreeMap<(String, control::Key), (u64, u64)>,
     /// When the traffic was last brought up to date.
@@ -91,8 +102,9 @@ impl Drop for Sim {
 }
 
 impl Sim {
-    /// An empty cluster at a fixed moment, its files in a fresh directory.
-    pub fn new() -> Result<Self> {
+    /// An empty cluster at a fixed moment whose agents choose leaders by `election`, its files
+    /// in a fresh directory.
+    pub fn new(election: Election) -> Result<Self> {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kilotun-model-{}-{n}", std::process::id()));
@@ -111,6 +123,7 @@ impl Sim {
             },
             dir,
             joined: 0,
+            election,
             traffic: BTreeMap::new(),
             flowed: start,
         })
@@ -185,7 +198,7 @@ impl Sim {
             let _ = std::fs::remove_file(state::path(&key_file));
         }
         let restored = state::load(&key_file, &node.key)?;
-        let args = agent_args(name, &key_file);
+        let args = agent_args(name, &key_file, self.election);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let start = Start {
             key: node.key.clone(),
@@ -460,9 +473,9 @@ impl Sim {
     }
 }
 
-/// The flags every model agent runs with: Kilo's defaults but leases for leader election, no
-/// CNI file and no encapsulation inside a location (the twins have no tunnel).
-fn agent_args(name: &str, key_file: &std::path::Path) -> Vec<String> {
+/// The flags every model agent runs with: Kilo's defaults but the leader election asked for,
+/// no CNI file and no encapsulation inside a location (the twins have no tunnel).
+fn agent_args(name: &str, key_file: &std::path::Path, election: Election) -> Vec<String> {
     vec![
         // (The backend is given to the agent directly; the flags must only parse.)
         "--backend=file".to_string(),
@@ -473,7 +486,11 @@ fn agent_args(name: &str, key_file: &std::path::Path) -> Vec<String> {
         format!("--hostname={name}"),
         format!("--key-file={}", key_file.display()),
         "--cni=false".to_string(),
-        "--leader-election=lease".to_string(),
+        match election {
+            Election::Lease => "--leader-election=lease",
+            Election::Kilo => "--leader-election=kilo",
+        }
+        .to_string(),
         "--encapsulate=never".to_string(),
         format!("--resync-period={}s", RESYNC.as_secs()),
     ]

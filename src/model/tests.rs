@@ -2,6 +2,7 @@
 //! and a few written by hand for the faults the namespace tests used to try one at a time.
 
 use super::*;
+use sim::Election;
 
 /// A byte string from `seed` (xorshift64*), `len` long.
 fn random_input(seed: u64, len: usize) -> Vec<u8> {
@@ -118,31 +119,126 @@ fn events_encode_to_the_bytes_they_decode_from() {
     assert_eq!(events::decode(&encode(&events)), events);
 }
 
-/// Each scenario the namespace tests tried one at a time, as a sequence: two more nodes in
-/// location l0 (n04, n05), then the fault.
-fn scenario(fault: &[Event]) -> Vec<u8> {
+/// Each scenario the namespace tests tried one at a time, as a sequence with leaders chosen by
+/// `election`: two more nodes in location l0 (n04, n05), then the fault.
+fn scenario_by(election: Election, fault: &[Event]) -> Vec<u8> {
     let mut events = vec![
         Event::Join { location: 0 },
         Event::Join { location: 0 },
         Event::Wait { secs: 10 },
     ];
     events.extend_from_slice(fault);
-    encode(&events)
+    let mut input = vec![u8::from(election == Election::Kilo)];
+    input.extend(encode(&events));
+    input
+}
+
+/// [`scenario_by`] with leases.
+fn scenario(fault: &[Event]) -> Vec<u8> {
+    scenario_by(Election::Lease, fault)
 }
 
 #[test]
 fn a_leader_killed_and_restarted_with_or_without_its_state() {
-    for with_saved_state in [true, false] {
-        let input = scenario(&[
-            Event::Kill { node: 0 },
-            Event::Wait { secs: 20 },
-            Event::Restart {
-                node: 0,
-                with_saved_state,
-            },
-        ]);
-        must_pass(&input, "kill and restart");
+    for election in [Election::Lease, Election::Kilo] {
+        for with_saved_state in [true, false] {
+            let input = scenario_by(
+                election,
+                &[
+                    Event::Kill { node: 0 },
+                    Event::Wait { secs: 20 },
+                    Event::Restart {
+                        node: 0,
+                        with_saved_state,
+                    },
+                ],
+            );
+            must_pass(&input, &format!("kill and restart, {election:?}"));
+        }
     }
+}
+
+/// With Kilo's rule, a leader that dies (and stays dead) is replaced once its check-in expires:
+/// its location's next node by name leads within a check-in window (60 s after its last
+/// check-in, at most 30 s old) and a lease step, and the mesh forms around it.
+#[test]
+fn a_lost_leader_is_replaced_after_its_check_in_expires() {
+    let mut sim = Sim::new(Election::Kilo).unwrap();
+    for location in [0, 1, 0] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(10)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    let leads = |sim: &Sim, name: &str| {
+        let kernel = &sim.nodes[name].kernel;
+        kernel.link_up("kilo0") && !kernel.addresses_on("kilo0").is_empty()
+    };
+    assert!(leads(&sim, "n01"), "Kilo's rule picks n01 in l0 first");
+    sim.kill("n01");
+    let mut waited = 0;
+    while !leads(&sim, "n03") {
+        assert!(
+            waited < 95,
+            "n03 does not lead l0 {waited} s after n01 died"
+        );
+        sim.advance(Duration::from_secs(1)).unwrap();
+        waited += 1;
+    }
+    assert!(
+        waited >= 30,
+        "n03 took over after {waited} s, before n01's check-in could expire"
+    );
+    println!("l0's leader n01 lost: n03 leads after {waited} s");
+    sim.advance(Duration::from_secs(5)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+}
+
+/// The API server gone for longer than the check-in window: the agents keep the mesh they had,
+/// nothing changes on any host (no peer, route or link address), and a change made once it is
+/// back reaches them all.
+#[test]
+fn an_api_outage_longer_than_the_check_in_window_changes_nothing_on_the_hosts() {
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    for location in [0, 1, 0, 1] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(10)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    let hosts = |sim: &Sim| -> Vec<String> {
+        sim.nodes
+            .values()
+            .map(|n| {
+                let engine = n.running.as_ref().unwrap().twin.engine.config();
+                format!(
+                    "{:?} {:?} {:?}",
+                    engine.peers,
+                    n.kernel.routes(),
+                    n.kernel.addresses_on("kilo0")
+                )
+            })
+            .collect()
+    };
+    let before = hosts(&sim);
+    let names: Vec<String> = sim.nodes.keys().cloned().collect();
+    for name in &names {
+        sim.set_outage(name, true);
+    }
+    sim.advance(Duration::from_secs(80)).unwrap();
+    let after = hosts(&sim);
+    for (was, is) in before.iter().zip(&after) {
+        assert_eq!(was, is, "a host changed during the outage");
+    }
+    for name in &names {
+        sim.set_outage(name, false);
+    }
+    sim.join("l1").unwrap();
+    sim.advance(Duration::from_secs(10)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    assert_ne!(
+        hosts(&sim),
+        before,
+        "the node that joined after the outage reached the mesh"
+    );
 }
 
 #[test]
@@ -192,7 +288,7 @@ fn cordoned_preferred_moved_and_malformed_nodes_and_peers() {
 fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
     use dataplane::PeerConfig;
     let converged = || {
-        let mut sim = Sim::new().unwrap();
+        let mut sim = Sim::new(Election::Lease).unwrap();
         for location in [0, 1, 0] {
             sim.join(&format!("l{location}")).unwrap();
         }
@@ -262,7 +358,7 @@ fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
 /// takes the lead; the mesh converges around the new leader, also once the port opens again.
 #[test]
 fn a_leader_whose_port_is_blocked_hands_over_to_a_verifier() {
-    let mut sim = Sim::new().unwrap();
+    let mut sim = Sim::new(Election::Lease).unwrap();
     for location in [0, 1, 0, 0] {
         sim.join(&format!("l{location}")).unwrap();
     }

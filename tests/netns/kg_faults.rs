@@ -1,4 +1,7 @@
-//! Fault tests: what happens to pod traffic when `kg` itself fails.
+//! Fault tests: what happens to pod traffic when `kg` itself fails. What the agents decide under
+//! faults (an API outage longer than the check-in window, a lost leader replaced once its
+//! check-in expires, compound faults) is checked against a model in `src/model/`; these keep
+//! what only real packets show.
 
 use crate::common;
 
@@ -121,78 +124,6 @@ fn a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_ping
     assert!(
         !log.contains("restored the WireGuard peers")
             && log.contains("starting handshakes with every peer at once"),
-        "{}",
-        c.logs()
-    );
-}
-
-#[test]
-fn a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh() {
-    if !common::can_run("a_cluster_dir_outage_keeps_traffic_on_the_last_good_mesh") {
-        return;
-    }
-    let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
-
-    // The backend disappears for 80 s: longer than a node's check-in window (60 s), so judged
-    // by the wall clock every other node would have been dropped.
-    let away = c.work.join("cluster-away");
-    std::fs::rename(&c.dir, &away).unwrap();
-    let n2 = c.node("n2");
-    let (got, text) =
-        common::ping_series_received(&n2.ns.name, &n2.pod_ip, &c.node("n3").pod_ip, 800);
-    assert!(
-        got >= 798,
-        "{} of 800 pings lost during the outage:\n{text}\n{}",
-        800 - got,
-        c.logs()
-    );
-    assert!(
-        c.node("n1")
-            .log_text()
-            .contains("the backend is unreachable"),
-        "{}",
-        c.logs()
-    );
-    std::fs::rename(&away, &c.dir).unwrap();
-
-    // kg picks the backend up again by itself: a change made now reaches the mesh.
-    c.annotate(
-        "n3",
-        &[("kilo.squat.ai/allowed-location-ips", Some("10.77.0.0/24"))],
-    );
-    let applied = c.wait_for(Duration::from_secs(20), |c| {
-        c.node("n1").wg("allowed-ips").contains("10.77.0.0/24")
-    });
-    assert!(applied, "{}\n{}", c.node("n1").wg("allowed-ips"), c.logs());
-    assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
-}
-
-#[test]
-fn a_lost_leader_is_replaced_after_its_check_in_expires() {
-    if !common::can_run("a_lost_leader_is_replaced_after_its_check_in_expires") {
-        return;
-    }
-    let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
-
-    // n1, east's leader, dies: its kg is killed (no clean-up) and its network is cut.
-    let lost_at = std::time::Instant::now();
-    c.nodes[0].kill();
-    c.node("n1").ns.run(&["ip", "link", "set", "eth0", "down"]);
-    let n2 = c.node("n2").pod_ip.clone();
-    let n3 = c.node("n3").pod_ip.clone();
-    let recovered = c.wait_for(Duration::from_secs(120), |c| {
-        common::ping_ok(&c.node("n2").ns.name, &n3, Duration::from_millis(500))
-    });
-    let took = lost_at.elapsed();
-    eprintln!("east's leader lost: n2 reaches the west again after {took:?}");
-    assert!(recovered, "{}", c.logs());
-    assert_eq!(
-        c.annotations("n2")["kilo.squat.ai/wireguard-ip"],
-        "10.4.0.1/16",
-        "n2 leads east now"
-    );
-    assert!(
-        common::ping_ok(&c.node("n3").ns.name, &n2, Duration::from_secs(5)),
         "{}",
         c.logs()
     );

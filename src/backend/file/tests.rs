@@ -217,3 +217,31 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
     assert!(object.metadata.annotations.is_none());
     assert_eq!(lease_state(&object), healthy);
 }
+
+/// The directory gone (renamed away, an unmounted volume): the backend says it is unhealthy and
+/// keeps the last good Nodes; back, it is healthy again and reads what changed meanwhile.
+#[test]
+fn a_directory_that_goes_away_is_unhealthy_and_keeps_the_last_good_state() {
+    let dir = scratch("away");
+    fs::write(dir.join("nodes.yaml"), MULTI).unwrap();
+    let backend = FileBackend::open(&dir).unwrap();
+    assert!(backend.healthy());
+    let away = dir.with_file_name(format!(
+        "{}-away",
+        dir.file_name().unwrap().to_string_lossy()
+    ));
+    fs::rename(&dir, &away).unwrap();
+    assert!(!backend.scan());
+    assert!(!backend.healthy());
+    assert!(backend.subscribe().borrow().nodes.contains_key("a"));
+    fs::write(
+        away.join("more.yaml"),
+        MULTI.replace("name: a\n", "name: b\n"),
+    )
+    .unwrap();
+    fs::rename(&away, &dir).unwrap();
+    assert!(backend.scan());
+    assert!(backend.healthy());
+    assert!(backend.subscribe().borrow().nodes.contains_key("b"));
+    fs::remove_dir_all(&dir).unwrap();
+}
