@@ -117,7 +117,7 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     })?;
     Ok(Outcome {
         events: events.len(),
-        running: sim.nodes.values().filter(|n| n.running.is_some()).count(),
+        running: sim.running(),
         locations: sim
             .nodes
             .values()
@@ -148,6 +148,15 @@ struct Model {
     blocked: BTreeSet<String>,
     /// The Peers in the cluster, valid or not, by number.
     peers: [Option<PeerChange>; 3],
+}
+
+/// Puts `name` in `set` (`on`) or takes it out.
+fn mark(set: &mut BTreeSet<String>, name: String, on: bool) {
+    if on {
+        set.insert(name);
+    } else {
+        set.remove(&name);
+    }
 }
 
 fn location_name(location: usize) -> String {
@@ -240,33 +249,21 @@ impl Model {
                 });
             }
             (Event::Prefer { on, .. }, Some(name)) => {
-                sim.annotate(&name, sim::PREFERRED, on.then_some("true"));
+                sim.annotate(
+                    &name,
+                    control::node::annotation::LEADER,
+                    on.then_some("true"),
+                );
             }
-            (Event::Outage { on, .. }, Some(name)) => {
-                sim.set_outage(&name, *on);
-                if *on {
-                    self.cut_off.insert(name);
-                } else {
-                    self.cut_off.remove(&name);
-                }
-            }
+            (Event::Outage { on, .. }, Some(name)) => self.cut_off_from_the_api(sim, name, *on),
             (Event::Block { on, .. }, Some(name)) => {
                 sim.set_blocked(&name, *on);
-                if *on {
-                    self.blocked.insert(name);
-                } else {
-                    self.blocked.remove(&name);
-                }
+                mark(&mut self.blocked, name, *on);
             }
             (Event::OutageAll { on }, _) => {
                 let names: Vec<String> = sim.nodes.keys().cloned().collect();
                 for name in names {
-                    sim.set_outage(&name, *on);
-                    if *on {
-                        self.cut_off.insert(name);
-                    } else {
-                        self.cut_off.remove(&name);
-                    }
+                    self.cut_off_from_the_api(sim, name, *on);
                 }
             }
             (Event::Peer { which, change }, _) => {
@@ -296,6 +293,12 @@ impl Model {
         Ok(())
     }
 
+    /// Cuts `name` off from the API server (`on`) or reconnects it, and remembers which.
+    fn cut_off_from_the_api(&mut self, sim: &mut Sim, name: String, on: bool) {
+        sim.set_outage(&name, on);
+        mark(&mut self.cut_off, name, on);
+    }
+
     /// Ends every fault: outages, malformed annotations and malformed Peers.
     fn heal(&mut self, sim: &mut Sim) {
         for name in std::mem::take(&mut self.cut_off) {
@@ -309,20 +312,13 @@ impl Model {
         }
     }
 
-    /// The valid Peers: their keys (hex) and allowed IPs.
-    fn valid_peers(&self) -> Vec<(String, IpNet)> {
+    /// The valid Peers: their keys and allowed IPs.
+    fn valid_peers(&self) -> Vec<(control::Key, IpNet)> {
         self.peers
             .iter()
             .enumerate()
             .filter(|(_, p)| **p == Some(PeerChange::Valid))
-            .map(|(i, _)| {
-                let hex = peer_key(i)
-                    .as_bytes()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                (hex, peer_cidr(i))
-            })
+            .map(|(i, _)| (control::Key(*peer_key(i).as_bytes()), peer_cidr(i)))
             .collect()
     }
 }

@@ -60,7 +60,7 @@ impl TwinAgent {
             restored: None,
             now: crate::agent::read_clock(),
         };
-        Self::start_with(args, backend, kernel, engine, start).await
+        Self::start_settled(settings, backend, kernel, engine, start).await
     }
 
     /// Starts an agent with `kg` flags `args` on `backend` (whatever `--backend` says), on
@@ -72,7 +72,17 @@ impl TwinAgent {
         engine: MemEngine,
         start: Start,
     ) -> Result<Self> {
-        let settings = settings(args)?;
+        Self::start_settled(settings(args)?, backend, kernel, engine, start).await
+    }
+
+    /// [`TwinAgent::start_with`] on flags already parsed.
+    async fn start_settled(
+        settings: Settings,
+        backend: Backend,
+        kernel: MemKernel,
+        engine: MemEngine,
+        start: Start,
+    ) -> Result<Self> {
         let firewall = MemFirewall::default();
         let shells = crate::agent::Shells {
             kernel: kernel.clone(),

@@ -6,52 +6,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use control::leader::lease_name;
 use control::routes::MAIN_TABLE;
 use ipnet::IpNet;
 
 use super::sim::{Election, Sim, SimNode};
 
-/// A peer of a device: its public key (hex) and allowed IPs.
-type DevicePeers = Vec<(String, Vec<IpNet>)>;
-
-fn device_peers(node: &SimNode) -> Option<DevicePeers> {
-    let running = node.running.as_ref()?;
-    Some(
-        running
-            .twin
-            .engine
-            .config()
-            .peers
-            .iter()
-            .map(|p| (hex(p.public_key.as_bytes()), p.allowed_ips.clone()))
-            .collect(),
-    )
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn key_of(node: &SimNode) -> String {
-    hex(node.key.public_key().as_bytes())
-}
-
-/// True when the node's agent made it its location's leader: the WireGuard link is up and
-/// holds the node's WireGuard IP (a follower's is down and bare).
-fn leads(node: &SimNode) -> bool {
-    let link = control::DEFAULT_INTERFACE;
-    node.kernel.link_up(link) && !node.kernel.addresses_on(link).is_empty()
-}
-
 /// After every step, on every running agent: no two peers of its device share a key, and no
 /// allowed IP of one peer overlaps one of another (WireGuard would route it to only one).
 pub fn always(sim: &Sim) -> Result<(), String> {
     for (name, node) in &sim.nodes {
-        let Some(peers) = device_peers(node) else {
+        let Some(peers) = node.device_peers() else {
             continue;
         };
-        let keys: BTreeSet<&String> = peers.iter().map(|(k, _)| k).collect();
+        let keys: BTreeSet<&control::Key> = peers.iter().map(|(k, _)| k).collect();
         if keys.len() != peers.len() {
             return Err(format!("{name}'s device has two peers with one key"));
         }
@@ -60,9 +27,7 @@ pub fn always(sim: &Sim) -> Result<(), String> {
                 for x in a_ips {
                     if let Some(y) = b_ips.iter().find(|y| x.contains(*y) || y.contains(x)) {
                         return Err(format!(
-                            "{name}'s device routes {x} to peer {} and {y} to peer {}",
-                            &a[..8],
-                            &b[..8]
+                            "{name}'s device routes {x} to peer {a} and {y} to peer {b}"
                         ));
                     }
                 }
@@ -96,7 +61,7 @@ fn members(sim: &Sim) -> BTreeMap<&str, Vec<(&String, &SimNode)>> {
 pub fn converged(
     sim: &Sim,
     left: &BTreeSet<IpNet>,
-    peers: &[(String, IpNet)],
+    peers: &[(control::Key, IpNet)],
 ) -> Result<(), String> {
     always(sim)?;
     let snapshot = sim.cluster.snapshot();
@@ -105,7 +70,7 @@ pub fn converged(
     for (location, nodes) in &by_location {
         let leading: Vec<&String> = nodes
             .iter()
-            .filter(|(_, n)| leads(n))
+            .filter(|(_, n)| n.leads())
             .map(|(name, _)| *name)
             .collect();
         let [leader] = leading[..] else {
@@ -124,7 +89,7 @@ pub fn converged(
         let preferred = |name: &str| {
             object(name)
                 .and_then(|o| o.metadata.annotations.clone())
-                .is_some_and(|a| a.contains_key(super::sim::PREFERRED))
+                .is_some_and(|a| a.contains_key(control::node::annotation::LEADER))
         };
         match sim.election {
             Election::Lease => {
@@ -138,10 +103,7 @@ pub fn converged(
                         "location {location} is led by {leader}, not by its node annotated kilo.squat.ai/leader"
                     ));
                 }
-                let holder = snapshot
-                    .leases
-                    .get(&lease_name(location))
-                    .and_then(|l| l.holder.clone());
+                let holder = sim.lease_holder(location);
                 if holder.as_deref() != Some(leader.as_str()) {
                     return Err(format!(
                         "location {location} is led by {leader} but its lease names {holder:?}"
@@ -165,14 +127,14 @@ pub fn converged(
     }
 
     for (location, (name, node)) in &leaders {
-        let device = device_peers(node).unwrap_or_default();
-        let expected: BTreeSet<String> = leaders
+        let device = node.device_peers().unwrap_or_default();
+        let expected: BTreeSet<control::Key> = leaders
             .iter()
             .filter(|(other, _)| *other != location)
-            .map(|(_, (_, n))| key_of(n))
-            .chain(peers.iter().map(|(key, _)| key.clone()))
+            .map(|(_, (_, n))| n.public_key())
+            .chain(peers.iter().map(|(key, _)| *key))
             .collect();
-        let have: BTreeSet<String> = device.iter().map(|(k, _)| k.clone()).collect();
+        let have: BTreeSet<control::Key> = device.iter().map(|(k, _)| *k).collect();
         if have != expected {
             return Err(format!(
                 "leader {name} of {location} has {} peers, not the {} other leaders and Peers",
@@ -184,9 +146,9 @@ pub fn converged(
             if other == location {
                 continue;
             }
-            let their_key = key_of(leaders[other].1);
+            let their_key = leaders[other].1.public_key();
             for (member, m) in members {
-                let carriers: Vec<&String> = device
+                let carriers: Vec<&control::Key> = device
                     .iter()
                     .filter(|(_, ips)| ips.iter().any(|ip| ip.contains(&m.pod_cidr)))
                     .map(|(k, _)| k)
@@ -239,7 +201,7 @@ pub fn converged(
                 }
             }
             for gone in left {
-                let device = device_peers(node).unwrap_or_default();
+                let device = node.device_peers().unwrap_or_default();
                 if let Some(route) = routes.routes.iter().find(|r| r.dst.contains(gone)) {
                     return Err(format!(
                         "{name} still routes {gone}, the pods of a node that left: {route:?}"
@@ -250,8 +212,7 @@ pub fn converged(
                     .find(|(_, ips)| ips.iter().any(|ip| ip.contains(gone)))
                 {
                     return Err(format!(
-                        "{name}'s device still sends {gone}, the pods of a node that left, to peer {}",
-                        &key[..8]
+                        "{name}'s device still sends {gone}, the pods of a node that left, to peer {key}"
                     ));
                 }
             }

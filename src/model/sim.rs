@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use control::clock::Now;
-use control::node::annotation;
 use dataplane::SecretKey;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
@@ -52,6 +51,32 @@ pub struct SimNode {
     frozen: Option<Arc<Snapshot>>,
     /// Its WireGuard port is blocked: nothing reaches its device, nothing from it arrives.
     pub blocked: bool,
+}
+
+impl SimNode {
+    /// Its WireGuard public key, as the control plane names keys.
+    pub fn public_key(&self) -> control::Key {
+        control::Key(*self.key.public_key().as_bytes())
+    }
+
+    /// True when its agent made it its location's leader: the WireGuard link is up and holds
+    /// the node's WireGuard IP (a follower's is down and bare).
+    pub fn leads(&self) -> bool {
+        let link = control::DEFAULT_INTERFACE;
+        self.kernel.link_up(link) && !self.kernel.addresses_on(link).is_empty()
+    }
+
+    /// Its device's peers, with their allowed IPs, while its agent runs.
+    pub fn device_peers(&self) -> Option<Vec<(control::Key, Vec<IpNet>)>> {
+        let config = self.running.as_ref()?.twin.engine.config();
+        Some(
+            config
+                .peers
+                .into_iter()
+                .map(|p| (control::Key(*p.public_key.as_bytes()), p.allowed_ips))
+                .collect(),
+        )
+    }
 }
 
 /// A running agent and its timers.
@@ -146,6 +171,15 @@ impl Sim {
         self.nodes.values().filter(|n| n.running.is_some()).count()
     }
 
+    /// Who holds `location`'s lease, if anyone.
+    pub fn lease_holder(&self, location: &str) -> Option<String> {
+        let leases = &self.cluster.snapshot().leases;
+        leases
+            .get(&control::leader::lease_name(location))?
+            .holder
+            .clone()
+    }
+
     /// Registers a new node in `location` (as its kubelet would) and starts its agent.
     pub fn join(&mut self, location: &str) -> Result<String> {
         self.joined += 1;
@@ -215,26 +249,12 @@ impl Sim {
         // The saved peers come back before the first reconcile, unless another node holds
         // this location's valid lease and this node is not preferred: then it may have led
         // before it died and its peers are stale.
-        let led_by_another = self
-            .cluster
-            .snapshot()
-            .nodes
-            .get(name)
-            .is_some_and(|object| {
-                let (own, _) =
-                    control::node::translate_node(object, control::node::DEFAULT_TOPOLOGY_LABEL);
-                let lease = self
-                    .cluster
-                    .snapshot()
-                    .leases
-                    .get(&control::leader::lease_name(&own.location))
-                    .cloned();
-                !own.leader
-                    && lease.is_some_and(|l| {
-                        l.holder.as_deref().is_some_and(|h| h != name)
-                            && now.unix_ms < l.renewed_ms + l.duration_ms
-                    })
-            });
+        let snapshot = self.cluster.snapshot();
+        let led_by_another = snapshot.nodes.get(name).is_some_and(|object| {
+            let (own, _) =
+                control::node::translate_node(object, control::node::DEFAULT_TOPOLOGY_LABEL);
+            control::leader::led_by_another(&own, &snapshot.leases, now.unix_ms).is_some()
+        });
         if let Some(restored) = restored.filter(|r| !r.peers.is_empty() && !led_by_another) {
             let peers = twin.engine.config().peers;
             anyhow::ensure!(
@@ -360,18 +380,13 @@ impl Sim {
         let keys: BTreeMap<control::Key, &String> = self
             .nodes
             .iter()
-            .map(|(name, n)| (control::Key(*n.key.public_key().as_bytes()), name))
+            .map(|(name, n)| (n.public_key(), name))
             .collect();
         let configs: BTreeMap<&String, Vec<control::Key>> = self
             .nodes
             .iter()
             .filter_map(|(name, n)| {
-                let config = n.running.as_ref()?.twin.engine.config();
-                let peers = config
-                    .peers
-                    .iter()
-                    .map(|p| control::Key(*p.public_key.as_bytes()))
-                    .collect();
+                let peers = n.device_peers()?.into_iter().map(|(k, _)| k).collect();
                 Some((name, peers))
             })
             .collect();
@@ -379,7 +394,7 @@ impl Sim {
             let Some(running) = &node.running else {
                 continue;
             };
-            let own = control::Key(*node.key.public_key().as_bytes());
+            let own = node.public_key();
             let mut handshakes = std::collections::BTreeSet::new();
             let mut counters = BTreeMap::new();
             for peer in &configs[name] {
@@ -495,6 +510,3 @@ fn agent_args(name: &str, key_file: &std::path::Path, election: Election) -> Vec
         format!("--resync-period={}s", RESYNC.as_secs()),
     ]
 }
-
-/// The annotation that marks a node preferred as its location's leader.
-pub const PREFERRED: &str = annotation::LEADER;

@@ -169,14 +169,13 @@ fn a_lost_leader_is_replaced_after_its_check_in_expires() {
     }
     sim.advance(Duration::from_secs(10)).unwrap();
     check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
-    let leads = |sim: &Sim, name: &str| {
-        let kernel = &sim.nodes[name].kernel;
-        kernel.link_up("kilo0") && !kernel.addresses_on("kilo0").is_empty()
-    };
-    assert!(leads(&sim, "n01"), "Kilo's rule picks n01 in l0 first");
+    assert!(
+        sim.nodes["n01"].leads(),
+        "Kilo's rule picks n01 in l0 first"
+    );
     sim.kill("n01");
     let mut waited = 0;
-    while !leads(&sim, "n03") {
+    while !sim.nodes["n03"].leads() {
         assert!(
             waited < 95,
             "n03 does not lead l0 {waited} s after n01 died"
@@ -296,12 +295,7 @@ fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
         check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
         sim
     };
-    let leader_of = |sim: &Sim, location: &str| -> String {
-        let holder = sim.cluster.snapshot().leases[&control::leader::lease_name(location)]
-            .holder
-            .clone();
-        holder.unwrap()
-    };
+    let leader_of = |sim: &Sim, location: &str| sim.lease_holder(location).unwrap();
 
     // A second peer claiming an address the first one carries.
     let sim = converged();
@@ -363,12 +357,7 @@ fn a_leader_whose_port_is_blocked_hands_over_to_a_verifier() {
         sim.join(&format!("l{location}")).unwrap();
     }
     sim.advance(Duration::from_secs(10)).unwrap();
-    let holder = |sim: &Sim| {
-        sim.cluster.snapshot().leases[&control::leader::lease_name("l0")]
-            .holder
-            .clone()
-            .unwrap()
-    };
+    let holder = |sim: &Sim| sim.lease_holder("l0").unwrap();
     let blocked = holder(&sim);
     sim.set_blocked(&blocked, true);
     let mut waited = 0;

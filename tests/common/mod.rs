@@ -61,6 +61,15 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{n}", std::process::id())
 }
 
+/// A finished command's standard output, then its standard error.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Runs a command, panicking with its output if it fails.
 pub fn run(args: &[&str]) -> String {
     let out = Command::new(args[0])

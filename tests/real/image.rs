@@ -39,18 +39,14 @@ fn can_run(test: &str) -> bool {
     true
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// Runs `command` to its end and returns its output; a failure names `what` and shows the output.
 fn succeeded(command: &mut Command, what: &str) -> Output {
     let out = command.output().unwrap();
-    assert!(out.status.success(), "{what}: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        common::output_text(&out)
+    );
     out
 }
 
@@ -75,7 +71,7 @@ fn skopeo_digest(archive: &Path) -> String {
         .arg(format!("oci-archive:{}", archive.display()))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", common::output_text(&out));
     let sum = common::pipe_to(&["sha256sum"], &out.stdout);
     format!("sha256:{}", sum.split_whitespace().next().unwrap())
 }
@@ -247,7 +243,11 @@ impl Podman {
             .arg(archive())
             .output()
             .unwrap();
-        assert!(out.status.success(), "podman load: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "podman load: {}",
+            common::output_text(&out)
+        );
         // "Loaded image: NAME" (or "Loaded image(s): NAME").
         podman.image = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -505,7 +505,7 @@ fn check_platform_image(image: &PlatformImage) {
         assert!(
             out.status.success() && out.stdout.len() > 20,
             "{bin}: {}",
-            text(&out)
+            common::output_text(&out)
         );
         let found = u16::from_le_bytes([out.stdout[18], out.stdout[19]]);
         assert_eq!(found, machine, "{}: {bin}'s ELF machine", image.platform);
@@ -586,7 +586,11 @@ fn install_cni(podman: &Podman, netns: &str, host: &Path) {
         .args(&command[1..])
         .output()
         .unwrap();
-    assert!(out.status.success(), "install-cni failed: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "install-cni failed: {}",
+        common::output_text(&out)
+    );
     for plugin in ["bridge", "host-local", "loopback", "portmap"] {
         let path = bin.join(plugin);
         let mode = fs::metadata(&path)
@@ -753,7 +757,12 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
                 .args(["exec", &names[i], "iptables", "-t", "nat", "-S", "KILO-NAT"])
                 .output()
                 .unwrap();
-            assert!(exec.status.success(), "{}: {}", node.name, text(&exec));
+            assert!(
+                exec.status.success(),
+                "{}: {}",
+                node.name,
+                common::output_text(&exec)
+            );
         } else {
             assert!(
                 !listed("legacy") && !listed("nft"),
@@ -766,10 +775,10 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
                 .output()
                 .unwrap();
             assert!(
-                exec.status.success() && text(&exec).contains("masquerade"),
+                exec.status.success() && common::output_text(&exec).contains("masquerade"),
                 "{}: no nftables table: {}\n{}",
                 node.name,
-                text(&exec),
+                common::output_text(&exec),
                 node.log_text()
             );
         }
@@ -920,7 +929,11 @@ fn containerd_imports_the_archive_under_the_manifests_name() {
     let _ = fs::remove_dir_all(&dir);
     assert!(up, "containerd did not start:\n{log}");
     let imported = imported.unwrap();
-    assert!(imported.status.success(), "ctr import: {}", text(&imported));
+    assert!(
+        imported.status.success(),
+        "ctr import: {}",
+        common::output_text(&imported)
+    );
     let names = String::from_utf8_lossy(&listed.stdout);
     assert!(
         names
@@ -955,7 +968,7 @@ fn the_arm_images_run_under_emulation_and_the_arm64_engine_meshes() {
     ] {
         let podman = Podman::with_platform(platform);
         let run = |entrypoint: &str, args: &[&str]| {
-            text(&succeeded(
+            common::output_text(&succeeded(
                 podman
                     .command()
                     .args(["run", "--rm", "--network=none", "--entrypoint", entrypoint])

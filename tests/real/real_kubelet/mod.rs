@@ -83,14 +83,6 @@ fn can_run(test: &str) -> bool {
     true
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// The image archive under test: `KILOTUN_IMAGE_ARCHIVE`, or built once per test run by
 /// `image/build.sh` from the binaries this test run was built with (`tests/common/image.rs`; the
 /// image tests share it).
@@ -211,14 +203,22 @@ impl KubeletCluster {
     /// kubectl, panicking with its output on failure; returns stdout.
     fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(out.status.success(), "kubectl {args:?}: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            common::output_text(&out)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `kubectl apply -f -` with `yaml`.
     fn apply(&self, yaml: &str) {
         let out = self.kubectl_with_input(&["apply", "-f", "-"], yaml);
-        assert!(out.status.success(), "kubectl apply: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}",
+            common::output_text(&out)
+        );
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -352,7 +352,7 @@ impl KubeletCluster {
             eprintln!(
                 "--- kubectl {}\n{}",
                 args.join(" "),
-                text(&self.kubectl(args))
+                common::output_text(&self.kubectl(args))
             );
         }
         let logs = self.dir.join("logs");
@@ -421,7 +421,10 @@ impl Drop for KubeletCluster {
             .output();
         match out {
             Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!("kubelet-cluster.sh down failed: {}", text(&o)),
+            Ok(o) => eprintln!(
+                "kubelet-cluster.sh down failed: {}",
+                common::output_text(&o)
+            ),
             Err(e) => eprintln!("kubelet-cluster.sh down: {e}"),
         }
         if std::env::var_os("KILOTUN_KUBELET_KEEP").is_some() || std::thread::panicking() {
