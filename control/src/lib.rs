@@ -6,11 +6,13 @@
 
 pub mod clock;
 pub mod cni;
+pub mod desired;
 pub mod diagnosis;
 pub mod dns;
 pub mod fixtures;
 pub mod fuzzing;
 pub mod graph;
+pub mod host;
 pub mod ip;
 pub mod iptables;
 pub mod key;

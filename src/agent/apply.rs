@@ -1,20 +1,21 @@
-//! Applies a topology to the host: the link's MTU, address and state, the CNI configuration,
-//! the tunnel, the routes and rules, then the WireGuard device, then the firewall. Each part is compared
-//! as a value against what kg last applied (and, for routes, against the kernel state kg last
-//! observed plus its own changes); only a part that differs is written. A full reconcile
-//! (resync, kernel notification) compares against freshly listed state instead, so
-//! anything changed behind kg's back comes back within one resync.
+//! Brings the host to the desired state: [`control::desired::plan`] computes it as one value
+//! (the link's MTU, address and state, the CNI configuration, the tunnel, the routes and rules,
+//! the WireGuard device, the firewall) before any shell runs; each part is then compared with
+//! what kg last applied (and, for routes, with the kernel state kg last observed plus its own
+//! changes) and only a part that differs is written. A full reconcile (resync, kernel
+//! notification) compares against freshly listed state instead, so anything changed behind
+//! kg's back comes back within one resync.
 
-use std::net::IpAddr;
 use std::time::Instant;
 
 use anyhow::Result;
-use control::iptables::{IptablesOptions, RuleSet};
+use control::desired::{
+    self, CniState, DesiredHost, HostSettings, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
+};
+use control::iptables::RuleSet;
 use control::nat::discover_nat_endpoints;
 use control::node::Node;
-use control::routes::{
-    apply_ops, diff, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld,
-};
+use control::routes::{apply_ops, diff, RoutePlan, Withheld};
 use control::{Peer, Topology};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
@@ -23,29 +24,14 @@ use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
 use super::{state, Agent};
 
-/// What the tunnel was prepared for: the IPv4 pod CIDR, the private link's MTU, whether the
-/// private IP is IPv6 (a larger outer header) and whether a node of the location has an IPv6
-/// internal IP (the kernel's IPv6-outer link is needed).
-type TunnelInputs = (IpNet, Option<u32>, bool, bool);
-
-/// What the links and routes step leaves for the firewall and `/status`.
-struct Routed {
-    /// How traffic inside the location is encapsulated.
-    encapsulate: Encapsulate,
-    /// The tunnel link's index, if there is one.
-    tunnel: Option<u32>,
-    /// The CIDRs not routed because they cover a connected network.
-    withheld: Vec<Withheld>,
-}
-
 /// What kg last applied to the host, part by part (`None`: unknown, apply it).
 #[derive(Debug, Default)]
 pub(super) struct Applied {
-    wg: Option<DeviceConfig>,
+    device: Option<DeviceConfig>,
     address: Option<Option<IpNet>>,
-    cni: Option<(Vec<IpNet>, u32)>,
-    /// The tunnel's inputs, the link it gave and the kernel's IPv6-outer link beside it.
-    tunnel: Option<(TunnelInputs, Option<u32>, Option<u32>)>,
+    cni: Option<CniState>,
+    /// What the tunnel was prepared for, and the links that gave.
+    tunnel: Option<(TunnelSpec, ResolvedLinks)>,
     /// The kernel's routes and rules as last observed, with kg's changes since.
     kernel_routes: Option<RoutePlan>,
     rules: Option<RuleSet>,
@@ -76,216 +62,124 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     ) -> Result<()> {
         if full {
             self.memo.applied = Applied::default();
+            self.discover_endpoints(nodes, peers);
         }
         let started = Instant::now();
-        let routed = self.apply_links_and_routes(t, nodes, peers, full).await;
+        let settings = self.host_settings();
+        let host = self
+            .memo
+            .host
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let links = ResolvedLinks {
+            kilo: self.kilo_index,
+            ..self.memo.resolved
+        };
+        let mut want = desired::plan(t, &host.net, &links, &self.owned, &self.public, &settings);
+        let routed = self
+            .converge_links_and_routes(t, &mut want, &settings)
+            .await;
         self.stages.lap(Stage::Routes, started);
         let started = Instant::now();
-        self.apply_engine(t)?;
+        self.converge_device(t.leader, &want)?;
         self.stages.lap(Stage::Engine, started);
-        let Routed {
-            encapsulate,
-            tunnel,
-            withheld,
-        } = routed?;
-        let kilo = self.kilo_index;
+        routed?;
         let started = Instant::now();
-        let rules = t.iptables_rules(&IptablesOptions {
-            cni: self.s.args.cni,
-            forward_rules: self.s.args.iptables_forward_rules,
-            service_cidrs: self.s.service_cidrs.clone(),
-            ipip: self.tunnel.is_ipip() && self.s.args.local && encapsulate != Encapsulate::Never,
-        });
-        self.apply_rules(rules.clone()).await?;
+        self.converge_firewall(&want.firewall).await?;
         self.stages.lap(Stage::Firewall, started);
+        let kilo = self.kilo_index;
         let mtu = self
             .memo
             .host
             .as_ref()
-            .and_then(|h| h.link(kilo))
+            .and_then(|h| h.net.link(kilo))
             .map_or(0, |l| l.mtu);
         let owned = self.owned.clone();
-        let tunnel_name = tunnel.and(self.tunnel.name().map(str::to_string));
-        let withheld = withheld.iter().map(ToString::to_string).collect();
+        let tunnel_name = self
+            .memo
+            .resolved
+            .tunnel
+            .and(self.tunnel.name().map(str::to_string));
+        let withheld = want.withheld.iter().map(ToString::to_string).collect();
         self.status.update(|p| {
             p.node = self.s.hostname.clone();
             p.interface = self.s.args.interface.clone();
             p.granularity = self.s.granularity.as_str().to_string();
             p.topology = Some(std::sync::Arc::new(t.clone()));
-            p.encapsulate = encapsulate;
+            p.encapsulate = want.encapsulate;
             p.tunnel = tunnel_name;
             p.mtu = mtu;
             p.kilo_index = kilo;
             p.plan = owned;
-            p.rules = Some(rules);
+            p.rules = Some(want.firewall);
             p.withheld = withheld;
         });
         Ok(())
     }
 
-    /// The link's MTU, address and state, the CNI configuration, the tunnel and the routes and
-    /// rules, brought to `t`.
-    async fn apply_links_and_routes(
+    /// What decides the host state besides the topology: kg's flags and its tunnel.
+    fn host_settings(&self) -> HostSettings {
+        let a = &self.s.args;
+        HostSettings {
+            interface: a.interface.clone(),
+            mtu: self.s.mtu,
+            cni: a.cni,
+            local: a.local,
+            encapsulate: self.s.encapsulate,
+            compatibility: self.s.compatibility,
+            forward_rules: a.iptables_forward_rules,
+            service_cidrs: self.s.service_cidrs.clone(),
+            tunnel: self.tunnel.name().map(|name| TunnelKind {
+                name: name.to_string(),
+                ipip: self.tunnel.is_ipip(),
+                ipv6_outer: self.tunnel.carries_ipv6_outer(),
+            }),
+        }
+    }
+
+    /// Endpoints learnt from handshakes: a device that cannot be read leaves the last.
+    fn discover_endpoints(&mut self, nodes: &[Node], peers: &[Peer]) {
+        match self.wg.device_peers() {
+            Ok(device) => {
+                self.discovered = discover_nat_endpoints(&device, nodes, peers, &self.discovered)
+            }
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "reading the device's endpoints for NAT discovery failed"
+            ),
+        }
+    }
+
+    /// The link, the CNI configuration, the tunnel, then the routes and rules, brought to
+    /// `want`. When the tunnel's links resolve differently from what `want` was planned with
+    /// (it was just created, or recreated), `want` is planned again with them first.
+    async fn converge_links_and_routes(
         &mut self,
         t: &Topology,
-        nodes: &[Node],
-        peers: &[Peer],
-        full: bool,
-    ) -> Result<Routed> {
-        let kilo = self.kilo_index;
-        let host = self
-            .memo
-            .host
-            .as_mut()
-            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
-        let mtu = host.mtu(self.s.mtu);
-        let link = host.links.iter_mut().find(|l| l.index == kilo);
-        if let Some(link) = link.filter(|l| l.mtu != mtu) {
-            self.netlink.set_mtu(kilo, mtu).await?;
-            link.mtu = mtu;
-        }
-        let pod_cidrs: Vec<IpNet> = t.local_pod_cidrs().collect();
-        let cni_applied = self
-            .memo
-            .applied
-            .cni
-            .as_ref()
-            .is_some_and(|(cidrs, m)| *cidrs == pod_cidrs && *m == mtu);
-        if self.s.args.cni && !cni_applied {
-            self.sync_cni(&pod_cidrs, mtu);
-            self.memo.applied.cni = Some((pod_cidrs, mtu));
+        want: &mut DesiredHost,
+        settings: &HostSettings,
+    ) -> Result<()> {
+        self.converge_link(&want.link).await?;
+        if let Some(cni) = &want.cni {
+            if self.memo.applied.cni.as_ref() != Some(cni) {
+                self.sync_cni(&cni.pod_cidrs, cni.mtu);
+                self.memo.applied.cni = Some(cni.clone());
+            }
         }
         self.metrics.set_leader(t.leader, &t.location);
-        let address = t.leader.then_some(t.wireguard_cidr);
-        if self.memo.applied.address != Some(address) {
-            self.netlink.set_address(kilo, address).await?;
-            self.memo.applied.address = Some(address);
+        let links = self.converge_tunnel(want.tunnel).await?;
+        if links != self.memo.resolved {
+            self.memo.resolved = links;
+            let host = self.memo.host.as_ref().expect("planned from it");
+            *want = desired::plan(t, &host.net, &links, &self.owned, &self.public, settings);
         }
-        let host = self.memo.host.as_mut().expect("listed above");
-        match host.links.iter_mut().find(|l| l.index == kilo) {
-            Some(link) if link.up == t.leader => {}
-            link => {
-                self.netlink.set_up(kilo, t.leader).await?;
-                if let Some(link) = link {
-                    link.up = t.leader;
-                }
-            }
+        if let (true, Some(name)) = (want.tunnel_missing(&links), self.tunnel.name()) {
+            let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
+            self.warn_once("tunnel-missing", &message);
         }
-
-        if full {
-            // Endpoints learnt from handshakes: a device that cannot be read leaves the last.
-            match self.wg.device_peers() {
-                Ok(device) => {
-                    self.discovered =
-                        discover_nat_endpoints(&device, nodes, peers, &self.discovered)
-                }
-                Err(e) => tracing::warn!(
-                    error = format!("{e:#}"),
-                    "reading the device's endpoints for NAT discovery failed"
-                ),
-            }
-        }
-
-        let host = self.memo.host.as_ref().expect("listed above");
-        let private = host.private_link(t.private_ip);
-        let private_mtu = host.link(private).filter(|_| private != 0).map(|l| l.mtu);
-        let private_ipv6 = t.private_ip.is_some_and(|n| n.addr().is_ipv6());
-        // The tunnel's address comes from the IPv4 pod CIDR (IPIP carries IPv4 only).
-        let ipv4_pods = t
-            .local_pod_cidrs()
-            .find(|n| n.addr().is_ipv4())
-            .unwrap_or(t.subnet);
-        // A node of the location with an IPv6 internal IP: IPv4 to it goes in IPv6.
-        let ipv6_members = t
-            .local_segment()
-            .is_some_and(|s| s.private_ips().any(|ip| ip.is_ipv6()));
-        let inputs = (ipv4_pods, private_mtu, private_ipv6, ipv6_members);
-        let (tunnel, tunnel6) = match self.memo.applied.tunnel {
-            Some((applied, Some(index), six)) if applied == inputs => (Some(index), six),
-            _ => {
-                let index = self
-                    .tunnel
-                    .prepare(&self.netlink, ipv4_pods, private_mtu, private_ipv6)
-                    .await?;
-                let six = match index {
-                    Some(_) => {
-                        self.tunnel
-                            .prepare_ipv6_outer(&self.netlink, ipv6_members, private, private_mtu)
-                            .await?
-                    }
-                    None => None,
-                };
-                self.memo.applied.tunnel = Some((inputs, index, six));
-                (index, six)
-            }
-        };
-        let encapsulate = match (self.tunnel.name(), tunnel) {
-            (Some(_), Some(_)) => self.s.encapsulate,
-            (Some(name), None) => {
-                let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
-                self.warn_once("tunnel-missing", &message);
-                Encapsulate::Never
-            }
-            (None, _) => Encapsulate::Never,
-        };
-        // An address the host holds in each of its own pod CIDRs (the CNI bridge's, or the
-        // tunnel's).
-        let addresses = &self.memo.host.as_ref().expect("listed above").addresses;
-        let pod_sources: Vec<IpAddr> = t
-            .local_pod_cidrs()
-            .filter_map(|pods| {
-                addresses
-                    .iter()
-                    .filter(|(i, _)| *i != kilo)
-                    .map(|(_, n)| n.addr())
-                    .find(|a| pods.contains(a))
-            })
-            .collect();
-        let options = RouteOptions {
-            kilo_name: self.s.args.interface.clone(),
-            links: Links {
-                kilo,
-                private,
-                tunnel: tunnel.unwrap_or(0),
-                tunnel6: tunnel6.unwrap_or(0),
-            },
-            local: self.s.args.local,
-            encapsulate,
-            compatibility: self.s.compatibility,
-            pod_sources,
-            ipip_over_ipv6: tunnel.is_some() && self.tunnel.carries_ipv6_outer(),
-        };
-        let own: Vec<u32> = [Some(kilo), tunnel, tunnel6]
-            .into_iter()
-            .flatten()
-            .collect();
-        let connected = self
-            .memo
-            .host
-            .as_ref()
-            .expect("listed above")
-            .connected_networks(&own);
-        let (mut plan, withheld) = t.guarded_route_plan(&options, &connected);
-        self.report_withheld(&withheld);
-        // The host's own routes: what the kernel has in main, less kg's.
-        let kgs: std::collections::BTreeSet<(u32, IpNet, u32)> = self
-            .owned
-            .routes
-            .iter()
-            .map(|o| (o.table, o.dst, o.link))
-            .collect();
-        let underlay: Vec<Route> = self
-            .memo
-            .host
-            .as_ref()
-            .expect("listed above")
-            .main_routes
-            .iter()
-            .filter(|r| !own.contains(&r.link) && !kgs.contains(&(r.table, r.dst, r.link)))
-            .cloned()
-            .collect();
-        let bypasses = t.bypass_endpoints(&mut plan, kilo, &underlay);
-        let lines = bypasses
+        self.report_withheld(&want.withheld);
+        let lines = want
+            .bypasses
             .iter()
             .filter(|b| !b.standby)
             .map(ToString::to_string)
@@ -293,54 +187,127 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         for line in self.problems.fresh_lines("endpoint bypasses", lines) {
             tracing::warn!("{line}");
         }
-        let lines = plan.no_gateway.iter().map(ToString::to_string).collect();
+        let lines = want
+            .routes
+            .no_gateway
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         for line in self.problems.fresh_lines("routes without a gateway", lines) {
             tracing::warn!("{line}");
         }
-        if let Some(index) = tunnel {
-            self.tunnel.update(&plan, index, t);
+        if let Some(index) = links.tunnel {
+            self.tunnel.update(&want.routes, index, t);
         }
-        self.apply_routes(plan).await?;
-        Ok(Routed {
-            encapsulate,
-            tunnel,
-            withheld,
-        })
+        self.converge_routes(want.routes.clone()).await
     }
 
-    /// The WireGuard device's configuration, brought to `t`.
-    fn apply_engine(&mut self, t: &Topology) -> Result<()> {
-        let conf = if t.leader {
-            t.conf(Some(&self.public))
-        } else {
-            t.standby_conf(Some(&self.public))
-        };
-        let desired = crate::wiring::device_config(&conf, &self.key);
-        if self.memo.applied.wg.as_ref() != Some(&desired) {
-            // The first configuration of this process's engine handshakes at once, restored
-            // peers or not (a node whose last agent was Kilo has nothing to restore).
-            let changed = if self.memo.engine_configured {
-                self.wg.apply(&desired)?
-            } else {
-                let changed = self.wg.apply_and_handshake(&desired)?;
-                self.memo.engine_configured = true;
-                changed
-            };
-            if changed {
-                tracing::info!(
-                    leader = t.leader,
-                    peers = desired.peers.len(),
-                    "WireGuard configuration applied"
-                );
-                if let Err(e) = state::save(&self.s.args.key_file, &desired) {
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "saving the WireGuard state failed"
-                    );
+    /// The WireGuard link's MTU, address and state, brought to `want` (the MTU and state
+    /// compared with the host as listed, the address with what kg last set).
+    async fn converge_link(&mut self, want: &LinkState) -> Result<()> {
+        let kilo = self.kilo_index;
+        let host = self
+            .memo
+            .host
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let link = host.net.links.iter_mut().find(|l| l.index == kilo);
+        if let Some(link) = link.filter(|l| l.mtu != want.mtu) {
+            self.netlink.set_mtu(kilo, want.mtu).await?;
+            link.mtu = want.mtu;
+        }
+        if self.memo.applied.address != Some(want.address) {
+            self.netlink.set_address(kilo, want.address).await?;
+            self.memo.applied.address = Some(want.address);
+        }
+        let host = self.memo.host.as_mut().expect("listed above");
+        match host.net.links.iter_mut().find(|l| l.index == kilo) {
+            Some(link) if link.up == want.up => {}
+            link => {
+                self.netlink.set_up(kilo, want.up).await?;
+                if let Some(link) = link {
+                    link.up = want.up;
                 }
             }
-            self.memo.applied.wg = Some(desired);
         }
+        Ok(())
+    }
+
+    /// The tunnel prepared for `spec` (again only when `spec` changed or its link was
+    /// missing), and the links it resolves to.
+    async fn converge_tunnel(&mut self, spec: Option<TunnelSpec>) -> Result<ResolvedLinks> {
+        let kilo = self.kilo_index;
+        let Some(spec) = spec else {
+            return Ok(ResolvedLinks {
+                kilo,
+                ..Default::default()
+            });
+        };
+        if let Some((applied, links)) = self.memo.applied.tunnel {
+            if applied == spec && links.tunnel.is_some() {
+                return Ok(links);
+            }
+        }
+        let tunnel = self
+            .tunnel
+            .prepare(
+                &self.netlink,
+                spec.ipv4_pods,
+                spec.private_mtu,
+                spec.private_ipv6,
+            )
+            .await?;
+        let tunnel6 = match tunnel {
+            Some(_) => {
+                self.tunnel
+                    .prepare_ipv6_outer(
+                        &self.netlink,
+                        spec.ipv6_members,
+                        spec.private_link,
+                        spec.private_mtu,
+                    )
+                    .await?
+            }
+            None => None,
+        };
+        let links = ResolvedLinks {
+            kilo,
+            tunnel,
+            tunnel6,
+        };
+        self.memo.applied.tunnel = Some((spec, links));
+        Ok(links)
+    }
+
+    /// The WireGuard device, brought to `want`'s configuration.
+    fn converge_device(&mut self, leader: bool, want: &DesiredHost) -> Result<()> {
+        let desired = crate::wiring::device_config(&want.device, &self.key);
+        if self.memo.applied.device.as_ref() == Some(&desired) {
+            return Ok(());
+        }
+        // The first configuration of this process's engine handshakes at once, restored
+        // peers or not (a node whose last agent was Kilo has nothing to restore).
+        let changed = if self.memo.engine_configured {
+            self.wg.apply(&desired)?
+        } else {
+            let changed = self.wg.apply_and_handshake(&desired)?;
+            self.memo.engine_configured = true;
+            changed
+        };
+        if changed {
+            tracing::info!(
+                leader,
+                peers = desired.peers.len(),
+                "WireGuard configuration applied"
+            );
+            if let Err(e) = state::save(&self.s.args.key_file, &desired) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "saving the WireGuard state failed"
+                );
+            }
+        }
+        self.memo.applied.device = Some(desired);
         Ok(())
     }
 
@@ -361,7 +328,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
     /// them (after a full reconcile's reset, or a failed change).
-    async fn apply_routes(&mut self, plan: RoutePlan) -> Result<()> {
+    async fn converge_routes(&mut self, plan: RoutePlan) -> Result<()> {
         if self.memo.applied.kernel_routes.is_some() && plan == self.owned {
             return Ok(());
         }
@@ -394,8 +361,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     }
 
     /// Takes iptables to `rules` unless they are the rules last applied.
-    async fn apply_rules(&mut self, rules: RuleSet) -> Result<()> {
-        if self.memo.applied.rules.as_ref() == Some(&rules) {
+    async fn converge_firewall(&mut self, rules: &RuleSet) -> Result<()> {
+        if self.memo.applied.rules.as_ref() == Some(rules) {
             return Ok(());
         }
         let v6 = self.ip6tables;
@@ -411,7 +378,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 if changed {
                     tracing::debug!("firewall rules reconciled");
                 }
-                self.memo.applied.rules = Some(rules);
+                self.memo.applied.rules = Some(rules.clone());
             }
             Err(e) => {
                 self.metrics.error("apply");

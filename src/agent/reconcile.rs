@@ -56,6 +56,8 @@ pub(super) struct Memo {
     settled: bool,
     /// What was last applied to the host.
     pub(super) applied: Applied,
+    /// The links the netlink shell last resolved the host state's roles to.
+    pub(super) resolved: control::desired::ResolvedLinks,
     /// True once the engine was first configured (and asked to handshake with every peer).
     pub(super) engine_configured: bool,
     /// Leader-election leases and the leaders they give.
@@ -81,6 +83,7 @@ impl Memo {
             topology: None,
             settled: false,
             applied: Applied::default(),
+            resolved: Default::default(),
             engine_configured: false,
             leases: Default::default(),
             listed: false,

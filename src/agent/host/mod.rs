@@ -8,27 +8,15 @@ use std::net::IpAddr;
 use anyhow::{Context, Result};
 use ipnet::IpNet;
 
-use crate::agent::shells::netlink::Link;
 use crate::agent::shells::Kernel;
+use control::host::HostNet;
 use ipdetect::{Candidates, Detected, Exclusions};
 
 pub mod encap;
 pub mod ipdetect;
 pub mod local;
 
-/// The MTU used when the default route's cannot be read.
-pub const DEFAULT_MTU: u32 = 1420;
-/// WireGuard's overhead, subtracted by `--mtu=auto`.
-pub const WIREGUARD_OVERHEAD: u32 = 80;
-
-/// `--mtu`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mtu {
-    /// The default-route interface's MTU minus 80, re-detected every reconcile.
-    Auto,
-    /// A fixed MTU.
-    Fixed(u32),
-}
+pub use control::host::{Mtu, DEFAULT_MTU, WIREGUARD_OVERHEAD};
 
 /// What detection takes from this node's own Node object: the read is repeated when they change.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -71,28 +59,13 @@ impl DetectionInputs {
 pub(crate) struct HostView {
     /// The node's IPs, chosen among the host's addresses.
     pub detected: Detected,
-    /// The default route's link.
-    pub default_link: Option<u32>,
-    /// Every link.
-    pub links: Vec<Link>,
-    /// Every address with its link.
-    pub addresses: Vec<(u32, IpNet)>,
-    /// The main table's unicast routes, kg's among them.
-    pub main_routes: Vec<control::routes::Route>,
+    /// Its links, addresses and main-table routes.
+    pub net: HostNet,
     /// What detection left out.
     pub exclude: Exclusions,
 }
 
 impl HostView {
-    /// The index of the link holding the private IP `private` (0 when there is none).
-    pub(crate) fn private_link(&self, private: Option<IpNet>) -> u32 {
-        let Some(private) = private else { return 0 };
-        self.addresses
-            .iter()
-            .find(|(_, n)| n.addr() == private.addr())
-            .map_or(0, |(i, _)| *i)
-    }
-
     /// The host's address of the other family than `internal`'s, on `internal`'s link, the
     /// `published` one while the host still has it (see [`ipdetect::second_internal_ip`]).
     pub(crate) fn second_internal_ip(
@@ -100,11 +73,12 @@ impl HostView {
         internal: IpNet,
         published: Option<IpNet>,
     ) -> Option<IpNet> {
-        let link = self.private_link(Some(internal));
+        let link = self.net.private_link(Some(internal));
         if link == 0 {
             return None;
         }
         let same_link: Vec<IpNet> = self
+            .net
             .addresses
             .iter()
             .filter(|(i, _)| *i == link)
@@ -113,56 +87,15 @@ impl HostView {
         ipdetect::second_internal_ip(internal, &same_link, &self.exclude, published)
     }
 
-    /// The link with index `index`.
-    pub(crate) fn link(&self, index: u32) -> Option<&Link> {
-        self.links.iter().find(|l| l.index == index)
-    }
-
-    /// The networks this node is directly connected to: the network of every address that
-    /// gives the kernel a connected route (canonical, de-duplicated), leaving out kg's own links
-    /// `own` (the WireGuard link, the tunnel), `lo`, loopback and link-local addresses, and
-    /// host addresses (`/32`, `/128`: no connected route, only a local one, which no route of
-    /// kg's overrides; kube-proxy's `kube-ipvs0` holds every Service IP so). The routes kg
-    /// installs must never replace or cover these networks.
-    pub(crate) fn connected_networks(&self, own: &[u32]) -> Vec<IpNet> {
-        let mut nets: Vec<IpNet> = self
-            .addresses
-            .iter()
-            .filter(|(i, _)| !own.contains(i) && self.link(*i).is_none_or(|l| l.name != "lo"))
-            .map(|(_, n)| n.trunc())
-            .filter(|n| n.prefix_len() < n.max_prefix_len())
-            .filter(|n| match n.addr() {
-                IpAddr::V4(a) => !a.is_loopback() && !a.is_link_local(),
-                IpAddr::V6(a) => !a.is_loopback() && !a.is_unicast_link_local(),
-            })
-            .collect();
-        nets.sort();
-        nets.dedup();
-        nets
-    }
-
     /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
     /// as this node's gateway inside the location.
     pub(crate) fn cilium_host_ip(&self) -> Option<IpNet> {
-        let host = self.links.iter().find(|l| l.name == encap::CILIUM_HOST)?;
-        self.addresses
+        let host = self.net.link_index(encap::CILIUM_HOST)?;
+        self.net
+            .addresses
             .iter()
-            .find(|(i, n)| *i == host.index && n.addr().is_ipv4())
+            .find(|(i, n)| *i == host && n.addr().is_ipv4())
             .map(|(_, n)| IpNet::from(n.addr()))
-    }
-
-    /// The WireGuard link's MTU: `--mtu`, or with `auto` the default route's link's minus
-    /// WireGuard's overhead, never under 1280 (1420 when the default route's link is unknown).
-    pub(crate) fn mtu(&self, mtu: Mtu) -> u32 {
-        match mtu {
-            Mtu::Fixed(m) => m,
-            Mtu::Auto => self
-                .default_link
-                .and_then(|i| self.link(i))
-                .map_or(DEFAULT_MTU, |l| {
-                    l.mtu.saturating_sub(WIREGUARD_OVERHEAD).max(1280)
-                }),
-        }
     }
 }
 
@@ -242,71 +175,12 @@ pub(crate) async fn read_host(
         .context("no valid IP was found")?;
     Ok(HostView {
         detected,
-        default_link,
-        links,
-        addresses,
-        main_routes,
+        net: HostNet {
+            default_link,
+            links,
+            addresses,
+            main_routes,
+        },
         exclude,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn link(index: u32, name: &str) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            mtu: 1500,
-            up: true,
-        }
-    }
-
-    #[test]
-    fn connected_networks_leave_out_kgs_links_loopback_link_local_and_host_addresses() {
-        let net = |s: &str| s.parse::<IpNet>().unwrap();
-        let host = HostView {
-            detected: Detected {
-                private: Some(net("192.168.10.1/24")),
-                public: net("192.168.10.1/24"),
-                families: ipdetect::Families {
-                    ipv4: true,
-                    ipv6: true,
-                },
-            },
-            default_link: Some(2),
-            links: vec![
-                link(1, "lo"),
-                link(2, "eth0"),
-                link(3, "kilo0"),
-                link(4, "tunl0"),
-                link(5, "kube-ipvs0"),
-                link(6, "pods0"),
-            ],
-            addresses: vec![
-                (1, net("127.0.0.1/8")),
-                (1, net("::1/128")),
-                (2, net("192.168.10.1/24")),
-                (2, net("192.168.10.9/24")),
-                (2, net("169.254.3.1/16")),
-                (2, net("fe80::1/64")),
-                (2, net("2001:db8::1/64")),
-                (3, net("10.4.0.1/16")),
-                (4, net("10.42.1.1/32")),
-                (5, net("10.96.0.1/32")),
-                (6, net("10.42.1.1/24")),
-            ],
-            main_routes: Vec::new(),
-            exclude: Exclusions::default(),
-        };
-        assert_eq!(
-            host.connected_networks(&[3, 4]),
-            [
-                net("10.42.1.0/24"),
-                net("192.168.10.0/24"),
-                net("2001:db8::/64")
-            ]
-        );
-    }
 }

@@ -10,18 +10,7 @@ mod routes;
 
 pub use links::routes_ipv4_to_ipv6_gateways;
 
-/// A network interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Link {
-    /// Interface index.
-    pub index: u32,
-    /// Name.
-    pub name: String,
-    /// MTU.
-    pub mtu: u32,
-    /// Administratively up.
-    pub up: bool,
-}
+pub use control::host::Link;
 
 /// A connection to the kernel's routing netlink.
 #[derive(Clone)]

@@ -1,0 +1,207 @@
+use super::*;
+use crate::fixtures::{f1_nodes, f1_params, f1_peers};
+use crate::host::Link;
+use crate::Granularity;
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn settings(tunnel: bool) -> HostSettings {
+    HostSettings {
+        interface: "kilo0".into(),
+        mtu: Mtu::Auto,
+        cni: true,
+        local: true,
+        encapsulate: Encapsulate::Always,
+        compatibility: Compatibility::Ipip,
+        forward_rules: false,
+        service_cidrs: Vec::new(),
+        tunnel: tunnel.then(|| TunnelKind {
+            name: "tunl0".into(),
+            ipip: true,
+            ipv6_outer: false,
+        }),
+    }
+}
+
+/// Node `name` of fixture F1 on a host whose eth0 (index 2, MTU 1500) holds its internal IP
+/// and the default route, kilo0 is index 3 and tunl0 index 4.
+fn host_of(name: &str) -> (Topology, HostNet) {
+    let nodes = f1_nodes();
+    let t = Topology::new(&nodes, &f1_peers(), &f1_params(name, Granularity::Location)).unwrap();
+    let me = nodes.iter().find(|n| n.name == name).unwrap();
+    let mut addresses = vec![(3, net("10.4.0.1/16"))];
+    addresses.extend(me.internal_ip.map(|ip| (2, ip)));
+    let host = HostNet {
+        default_link: Some(2),
+        links: vec![
+            Link {
+                index: 2,
+                name: "eth0".into(),
+                mtu: 1500,
+                up: true,
+            },
+            Link {
+                index: 3,
+                name: "kilo0".into(),
+                mtu: 1420,
+                up: true,
+            },
+            Link {
+                index: 4,
+                name: "tunl0".into(),
+                mtu: 1480,
+                up: true,
+            },
+        ],
+        addresses,
+        main_routes: Vec::new(),
+    };
+    (t, host)
+}
+
+fn public() -> Key {
+    Key::padded("self")
+}
+
+#[test]
+fn a_leader_wants_its_link_up_with_the_subnets_address_and_a_follower_wants_it_down() {
+    let mut seen = (false, false);
+    for name in ["a", "b", "c", "d"] {
+        let (t, host) = host_of(name);
+        let links = ResolvedLinks {
+            kilo: 3,
+            tunnel: None,
+            tunnel6: None,
+        };
+        let want = plan(
+            &t,
+            &host,
+            &links,
+            &RoutePlan::default(),
+            &public(),
+            &settings(false),
+        );
+        assert_eq!(want.link.up, t.leader, "{name}");
+        assert_eq!(want.link.mtu, 1420, "{name}: eth0's 1500 less 80");
+        if t.leader {
+            seen.0 = true;
+            assert_eq!(want.link.address, Some(t.wireguard_cidr), "{name}");
+            assert_eq!(want.device, t.conf(Some(&public())), "{name}");
+            assert!(!want.device.peers.is_empty(), "{name}: a leader has peers");
+        } else {
+            seen.1 = true;
+            assert_eq!(want.link.address, None, "{name}");
+            assert_eq!(want.device, t.standby_conf(Some(&public())), "{name}");
+        }
+        let cni = want.cni.expect("--cni");
+        assert_eq!(cni.pod_cidrs, t.local_pod_cidrs().collect::<Vec<_>>());
+        assert_eq!(cni.mtu, 1420);
+        assert!(want.tunnel.is_none(), "no tunnel without one configured");
+        assert_eq!(want.encapsulate, Encapsulate::Never);
+    }
+    assert_eq!(seen, (true, true), "F1 has leaders and followers");
+}
+
+#[test]
+fn an_unresolved_tunnel_routes_without_encapsulation_until_the_shell_resolves_it() {
+    // c follows b in location 2; both have internal IPs, so inside the location IPIP is used.
+    let (t, host) = host_of("c");
+    assert!(!t.leader);
+    let s = settings(true);
+    let unresolved = ResolvedLinks {
+        kilo: 3,
+        tunnel: None,
+        tunnel6: None,
+    };
+    let before = plan(&t, &host, &unresolved, &RoutePlan::default(), &public(), &s);
+    assert!(before.tunnel_missing(&unresolved));
+    assert_eq!(before.encapsulate, Encapsulate::Never);
+    assert!(before.routes.routes.iter().all(|r| r.link != 4));
+    let spec = before.tunnel.expect("a tunnel is configured");
+    assert_eq!(spec.ipv4_pods, net("10.2.3.0/24"));
+    assert_eq!(
+        (spec.private_link, spec.private_mtu, spec.private_ipv6),
+        (2, Some(1500), false)
+    );
+
+    let resolved = ResolvedLinks {
+        kilo: 3,
+        tunnel: Some(4),
+        tunnel6: None,
+    };
+    let after = plan(&t, &host, &resolved, &RoutePlan::default(), &public(), &s);
+    assert!(!after.tunnel_missing(&resolved));
+    assert_eq!(after.encapsulate, Encapsulate::Always);
+    assert!(
+        after.routes.routes.iter().any(|r| r.link == 4),
+        "the leader is reached through the tunnel: {:?}",
+        after.routes.routes
+    );
+    assert_ne!(
+        after.firewall, before.firewall,
+        "IPIP from the location is admitted"
+    );
+    // The tunnel's preparation does not depend on its resolution.
+    assert_eq!(after.tunnel, before.tunnel);
+}
+
+#[test]
+fn the_plan_is_a_function_of_its_inputs() {
+    let (t, host) = host_of("b");
+    let links = ResolvedLinks {
+        kilo: 3,
+        tunnel: Some(4),
+        tunnel6: None,
+    };
+    let s = settings(true);
+    let first = plan(&t, &host, &links, &RoutePlan::default(), &public(), &s);
+    let again = plan(&t, &host, &links, &RoutePlan::default(), &public(), &s);
+    assert_eq!(first, again);
+    let fixed = HostSettings {
+        mtu: Mtu::Fixed(1300),
+        cni: false,
+        ..s
+    };
+    let other = plan(&t, &host, &links, &RoutePlan::default(), &public(), &fixed);
+    assert_eq!(other.link.mtu, 1300);
+    assert_eq!(other.cni, None);
+    assert_eq!(
+        other.routes, first.routes,
+        "the MTU and CNI do not move routes"
+    );
+}
+
+#[test]
+fn endpoint_bypasses_go_through_the_hosts_own_route_not_kgs() {
+    // Peer b's endpoint 192.168.0.1 lies inside location 1's allowed IPs (node a's internal
+    // IP), which b, leading location 2, routes onto kilo0: its bypass takes the host's own
+    // route to 192.168.0.0/24 on eth0, never kg's route of the same destination (`owned`).
+    let (t, mut host) = host_of("b");
+    assert!(t.leader);
+    let route = |link| Route {
+        table: crate::routes::MAIN_TABLE,
+        dst: net("192.168.0.0/24"),
+        gateway: None,
+        link,
+        src: None,
+        onlink: false,
+    };
+    host.main_routes = vec![route(9), route(2)];
+    let owned = RoutePlan {
+        routes: [route(9)].into_iter().collect(),
+        ..Default::default()
+    };
+    let links = ResolvedLinks {
+        kilo: 3,
+        tunnel: None,
+        tunnel6: None,
+    };
+    let want = plan(&t, &host, &links, &owned, &public(), &settings(false));
+    assert!(!want.bypasses.is_empty(), "{:?}", want.routes.routes);
+    for bypass in &want.bypasses {
+        assert_eq!(bypass.route.link, 2, "{bypass:?}");
+        assert!(want.routes.routes.contains(&bypass.route));
+    }
+}
