@@ -10,8 +10,8 @@
 #
 # Why a whole machine: qemu-user cannot run kg (its netlink translation refuses RTM_GETRULE dumps
 # and NETLINK_NETFILTER sockets), so kg's end-to-end on ARM needs an ARM kernel. The binaries
-# come from `scripts/cross-build.sh --target arm64|armv7 --profile ci` (target/aarch64-unknown-
-# linux-gnu/ci/{kg,kgctl}, target/armv7-unknown-linux-gnueabihf/ci/{kg,kgctl}); --kg and --kgctl
+# come from `scripts/cross-build.sh --target arm64|armv7 --profile ci-arm` (target/aarch64-unknown-
+# linux-gnu/ci-arm/{kg,kgctl}, target/armv7-unknown-linux-gnueabihf/ci-arm/{kg,kgctl}); --kg and --kgctl
 # must be ELF files of --arch's machine (aarch64, or 32-bit ARM).
 #
 #   --arch  qemu                                                  Debian (mmdebstrap, kernel)
@@ -43,10 +43,10 @@
 # console as a marker line `KILOTUN_VM_EXIT=<n> run=<nonce>`. The default COMMAND is
 # `bash /mnt/kilotun/tests/demo.sh`. Examples:
 #
-#   scripts/arm64-vm.sh --kg target/aarch64-unknown-linux-gnu/ci/kg \
-#       --kgctl target/aarch64-unknown-linux-gnu/ci/kgctl
-#   scripts/arm64-vm.sh --arch armv7 --kg target/armv7-unknown-linux-gnueabihf/ci/kg \
-#       --kgctl target/armv7-unknown-linux-gnueabihf/ci/kgctl
+#   scripts/arm64-vm.sh --kg target/aarch64-unknown-linux-gnu/ci-arm/kg \
+#       --kgctl target/aarch64-unknown-linux-gnu/ci-arm/kgctl
+#   scripts/arm64-vm.sh --arch armv7 --kg target/armv7-unknown-linux-gnueabihf/ci-arm/kg \
+#       --kgctl target/armv7-unknown-linux-gnueabihf/ci-arm/kgctl
 #   scripts/arm64-vm.sh --kg ... --kgctl ... -- env DEMO_HOLD=5 bash tests/demo.sh
 #   scripts/arm64-vm.sh --kg ... --kgctl ... -- sh -c 'uname -a; ./kg --version'
 #

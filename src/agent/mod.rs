@@ -123,6 +123,7 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     firewall: F,
     wg: Arc<W>,
     kilo_index: u32,
+    cni_file: Box<dyn shells::cni_file::CniFile>,
     resolver: Option<TokioResolver>,
     dns: DnsBook,
     hostname_ips: Vec<IpAddr>,
@@ -157,6 +158,8 @@ pub struct Shells<N, F, W> {
     pub firewall: F,
     /// The WireGuard device.
     pub engine: W,
+    /// The CNI configuration file (`--cni`).
+    pub cni: Box<dyn shells::cni_file::CniFile>,
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
@@ -246,6 +249,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         wg: Arc::clone(&agent.wg),
         graph: Arc::clone(&agent.graph),
         status: Arc::clone(&agent.status),
+        kernel: agent.netlink.clone(),
+        firewall: agent.firewall,
     };
     let bound = http::serve(&listen, state).await?;
     tracing::info!(address = %bound, "serving /health, /metrics, /graph and /status");

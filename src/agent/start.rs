@@ -84,6 +84,9 @@ impl Agent {
                 forward_rules: s.args.iptables_forward_rules,
             },
             engine: wg,
+            cni: Box::new(super::shells::cni_file::HostCniFile::new(
+                s.args.cni_path.clone(),
+            )),
         };
         // The node's own name is looked up meanwhile (it can take up to a second).
         let hostname = s.hostname.clone();
@@ -129,6 +132,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             kernel: netlink,
             firewall,
             engine: wg,
+            cni: cni_file,
         } = shells;
         // The iptables back end is the host's, chosen once before the first rule is read; its
         // child processes run while the device is configured and the last run's peers restored.
@@ -243,6 +247,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             firewall,
             wg: Arc::new(wg),
             kilo_index,
+            cni_file,
             resolver,
             hostname_ips,
             owned: last_routes,

@@ -6,6 +6,7 @@ use control::clock::Now;
 use dataplane::{DeviceConfig, SecretKey};
 
 use super::args::Settings;
+use super::shells::cni_file::MemCniFile;
 use super::shells::twins::{Calls, MemEngine, MemFirewall, MemKernel};
 use crate::backend::Backend;
 
@@ -37,6 +38,8 @@ pub struct TwinAgent {
     pub firewall: MemFirewall,
     /// Its WireGuard device.
     pub engine: MemEngine,
+    /// Its CNI configuration file (`--cni-path`, missing at start).
+    pub cni: MemCniFile,
 }
 
 impl TwinAgent {
@@ -84,10 +87,12 @@ impl TwinAgent {
         start: Start,
     ) -> Result<Self> {
         let firewall = MemFirewall::default();
+        let cni = MemCniFile::holding(settings.args.cni_path.clone(), None);
         let shells = crate::agent::Shells {
             kernel: kernel.clone(),
             firewall: firewall.clone(),
             engine: engine.clone(),
+            cni: Box::new(cni.clone()),
         };
         let agent = crate::agent::Agent::with_shells(
             settings,
@@ -104,6 +109,7 @@ impl TwinAgent {
             kernel,
             firewall,
             engine,
+            cni,
         })
     }
 
@@ -152,5 +158,59 @@ mod tests {
         assert_eq!(now.peers, outlived.peers);
         assert!(now.interface.private_key.is_some());
         assert_eq!(now.interface.listen_port, 51820);
+    }
+
+    #[tokio::test]
+    async fn the_cni_configuration_follows_the_pod_cidr_through_its_shell() {
+        use control::fixtures::{kube_node, synthetic_cluster};
+        let dir = std::env::temp_dir().join(format!("kilotun-cni-twin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = synthetic_cluster(4, 2);
+        let local = nodes[0].clone();
+        let mut twin = TwinAgent::start(&[
+            "--backend=file",
+            &format!("--cluster-dir={}", dir.display()),
+            &format!("--key-file={}", dir.join("key").display()),
+            &format!("--hostname={}", local.name),
+            "--cni=true",
+            "--mtu=1380",
+            "--encapsulate=never",
+        ])
+        .await
+        .unwrap();
+        let mut snapshot = crate::backend::Snapshot {
+            listed: crate::backend::Listed::EVERYTHING,
+            ..Default::default()
+        };
+        for (rv, mut node) in nodes.into_iter().enumerate() {
+            node.last_seen = crate::agent::read_clock().unix_secs();
+            snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
+        }
+        // No conflist yet: a warning, nothing written, and the mesh still configured.
+        twin.agent
+            .reconcile(&snapshot, crate::agent::Trigger::Resync)
+            .await
+            .unwrap();
+        assert_eq!((twin.cni.text(), twin.cni.writes()), (None, 0));
+        assert!(!twin.engine.config().peers.is_empty());
+        // The CNI's own conflist appears: the next resync puts the node's range and the MTU in.
+        twin.cni.put(
+            r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"type":"bridge","bridge":"kube-bridge","mtu":1420,"ipam":{"type":"host-local"}}]}"#,
+        );
+        twin.agent
+            .reconcile(&snapshot, crate::agent::Trigger::Resync)
+            .await
+            .unwrap();
+        let text = twin.cni.text().unwrap();
+        let pods = local.subnet.unwrap().to_string();
+        assert!(text.contains(&format!(r#""subnet":"{pods}""#)), "{text}");
+        assert!(text.contains(r#""mtu":1380"#), "{text}");
+        // Right already: read again on the next resync, not written.
+        twin.agent
+            .reconcile(&snapshot, crate::agent::Trigger::Resync)
+            .await
+            .unwrap();
+        assert_eq!(twin.cni.writes(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,6 +15,8 @@ use serde::Deserialize;
 
 use super::metrics::{Format, Metrics, WireGuardScrape};
 use super::status::StatusBoard;
+use crate::agent::shells::firewall::HostFirewall;
+use crate::agent::shells::netlink::Netlink;
 use crate::agent::shells::wireguard::WireGuard;
 
 /// What `/graph` draws: the last topology and the CIDRs it withholds, drawn only when asked
@@ -45,6 +47,10 @@ pub struct HttpState {
     pub graph: Arc<Mutex<Option<GraphSource>>>,
     /// What kg last applied, for `/status`.
     pub status: Arc<StatusBoard>,
+    /// The agent's kernel shell, which `/status` compares the host's routes through.
+    pub kernel: Netlink,
+    /// The agent's firewall shell, which `/status` compares the host's rules through.
+    pub firewall: HostFirewall,
 }
 
 /// Parses Go's listen form: `:1107` means every interface.
@@ -161,7 +167,14 @@ pub struct StatusQuery {
 }
 
 async fn status(State(state): State<HttpState>, Query(q): Query<StatusQuery>) -> Response {
-    let status = super::status::collect(&state.status, &state.wg, q.probe.unwrap_or(false)).await;
+    let status = super::status::collect(
+        &state.status,
+        &state.wg,
+        &state.kernel,
+        &state.firewall,
+        q.probe.unwrap_or(false),
+    )
+    .await;
     match serde_json::to_string_pretty(&status) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),

@@ -15,8 +15,8 @@ use control::Topology;
 use parking_lot::Mutex;
 
 use super::probe;
-use crate::agent::shells::netlink::Netlink;
 use crate::agent::shells::wireguard::WireGuard;
+use crate::agent::shells::{Firewall, Kernel};
 
 /// How many reconcile errors `/status` keeps.
 pub const ERRORS_KEPT: usize = 8;
@@ -160,11 +160,15 @@ fn peer_names(t: &Topology) -> BTreeMap<String, (PeerKind, String, String)> {
     names
 }
 
-/// Lists the kernel's routes and rules and iptables, and says what differs from `published`.
-async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
-    let netlink = Netlink::connect()?;
-    let observed = netlink.observe().await?;
-    let names: BTreeMap<u32, String> = netlink
+/// Lists the kernel's routes and rules (through `kernel`) and the firewall's rules (through
+/// `firewall`), and says what differs from `published`.
+async fn drift(
+    published: &Published,
+    kernel: &impl Kernel,
+    firewall: &impl Firewall,
+) -> anyhow::Result<Vec<String>> {
+    let observed = kernel.observe().await?;
+    let names: BTreeMap<u32, String> = kernel
         .links()
         .await?
         .into_iter()
@@ -178,12 +182,11 @@ async fn drift(published: &Published) -> anyhow::Result<Vec<String>> {
     );
     let mut lines: Vec<String> = ops.iter().map(|op| describe(op, &names)).collect();
     if let Some(rules) = published.rules.clone() {
-        let firewall = tokio::task::spawn_blocking(move || {
-            use crate::agent::shells::firewall;
-            firewall::drift(&rules, firewall::v6_available())
-        })
-        .await??;
-        lines.extend(firewall);
+        let firewall = firewall.clone();
+        let drifted =
+            tokio::task::spawn_blocking(move || firewall.drift(&rules, firewall.v6_available()))
+                .await??;
+        lines.extend(drifted);
     }
     Ok(lines)
 }
@@ -254,8 +257,15 @@ fn run_probes(published: &Published, peers: &[PeerStatus]) -> Probes {
 }
 
 /// This node's status: the published value, the engine's live state, the drift of the host
-/// and, with `probe`, the path probes.
-pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> NodeStatus {
+/// (read through `kernel` and `firewall`, the agent's own shells) and, with `probe`, the path
+/// probes.
+pub async fn collect(
+    board: &StatusBoard,
+    wg: &Arc<WireGuard>,
+    kernel: &impl Kernel,
+    firewall: &impl Firewall,
+    probe: bool,
+) -> NodeStatus {
     let published = board.snapshot();
     let names = published
         .topology
@@ -343,7 +353,7 @@ pub async fn collect(board: &StatusBoard, wg: &Arc<WireGuard>, probe: bool) -> N
             .errors
             .push(format!("reading the WireGuard device: {e}")),
     }
-    match drift(&published).await {
+    match drift(&published, kernel, firewall).await {
         Ok(lines) => status.drift = Some(lines),
         Err(e) => status.drift_error = Some(format!("{e:#}")),
     }
@@ -389,6 +399,58 @@ mod tests {
         );
         let unnamed = Route { link: 9, ..route };
         assert!(describe(&RouteOp::DeleteRoute(unnamed), &names).contains("dev #9"));
+    }
+
+    #[tokio::test]
+    async fn drift_is_read_through_the_agents_shells() {
+        use crate::agent::shells::twins::{MemFirewall, MemKernel};
+        let kernel = MemKernel::host("kilo0");
+        let kilo = kernel
+            .links()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|l| l.name == "kilo0")
+            .unwrap()
+            .index;
+        let route = Route {
+            table: 254,
+            dst: "10.42.3.0/24".parse().unwrap(),
+            gateway: None,
+            link: kilo,
+            src: None,
+            onlink: false,
+        };
+        let firewall = MemFirewall::default();
+        let mut published = Published {
+            kilo_index: kilo,
+            plan: RoutePlan {
+                routes: [route].into_iter().collect(),
+                ..Default::default()
+            },
+            rules: Some(RuleSet::default()),
+            ..Default::default()
+        };
+        let lines = drift(&published, &kernel, &firewall).await.unwrap();
+        assert_eq!(
+            lines,
+            [
+                "missing or different: ip route replace 10.42.3.0/24 dev kilo0".to_string(),
+                "the firewall holds none of kg's rules".to_string(),
+            ]
+        );
+        // Once the host holds both, nothing drifted.
+        kernel.set_routes(published.plan.clone());
+        firewall.reconcile(&RuleSet::default(), None, true).unwrap();
+        assert!(drift(&published, &kernel, &firewall)
+            .await
+            .unwrap()
+            .is_empty());
+        published.rules = None;
+        assert!(drift(&published, &kernel, &firewall)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

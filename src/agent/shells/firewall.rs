@@ -110,6 +110,10 @@ impl Firewall for HostFirewall {
         Ok(())
     }
 
+    fn drift(&self, rules: &RuleSet, v6: bool) -> Result<Vec<String>> {
+        drift(rules, v6)
+    }
+
     fn reconcile(&self, rules: &RuleSet, previous: Option<&RuleSet>, v6: bool) -> Result<bool> {
         match chosen() {
             Some(Chosen::Nftables) => {

@@ -14,6 +14,7 @@ use control::routes::{Route, RouteOp, RoutePlan};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
+pub mod cni_file;
 pub mod engine_lock;
 pub mod firewall;
 pub mod iptables;
@@ -169,6 +170,8 @@ pub trait Firewall: Clone + Send + Sync + 'static {
     fn clean_up(&self, v6_available: bool) -> Result<()>;
     /// True when the IPv6 family can be managed here.
     fn v6_available(&self) -> bool;
+    /// What differs between the host's rules and `rules`, one line per difference (`/status`).
+    fn drift(&self, rules: &RuleSet, v6_available: bool) -> Result<Vec<String>>;
     /// Gets ready before the first rule is read (the real one picks nftables or iptables and
     /// the latter's back end, which takes child processes: kg does it while it restores the
     /// last run's peers).

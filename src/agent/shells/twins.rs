@@ -337,6 +337,14 @@ impl Firewall for MemFirewall {
     fn v6_available(&self) -> bool {
         true
     }
+    fn drift(&self, rules: &RuleSet, _v6_available: bool) -> Result<Vec<String>> {
+        let s = self.state.lock();
+        Ok(match &s.0 {
+            Some(held) if held == rules => Vec::new(),
+            Some(_) => vec!["the firewall's rules differ from the rules kg applied".to_string()],
+            None => vec!["the firewall holds none of kg's rules".to_string()],
+        })
+    }
 }
 
 /// An in-memory WireGuard device: its configuration and how often it was read or changed.
