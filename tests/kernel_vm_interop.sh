@@ -305,7 +305,12 @@ readded() {
 	# Handshake times are in seconds: let one go by so the new one is later.
 	while (($(date +%s) <= before)); do sleep 0.2; done
 	"$add"
-	[[ $(handshake_of "$ns" "$dev" "$key") == 0 ]] || fail "peer re-added ($who): the new peer has a handshake already"
+	# Fresh: no handshake yet, or one made after the add (the other end still holds its session
+	# and retries its handshake every 5 s; on a slow machine one can land before this check),
+	# never the removed peer's.
+	local fresh
+	fresh=$(handshake_of "$ns" "$dev" "$key")
+	((fresh == 0 || fresh > before)) || fail "peer re-added ($who): the new peer carries the removed one's handshake ($fresh, not after $before)"
 	# The end with the fresh peer has no session: its packet makes it start a handshake.
 	ping_ok "$ns" "$other_ip"
 	ping_ok "$other" "$own_ip"
