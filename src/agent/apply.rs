@@ -77,7 +77,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         };
         let mut want = desired::plan(t, &host.net, &links, &self.owned, &self.public, &settings);
         let routed = self
-            .converge_links_and_routes(t, &mut want, &settings)
+            .converge_links_and_routes(t, &mut want, links, &settings)
             .await;
         self.stages.lap(Stage::Routes, started);
         let started = Instant::now();
@@ -151,12 +151,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     }
 
     /// The link, the CNI configuration, the tunnel, then the routes and rules, brought to
-    /// `want`. When the tunnel's links resolve differently from what `want` was planned with
-    /// (it was just created, or recreated), `want` is planned again with them first.
+    /// `want`. When the tunnel's links resolve differently from `planned`, the links `want`
+    /// was planned with (it was just created, or recreated), `want` is planned again with them
+    /// first.
     async fn converge_links_and_routes(
         &mut self,
         t: &Topology,
         want: &mut DesiredHost,
+        planned: ResolvedLinks,
         settings: &HostSettings,
     ) -> Result<()> {
         self.converge_link(&want.link).await?;
@@ -168,8 +170,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         self.metrics.set_leader(t.leader, &t.location);
         let links = self.converge_tunnel(want.tunnel).await?;
-        if links != self.memo.resolved {
-            self.memo.resolved = links;
+        self.memo.resolved = links;
+        if links != planned {
             let host = self.memo.host.as_ref().expect("planned from it");
             *want = desired::plan(t, &host.net, &links, &self.owned, &self.public, settings);
         }
