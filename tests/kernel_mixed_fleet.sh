@@ -6,7 +6,8 @@
 # Every kg runs with --encapsulate=always, so west's nodes reach each other over IPIP: n2 and n3
 # (one on each WireGuard) over the kernel's tunl0, and n4 over kilotun's userspace IPIP, whose
 # packets are the same on the wire: a location that mixes both kinds of node.
-# Checks, printing one `CHECK <name> ok` line each (the test looks for them):
+# Checks, printing one `CHECK <name> ok (at <seconds since the start> s)` line each (the test
+# looks for them):
 #   mesh       every node reaches every other node's pod address; west's nodes use tunl0
 #   mixed-ipip n4 routes west over kilo-ipip, n2 and n3 route to n4 over tunl0
 #   kinds      n1's and n3's links are the kernel's WireGuard, n2's a TUN; /status and
@@ -143,7 +144,7 @@ for pair in n2:10.42.3.0/24 n3:10.42.2.0/24; do
   n=${pair%%:*}; cidr=${pair#*:}
   settled "$n" "$cidr" tunl0 || fail "$n does not route $cidr over tunl0: $(ip -n "$(ns "$n")" route show proto static)"
 done
-echo "CHECK mesh ok"
+echo "CHECK mesh ok (at ${SECONDS} s)"
 
 for n in n2 n3; do
   settled "$n" 10.42.4.0/24 tunl0 || fail "$n does not route n4's pods over tunl0: $(ip -n "$(ns "$n")" route show proto static)"
@@ -154,7 +155,7 @@ done
 grep -q -- "--ipip=userspace" "$work/n4.log" || fail "n4 did not log its IPIP choice"
 for from in n2 n3; do reaches "$from" 10.42.4.1 || fail "$from does not reach n4's pod"; done
 for to in 10.42.2.1 10.42.3.1; do reaches n4 "$to" || fail "n4 does not reach $to"; done
-echo "CHECK mixed-ipip ok"
+echo "CHECK mixed-ipip ok (at ${SECONDS} s)"
 
 [ "$(kind n1)" = wireguard ] || fail "n1's link is $(kind n1), not wireguard"
 [ "$(kind n3)" = wireguard ] || fail "n3's link is $(kind n3), not wireguard"
@@ -170,22 +171,22 @@ for pair in n1=kernel n2=embedded n3=kernel; do
     fail "$n's metrics lack implementation=$want: $(grep kilotun_wireguard <<<"$metrics")"
 done
 grep -q "driving the kernel's WireGuard on kilo-n3" "$work/n3.log" || fail "n3 did not log its choice"
-echo "CHECK kinds ok"
+echo "CHECK kinds ok (at ${SECONDS} s)"
 
 restart_n1() { stop n1; start n1 kernel; }
 gap n2 10.42.1.1 8 restart restart_n1
 grep -q "kept from the last run with its sessions" "$work/n1.log" || fail "n1 did not keep its link"
-echo "CHECK restart ok"
+echo "CHECK restart ok (at ${SECONDS} s)"
 
 to_engine() { stop n1; start n1 embedded; }
 gap n2 10.42.1.1 8 to-engine to_engine
 [ "$(kind n1)" = tun ] || fail "n1's link is $(kind n1) after the switch, not tun"
-echo "CHECK to-engine ok"
+echo "CHECK to-engine ok (at ${SECONDS} s)"
 
 to_kernel() { stop n2; start n2 kernel; }
 gap n1 10.42.2.1 8 to-kernel to_kernel
 [ "$(kind n2)" = wireguard ] || fail "n2's link is $(kind n2) after the switch, not wireguard"
-echo "CHECK to-kernel ok"
+echo "CHECK to-kernel ok (at ${SECONDS} s)"
 
 granularity=full
 for n in "${nodes[@]}"; do stop "$n"; done
@@ -203,4 +204,4 @@ for n in "${nodes[@]}"; do
   [[ $routes != *"dev tunl0"* && $routes != *"dev kilo-ipip"* ]] ||
     fail "$n keeps routes over a tunnel in the full mesh: $routes"
 done
-echo "CHECK full ok"
+echo "CHECK full ok (at ${SECONDS} s)"

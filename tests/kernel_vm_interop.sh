@@ -5,7 +5,7 @@
 #
 #   scripts/kernel-vm.sh --kernel 6.1 -- bash tests/kernel_vm_interop.sh target/ci/kilotun
 #
-# It checks, printing a `KVM_OK <what>` line for each step that passes:
+# It checks, printing a `KVM_OK <what> [at <seconds since the start> s]` line for each step that passes:
 #   wireguard-module  `ip link add ... type wireguard` loads the module (wireguard, udp_tunnel,
 #                     ip6_udp_tunnel, libchacha20poly1305, curve25519...) and makes a device;
 #   ipip-module       an ipip tunnel loads ipip (and tunnel4, ip_tunnel): the fallback tunl0
@@ -45,7 +45,7 @@ for tool in ip wg ping socat sha256sum modprobe; do
 	command -v "$tool" >/dev/null || { echo "FAIL: $tool not found" >&2; exit 1; }
 done
 
-ok() { echo "KVM_OK $*"; }
+ok() { echo "KVM_OK $* [at ${SECONDS} s]"; }
 fail() {
 	echo "FAIL: $*" >&2
 	exit 1
