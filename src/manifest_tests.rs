@@ -326,6 +326,21 @@ fn every_manifest_parses_into_its_type_and_every_kg_command_line_is_valid() {
                     continue;
                 }
                 daemonset_labels.push(labels);
+                // A surge rollout: the new kg stands by beside the old one and takes over as it
+                // exits, so no node goes without an engine while its pod is replaced.
+                let strategy = spec.update_strategy.unwrap_or_default();
+                let rolling = strategy.rolling_update.unwrap_or_default();
+                assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"), "{file}");
+                assert_eq!(
+                    rolling.max_surge,
+                    Some(IntOrString::Int(1)),
+                    "{file}: maxSurge"
+                );
+                assert_eq!(
+                    rolling.max_unavailable,
+                    Some(IntOrString::Int(0)),
+                    "{file}: maxUnavailable"
+                );
                 assert_eq!(pod.service_account_name.as_deref(), Some("kilo"), "{file}");
                 let found = check_kg_containers(&file, &pod);
                 assert_eq!(found, 1, "{file}: one kg container, no sidecar");

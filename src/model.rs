@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use control::node::Granularity;
 use ipnet::IpNet;
 
 pub mod check;
@@ -61,20 +62,33 @@ impl std::fmt::Display for Violation {
 
 /// Runs the sequence `input` stands for, on three nodes in as many locations to begin with,
 /// checking the invariants after each event and convergence at the end. The first byte's low
-/// bit chooses the leader election (set: Kilo's rule, clear: leases), the rest decodes to the
-/// events ([`events::decode`]).
+/// bit chooses the leader election (set: Kilo's rule, clear: leases) and its next bit the
+/// granularity (set: full, clear: location); the rest decodes to the events
+/// ([`events::decode`]).
 pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
-    let (election, input) = match input.split_first() {
-        Some((first, rest)) if first & 1 == 1 => (Election::Kilo, rest),
-        Some((_, rest)) => (Election::Lease, rest),
-        None => (Election::Lease, input),
+    let (mode, input) = input
+        .split_first()
+        .map_or((0, input), |(m, rest)| (*m, rest));
+    let election = if mode & 1 == 1 {
+        Election::Kilo
+    } else {
+        Election::Lease
     };
-    let mut history = vec![format!("leaders chosen by {election:?}")];
+    let granularity = if mode & 2 == 2 {
+        Granularity::Full
+    } else {
+        Granularity::Location
+    };
+    let mut history = vec![format!(
+        "leaders chosen by {election:?}, {} granularity",
+        granularity.as_str()
+    )];
     let fail = |what: String, history: &[String]| Violation {
         what,
         history: history.to_vec(),
     };
-    let mut sim = Sim::new(election).map_err(|e| fail(format!("{e:#}"), &history))?;
+    let mut sim =
+        Sim::meshed(election, granularity).map_err(|e| fail(format!("{e:#}"), &history))?;
     let mut model = Model::default();
     for location in 0..LOCATIONS {
         let event = Event::Join { location };

@@ -183,6 +183,16 @@ pub struct Settings {
     pub mtu: Mtu,
 }
 
+impl Settings {
+    /// True when this kg takes and renews its location's lease: `--leader-election=lease` in
+    /// location granularity. In full and cross granularity no location has a leader to elect,
+    /// so the flag changes nothing and kg writes no Lease.
+    pub fn elects_by_lease(&self) -> bool {
+        self.args.leader_election == LeaderElection::Lease
+            && self.granularity == Granularity::Location
+    }
+}
+
 /// Parses a Go duration (`30s`, `1m30s`, `500ms`, `2h`).
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let mut total = Duration::ZERO;

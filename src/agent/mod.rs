@@ -168,9 +168,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.backend.subscribe()
     }
 
-    /// True with `--leader-election=lease`.
+    /// True when kg takes its location's lease ([`args::Settings::elects_by_lease`]).
     pub fn leases_on(&self) -> bool {
-        self.s.args.leader_election == args::LeaderElection::Lease
+        self.s.elects_by_lease()
     }
 
     /// When the next DNS lookup is due: `None` with no name to resolve (or no resolver), so

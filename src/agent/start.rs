@@ -23,7 +23,7 @@ use super::shells::netlink::Netlink;
 use super::shells::wireguard::WireGuard;
 use super::shells::{keyfile, state};
 use super::shells::{Engine, Firewall, Kernel};
-use super::{args, read_clock, reconcile, Agent, Shells, DNS_TIMEOUT};
+use super::{read_clock, reconcile, Agent, Shells, DNS_TIMEOUT};
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use control::clock::Now;
 
@@ -40,10 +40,7 @@ impl Agent {
             BackendKind::Kubernetes => {
                 let config =
                     crate::backend::kube::client_config(&s.args.kubeconfig, &s.args.master).await?;
-                Backend::Kube(KubeBackend::start(
-                    config,
-                    s.args.leader_election == args::LeaderElection::Lease,
-                )?)
+                Backend::Kube(KubeBackend::start(config, s.elects_by_lease())?)
             }
         };
         let netlink = Netlink::connect()?;
@@ -281,6 +278,10 @@ const HOSTNAME_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 /// it act as a leader until its first reconcile; a follower's are not needed before then
 /// either. `None`: restore them.
 fn stale_restore(snapshot: &Snapshot, s: &Settings, now_ms: i64) -> Option<String> {
+    if s.granularity != control::node::Granularity::Location {
+        // Every node leads its own segment: whoever holds a lease, the peers are this node's.
+        return None;
+    }
     let own = snapshot.nodes.get(&s.hostname)?;
     let (node, _) = control::node::translate_node(own, &s.args.topology_label);
     let holder = control::leader::led_by_another(&node, &snapshot.leases, now_ms)?;

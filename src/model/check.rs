@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use control::node::Granularity;
 use control::routes::MAIN_TABLE;
 use ipnet::IpNet;
 
@@ -38,23 +39,26 @@ pub fn always(sim: &Sim) -> Result<(), String> {
 }
 
 /// The nodes expected in the converged mesh: running, reachable and with no malformed
-/// annotation left (the caller has healed the faults), by location.
+/// annotation left (the caller has healed the faults), by segment: their location, or in full
+/// granularity each node alone (its own segment and leader, as in Kilo).
 fn members(sim: &Sim) -> BTreeMap<&str, Vec<(&String, &SimNode)>> {
-    let mut by_location: BTreeMap<&str, Vec<(&String, &SimNode)>> = BTreeMap::new();
+    let mut by_segment: BTreeMap<&str, Vec<(&String, &SimNode)>> = BTreeMap::new();
     for (name, node) in &sim.nodes {
         if node.running.is_some() {
-            by_location
-                .entry(node.location.as_str())
-                .or_default()
-                .push((name, node));
+            let segment = match sim.granularity {
+                Granularity::Full => name.as_str(),
+                _ => node.location.as_str(),
+            };
+            by_segment.entry(segment).or_default().push((name, node));
         }
     }
-    by_location
+    by_segment
 }
 
 /// Once the faults have stopped and enough model time has passed: every location with a
 /// running node has exactly one leader, the one its lease names, chosen as Kilo's rule and the
-/// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first); every
+/// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first; in
+/// full granularity every node is its own location and leader, and no lease is taken); every
 /// leader's device has exactly the other locations' leaders and the valid Peers as peers, each
 /// running node's pod CIDR routed to its location's leader alone; every follower routes the
 /// other locations' pods through its own leader; nothing routes to a node that left.
@@ -92,6 +96,7 @@ pub fn converged(
                 .is_some_and(|a| a.contains_key(control::node::annotation::LEADER))
         };
         match sim.election {
+            _ if sim.granularity == Granularity::Full => {}
             Election::Lease => {
                 if cordoned(leader) && nodes.iter().any(|(n, _)| !cordoned(n)) {
                     return Err(format!(

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use control::clock::Now;
+use control::node::Granularity;
 use dataplane::SecretKey;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
@@ -114,6 +115,8 @@ pub struct Sim {
     joined: u8,
     /// How every agent chooses leaders.
     pub election: Election,
+    /// How every agent meshes (`--mesh-granularity`): location or full.
+    pub granularity: Granularity,
     /// Bytes received and sent so far by each node's device, per peer.
     traffic: BTreeMap<(String, control::Key), (u64, u64)>,
     /// When the traffic was last brought up to date.
@@ -127,9 +130,14 @@ impl Drop for Sim {
 }
 
 impl Sim {
-    /// An empty cluster at a fixed moment whose agents choose leaders by `election`, its files
-    /// in a fresh directory.
+    /// An empty cluster at a fixed moment whose agents choose leaders by `election` in
+    /// location granularity, its files in a fresh directory.
     pub fn new(election: Election) -> Result<Self> {
+        Self::meshed(election, Granularity::Location)
+    }
+
+    /// [`Sim::new`], the agents meshing with `granularity`.
+    pub fn meshed(election: Election, granularity: Granularity) -> Result<Self> {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kilotun-model-{}-{n}", std::process::id()));
@@ -149,6 +157,7 @@ impl Sim {
             dir,
             joined: 0,
             election,
+            granularity,
             traffic: BTreeMap::new(),
             flowed: start,
         })
@@ -232,7 +241,7 @@ impl Sim {
             let _ = std::fs::remove_file(state::path(&key_file));
         }
         let restored = state::load(&key_file, &node.key)?;
-        let args = agent_args(name, &key_file, self.election);
+        let args = agent_args(name, &key_file, self.election, self.granularity);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let start = Start {
             key: node.key.clone(),
@@ -488,9 +497,15 @@ impl Sim {
     }
 }
 
-/// The flags every model agent runs with: Kilo's defaults but the leader election asked for,
-/// no CNI file and no encapsulation inside a location (the twins have no tunnel).
-fn agent_args(name: &str, key_file: &std::path::Path, election: Election) -> Vec<String> {
+/// The flags every model agent runs with: Kilo's defaults but the leader election and the
+/// granularity asked for, no CNI file and no encapsulation inside a location (the twins have
+/// no tunnel).
+fn agent_args(
+    name: &str,
+    key_file: &std::path::Path,
+    election: Election,
+    granularity: Granularity,
+) -> Vec<String> {
     vec![
         // (The backend is given to the agent directly; the flags must only parse.)
         "--backend=file".to_string(),
@@ -506,6 +521,7 @@ fn agent_args(name: &str, key_file: &std::path::Path, election: Election) -> Vec
             Election::Kilo => "--leader-election=kilo",
         }
         .to_string(),
+        format!("--mesh-granularity={}", granularity.as_str()),
         "--encapsulate=never".to_string(),
         format!("--resync-period={}s", RESYNC.as_secs()),
     ]

@@ -388,3 +388,33 @@ fn a_leader_whose_port_is_blocked_hands_over_to_a_verifier() {
     sim.advance(CONVERGENCE_BOUND).unwrap();
     check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
 }
+
+/// In full granularity every node is its own segment, with no lease to take: five nodes in
+/// three locations, one leaves for good, one restarts without its saved peers, one is cut off
+/// from the API for half a minute and another's WireGuard port is blocked for as long; every
+/// survivor ends up a peer of every other, each one's pods routed to it alone, and nothing
+/// routes to the node that left. With both elections, which full granularity must not use.
+#[test]
+fn a_full_mesh_heals_after_a_departure_a_restart_an_outage_and_a_blocked_port() {
+    for election in [Election::Lease, Election::Kilo] {
+        let mut input = vec![2 | u8::from(election == Election::Kilo)];
+        input.extend(encode(&[
+            Event::Join { location: 0 },
+            Event::Join { location: 1 },
+            Event::Wait { secs: 10 },
+            Event::Leave { node: 1 },
+            Event::Restart {
+                node: 2,
+                with_saved_state: false,
+            },
+            Event::Outage { node: 3, on: true },
+            Event::Block { node: 0, on: true },
+            Event::Wait { secs: 30 },
+            Event::Outage { node: 3, on: false },
+            Event::Block { node: 0, on: false },
+        ]));
+        let outcome = must_pass(&input, &format!("full mesh, {election:?}"));
+        assert_eq!(outcome.running, 4, "{outcome:?}");
+        assert_eq!(outcome.lease_transitions, 0, "{outcome:?}");
+    }
+}

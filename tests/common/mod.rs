@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 pub mod fake_kube;
 pub mod image;
+pub mod old_clusters;
 pub mod pinger;
 pub mod real_kube;
 pub mod webhook;

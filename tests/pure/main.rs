@@ -5,10 +5,14 @@
 
 #[path = "../markdown/mod.rs"]
 mod markdown;
+#[path = "../common/old_clusters.rs"]
+#[allow(unreachable_pub)]
+mod old_clusters;
 
 mod device_plugin;
 mod docs;
 mod handover_order;
 mod layout;
+mod old_clusters_line;
 mod quiet_events;
 mod vendored;

@@ -448,7 +448,9 @@ fn manifest(name: &str) -> String {
         text.contains(&format!("image: kilotun:{VERSION}")),
         "{name} names another image"
     );
-    text.replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Never")
+    // Kubernetes 1.20: through the line docs/rollouts.md gives for clusters before 1.22.
+    common::old_clusters::before_1_22(&text)
+        .replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Never")
 }
 
 /// Waits until `f` is true, panicking with `what` after `timeout`.
