@@ -70,6 +70,21 @@ impl Pinger {
         longest
     }
 
+    /// When the longest time without a reply after `since` began and ended (the replies on
+    /// either side of it).
+    pub fn longest_gap_window_after(&self, since: Instant) -> (Instant, Instant) {
+        let replies = self.replies.lock().unwrap();
+        let mut last = since;
+        let mut window = (since, since);
+        for t in replies.iter().filter(|t| **t >= since) {
+            if t.duration_since(last) > window.1.duration_since(window.0) {
+                window = (last, *t);
+            }
+            last = *t;
+        }
+        window
+    }
+
     /// Waits until replies flow again (5 in a row within a second) after `since`.
     pub fn wait_flowing(&self, since: Instant, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
