@@ -1,12 +1,14 @@
-//! What happened to each node's kilo pods during a rollout, and when: the API server polled
-//! every 200 ms while the rollout runs (so each moment is known to within about a third of a
-//! second, what a `kubectl get` takes here), each step of each pod stamped with the moment it
-//! was first seen. It splits a rollout's gap between the old pod's exit, Kubernetes replacing
-//! the pod, and the new kg's start.
+//! What happened to each node's kilo pods during a rollout, and when: one `kubectl get
+//! --watch` of them while the rollout runs, each change stamped with the moment it arrives. It
+//! splits a rollout's gap between the old pod's exit, Kubernetes replacing the pod, and the
+//! new kg's start.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::BufReader;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -37,39 +39,35 @@ pub(super) struct Timeline {
 }
 
 impl Timeline {
-    fn observe(&mut self, pods: &[Value], at: Instant) {
-        let mut listed = Vec::new();
-        for pod in pods {
-            let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
-            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-            let key = (node.to_string(), uid.to_string());
-            let state = &pod["status"]["containerStatuses"][0]["state"];
-            let ready = pod["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            let steps = self.pods.entry(key.clone()).or_default();
-            let mut mark = |step: Step, now: bool| {
-                if now {
-                    steps.entry(step).or_insert(at);
-                }
-            };
-            mark(Step::Listed, true);
-            mark(Step::Running, !state["running"].is_null());
-            mark(Step::Ready, ready);
-            mark(
-                Step::Deleting,
-                !pod["metadata"]["deletionTimestamp"].is_null(),
-            );
-            mark(Step::Exited, !state["terminated"].is_null());
-            listed.push(key);
-        }
-        for (key, steps) in &mut self.pods {
-            if !listed.contains(key) {
-                steps.entry(Step::Gone).or_insert(at);
+    /// Takes in one watch event (`ADDED`, `MODIFIED` or `DELETED`, with the pod) seen `at`.
+    fn observe(&mut self, event: &Value, at: Instant) {
+        let pod = &event["object"];
+        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let state = &pod["status"]["containerStatuses"][0]["state"];
+        let ready = pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let steps = self
+            .pods
+            .entry((node.to_string(), uid.to_string()))
+            .or_default();
+        let mut mark = |step: Step, now: bool| {
+            if now {
+                steps.entry(step).or_insert(at);
             }
-        }
+        };
+        mark(Step::Listed, true);
+        mark(Step::Running, !state["running"].is_null());
+        mark(Step::Ready, ready);
+        mark(
+            Step::Deleting,
+            !pod["metadata"]["deletionTimestamp"].is_null(),
+        );
+        mark(Step::Exited, !state["terminated"].is_null());
+        mark(Step::Gone, event["type"] == "DELETED");
     }
 
     /// The steps of `node`'s pods, oldest pod first.
@@ -99,14 +97,41 @@ impl Timeline {
     }
 }
 
-/// Polls the kilo pods every 200 ms until `done` is set.
+/// Watches the kilo pods until `done` is set.
 pub(super) fn record(k: &KubeletCluster, done: &AtomicBool) -> Timeline {
+    let mut watch = Command::new(&k.env["KUBECTL"])
+        .arg("--kubeconfig")
+        .arg(&k.env["KUBECONFIG"])
+        .args(["-n", "kube-system", "get", "pods", "-l", KILO_SELECTOR])
+        .args(["--watch", "--output-watch-events", "-o", "json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running kubectl get --watch");
+    let stdout = watch.stdout.take().unwrap();
+    let (events, arrivals) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let stream = serde_json::Deserializer::from_reader(BufReader::new(stdout));
+        for event in stream.into_iter::<Value>().map_while(Result::ok) {
+            if events.send((Instant::now(), event)).is_err() {
+                break;
+            }
+        }
+    });
     let mut timeline = Timeline::default();
     while !done.load(Ordering::Relaxed) {
-        let pods = k.json(&["-n", "kube-system", "get", "pods", "-l", KILO_SELECTOR]);
-        let items = pods["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-        timeline.observe(items, Instant::now());
-        std::thread::sleep(Duration::from_millis(200));
+        match arrivals.recv_timeout(Duration::from_millis(100)) {
+            Ok((at, event)) => timeline.observe(&event, at),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let _ = reader.join();
+    for (at, event) in arrivals.try_iter() {
+        timeline.observe(&event, at);
     }
     timeline
 }
