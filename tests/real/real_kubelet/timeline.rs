@@ -135,3 +135,64 @@ pub(super) fn record(k: &KubeletCluster, done: &AtomicBool) -> Timeline {
     }
     timeline
 }
+
+/// Where a rollout's ping gaps went, node by node, from `timeline` (Kubernetes 1.20 replaces a
+/// node's pod only once the old one is gone): the old kg's exit after SIGTERM, Kubernetes
+/// removing the old pod and creating the new one, the kubelet starting its container, and the
+/// new kg's start until traffic flows. `windows`: each direction's longest gap.
+pub(super) fn split_rollout_gaps(
+    k: &KubeletCluster,
+    timeline: &Timeline,
+    origin: Instant,
+    windows: [(Instant, Instant); 2],
+) {
+    let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+    for node in &k.nodes {
+        eprint!("{}", timeline.describe(&node.name, origin));
+        let pods = timeline.of(&node.name);
+        let [old, new] = pods[..] else {
+            panic!(
+                "{}: {} kilo pods during the rollout, not the old and the new one:\n{}",
+                node.name,
+                pods.len(),
+                timeline.describe(&node.name, origin)
+            );
+        };
+        let step = |pod: &BTreeMap<Step, Instant>, step: Step| {
+            *pod.get(&step).unwrap_or_else(|| {
+                panic!(
+                    "{}: a pod never seen {step:?}:\n{}",
+                    node.name,
+                    timeline.describe(&node.name, origin)
+                )
+            })
+        };
+        let (sigterm, gone) = (step(old, Step::Deleting), step(old, Step::Gone));
+        // Between two polls a container may exit and its pod go at once.
+        let exited = old.get(&Step::Exited).copied().unwrap_or(gone);
+        let (listed, running) = (step(new, Step::Listed), step(new, Step::Running));
+        assert!(
+            listed >= sigterm,
+            "{}: the new pod came before the old one was deleted",
+            node.name
+        );
+        // The gap this node's replacement caused: the one that began while its old pod went.
+        for (start, end) in windows {
+            if start + Duration::from_secs(1) < sigterm || start > running {
+                continue;
+            }
+            eprintln!(
+                "rollout gap on {} ({:.1} s): kg's exit after SIGTERM {:.1} s, the old pod's removal \
+                 {:.1} s, until the new pod {:.1} s, its container started {:.1} s, kg's start until \
+                 traffic {:.1} s",
+                node.name,
+                secs(start, end),
+                secs(sigterm, exited),
+                secs(exited, gone),
+                secs(gone, listed),
+                secs(listed, running),
+                secs(running, end),
+            );
+        }
+    }
+}
