@@ -25,9 +25,6 @@ use super::stages::Stage;
 use super::{read_clock, Agent, Trigger, CHECK_IN_PERIOD};
 use crate::backend::Snapshot;
 
-/// Annotations to set (`Some`) or remove (`None`), as sent to the backend.
-type AnnotationPatch = BTreeMap<String, Option<String>>;
-
 /// What the stages produced last time.
 pub(super) struct Memo {
     /// Every Node, translated.
@@ -47,7 +44,7 @@ pub(super) struct Memo {
     /// What the host was last read with from the local Node's object.
     detection: DetectionInputs,
     /// The local Node's annotations as seen when kg last patched them, and that patch.
-    last_patch: Option<(BTreeMap<String, String>, AnnotationPatch)>,
+    last_patch: Option<(BTreeMap<String, String>, local::AnnotationPatch)>,
     /// The local node the mesh was last computed with.
     local: Option<Node>,
     /// The last topology (`None` while the local node is not ready).
@@ -482,14 +479,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let current_last_seen = local_annotations
             .get(control::node::annotation::LAST_SEEN)
             .and_then(|v| v.parse::<i64>().ok());
-        let last_seen = match current_last_seen {
-            Some(v)
-                if !check_in && now_unix.saturating_sub(v) < CHECK_IN_PERIOD.as_secs() as i64 =>
-            {
-                v
-            }
-            _ => now_unix,
-        };
+        let last_seen = local::last_seen_to_publish(
+            current_last_seen,
+            now_unix,
+            check_in,
+            CHECK_IN_PERIOD.as_secs() as i64,
+        );
         let cni_compatibility_ip = match self.s.compatibility {
             control::routes::Compatibility::Cilium => {
                 self.memo.host.as_ref().and_then(HostView::cilium_host_ip)
@@ -513,15 +508,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
         };
-        let changes = local::annotation_changes(local_annotations, &written);
-        // The same patch again, before the backend has shown the Node since the last one
-        // (the watch is a moment behind the patch): sending it would double the API load.
-        let repeated = self
-            .memo
-            .last_patch
-            .as_ref()
-            .is_some_and(|(seen, sent)| seen == local_annotations && *sent == changes);
-        if !changes.is_empty() && !repeated {
+        if let Some(changes) =
+            local::patch_due(local_annotations, &written, self.memo.last_patch.as_ref())
+        {
             let patched = self
                 .backend
                 .patch_annotations(&self.s.hostname, &changes)

@@ -144,6 +144,38 @@ pub fn annotation_changes(
         .collect()
 }
 
+/// Changes to a Node's annotations: a key set to a value, or removed (`None`).
+pub type AnnotationPatch = BTreeMap<String, Option<String>>;
+
+/// The `last-seen` to publish at `now_unix`: a check-in writes `now_unix`; otherwise the
+/// current value stays while it is younger than `check_in_period`, so a reconcile between
+/// check-ins (a peer moved, a resync) does not make the Node change again.
+pub fn last_seen_to_publish(
+    current: Option<i64>,
+    now_unix: i64,
+    check_in: bool,
+    check_in_period: i64,
+) -> i64 {
+    match current {
+        Some(v) if !check_in && now_unix.saturating_sub(v) < check_in_period => v,
+        _ => now_unix,
+    }
+}
+
+/// The patch to send so that the Node's annotations `current` say `written`, if one is due:
+/// none when nothing differs, and none when it is the patch last sent (`last_sent`, with the
+/// annotations it was sent against) and the backend has not shown the Node since (the watch is
+/// a moment behind a patch: sending it again would double the API server's load).
+pub fn patch_due(
+    current: &BTreeMap<String, String>,
+    written: &WrittenAnnotations,
+    last_sent: Option<&(BTreeMap<String, String>, AnnotationPatch)>,
+) -> Option<AnnotationPatch> {
+    let changes = annotation_changes(current, written);
+    let repeated = last_sent.is_some_and(|(seen, sent)| seen == current && *sent == changes);
+    (!changes.is_empty() && !repeated).then_some(changes)
+}
+
 /// Remembers which problems were logged per object, so each is logged once, when it appears.
 #[derive(Debug, Default)]
 pub struct ProblemLog {
@@ -176,6 +208,62 @@ impl ProblemLog {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn last_seen_moves_at_check_ins_and_when_it_grows_old() {
+        use super::last_seen_to_publish as last_seen;
+        assert_eq!(last_seen(Some(1_000), 1_010, true, 30), 1_010, "a check-in");
+        assert_eq!(
+            last_seen(Some(1_000), 1_010, false, 30),
+            1_000,
+            "a reconcile between"
+        );
+        assert_eq!(last_seen(Some(1_000), 1_030, false, 30), 1_030, "grown old");
+        assert_eq!(last_seen(None, 1_010, false, 30), 1_010, "never written");
+        assert_eq!(
+            last_seen(Some(2_000), 1_010, false, 30),
+            2_000,
+            "from a clock ahead"
+        );
+    }
+
+    #[test]
+    fn a_patch_is_due_when_something_differs_and_not_twice_before_the_node_shows_it() {
+        let written = WrittenAnnotations {
+            endpoint: Some(Endpoint::parse("1.2.3.4:51820").unwrap()),
+            internal_ip: None,
+            key: Key::padded("k"),
+            last_seen: 1_000,
+            wireguard_ip: None,
+            discovered_endpoints: BTreeMap::new(),
+            granularity: Granularity::Location,
+            cni_compatibility_ip: None,
+            second_internal_ip: None,
+            leader_election: false,
+        };
+        let empty = BTreeMap::new();
+        let first = patch_due(&empty, &written, None).expect("everything differs");
+        assert_eq!(
+            first.get(annotation::LAST_SEEN),
+            Some(&Some("1000".to_string()))
+        );
+        let sent = (empty.clone(), first.clone());
+        assert_eq!(
+            patch_due(&empty, &written, Some(&sent)),
+            None,
+            "the same patch against the same Node"
+        );
+        // The Node as the patch left it: nothing to send.
+        let applied: BTreeMap<String, String> = first
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+            .collect();
+        assert_eq!(patch_due(&applied, &written, Some(&sent)), None);
+        // Someone else changed the Node back: the patch is due again.
+        let mut reverted = applied;
+        reverted.remove(annotation::LAST_SEEN);
+        assert!(patch_due(&reverted, &written, Some(&sent)).is_some());
+    }
+
     use super::*;
     use control::node::Granularity;
     use control::Key;
