@@ -208,6 +208,22 @@ impl ProblemLog {
 
 #[cfg(test)]
 mod tests {
+    /// What a location-granularity node with only an endpoint writes, checked in at `last_seen`.
+    fn written_at(last_seen: i64) -> WrittenAnnotations {
+        WrittenAnnotations {
+            endpoint: Some(Endpoint::parse("1.2.3.4:51820").unwrap()),
+            internal_ip: None,
+            key: Key::padded("k"),
+            last_seen,
+            wireguard_ip: None,
+            discovered_endpoints: BTreeMap::new(),
+            granularity: Granularity::Location,
+            cni_compatibility_ip: None,
+            second_internal_ip: None,
+            leader_election: false,
+        }
+    }
+
     #[test]
     fn last_seen_moves_at_check_ins_and_when_it_grows_old() {
         use super::last_seen_to_publish as last_seen;
@@ -228,18 +244,7 @@ mod tests {
 
     #[test]
     fn a_patch_is_due_when_something_differs_and_not_twice_before_the_node_shows_it() {
-        let written = WrittenAnnotations {
-            endpoint: Some(Endpoint::parse("1.2.3.4:51820").unwrap()),
-            internal_ip: None,
-            key: Key::padded("k"),
-            last_seen: 1_000,
-            wireguard_ip: None,
-            discovered_endpoints: BTreeMap::new(),
-            granularity: Granularity::Location,
-            cni_compatibility_ip: None,
-            second_internal_ip: None,
-            leader_election: false,
-        };
+        let written = written_at(1_000);
         let empty = BTreeMap::new();
         let first = patch_due(&empty, &written, None).expect("everything differs");
         assert_eq!(
@@ -374,18 +379,7 @@ mod tests {
 
     #[test]
     fn only_differing_annotations_are_patched() {
-        let written = WrittenAnnotations {
-            endpoint: Some(Endpoint::parse("1.2.3.4:51820").unwrap()),
-            internal_ip: None,
-            key: Key::padded("k"),
-            last_seen: 7,
-            wireguard_ip: None,
-            discovered_endpoints: BTreeMap::new(),
-            granularity: Granularity::Location,
-            cni_compatibility_ip: None,
-            second_internal_ip: None,
-            leader_election: false,
-        };
+        let written = written_at(7);
         let mut current: BTreeMap<String, String> = written.to_map();
         assert!(annotation_changes(&current, &written).is_empty());
         current.insert(annotation::LAST_SEEN.into(), "6".into());

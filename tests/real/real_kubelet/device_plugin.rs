@@ -100,14 +100,7 @@ pub(crate) fn denied_then_given(k: &KubeletCluster) {
         "-p",
         &patch,
     ]);
-    k.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "daemonset/kilo",
-        "--timeout=240s",
-    ]);
+    k.rollout_status("kube-system", "daemonset/kilo", "240s");
     let pods = k.wait_kilo_ready(Duration::from_secs(120));
     for node in &k.nodes {
         let container = &pods[&node.name]["spec"]["containers"][0];

@@ -202,6 +202,13 @@ impl KubeletCluster {
         child.wait_with_output().expect("running kubectl")
     }
 
+    /// `kubectl rollout status` of `object` (`daemonset/kilo`) in `namespace`, waiting up to
+    /// `timeout` (`300s`); panics if the rollout does not finish.
+    fn rollout_status(&self, namespace: &str, object: &str, timeout: &str) {
+        let timeout = format!("--timeout={timeout}");
+        self.kubectl_ok(&["-n", namespace, "rollout", "status", object, &timeout]);
+    }
+
     /// kubectl, panicking with its output on failure; returns stdout.
     fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
@@ -771,14 +778,7 @@ fn kubeadm_daemonset_on_real_kubelets() {
     let timeline = std::thread::scope(|scope| {
         let watcher = scope.spawn(|| timeline::record(&k, &done));
         surge::select_old_generation(&k);
-        k.kubectl_ok(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "daemonset/kilo",
-            "--timeout=300s",
-        ]);
+        k.rollout_status("kube-system", "daemonset/kilo", "300s");
         done.store(true, Ordering::Relaxed);
         watcher.join().unwrap()
     });

@@ -56,14 +56,7 @@ pub(crate) fn the_webhook_pod_validates_peers(k: &KubeletCluster) {
         "-p",
         &format!(r#"[{{"op":"add","path":"/webhooks/0/clientConfig/caBundle","value":"{ca}"}}]"#),
     ]);
-    k.kubectl_ok(&[
-        "-n",
-        "kilo",
-        "rollout",
-        "status",
-        "deployment/peer-validation",
-        "--timeout=180s",
-    ]);
+    k.rollout_status("kilo", "deployment/peer-validation", "180s");
     let pod_ip = k.kubectl_ok(&[
         "-n",
         "kilo",
