@@ -7,13 +7,20 @@
 # the API server to kg's engine (median and worst of K changes, 5 by default), with where the
 # time went: the watch and each stage of kg's reconciles (its `kilotun::stages` lines).
 #
-#   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] N [KG_BINARY]
+#   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT] N [KG_BINARY]
 #
 # N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
 #   follower  a node that does not lead its location moves to a new location (the default)
 #   leader    a location's leader moves to a new location, so two locations change leaders
 #   join      a new node joins an existing location
 #   delete    a location's leader is deleted
+# LAYOUT is how the nodes' addresses are laid out (bench/scale_driver.py says more):
+#   apart     endpoints in 10/8, internal IPs in 172.16/16 (the default)
+#   internal  each endpoint the node's internal IP, one private network 172.16/12
+#   ipv6      IPv6 endpoints, internal IPs and pods
+#   dual      IPv4 endpoints, IPv4 and IPv6 internal IPs and pods
+#   dns       endpoints as DNS names, resolved through the namespace's /etc/hosts
+#   nat       private endpoints with keepalives, the public ones discovered by other nodes
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (20 s, after the
@@ -30,11 +37,13 @@ set -euo pipefail
 locations=100
 what=follower
 changes=5
+layout=apart
 while [[ ${1:-} == --* ]]; do
 	case $1 in
 	--locations=*) locations=${1#*=} ;;
 	--change=*) what=${1#*=} ;;
 	--changes=*) changes=${1#*=} ;;
+	--layout=*) layout=${1#*=} ;;
 	*)
 		echo "scale.sh: unknown option $1" >&2
 		exit 2
@@ -53,7 +62,14 @@ esac
 	echo "scale.sh: --locations and --changes take a positive number" >&2
 	exit 2
 }
-export SCALE_LOCATIONS=$locations
+case $layout in
+apart | internal | ipv6 | dual | dns | nat) ;;
+*)
+	echo "scale.sh: --layout=$layout: one of apart, internal, ipv6, dual, dns, nat" >&2
+	exit 2
+	;;
+esac
+export SCALE_LOCATIONS=$locations SCALE_LAYOUT=$layout
 n=${1:-1000}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kg=${2:-${CARGO_TARGET_DIR:-$root/target}/release/kg}
@@ -75,6 +91,7 @@ cleanup() {
 	[[ -n $kg_pid ]] && kill "$kg_pid" 2>/dev/null && wait "$kg_pid" 2>/dev/null
 	ip netns exec "$ns" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
 	ip netns del "$ns" 2>/dev/null
+	rm -rf "/etc/netns/$ns"
 	rm -f "/var/run/wireguard/$iface.sock"
 	rm -rf "$work"
 }
@@ -86,9 +103,20 @@ ip netns add "$ns"
 in_ns ip link set lo up
 # A veth whose far end stays outside: the node's "eth0", with the default route (IP detection).
 ip link add "kgs$$" type veth peer name eth0 netns "$ns"
-in_ns ip addr add 192.168.77.1/24 dev eth0
+# kg's node is on the nodes' network, as a node of the cluster would be.
+case $layout in
+internal) in_ns ip addr add 172.16.255.254/12 dev eth0 ;;
+nat) in_ns ip addr add 10.200.255.254/16 dev eth0 ;;
+ipv6) in_ns ip addr add fd00:172:16::ffff/64 dev eth0 nodad ;;
+dual)
+	in_ns ip addr add 172.16.255.254/16 dev eth0
+	in_ns ip addr add fd00:172:16::ffff/64 dev eth0 nodad
+	;;
+*) in_ns ip addr add 172.16.255.254/16 dev eth0 ;;
+esac
 in_ns ip link set eth0 up
 in_ns ip route add default dev eth0
+in_ns ip -6 route add default dev eth0
 
 env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)
 # shellcheck disable=SC1090
@@ -97,10 +125,18 @@ env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" |
 # does too: a background driver's or kg's $! is then its own pid, which `kill` stops.
 driver() {
 	${DRIVER_EXEC:-} ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
-		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" \
+		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" SCALE_LAYOUT="$layout" \
 		python3 "$root/bench/scale_driver.py" "$@"
 }
 
+if [[ $layout == dns ]]; then
+	# `ip netns exec` binds /etc/netns/NAME/hosts over /etc/hosts for what it runs.
+	mkdir -p "/etc/netns/$ns"
+	{
+		cat /etc/hosts
+		driver hosts "$((n + changes))"
+	} >"/etc/netns/$ns/hosts"
+fi
 start=$SECONDS
 driver create "$n"
 echo "created $n Nodes in $((SECONDS - start)) s" >&2
@@ -172,7 +208,7 @@ awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0=
 	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v worst="$worst" -v kg="$kg" \
 	-v locations="$locations" -v what="$what" 'BEGIN {
 	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
-	printf "kg %s, %d nodes, %d locations%s\n", kg, n, locations, ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
+	printf "kg %s, %d nodes, %d locations, layout %s%s\n", kg, n, locations, ENVIRON["SCALE_LAYOUT"], ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
 	printf "idle: kg CPU %.2f s in %d s = %.2f%% of a core\n", (i1 - i0) / hz, idle, 100 * (i1 - i0) / hz / idle

@@ -48,6 +48,17 @@ import urllib.parse
 
 LOCATIONS = int(os.environ.get("SCALE_LOCATIONS", "100"))
 LOCAL = "kg-bench"
+# How the nodes' addresses are laid out (bench/scale.sh --layout):
+#   apart     endpoints in 10.0.0.0/8, internal IPs in 172.16.0.0/16, IPv4 pods
+#   internal  each endpoint the node's internal IP, all in one private network 172.16.0.0/12
+#             (on-premises, one VPC)
+#   ipv6      endpoints and internal IPs IPv6, IPv6 pods
+#   dual      IPv4 endpoints, an IPv4 and an IPv6 internal IP, IPv4 and IPv6 pods
+#   dns       endpoints as DNS names (node-N.scale.test, in the namespace's /etc/hosts)
+#   nat       endpoints private (10.200.0.0/16, unreachable), each node with a keepalive, and
+#             the public address a leader found for it in another node's discovered-endpoints
+LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
+LAYOUTS = ("apart", "internal", "ipv6", "dual", "dns", "nat")
 
 
 def connection():
@@ -111,23 +122,65 @@ def kubelet_status(i):
     }
 
 
+def public_ip(i):
+    return f"10.{1 + i // 65536}.{(i // 256) % 256}.{i % 256}"
+
+
+def hosts(n):
+    """The /etc/hosts lines that resolve the dns layout's endpoint names."""
+    return "".join(f"{public_ip(i)} node-{i}.scale.test\n" for i in range(n))
+
+
+def addresses(i):
+    """Node i's Kilo annotations for its addresses, and its pod CIDRs, in LAYOUT."""
+    hi, lo = (i // 256) % 256, i % 256
+    v4_pods = [pod_cidr(i)]
+    v6_pods = [f"fd42:{64 + i // 256:x}:{lo:x}::/64"]
+    if LAYOUT == "apart":
+        return {"endpoint": f"{public_ip(i)}:51820", "internal-ip": f"172.16.{hi}.{lo}/16"}, v4_pods
+    if LAYOUT == "internal":
+        return {"endpoint": f"172.16.{hi}.{lo}:51820", "internal-ip": f"172.16.{hi}.{lo}/12"}, v4_pods
+    if LAYOUT == "ipv6":
+        return {"endpoint": f"[fd00:1::{i:x}]:51820", "internal-ip": f"fd00:172:16::{i:x}/64"}, v6_pods
+    if LAYOUT == "dual":
+        return {"endpoint": f"{public_ip(i)}:51820", "internal-ip": f"172.16.{hi}.{lo}/16",
+                "SECOND-IP": f"fd00:172:16::{i:x}/64"}, v4_pods + v6_pods
+    if LAYOUT == "dns":
+        return {"endpoint": f"node-{i}.scale.test:51820", "internal-ip": f"172.16.{hi}.{lo}/16"}, v4_pods
+    if LAYOUT == "nat":
+        found = {}
+        if i < LOCATIONS:
+            # What this location's leader saw as a hub: the NAT routers of the next
+            # location's nodes (an annotation holds at most 256 kB, so no node lists all).
+            nxt = (i + 1) % LOCATIONS
+            found = {"discovered-endpoints": json.dumps({
+                key(j): {"IP": f"203.0.{(j // 256) % 256}.{j % 256}", "Port": 40000 + j % 20000,
+                         "Zone": ""} for j in range(nxt, NODES, LOCATIONS)})}
+        return found | {"endpoint": f"10.200.{hi}.{lo}:51820", "internal-ip": f"10.200.{hi}.{lo}/16",
+                        "persistent-keepalive": "25"}, v4_pods
+    raise SystemExit(f"SCALE_LAYOUT={LAYOUT}: one of {', '.join(LAYOUTS)}")
+
+
+def annotation(short):
+    return "kilotun.io/second-internal-ip" if short == "SECOND-IP" else f"kilo.squat.ai/{short}"
+
+
 def node(i, now):
     extra = {"status": kubelet_status(i)} if os.environ.get("KUBELET_STATUS") == "1" else {}
+    annotations, pods = addresses(i)
     return extra | {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name(i),
-            "annotations": {
+            "annotations": {annotation(k): v for k, v in annotations.items()} | {
                 "kilo.squat.ai/key": key(i),
-                "kilo.squat.ai/endpoint": f"10.{1 + i // 65536}.{(i // 256) % 256}.{i % 256}:51820",
-                "kilo.squat.ai/internal-ip": f"172.16.{(i // 256) % 256}.{i % 256}/16",
                 "kilo.squat.ai/last-seen": str(now),
                 "kilo.squat.ai/location": f"loc-{i % LOCATIONS:03d}",
                 "kilo.squat.ai/granularity": "location",
             },
         },
-        "spec": {"podCIDR": f"10.{64 + i // 256}.{i % 256}.0/24"},
+        "spec": {"podCIDR": pods[0], "podCIDRs": pods},
     }
 
 
@@ -310,7 +363,11 @@ def main():
         stages(sys.argv[2], sys.argv[3])
         return
     n = int(sys.argv[2])
-    if what == "create":
+    global NODES
+    NODES = n
+    if what == "hosts":
+        sys.stdout.write(hosts(n))
+    elif what == "create":
         create(n)
     elif what == "churn":
         churn(n, sys.argv[3])

@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use crate::host::{HostNet, Mtu};
 use crate::iptables::{IptablesOptions, RuleSet};
 use crate::routes::{
-    Bypass, Compatibility, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld,
+    Bypass, Compatibility, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld, MAIN_TABLE,
 };
 use crate::wgconf::Conf;
 use crate::{Key, Topology};
@@ -225,6 +225,60 @@ pub fn plan(
         device,
         firewall,
     }
+}
+
+/// At most this many peers new or moved at once for the engine to go before the routes: each
+/// one's carrying routes are compared, and a change this large is a topology's first
+/// configuration or a re-election, where the routes go first anyway.
+const ENGINE_FIRST_MAX_MOVED: usize = 32;
+
+/// True when the engine may take `next` before the routes change from `owned` to `routes`, so
+/// that the routes' cost does not delay the tunnel: the node keeps its role (`last` is the
+/// device applied before, as a leader when its flag says so; `leader` is the role now) and,
+/// for every peer that is new or whose endpoint moved, the main-table routes that would carry
+/// a handshake to its endpoint are the same before and after. Otherwise a handshake the
+/// engine starts (or answers) at once could leave by a route about to change (through the
+/// location's old leader, or into the WireGuard link) and be lost until WireGuard's 5 s retry,
+/// so the routes go first.
+pub fn engine_before_routes(
+    last: Option<(&Conf, bool)>,
+    next: &Conf,
+    leader: bool,
+    owned: &RoutePlan,
+    routes: &RoutePlan,
+) -> bool {
+    let Some((last, was_leader)) = last else {
+        return false;
+    };
+    if was_leader != leader {
+        return false;
+    }
+    let before: std::collections::BTreeMap<&Key, Option<IpAddr>> = last
+        .peers
+        .iter()
+        .map(|p| (&p.public_key, p.endpoint.as_ref().and_then(|e| e.ip())))
+        .collect();
+    let moved: Vec<IpAddr> = next
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let ip = p.endpoint.as_ref().and_then(|e| e.ip())?;
+            (before.get(&p.public_key) != Some(&Some(ip))).then_some(ip)
+        })
+        .collect();
+    if moved.len() > ENGINE_FIRST_MAX_MOVED {
+        return false;
+    }
+    let carriers = |plan: &RoutePlan, ip: IpAddr| -> Vec<Route> {
+        plan.routes
+            .iter()
+            .filter(|r| r.table == MAIN_TABLE && r.dst.contains(&ip))
+            .cloned()
+            .collect()
+    };
+    moved
+        .into_iter()
+        .all(|ip| carriers(owned, ip) == carriers(routes, ip))
 }
 
 /// What the tunnel must be prepared for on `host` under `t`.

@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod cni;
+pub mod coalesce;
 pub mod desired;
 pub mod diagnosis;
 pub mod dns;

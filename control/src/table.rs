@@ -4,9 +4,10 @@
 //! some 167 Node updates a second arrive that change nothing but a check-in time (the churn
 //! behind Kilo issues #135 and #304). The table re-translates only the object that changed
 //! (same `resourceVersion`, or the same object where there is none, is skipped), treats
-//! readiness as a value derived from the translation and the readiness clock, and raises its
-//! `changed` flag only when something the mesh depends on moved: a Node added or removed, a
-//! translated field other than `last_seen`, or a readiness flip. Check-ins that expire are found
+//! readiness as a value derived from the translation and the readiness clock, and records a
+//! change only when something the mesh depends on moved: a Node added or removed or a
+//! translated field other than `last_seen` ([`TableChanges::nodes`]), or a readiness flip
+//! ([`TableChanges::readiness`], which kg may batch: see `control::coalesce`). Check-ins that expire are found
 //! through a deadline index, so time passing costs nothing until a deadline is reached.
 //!
 //! Pure: no I/O; the readiness time comes in as an argument.
@@ -33,7 +34,23 @@ pub struct NodeTable {
     /// `(last_seen + READY_WINDOW_SECS, name)` of every ready Node: it stops being ready then.
     deadlines: BTreeSet<(i64, String)>,
     now: i64,
-    changed: bool,
+    changes: TableChanges,
+}
+
+/// What moved in a [`NodeTable`] since the changes were last taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableChanges {
+    /// A Node was added or removed, or a translated field other than `last_seen` changed.
+    pub nodes: bool,
+    /// A Node became ready or stopped being ready (its check-in came back or expired).
+    pub readiness: bool,
+}
+
+impl TableChanges {
+    /// True when anything moved.
+    pub fn any(self) -> bool {
+        self.nodes || self.readiness
+    }
 }
 
 /// True when `a` and `b` differ in more than `last_seen` (`b` is borrowed mutably only to
@@ -123,7 +140,7 @@ impl NodeTable {
             entries: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             now: 0,
-            changed: false,
+            changes: TableChanges::default(),
         }
     }
 
@@ -137,7 +154,7 @@ impl NodeTable {
         let Some(object) = object else {
             if let Some(old) = self.entries.remove(name) {
                 self.forget_deadline(name, &old);
-                self.changed = true;
+                self.changes.nodes = true;
             }
             return None;
         };
@@ -159,11 +176,10 @@ impl NodeTable {
         match self.entries.remove(name) {
             Some(old) => {
                 self.forget_deadline(name, &old);
-                if old.ready != ready || differs_beyond_check_in(&old.node, &mut node) {
-                    self.changed = true;
-                }
+                self.changes.readiness |= old.ready != ready;
+                self.changes.nodes |= differs_beyond_check_in(&old.node, &mut node);
             }
-            None => self.changed = true,
+            None => self.changes.nodes = true,
         }
         if ready {
             self.deadlines.insert((deadline(&node), name.to_string()));
@@ -180,7 +196,7 @@ impl NodeTable {
     }
 
     /// A check-in of Node `name` (its entry exists): the new object and `last_seen`, its
-    /// readiness and deadline moved, `changed` raised only if its readiness flipped.
+    /// readiness and deadline moved, a change recorded only if its readiness flipped.
     fn check_in(&mut self, name: &str, object: &Arc<KubeNode>, last_seen: i64) {
         let Some(mut entry) = self.entries.remove(name) else {
             return;
@@ -189,9 +205,7 @@ impl NodeTable {
         entry.object = Arc::clone(object);
         entry.node.last_seen = last_seen;
         let ready = entry.node.is_ready(self.now);
-        if ready != entry.ready {
-            self.changed = true;
-        }
+        self.changes.readiness |= ready != entry.ready;
         entry.ready = ready;
         if ready {
             self.deadlines
@@ -240,7 +254,7 @@ impl NodeTable {
             };
             if let Some(entry) = self.entries.get_mut(&name) {
                 entry.ready = false;
-                self.changed = true;
+                self.changes.readiness = true;
             }
         }
     }
@@ -253,7 +267,7 @@ impl NodeTable {
             let ready = entry.node.is_ready(now);
             if ready != entry.ready {
                 entry.ready = ready;
-                self.changed = true;
+                self.changes.readiness = true;
             }
             if ready {
                 self.deadlines.insert((deadline(&entry.node), name.clone()));
@@ -261,9 +275,15 @@ impl NodeTable {
         }
     }
 
-    /// True when something the mesh depends on changed since the last call; clears the flag.
+    /// True when something the mesh depends on changed since the last call; clears the
+    /// changes.
     pub fn take_changed(&mut self) -> bool {
-        std::mem::take(&mut self.changed)
+        self.take_changes().any()
+    }
+
+    /// What changed since the changes were last taken; clears them.
+    pub fn take_changes(&mut self) -> TableChanges {
+        std::mem::take(&mut self.changes)
     }
 
     /// Node `name`'s translation.

@@ -16,6 +16,7 @@ use control::iptables::RuleSet;
 use control::nat::discover_nat_endpoints;
 use control::node::Node;
 use control::routes::{apply_ops, diff, RoutePlan, Withheld};
+use control::wgconf::Conf;
 use control::{Peer, Topology};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
@@ -28,6 +29,8 @@ use super::{state, Agent};
 #[derive(Debug, Default)]
 pub(super) struct Applied {
     device: Option<DeviceConfig>,
+    /// The device as planned when it was last applied, and whether this node led then.
+    conf: Option<(Conf, bool)>,
     address: Option<Option<IpNet>>,
     cni: Option<CniState>,
     /// What the tunnel was prepared for, and the links that gave.
@@ -47,12 +50,15 @@ impl Applied {
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Brings the host to `t`. `nodes` and `peers` are the ready ones (for NAT discovery).
     ///
-    /// The engine changes after the links and routes: a node taking over a location answers
-    /// its new peers' first initiations (held by the engine for this moment) at once, and the
-    /// answers must leave by the new routes, not by the old ones through the location's last
-    /// leader, which sent them to a dead node and cost a 5 s handshake retry. It changes even
-    /// when the links or routes failed, so a failing host step never keeps the node's peers
-    /// from it; the failure is returned after.
+    /// The engine changes before the links and routes when that is safe
+    /// ([`desired::engine_before_routes`]: the node keeps its role and no route to a new or
+    /// moved peer's endpoint changes), so the routes' cost, which grows with the cluster, never
+    /// delays the tunnel. Otherwise it changes after them: a node taking over a location
+    /// answers its new peers' first initiations (held by the engine for this moment) at once,
+    /// and the answers must leave by the new routes, not by the old ones through the
+    /// location's last leader, which sent them to a dead node and cost a 5 s handshake retry.
+    /// Either way it changes even when the links or routes failed, so a failing host step
+    /// never keeps the node's peers from it; the failure is returned after.
     pub(super) async fn apply(
         &mut self,
         t: &Topology,
@@ -76,14 +82,47 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             ..self.memo.resolved
         };
         let mut want = desired::plan(t, &host.net, &links, &self.owned, &self.public, &settings);
-        let routed = self
-            .converge_links_and_routes(t, &mut want, links, &settings)
-            .await;
-        self.stages.lap(Stage::Routes, started);
-        let started = Instant::now();
-        self.converge_device(t.leader, &want)?;
-        self.stages.lap(Stage::Engine, started);
-        routed?;
+        // The tunnel's links stay as planned (a new tunnel would plan the routes again).
+        let links_kept = match (&want.tunnel, &self.memo.applied.tunnel) {
+            (None, _) => true,
+            (Some(spec), Some((applied, _))) => spec == applied,
+            (Some(_), None) => false,
+        };
+        let engine_first = self.memo.engine_configured
+            && links_kept
+            && desired::engine_before_routes(
+                self.memo
+                    .applied
+                    .conf
+                    .as_ref()
+                    .map(|(c, leader)| (c, *leader)),
+                &want.device,
+                t.leader,
+                &self.owned,
+                &want.routes,
+            );
+        if engine_first {
+            self.stages.lap(Stage::Routes, started);
+            let started = Instant::now();
+            let configured = self.converge_device(t.leader, &want);
+            self.stages.lap(Stage::Engine, started);
+            let started = Instant::now();
+            let routed = self
+                .converge_links_and_routes(t, &mut want, links, &settings)
+                .await;
+            self.stages.lap(Stage::Routes, started);
+            configured?;
+            routed?;
+        } else {
+            let routed = self
+                .converge_links_and_routes(t, &mut want, links, &settings)
+                .await;
+            self.stages.lap(Stage::Routes, started);
+            let started = Instant::now();
+            self.converge_device(t.leader, &want)?;
+            self.stages.lap(Stage::Engine, started);
+            routed?;
+        }
         let started = Instant::now();
         self.converge_firewall(&want.firewall).await?;
         self.stages.lap(Stage::Firewall, started);
@@ -310,6 +349,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
         }
         self.memo.applied.device = Some(desired);
+        self.memo.applied.conf = Some((want.device.clone(), leader));
         Ok(())
     }
 

@@ -102,6 +102,8 @@ pub enum Trigger {
     Kernel,
     /// The lease period elapsed: leaders are elected again and this node's lease tended.
     Lease,
+    /// Readiness flips held back ([`control::coalesce`]) are due.
+    Readiness,
 }
 
 impl Trigger {
@@ -178,6 +180,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     pub fn dns_deadline(&self) -> Option<Instant> {
         self.resolver.as_ref()?;
         self.dns.next_deadline()
+    }
+
+    /// When the readiness flips held back are due: `None` when none is held.
+    pub fn readiness_deadline(&self) -> Option<Instant> {
+        self.memo.readiness_batch.deadline()
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {
@@ -276,6 +283,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = check_in_timer.tick() => Trigger::CheckIn,
             Some(()) = kernel_changes.recv() => Trigger::Kernel,
             () = sleep_until(dns_deadline) => Trigger::Dns,
+            () = sleep_until(agent.readiness_deadline()) => Trigger::Readiness,
             _ = lease_timer.tick(), if leases => Trigger::Lease,
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use control::clock::Now;
+use control::coalesce::ReadinessBatch;
 use control::node::{Node, WrittenAnnotations};
 use control::table::{differs_beyond_check_in, NodeTable};
 use control::{translate_peer, Peer, Topology, TopologyParams};
@@ -59,6 +60,8 @@ pub(super) struct Memo {
     pub(super) engine_configured: bool,
     /// Leader-election leases and the leaders they give.
     pub(super) leases: super::lease::Leases,
+    /// Readiness flips not yet taken into the mesh ([`control::coalesce`]).
+    pub(super) readiness_batch: ReadinessBatch,
     /// True once a snapshot with everything listed was ingested (see `Snapshot::listed`).
     listed: bool,
 }
@@ -83,6 +86,7 @@ impl Memo {
             resolved: Default::default(),
             engine_configured: false,
             leases: Default::default(),
+            readiness_batch: ReadinessBatch::default(),
             listed: false,
         }
     }
@@ -110,6 +114,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// stages as it changes, and says where the time went ([`super::stages`]).
     pub async fn settle(&mut self, trigger: Trigger, now: Now) -> Result<()> {
         let settled = self.run_stages(trigger, now).await;
+        self.memo.readiness_batch.reconciled(now.instant);
         self.stages.finish(trigger, settled.is_ok(), &self.metrics);
         settled
     }
@@ -184,7 +189,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             Some(last) => differs_beyond_check_in(last, &mut local),
             None => true,
         };
-        let nodes_changed = self.memo.table.take_changed();
+        // A Node's content changing counts at once; readiness flips alone, at most once per
+        // READINESS_INTERVAL (held flips wake the loop at `readiness_deadline`).
+        let changes = self.memo.table.take_changes();
+        let readiness_due = self
+            .memo
+            .readiness_batch
+            .due(changes.readiness, now.instant);
+        let nodes_changed = changes.nodes || readiness_due;
         let peers_changed = std::mem::take(&mut self.memo.peers_changed);
         if full || nodes_changed || peers_changed || local_changed {
             self.track_dns_names(&local, now);
@@ -220,6 +232,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             || dns_changed
             || leaders_changed;
         if mesh_changed || !self.memo.settled {
+            self.memo.readiness_batch.meshed(now.instant);
             self.memo.local = Some(local.clone());
             self.memo.settled = false;
             self.mesh(&local, readiness_now, full, ready.clone())

@@ -351,7 +351,13 @@ impl Sim {
                 .nodes
                 .values()
                 .filter_map(|n| n.running.as_ref())
-                .map(|r| r.next_resync.min(r.next_check_in).min(r.next_lease))
+                .map(|r| {
+                    let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
+                    r.twin
+                        .agent
+                        .readiness_deadline()
+                        .map_or(timers, |at| at.min(timers))
+                })
                 .min();
             let Some(next) = next.filter(|at| *at <= end) else {
                 break;
@@ -443,6 +449,14 @@ impl Sim {
         if running.next_lease <= now {
             running.next_lease = now + LEASE_PERIOD;
             due.push(Trigger::Lease);
+        }
+        if running
+            .twin
+            .agent
+            .readiness_deadline()
+            .is_some_and(|at| at <= now)
+        {
+            due.push(Trigger::Readiness);
         }
         for trigger in due {
             self.reconcile(name, trigger);

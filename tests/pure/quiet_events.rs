@@ -2,13 +2,20 @@
 //! device, in a cluster of 1,000 ready Nodes in 100 locations. 1,000 Node updates that move
 //! only `last-seen` make no call at all to any of them (no netlink dump or write, no iptables
 //! child, no device read or change); a real change writes without listing the host; a resync
-//! lists the host and restores what was changed behind kg's back. Needs no root.
+//! lists the host and restores what was changed behind kg's back; nodes flapping across the
+//! `last-seen` bound change the device at most twice a second while a real change still
+//! reaches it at once. Needs no root. The agent runs on a manual clock.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::time::Duration;
+
+use control::clock::Now;
+use control::coalesce::READINESS_INTERVAL;
 use control::fixtures::{kube_node, synthetic_cluster};
 use control::node::annotation;
 use control::routes::RoutePlan;
+use kilotun::agent::read_clock;
 use kilotun::agent::Trigger;
 use kilotun::agent::{shells::twins::Calls, twin_agent::TwinAgent};
 use kilotun::backend::{Listed, Snapshot};
@@ -26,6 +33,8 @@ fn unix_now() -> i64 {
 
 struct Fixture {
     twin: TwinAgent,
+    /// The agent's clock, moved by the test.
+    clock: Now,
     snapshot: Snapshot,
     dir: std::path::PathBuf,
     rv: u64,
@@ -67,6 +76,7 @@ impl Fixture {
         }
         let mut f = Self {
             twin,
+            clock: read_clock(),
             snapshot,
             dir,
             rv,
@@ -92,7 +102,26 @@ impl Fixture {
 
     async fn reconcile(&mut self, trigger: Trigger) {
         let snapshot = self.snapshot.clone();
-        self.twin.agent.reconcile(&snapshot, trigger).await.unwrap();
+        self.twin
+            .agent
+            .reconcile_at(&snapshot, trigger, self.clock)
+            .await
+            .unwrap();
+    }
+
+    /// Moves the clock by `by`, then reconciles as the event loop would when the readiness
+    /// flips held back fall due on the way.
+    async fn advance(&mut self, by: Duration) {
+        let end = self.clock.instant + by;
+        while let Some(due) = self.twin.agent.readiness_deadline().filter(|at| *at <= end) {
+            self.clock = self
+                .clock
+                .after(due.saturating_duration_since(self.clock.instant));
+            self.reconcile(Trigger::Readiness).await;
+        }
+        self.clock = self
+            .clock
+            .after(end.saturating_duration_since(self.clock.instant));
     }
 
     /// Changes Node `name` as the API server would: a new object with a new resourceVersion.
@@ -216,11 +245,15 @@ async fn readiness_flips_and_removals_reach_the_device() {
     let mut f = Fixture::start("flips").await;
     // A location leader's check-in goes stale: that location's other nodes take over, so the
     // device changes (its endpoint and allowed IPs).
+    f.advance(READINESS_INTERVAL).await;
     let before = f.twin.engine.config();
     f.set_annotation("node-00007", annotation::LAST_SEEN, "5".into());
     f.reconcile(Trigger::Event).await;
     let after = f.twin.engine.config();
-    assert_ne!(after, before, "a readiness flip is a change");
+    assert_ne!(
+        after, before,
+        "a readiness flip a while after the last change is taken at once"
+    );
     // Removing every node of location 8 removes its peer.
     let names: Vec<String> = f
         .snapshot
@@ -235,4 +268,102 @@ async fn readiness_flips_and_removals_reach_the_device() {
     }
     f.reconcile(Trigger::Event).await;
     assert_eq!(f.twin.engine.config().peers.len(), LOCATIONS - 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_nodes_change_the_device_at_most_twice_a_second_and_a_real_change_at_once() {
+    let mut f = Fixture::start("flapping").await;
+    let steady = f.twin.engine.config();
+    f.advance(Duration::from_secs(1)).await;
+    let fresh = unix_now();
+    // Ten location leaders flap across the last-seen bound, one flip every 10 ms for 10 s,
+    // each delivered in its own event.
+    let before = f.twin.calls();
+    for step in 0..1000u32 {
+        let leader = format!("node-{:05}", 1 + step % 10);
+        let stale = (step / 10) % 2 == 0;
+        let seen = if stale {
+            5
+        } else {
+            fresh + 1 + i64::from(step) / 100
+        };
+        f.set_annotation(&leader, annotation::LAST_SEEN, seen.to_string());
+        f.reconcile(Trigger::Event).await;
+        f.advance(Duration::from_millis(10)).await;
+    }
+    let [_, _, device] = delta(f.twin.calls(), before);
+    assert!(
+        device.1 <= 21,
+        "{} device changes in 10 s of flapping (at most 2 a second)",
+        device.1
+    );
+    assert!(
+        device.1 >= 10,
+        "the flips did reach the device: {} changes",
+        device.1
+    );
+    // The last round left every leader fresh: once the held flips are due, the device is as
+    // it was before the flapping.
+    f.advance(READINESS_INTERVAL).await;
+    assert_eq!(
+        f.twin.engine.config(),
+        steady,
+        "the device settles on the last readiness"
+    );
+    assert_eq!(
+        f.twin.agent.readiness_deadline(),
+        None,
+        "nothing is held any more"
+    );
+
+    // While nodes flap, a real change reaches the device in the reconcile of its event.
+    // Two flips at one moment: the second, at least, is held.
+    for leader in ["node-00003", "node-00004"] {
+        f.set_annotation(leader, annotation::LAST_SEEN, "5".into());
+        f.reconcile(Trigger::Event).await;
+    }
+    assert!(
+        f.twin.agent.readiness_deadline().is_some(),
+        "a flip is held"
+    );
+    f.set_annotation("node-00150", annotation::LOCATION, "zz-new".into());
+    f.reconcile(Trigger::Event).await;
+    let peers = f.twin.engine.config().peers;
+    assert_eq!(peers.len(), LOCATIONS, "the new location is a peer at once");
+    assert_eq!(
+        f.twin.agent.readiness_deadline(),
+        None,
+        "and the held flip went with it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_leader_takes_a_new_peer_before_its_routes() {
+    let mut f = Fixture::start("engine-first").await;
+    f.twin.engine.record_routes_of(&f.twin.kernel);
+    f.set_annotation("node-00150", annotation::LOCATION, "zz-new".into());
+    f.reconcile(Trigger::Event).await;
+    let pods: ipnet::IpNet = "10.64.150.0/24".parse().unwrap();
+    let changes = f.twin.engine.changes();
+    assert_eq!(changes.len(), 1, "one device change");
+    let (config, routes_then) = &changes[0];
+    assert!(
+        config.peers.iter().any(|p| p.allowed_ips.contains(&pods)),
+        "the new location's peer carries its pods"
+    );
+    // The engine took it while the kernel still routed node-00150's pods as before: the
+    // routes, whose cost grows with the cluster, did not delay the tunnel.
+    let to_pods = |plan: &RoutePlan| {
+        plan.routes
+            .iter()
+            .filter(|r| r.dst == pods)
+            .map(|r| r.gateway)
+            .collect::<Vec<_>>()
+    };
+    let after = f.twin.kernel.routes();
+    assert_ne!(
+        to_pods(routes_then),
+        to_pods(&after),
+        "the routes to its pods changed after the engine did"
+    );
 }

@@ -205,3 +205,141 @@ fn endpoint_bypasses_go_through_the_hosts_own_route_not_kgs() {
         assert!(want.routes.routes.contains(&bypass.route));
     }
 }
+
+mod engine_first {
+    use super::*;
+    use crate::ip::Endpoint;
+    use crate::wgconf::WgPeer;
+
+    fn peer(key: &str, endpoint: &str) -> WgPeer {
+        WgPeer {
+            public_key: Key::padded(key),
+            allowed_ips: Vec::new(),
+            endpoint: Some(Endpoint::parse(endpoint).unwrap()),
+            persistent_keepalive: 0,
+            preshared_key: None,
+        }
+    }
+
+    fn conf(peers: Vec<WgPeer>) -> Conf {
+        Conf {
+            listen_port: Some(51820),
+            peers,
+        }
+    }
+
+    fn route(dst: &str, link: u32) -> Route {
+        Route {
+            table: MAIN_TABLE,
+            dst: net(dst),
+            gateway: None,
+            link,
+            src: None,
+            onlink: false,
+        }
+    }
+
+    fn plan_of(routes: &[Route]) -> RoutePlan {
+        let mut plan = RoutePlan::default();
+        plan.routes.extend(routes.iter().cloned());
+        plan
+    }
+
+    #[test]
+    fn a_steady_leader_takes_a_new_peer_first_when_no_route_to_its_endpoint_changes() {
+        let last = conf(vec![peer("a", "203.0.113.1:51820")]);
+        let next = conf(vec![
+            peer("a", "203.0.113.1:51820"),
+            peer("b", "203.0.113.2:51820"),
+        ]);
+        let old = plan_of(&[route("10.2.1.0/24", 3)]);
+        let new = plan_of(&[route("10.2.1.0/24", 3), route("10.2.2.0/24", 3)]);
+        assert!(engine_before_routes(
+            Some((&last, true)),
+            &next,
+            true,
+            &old,
+            &new
+        ));
+    }
+
+    #[test]
+    fn nothing_applied_yet_or_a_role_change_puts_the_routes_first() {
+        let next = conf(vec![peer("a", "203.0.113.1:51820")]);
+        let plan = RoutePlan::default();
+        assert!(!engine_before_routes(None, &next, true, &plan, &plan));
+        assert!(!engine_before_routes(
+            Some((&next, false)),
+            &next,
+            true,
+            &plan,
+            &plan
+        ));
+        assert!(!engine_before_routes(
+            Some((&next, true)),
+            &next,
+            false,
+            &plan,
+            &plan
+        ));
+    }
+
+    #[test]
+    fn a_moved_endpoint_whose_route_changes_puts_the_routes_first() {
+        // A location's new leader is 172.16.0.9, a private IP this node routed into the
+        // WireGuard link while it was a member; the new routes leave it to the underlay.
+        let last = conf(vec![peer("loc", "172.16.0.8:51820")]);
+        let next = conf(vec![peer("loc", "172.16.0.9:51820")]);
+        let old = plan_of(&[route("172.16.0.9/32", 3)]);
+        let new = plan_of(&[route("172.16.0.8/32", 3)]);
+        assert!(!engine_before_routes(
+            Some((&last, true)),
+            &next,
+            true,
+            &old,
+            &new
+        ));
+        // The same move with a route to the endpoint that stays (an endpoint bypass over the
+        // underlay, link 2) is safe.
+        let kept = route("172.16.0.9/32", 2);
+        assert!(engine_before_routes(
+            Some((&last, true)),
+            &next,
+            true,
+            &plan_of(&[kept.clone()]),
+            &plan_of(&[kept, route("172.16.0.8/32", 3)])
+        ));
+    }
+
+    #[test]
+    fn only_new_or_moved_peers_are_checked_and_a_large_move_puts_the_routes_first() {
+        // Peer a's endpoint is under a route that changes, but a did not move.
+        let last = conf(vec![peer("a", "172.16.0.1:51820")]);
+        let next = conf(vec![
+            peer("a", "172.16.0.1:51820"),
+            peer("b", "203.0.113.2:51820"),
+        ]);
+        let old = plan_of(&[route("172.16.0.0/24", 3)]);
+        let new = RoutePlan::default();
+        assert!(engine_before_routes(
+            Some((&last, true)),
+            &next,
+            true,
+            &old,
+            &new
+        ));
+        let many = conf(
+            (0..=ENGINE_FIRST_MAX_MOVED)
+                .map(|i| peer(&format!("p{i}"), &format!("203.0.113.{}:51820", i + 1)))
+                .collect(),
+        );
+        let empty = RoutePlan::default();
+        assert!(!engine_before_routes(
+            Some((&conf(Vec::new()), true)),
+            &many,
+            true,
+            &empty,
+            &empty
+        ));
+    }
+}

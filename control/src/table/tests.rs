@@ -191,3 +191,60 @@ fn sync_removes_what_is_gone_and_translates_only_what_changed() {
     assert!(t.take_changed(), "node 0 is gone");
     assert_eq!(t.len(), 4);
 }
+
+#[test]
+fn readiness_flips_and_node_changes_are_told_apart() {
+    let nodes = synthetic_cluster(6, 2);
+    let mut t = table(&nodes);
+    assert_eq!(
+        t.take_changes(),
+        TableChanges {
+            nodes: true,
+            readiness: false
+        },
+        "nodes added"
+    );
+    // Every check-in expires but node 1's: readiness only.
+    let object = with_last_seen(&nodes[1], NOW + 45, 300);
+    t.update(&nodes[1].name, Some(&object));
+    t.advance(NOW + READY_WINDOW_SECS + 1);
+    assert_eq!(
+        t.take_changes(),
+        TableChanges {
+            nodes: false,
+            readiness: true
+        }
+    );
+    // Node 2 checks in again: readiness only.
+    let back = with_last_seen(&nodes[2], NOW + READY_WINDOW_SECS + 1, 301);
+    t.update(&nodes[2].name, Some(&back));
+    assert_eq!(
+        t.take_changes(),
+        TableChanges {
+            nodes: false,
+            readiness: true
+        }
+    );
+    // Node 3 moves location as it checks in again: both.
+    let mut moved = nodes[3].clone();
+    moved.last_seen = NOW + READY_WINDOW_SECS + 1;
+    moved.location = "elsewhere".into();
+    t.update(&moved.name, Some(&Arc::new(kube_node(&moved, 302))));
+    assert_eq!(
+        t.take_changes(),
+        TableChanges {
+            nodes: true,
+            readiness: true
+        }
+    );
+    // Node 4 is deleted: a node change.
+    t.update(&nodes[4].name, None);
+    assert_eq!(
+        t.take_changes(),
+        TableChanges {
+            nodes: true,
+            readiness: false
+        }
+    );
+    assert!(!t.take_changes().any());
+}

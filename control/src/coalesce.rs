@@ -1,0 +1,159 @@
+//! Readiness flips batched. In a large cluster with a flaky network, nodes cross Kilo's
+//! `last-seen` bound and come back all the time (with 10% of 5,000 nodes crossing it every
+//! minute, some 16 flips a second), and each flip changes the topology. Taken one by one they
+//! would reconfigure the engine and the routes many times a second, and a real change would
+//! queue behind them. A flip alone changes the mesh at most once per [`READINESS_INTERVAL`]:
+//! flips that arrive sooner are held and taken together when the interval has passed, or at
+//! once with the next change of another kind (a Node added, removed or re-annotated, a Peer, a
+//! DNS answer, a lease). Kilo's readiness rule itself is unchanged: a node past its bound
+//! still leaves the topology, at most [`READINESS_INTERVAL`] later.
+//!
+//! Pure: the time comes in as an argument.
+
+use std::time::{Duration, Instant};
+
+/// The shortest time between two mesh computations that readiness flips alone cause.
+pub const READINESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The readiness flips not yet taken into the mesh, and when the mesh was last computed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadinessBatch {
+    held: bool,
+    last_mesh: Option<Instant>,
+}
+
+impl ReadinessBatch {
+    /// Takes in whether readiness `flipped` since the last call, at `now`; true when the
+    /// flips held so far are due to change the mesh now.
+    pub fn due(&mut self, flipped: bool, now: Instant) -> bool {
+        self.held |= flipped;
+        self.held
+            && self
+                .last_mesh
+                .is_none_or(|last| now >= last + READINESS_INTERVAL)
+    }
+
+    /// The mesh was computed at `now`, with every flip held so far.
+    pub fn meshed(&mut self, now: Instant) {
+        self.held = false;
+        self.last_mesh = Some(now);
+    }
+
+    /// A reconcile at `now` ended. Flips it held past their deadline (it failed before it
+    /// could take them) wait another interval, so that the event loop never spins on a
+    /// deadline in the past.
+    pub fn reconciled(&mut self, now: Instant) {
+        if self.deadline().is_some_and(|at| at <= now) {
+            self.last_mesh = Some(now);
+        }
+    }
+
+    /// When the flips held are due (`None` when none is held): the event loop wakes then.
+    pub fn deadline(&self) -> Option<Instant> {
+        if !self.held {
+            return None;
+        }
+        self.last_mesh.map(|last| last + READINESS_INTERVAL)
+    }
+
+    /// True when flips are held, waiting for [`ReadinessBatch::deadline`].
+    pub fn holds(&self) -> bool {
+        self.held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_flip_is_taken_at_once() {
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        assert!(batch.due(true, t0));
+        assert_eq!(
+            batch.deadline(),
+            None,
+            "nothing is due before a mesh was computed"
+        );
+    }
+
+    #[test]
+    fn flips_within_the_interval_are_held_until_it_passes() {
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        batch.meshed(t0);
+        let soon = t0 + Duration::from_millis(100);
+        assert!(!batch.due(true, soon), "a flip 100 ms after a mesh waits");
+        assert!(batch.holds());
+        assert_eq!(batch.deadline(), Some(t0 + READINESS_INTERVAL));
+        let later = t0 + Duration::from_millis(300);
+        assert!(!batch.due(false, later), "still held, still not due");
+        assert!(
+            batch.due(false, t0 + READINESS_INTERVAL),
+            "due once the interval passed"
+        );
+        batch.meshed(t0 + READINESS_INTERVAL);
+        assert!(!batch.holds());
+        assert_eq!(batch.deadline(), None);
+    }
+
+    #[test]
+    fn nothing_held_is_never_due() {
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        batch.meshed(t0);
+        assert!(!batch.due(false, t0 + Duration::from_secs(60)));
+        assert_eq!(batch.deadline(), None);
+    }
+
+    #[test]
+    fn a_mesh_for_another_reason_takes_the_held_flips() {
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        batch.meshed(t0);
+        assert!(!batch.due(true, t0 + Duration::from_millis(50)));
+        // A Node's annotation changed: the mesh is computed anyway, with the held flips.
+        batch.meshed(t0 + Duration::from_millis(60));
+        assert!(!batch.holds());
+        assert!(
+            !batch.due(true, t0 + Duration::from_millis(400)),
+            "the interval counts from the last mesh, whatever caused it"
+        );
+        assert_eq!(
+            batch.deadline(),
+            Some(t0 + Duration::from_millis(60) + READINESS_INTERVAL)
+        );
+    }
+
+    #[test]
+    fn flips_a_failed_reconcile_left_behind_wait_another_interval() {
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        batch.meshed(t0);
+        assert!(!batch.due(true, t0 + Duration::from_millis(10)));
+        // The reconcile at the deadline failed before it took the flips.
+        let at = t0 + READINESS_INTERVAL;
+        batch.reconciled(at);
+        assert_eq!(batch.deadline(), Some(at + READINESS_INTERVAL));
+        // One that ends before the deadline leaves it alone.
+        batch.reconciled(at + Duration::from_millis(100));
+        assert_eq!(batch.deadline(), Some(at + READINESS_INTERVAL));
+    }
+
+    #[test]
+    fn flapping_meshes_at_most_twice_a_second() {
+        // A flip every 10 ms for 10 s, a reconcile after each; count the meshes.
+        let mut batch = ReadinessBatch::default();
+        let t0 = Instant::now();
+        let mut meshes = 0;
+        for step in 0..1_000u64 {
+            let now = t0 + Duration::from_millis(10 * step);
+            if batch.due(true, now) {
+                batch.meshed(now);
+                meshes += 1;
+            }
+        }
+        assert!((19..=21).contains(&meshes), "{meshes} meshes in 10 s");
+    }
+}
