@@ -7,7 +7,8 @@
 # the API server to kg's engine (median and worst of K changes, 5 by default), with where the
 # time went: the watch and each stage of kg's reconciles (its `kilotun::stages` lines).
 #
-#   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT] N [KG_BINARY]
+#   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT]
+#                       [--flap=F] [--granularity=location|full] N [KG_BINARY]
 #
 # N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
 #   follower  a node that does not lead its location moves to a new location (the default)
@@ -19,8 +20,13 @@
 #   internal  each endpoint the node's internal IP, one private network 172.16/12
 #   ipv6      IPv6 endpoints, internal IPs and pods
 #   dual      IPv4 endpoints, IPv4 and IPv6 internal IPs and pods
-#   dns       endpoints as DNS names, resolved through the namespace's /etc/hosts
+#   dns       endpoints as DNS names, answered by a dnsmasq in the namespace (needs dnsmasq)
 #   nat       private endpoints with keepalives, the public ones discovered by other nodes
+# With --granularity=full every node is kg's peer (use --change=join, which adds one: the
+# others move nodes between locations, which a full mesh does not see).
+# F (0 by default) is the fraction of the nodes that cross Kilo's 60 s last-seen bound every
+# minute (they skip their check-ins for 75 s, then come back), as in a large cluster with a
+# flaky network; kg's WireGuard configurations per second are printed with the churn.
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (20 s, after the
@@ -38,12 +44,16 @@ locations=100
 what=follower
 changes=5
 layout=apart
+flap=0
+granularity=location
 while [[ ${1:-} == --* ]]; do
 	case $1 in
 	--locations=*) locations=${1#*=} ;;
 	--change=*) what=${1#*=} ;;
 	--changes=*) changes=${1#*=} ;;
 	--layout=*) layout=${1#*=} ;;
+	--flap=*) flap=${1#*=} ;;
+	--granularity=*) granularity=${1#*=} ;;
 	*)
 		echo "scale.sh: unknown option $1" >&2
 		exit 2
@@ -69,7 +79,18 @@ apart | internal | ipv6 | dual | dns | nat) ;;
 	exit 2
 	;;
 esac
-export SCALE_LOCATIONS=$locations SCALE_LAYOUT=$layout
+[[ $flap =~ ^(0|0?\.[0-9]+|1)$ ]] || {
+	echo "scale.sh: --flap=$flap: a fraction from 0 to 1" >&2
+	exit 2
+}
+case $granularity in
+location | full) ;;
+*)
+	echo "scale.sh: --granularity=$granularity: location or full" >&2
+	exit 2
+	;;
+esac
+export SCALE_LOCATIONS=$locations SCALE_LAYOUT=$layout SCALE_FLAP=$flap SCALE_GRANULARITY=$granularity
 n=${1:-1000}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kg=${2:-${CARGO_TARGET_DIR:-$root/target}/release/kg}
@@ -84,11 +105,13 @@ churn_window=${CHURN_WINDOW:-30}
 idle_window=${IDLE_WINDOW:-20}
 kg_pid=
 churn_pid=
+dnsmasq_pid=
 
 cleanup() {
 	set +e
 	[[ -n $churn_pid ]] && kill "$churn_pid" 2>/dev/null && wait "$churn_pid" 2>/dev/null
 	[[ -n $kg_pid ]] && kill "$kg_pid" 2>/dev/null && wait "$kg_pid" 2>/dev/null
+	[[ -n $dnsmasq_pid ]] && kill "$dnsmasq_pid" 2>/dev/null && wait "$dnsmasq_pid" 2>/dev/null
 	ip netns exec "$ns" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
 	ip netns del "$ns" 2>/dev/null
 	rm -rf "/etc/netns/$ns"
@@ -125,17 +148,21 @@ env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" |
 # does too: a background driver's or kg's $! is then its own pid, which `kill` stops.
 driver() {
 	${DRIVER_EXEC:-} ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
-		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" SCALE_LAYOUT="$layout" \
+		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" SCALE_LAYOUT="$layout" SCALE_FLAP="$flap" \
+		SCALE_GRANULARITY="$granularity" \
 		python3 "$root/bench/scale_driver.py" "$@"
 }
 
 if [[ $layout == dns ]]; then
-	# `ip netns exec` binds /etc/netns/NAME/hosts over /etc/hosts for what it runs.
+	# A name server in the namespace (dnsmasq, on its loopback) answers for every node's
+	# name; `ip netns exec` binds /etc/netns/NAME/resolv.conf over kg's /etc/resolv.conf.
+	driver hosts "$((n + changes))" >"$work/names"
+	in_ns dnsmasq --keep-in-foreground --no-resolv --no-hosts --bind-interfaces \
+		--listen-address=127.0.0.1 --addn-hosts="$work/names" --local-ttl=0 --pid-file= \
+		--user=root --group=root >"$work/dnsmasq.log" 2>&1 &
+	dnsmasq_pid=$!
 	mkdir -p "/etc/netns/$ns"
-	{
-		cat /etc/hosts
-		driver hosts "$((n + changes))"
-	} >"/etc/netns/$ns/hosts"
+	echo "nameserver 127.0.0.1" >"/etc/netns/$ns/resolv.conf"
 fi
 start=$SECONDS
 driver create "$n"
@@ -149,10 +176,13 @@ churn_pid=$!
 # shellcheck disable=SC2086
 ip netns exec "$ns" env KG_LOG=warn,kilotun::stages=debug "$kg" --backend=kubernetes --kubeconfig="$KUBECONFIG" --hostname=kg-bench \
 	--interface="$iface" --key-file="$work/key" --encapsulate=never --cni=false --mtu=1420 \
+	--mesh-granularity="$granularity" \
 	--listen=127.0.0.1:11070 --log-level=warn ${KG_ARGS:-} >"$work/kg.log" 2>&1 &
 kg_pid=$!
 
-# Wait until kg peers with every location, then let it settle.
+# Wait until kg peers with every location (every node in a full mesh), then let it settle.
+wanted_peers=$locations
+[[ $granularity == full ]] && wanted_peers=$n
 for ((i = 0; i < 600; i++)); do
 	kill -0 "$kg_pid" 2>/dev/null || {
 		echo "scale.sh: kg exited" >&2
@@ -160,10 +190,10 @@ for ((i = 0; i < 600; i++)); do
 		exit 1
 	}
 	peers=$( (in_ns wg show "$iface" peers 2>/dev/null || true) | wc -l)
-	((peers >= locations)) && break
+	((peers >= wanted_peers)) && break
 	sleep 0.5
 done
-((peers >= locations)) || {
+((peers >= wanted_peers)) || {
 	echo "scale.sh: kg has $peers peers after 300 s" >&2
 	tail -n 20 "$work/kg.log" >&2
 	exit 1
@@ -181,11 +211,17 @@ ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat"; }
 hz=$(getconf CLK_TCK)
 patches() { cat "$work/patches"; }
 
+# The WireGuard configurations kg applied that changed its device.
+configurations() {
+	in_ns curl -sf http://127.0.0.1:11070/metrics | awk '$1 == "kilotun_wireguard_configurations_total" { print $2 }'
+}
 t0=$(ticks)
+c0=$(configurations)
 p0=$(patches)
 s0=$(date +%s.%N)
 sleep "$churn_window"
 t1=$(ticks)
+c1=$(configurations)
 p1=$(patches)
 s1=$(date +%s.%N)
 
@@ -206,11 +242,13 @@ i1=$(ticks)
 awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" \
 	-v i0="$i0" -v i1="$i1" -v idle="$idle_window" -v r0="$rss_start" -v r1="$rss_churn" \
 	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v worst="$worst" -v kg="$kg" \
-	-v locations="$locations" -v what="$what" 'BEGIN {
+	-v locations="$locations" -v what="$what" -v c0="$c0" -v c1="$c1" -v flap="$flap" 'BEGIN {
 	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
 	printf "kg %s, %d nodes, %d locations, layout %s%s\n", kg, n, locations, ENVIRON["SCALE_LAYOUT"], ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
+	printf "WireGuard configurations during the churn: %d in %.1f s (%.2f/s), %s of the nodes flapping a minute\n", \
+		c1 - c0, wall, (c1 - c0) / wall, flap
 	printf "idle: kg CPU %.2f s in %d s = %.2f%% of a core\n", (i1 - i0) / hz, idle, 100 * (i1 - i0) / hz / idle
 	printf "RSS: %d MB once meshed, %d MB after the churn window\n", r0, r1
 	printf "%s change to engine: median %s ms, worst %s ms (%s)\n", what, med, worst, lat

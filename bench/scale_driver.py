@@ -38,6 +38,7 @@ import json
 import re
 import statistics
 import os
+import random
 import ssl
 import struct
 import subprocess
@@ -54,10 +55,12 @@ LOCAL = "kg-bench"
 #             (on-premises, one VPC)
 #   ipv6      endpoints and internal IPs IPv6, IPv6 pods
 #   dual      IPv4 endpoints, an IPv4 and an IPv6 internal IP, IPv4 and IPv6 pods
-#   dns       endpoints as DNS names (node-N.scale.test, in the namespace's /etc/hosts)
+#   dns       endpoints as DNS names (node-N.scale.test, which bench/scale.sh's dnsmasq answers)
 #   nat       endpoints private (10.200.0.0/16, unreachable), each node with a keepalive, and
 #             the public address a leader found for it in another node's discovered-endpoints
 LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
+# The mesh granularity every node announces, as kg's --mesh-granularity (bench/scale.sh).
+GRANULARITY = os.environ.get("SCALE_GRANULARITY", "location")
 LAYOUTS = ("apart", "internal", "ipv6", "dual", "dns", "nat")
 
 
@@ -127,7 +130,7 @@ def public_ip(i):
 
 
 def hosts(n):
-    """The /etc/hosts lines that resolve the dns layout's endpoint names."""
+    """The hosts-file lines that resolve the dns layout's endpoint names."""
     return "".join(f"{public_ip(i)} node-{i}.scale.test\n" for i in range(n))
 
 
@@ -177,7 +180,7 @@ def node(i, now):
                 "kilo.squat.ai/key": key(i),
                 "kilo.squat.ai/last-seen": str(now),
                 "kilo.squat.ai/location": f"loc-{i % LOCATIONS:03d}",
-                "kilo.squat.ai/granularity": "location",
+                "kilo.squat.ai/granularity": GRANULARITY,
             },
         },
         "spec": {"podCIDR": pods[0], "podCIDRs": pods},
@@ -215,11 +218,24 @@ def patch_annotation(conn, i, key_name, value):
     request(conn, "PATCH", f"/api/v1/nodes/{name(i)}", body, "application/merge-patch+json")
 
 
+def flaps(i):
+    """Whether node i may flap (SCALE_FLAP): not the first two nodes of a location, which the
+    leader and delete changes move, nor the follower change's nodes (i % LOCATIONS == 7)."""
+    return i >= 2 * LOCATIONS and i % LOCATIONS != 7
+
+
 def churn(n, counter):
     rate = n / 30.0
     done = [0]
     lock = threading.Lock()
     threads = 4
+    # SCALE_FLAP=F: a fraction F of the nodes crosses Kilo's 60 s last-seen bound every
+    # minute. A node that flaps skips its check-ins for 75 s: past the bound from 60 s after
+    # its last one until the next one it makes (90 s), then back.
+    flap = float(os.environ.get("SCALE_FLAP", "0"))
+    silent_until = {}
+    chance = flap / 2  # two check-ins a minute per node
+    rng = random.Random(7)
 
     def worker(w):
         c = connection()
@@ -232,8 +248,14 @@ def churn(n, counter):
             if delay > 0:
                 time.sleep(delay)
             i = (w + k * threads) % n
-            patch_annotation(c, i, "kilo.squat.ai/last-seen", str(int(time.time())))
             k += 1
+            now = time.monotonic()
+            if silent_until.get(i, 0) > now:
+                continue
+            if flap and flaps(i) and rng.random() < chance:
+                silent_until[i] = now + 75
+                continue
+            patch_annotation(c, i, "kilo.squat.ai/last-seen", str(int(time.time())))
             with lock:
                 done[0] += 1
 

@@ -13,6 +13,10 @@ use crate::ip::{Endpoint, Host};
 /// The first retry after a failed lookup; doubled per failure, capped at the refresh period.
 pub const FIRST_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a lookup [`DnsBook::start`]ed may go unanswered before it is due again (the
+/// answer was lost): longer than any lookup's timeout.
+pub const ANSWER_GRACE: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Clone)]
 struct Entry {
     addr: Option<IpAddr>,
@@ -80,6 +84,20 @@ impl DnsBook {
             .collect()
     }
 
+    /// Names whose lookup is due at `now`, each marked as asked: it is not due again until
+    /// its answer is [`DnsBook::record`]ed, or [`ANSWER_GRACE`] passed without one. The
+    /// lookups run off the reconcile, which goes on with the last good addresses.
+    pub fn start(&mut self, now: Instant) -> Vec<String> {
+        self.entries
+            .iter_mut()
+            .filter(|(_, e)| e.next_at <= now)
+            .map(|(n, e)| {
+                e.next_at = now + ANSWER_GRACE;
+                n.clone()
+            })
+            .collect()
+    }
+
     /// The earliest time a lookup is due.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.entries.values().map(|e| e.next_at).min()
@@ -130,6 +148,32 @@ mod tests {
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_started_lookup_is_not_due_again_until_answered_or_lost() {
+        let t0 = Instant::now();
+        let mut book = DnsBook::new(Duration::from_secs(30));
+        book.track(["a.mesh.test", "b.mesh.test"], t0);
+        assert_eq!(book.start(t0), ["a.mesh.test", "b.mesh.test"]);
+        assert!(book.start(t0).is_empty(), "both asked already");
+        assert!(book.due(t0 + Duration::from_secs(5)).is_empty());
+        book.record(
+            "a.mesh.test",
+            Ok(ip("10.0.0.1")),
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!(
+            book.next_deadline(),
+            Some(t0 + Duration::from_secs(30)),
+            "a: the refresh after its answer; b: the grace"
+        );
+        assert_eq!(
+            book.start(t0 + ANSWER_GRACE),
+            ["b.mesh.test"],
+            "b's answer was lost"
+        );
+        assert_eq!(book.start(t0 + Duration::from_secs(31)), ["a.mesh.test"]);
     }
 
     #[test]

@@ -336,6 +336,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             changed
         };
         if changed {
+            self.metrics.device_changes.inc();
             tracing::info!(
                 leader,
                 peers = desired.peers.len(),

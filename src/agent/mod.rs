@@ -35,6 +35,7 @@ use args::Settings;
 use host::{encap, local::ProblemLog};
 use serve::{http, metrics::Metrics, status};
 use shells::firewall::HostFirewall;
+use shells::lookups::{LookupAnswer, Lookups};
 use shells::netlink::Netlink;
 use shells::wireguard::WireGuard;
 use shells::{kernel_watch, state};
@@ -128,6 +129,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     cni_file: Box<dyn shells::cni_file::CniFile>,
     resolver: Option<TokioResolver>,
     dns: DnsBook,
+    /// True when a DNS answer changed an address since the mesh was last computed.
+    dns_changed: bool,
     hostname_ips: Vec<IpAddr>,
     owned: RoutePlan,
     problems: ProblemLog,
@@ -193,41 +196,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 
-    /// Re-resolves the DNS names that are due; a failure keeps the last good address. True
-    /// when an address changed.
-    async fn resolve_due(&mut self, now: Now) -> bool {
-        let due = self.dns.due(now.instant);
-        if due.is_empty() {
-            return false;
+    /// The DNS names whose lookup is due at `now`, marked as asked
+    /// ([`control::dns::DnsBook::start`]); none without a resolver.
+    pub fn start_lookups(&mut self, now: Now) -> Vec<String> {
+        if self.resolver.is_none() {
+            return Vec::new();
         }
-        let Some(resolver) = self.resolver.clone() else {
-            return false;
-        };
-        let mut changed = false;
-        let lookups =
-            due.into_iter().map(|name| {
-                let resolver = resolver.clone();
-                async move {
-                    let result =
-                        match tokio::time::timeout(DNS_TIMEOUT, resolver.lookup_ip(name.as_str()))
-                            .await
-                        {
-                            Ok(Ok(ips)) => {
-                                let mut ips: Vec<IpAddr> = ips.iter().collect();
-                                ips.sort_by_key(|ip| ip.is_ipv6());
-                                ips.first().copied().ok_or_else(|| "no address".to_string())
-                            }
-                            Ok(Err(e)) => Err(e.to_string()),
-                            Err(_) => Err("timed out".to_string()),
-                        };
-                    (name, result)
-                }
-            });
-        for (name, result) in futures::future::join_all(lookups).await {
+        self.dns.start(now.instant)
+    }
+
+    /// Takes in lookup answers that came at `now`: a failure keeps the last good address.
+    /// The next reconcile computes the mesh again when an address changed.
+    pub fn take_lookups(&mut self, answers: Vec<LookupAnswer>, now: Now) {
+        for (name, result) in answers {
             let error = result.as_ref().err().cloned();
             match self.dns.record(&name, result, now.instant) {
                 Answer::Changed { old, new } => {
-                    changed = true;
+                    self.dns_changed = true;
                     tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
                 }
                 Answer::Failed { kept } => {
@@ -237,7 +222,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 Answer::Unchanged | Answer::Untracked => {}
             }
         }
-        changed
     }
 }
 /// Runs kg until SIGINT or SIGTERM.
@@ -271,6 +255,10 @@ pub async fn run(settings: Settings) -> Result<()> {
     // DNS lookups run when the book says one is due, at most once a second: a reconcile that
     // fails before it resolves leaves the deadline in the past, and must not spin.
     let mut last_dns: Option<Instant> = None;
+    let mut lookups = agent
+        .resolver
+        .clone()
+        .map(|resolver| Lookups::spawn(resolver, DNS_TIMEOUT));
     loop {
         let dns_deadline = agent
             .dns_deadline()
@@ -282,7 +270,18 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = resync_timer.tick() => Trigger::Resync,
             _ = check_in_timer.tick() => Trigger::CheckIn,
             Some(()) = kernel_changes.recv() => Trigger::Kernel,
-            () = sleep_until(dns_deadline) => Trigger::Dns,
+            () = sleep_until(dns_deadline) => {
+                let now = read_clock();
+                last_dns = Some(now.instant);
+                if let Some(lookups) = &lookups {
+                    lookups.ask(agent.start_lookups(now));
+                }
+                continue;
+            }
+            Some(answers) = next_answers(&mut lookups) => {
+                agent.take_lookups(answers, read_clock());
+                Trigger::Dns
+            }
             () = sleep_until(agent.readiness_deadline()) => Trigger::Readiness,
             _ = lease_timer.tick(), if leases => Trigger::Lease,
         };
@@ -290,9 +289,6 @@ pub async fn run(settings: Settings) -> Result<()> {
         // any await: the backend, writing the next event, never finds it shared and copies it.
         let now = read_clock();
         agent.ingest(&snapshots.borrow_and_update(), now);
-        if trigger == Trigger::Dns {
-            last_dns = Some(now.instant);
-        }
         tracing::trace!(?trigger, "reconcile");
         if let Err(e) = agent.settle(trigger, now).await {
             agent.metrics.error("apply");
@@ -306,6 +302,14 @@ pub async fn run(settings: Settings) -> Result<()> {
     // of this node (a surge rollout's new pod, waiting on the lock) take over.
     drop(engine_lock);
     Ok(())
+}
+
+/// The next DNS answers; with no lookup task, never returns.
+async fn next_answers(lookups: &mut Option<Lookups>) -> Option<Vec<LookupAnswer>> {
+    match lookups {
+        Some(lookups) => lookups.answers().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Sleeps until `deadline`; with none, never returns (a `select!` branch that never fires).

@@ -201,7 +201,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         if full || nodes_changed || peers_changed || local_changed {
             self.track_dns_names(&local, now);
         }
-        let dns_changed = self.resolve_due(now).await;
+        let dns_changed = std::mem::take(&mut self.dns_changed);
 
         // Leaders by lease: elected again when anything they depend on moved, and on the
         // lease timer (leases expire with time alone).

@@ -246,6 +246,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             kilo_index,
             cni_file,
             resolver,
+            dns_changed: false,
             hostname_ips,
             owned: last_routes,
             problems: ProblemLog::default(),

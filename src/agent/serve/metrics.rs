@@ -418,6 +418,9 @@ pub struct Metrics {
     pub reconciles: Counter,
     /// `kilotun_dns_resolution_failures_total`.
     pub dns_failures: Counter,
+    /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
+    /// WireGuard device.
+    pub device_changes: Counter,
     /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
     /// one of its connected networks.
     pub withheld_cidrs: Gauge,
@@ -454,6 +457,7 @@ impl Metrics {
             peers: Gauge::default(),
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
+            device_changes: Counter::default(),
             withheld_cidrs: Gauge::default(),
             stages: StageHistograms::new_with_constructor(stage_histogram),
             location: Default::default(),
@@ -482,6 +486,11 @@ impl Metrics {
             "kilotun_dns_resolution_failures",
             "DNS endpoint lookups that failed",
             m.dns_failures.clone(),
+        );
+        registry.register(
+            "kilotun_wireguard_configurations",
+            "WireGuard device configurations kg applied that changed the device",
+            m.device_changes.clone(),
         );
         registry.register(
             "kilotun_withheld_cidrs",

@@ -21,6 +21,7 @@ pub mod iptables;
 pub mod kernel_watch;
 pub mod kernel_wireguard;
 pub mod keyfile;
+pub mod lookups;
 pub mod netlink;
 pub mod nftables;
 pub mod state;

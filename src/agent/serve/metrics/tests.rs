@@ -65,6 +65,7 @@ fn kilos_exporters_engines_and_process_series_are_exported() {
             "kilo_peers 0".into(),
             "kilotun_location_info{location=\"east\"} 1".into(),
             "kilotun_dns_resolution_failures_total 0".into(),
+            "kilotun_wireguard_configurations_total 0".into(),
             "kilotun_withheld_cidrs 0".into(),
             format!("wireguard_sent_bytes_total{exporter} 200"),
             format!("wireguard_received_bytes_total{exporter} 100"),
