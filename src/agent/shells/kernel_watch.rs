@@ -19,8 +19,14 @@ use tokio::sync::mpsc;
 const RTMGRP_IPV6_RULE: u32 = 1 << (19 - 1);
 
 /// True for the notifications that may concern kg: any address or rule change, and changes to
-/// protocol-static routes (kg's, or an administrator's that kg may have to replace).
-fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
+/// protocol-static routes (an administrator's that kg may have to replace), unless kg asked
+/// for it through the socket whose netlink port is `own` (the kernel puts the asking socket's
+/// port in the notification): kg knows what it changed, and listing the host after each of
+/// its own changes would double every change's cost.
+fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>, own: u32) -> bool {
+    if own != 0 && message.header.port_number == own {
+        return false;
+    }
     match &message.payload {
         NetlinkPayload::InnerMessage(inner) => match inner {
             RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
@@ -36,9 +42,10 @@ fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
     }
 }
 
-/// Subscribes to the kernel's address, route and rule notifications. The receiver gets one
-/// message per burst: after a relevant notification, further ones are swallowed for `settle`.
-pub fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
+/// Subscribes to the kernel's address, route and rule notifications, except those of changes
+/// asked through netlink port `own`. The receiver gets one message per burst: after a relevant
+/// notification, further ones are swallowed for `settle`.
+pub fn watch_changes(settle: Duration, own: u32) -> Result<mpsc::Receiver<()>> {
     let (mut connection, _handle, mut messages) =
         rtnetlink::new_connection().context("opening rtnetlink for notifications")?;
     let groups = RTMGRP_IPV4_IFADDR
@@ -56,7 +63,7 @@ pub fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         while let Some((message, _)) = messages.next().await {
-            if !relevant(&message) {
+            if !relevant(&message, own) {
                 continue;
             }
             let settled = tokio::time::sleep(settle);
@@ -73,4 +80,34 @@ pub fn watch_changes(settle: Duration) -> Result<mpsc::Receiver<()>> {
         }
     });
     Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_route::route::RouteMessage;
+
+    fn static_route_added(port: u32) -> NetlinkMessage<RouteNetlinkMessage> {
+        let mut route = RouteMessage::default();
+        route.header.protocol = RouteProtocol::Static;
+        let mut message = NetlinkMessage::from(RouteNetlinkMessage::NewRoute(route));
+        message.header.port_number = port;
+        message
+    }
+
+    #[test]
+    fn kgs_own_changes_are_left_out_and_everyone_elses_count() {
+        assert!(!relevant(&static_route_added(4242), 4242), "kg's own");
+        assert!(
+            relevant(&static_route_added(0), 4242),
+            "the kernel's or `ip`'s"
+        );
+        assert!(relevant(&static_route_added(99), 4242), "another process's");
+        let mut kernel = static_route_added(0);
+        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) = &mut kernel.payload
+        {
+            r.header.protocol = RouteProtocol::Kernel;
+        }
+        assert!(!relevant(&kernel, 4242), "not a protocol-static route");
+    }
 }
