@@ -306,7 +306,7 @@ mod engine_first {
             Some((&last, true)),
             &next,
             true,
-            &plan_of(&[kept.clone()]),
+            &plan_of(std::slice::from_ref(&kept)),
             &plan_of(&[kept, route("172.16.0.8/32", 3)])
         ));
     }
