@@ -600,8 +600,16 @@ impl Cluster {
     }
 
     /// Waits until `check` holds, up to `timeout`.
+    /// The timeout is multiplied by `KILOTUN_WAIT_SCALE` (1 by default): under TCG emulation
+    /// (`tests/real/kernel_vm.rs` sets 4) kg starts many times slower, and how long these
+    /// waits take is not what the tests are about.
     pub fn wait_for(&self, timeout: Duration, mut check: impl FnMut(&Self) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
+        let scale = std::env::var("KILOTUN_WAIT_SCALE")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s >= 1.0)
+            .unwrap_or(1.0);
+        let deadline = Instant::now() + timeout.mul_f64(scale);
         while Instant::now() < deadline {
             if check(self) {
                 return true;
