@@ -239,6 +239,11 @@ mod engine_first {
         }
     }
 
+    /// [`engine_before_routes`] for a node that led before and still leads.
+    fn steady_leader(last: &Conf, next: &Conf, owned: &RoutePlan, routes: &RoutePlan) -> bool {
+        engine_before_routes(Some((last, true)), next, true, owned, routes)
+    }
+
     fn plan_of(routes: &[Route]) -> RoutePlan {
         let mut plan = RoutePlan::default();
         plan.routes.extend(routes.iter().cloned());
@@ -254,13 +259,7 @@ mod engine_first {
         ]);
         let old = plan_of(&[route("10.2.1.0/24", 3)]);
         let new = plan_of(&[route("10.2.1.0/24", 3), route("10.2.2.0/24", 3)]);
-        assert!(engine_before_routes(
-            Some((&last, true)),
-            &next,
-            true,
-            &old,
-            &new
-        ));
+        assert!(steady_leader(&last, &next, &old, &new));
     }
 
     #[test]
@@ -292,20 +291,13 @@ mod engine_first {
         let next = conf(vec![peer("loc", "172.16.0.9:51820")]);
         let old = plan_of(&[route("172.16.0.9/32", 3)]);
         let new = plan_of(&[route("172.16.0.8/32", 3)]);
-        assert!(!engine_before_routes(
-            Some((&last, true)),
-            &next,
-            true,
-            &old,
-            &new
-        ));
+        assert!(!steady_leader(&last, &next, &old, &new));
         // The same move with a route to the endpoint that stays (an endpoint bypass over the
         // underlay, link 2) is safe.
         let kept = route("172.16.0.9/32", 2);
-        assert!(engine_before_routes(
-            Some((&last, true)),
+        assert!(steady_leader(
+            &last,
             &next,
-            true,
             &plan_of(std::slice::from_ref(&kept)),
             &plan_of(&[kept, route("172.16.0.8/32", 3)])
         ));
@@ -321,25 +313,13 @@ mod engine_first {
         ]);
         let old = plan_of(&[route("172.16.0.0/24", 3)]);
         let new = RoutePlan::default();
-        assert!(engine_before_routes(
-            Some((&last, true)),
-            &next,
-            true,
-            &old,
-            &new
-        ));
+        assert!(steady_leader(&last, &next, &old, &new));
         let many = conf(
             (0..=ENGINE_FIRST_MAX_MOVED)
                 .map(|i| peer(&format!("p{i}"), &format!("203.0.113.{}:51820", i + 1)))
                 .collect(),
         );
         let empty = RoutePlan::default();
-        assert!(!engine_before_routes(
-            Some((&conf(Vec::new()), true)),
-            &many,
-            true,
-            &empty,
-            &empty
-        ));
+        assert!(!steady_leader(&conf(Vec::new()), &many, &empty, &empty));
     }
 }
