@@ -21,7 +21,7 @@ pub mod events;
 pub mod sim;
 
 use events::{Event, PeerChange, BROKEN_ANNOTATIONS, LOCATIONS, MAX_NODES};
-use sim::{Election, Sim};
+use sim::{Election, Family, Sim};
 
 /// How long after the last fault every surviving node must have converged: a dead node's
 /// check-in window (60 s after its last check-in, which is at most 30 s old), then a resync.
@@ -62,8 +62,9 @@ impl std::fmt::Display for Violation {
 
 /// Runs the sequence `input` stands for, on three nodes in as many locations to begin with,
 /// checking the invariants after each event and convergence at the end. The first byte's low
-/// bit chooses the leader election (set: Kilo's rule, clear: leases) and its next bit the
-/// granularity (set: full, clear: location); the rest decodes to the events
+/// bit chooses the leader election (set: Kilo's rule, clear: leases), its next bit the
+/// granularity (set: full, clear: location) and the one after the nodes' address family
+/// (set: IPv6 only, clear: IPv4; [`sim::Family`]); the rest decodes to the events
 /// ([`events::decode`]).
 pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     let (mode, input) = input
@@ -79,8 +80,13 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     } else {
         Granularity::Location
     };
+    let family = if mode & 4 == 4 {
+        Family::V6
+    } else {
+        Family::V4
+    };
     let mut history = vec![format!(
-        "leaders chosen by {election:?}, {} granularity",
+        "leaders chosen by {election:?}, {} granularity, {family:?} addresses",
         granularity.as_str()
     )];
     let fail = |what: String, history: &[String]| Violation {
@@ -89,6 +95,7 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     };
     let mut sim =
         Sim::meshed(election, granularity).map_err(|e| fail(format!("{e:#}"), &history))?;
+    sim.family = family;
     let mut model = Model::default();
     for location in 0..LOCATIONS {
         let event = Event::Join { location };

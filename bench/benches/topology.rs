@@ -1,9 +1,15 @@
 //! Control-plane costs: Kilo's topology at 10 to 5,000 nodes (location and full granularity),
-//! the leader's WireGuard configuration, and the route plan plus its diff against the kernel.
+//! the leader's WireGuard configuration, the route plan plus its diff against the kernel, and
+//! the whole desired host state of a location leader at 5,000 nodes in 500 locations, with each
+//! of its parts (what every mesh computes again when one node's readiness flips).
 
 #![allow(missing_docs)]
 
+use control::desired::{self, HostSettings, ResolvedLinks};
 use control::fixtures::synthetic_cluster;
+use control::host::{HostNet, Link, Mtu};
+use control::iptables::IptablesOptions;
+use control::nftables::{change_script, FirewallSets};
 use control::node::Granularity;
 use control::routes::{diff, Compatibility, Encapsulate, Links, RouteOptions, RoutePlan};
 use control::{Topology, TopologyParams};
@@ -81,5 +87,99 @@ fn routes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, topology, routes);
+/// A location leader's host: eth0 (index 2) holds its internal IP and the default route,
+/// kilo0 is index 3.
+fn leader_host(internal_ip: ipnet::IpNet) -> HostNet {
+    let link = |index, name: &str, mtu| Link {
+        index,
+        name: name.into(),
+        mtu,
+        up: true,
+    };
+    HostNet {
+        default_link: Some(2),
+        links: vec![link(2, "eth0", 1500), link(3, "kilo0", 1420)],
+        addresses: vec![(2, internal_ip), (3, "10.4.0.1/16".parse().expect("net"))],
+        main_routes: Vec::new(),
+    }
+}
+
+fn desired_state(c: &mut Criterion) {
+    let mut group = c.benchmark_group("desired");
+    let settings = HostSettings {
+        interface: "kilo0".into(),
+        mtu: Mtu::Auto,
+        cni: true,
+        local: true,
+        encapsulate: Encapsulate::Never,
+        compatibility: Compatibility::Ipip,
+        forward_rules: false,
+        service_cidrs: Vec::new(),
+        tunnel: None,
+    };
+    let links = ResolvedLinks {
+        kilo: 3,
+        ..Default::default()
+    };
+    let public = control::Key([7; 32]);
+    for &count in &[1_000usize, 5_000] {
+        let nodes = synthetic_cluster(count, count / 10);
+        let host = leader_host(nodes[0].internal_ip.expect("internal IP"));
+        let t = Topology::new(&nodes, &[], &params(Granularity::Location)).expect("topology");
+        let owned =
+            desired::plan(&t, &host, &links, &RoutePlan::default(), &public, &settings).routes;
+        group.bench_with_input(
+            BenchmarkId::new("topology_location", count),
+            &nodes,
+            |b, nodes| {
+                b.iter(|| {
+                    Topology::new(nodes, &[], &params(Granularity::Location)).expect("topology")
+                })
+            },
+        );
+        group.bench_with_input(BenchmarkId::new("plan_location", count), &t, |b, t| {
+            b.iter(|| desired::plan(t, &host, &links, &owned, &public, &settings))
+        });
+        group.bench_with_input(BenchmarkId::new("conf", count), &t, |b, t| {
+            b.iter(|| t.conf(Some(&public)))
+        });
+        let options = IptablesOptions {
+            cni: true,
+            forward_rules: false,
+            service_cidrs: Vec::new(),
+            ipip: false,
+        };
+        group.bench_with_input(BenchmarkId::new("iptables_rules", count), &t, |b, t| {
+            b.iter(|| t.iptables_rules(&options))
+        });
+        // One node of another location no longer ready: the plan's and the rules' differences.
+        let fewer: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.name != "node-00011")
+            .cloned()
+            .collect();
+        let t2 = Topology::new(&fewer, &[], &params(Granularity::Location)).expect("topology");
+        let before = desired::plan(&t, &host, &links, &owned, &public, &settings);
+        let after = desired::plan(&t2, &host, &links, &owned, &public, &settings);
+        group.bench_function(BenchmarkId::new("routes_diff_one_flip", count), |b| {
+            b.iter(|| diff(&after.routes, &before.routes, &before.routes, 3))
+        });
+        group.bench_function(BenchmarkId::new("rules_compare_one_flip", count), |b| {
+            b.iter(|| after.firewall == before.firewall)
+        });
+        group.bench_function(BenchmarkId::new("nft_sets", count), |b| {
+            b.iter(|| FirewallSets::of(&after.firewall).expect("sets"))
+        });
+        let (from, to) = (
+            FirewallSets::of(&before.firewall).expect("sets"),
+            FirewallSets::of(&after.firewall).expect("sets"),
+        );
+        group.bench_function(BenchmarkId::new("nft_change_one_flip", count), |b| {
+            b.iter(|| change_script(&from, &to, false))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, topology, routes, desired_state);
 criterion_main!(benches);

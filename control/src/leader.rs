@@ -28,6 +28,8 @@
 //! open standby tunnels (handshakes only, no allowed IPs) to the other locations' leaders, and
 //! the first whose handshake completes takes the lease over.
 
+pub mod book;
+
 use std::collections::BTreeMap;
 
 use crate::node::Node;

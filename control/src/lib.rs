@@ -21,6 +21,7 @@ pub mod leader;
 pub mod nat;
 pub mod nftables;
 pub mod node;
+pub mod pass;
 pub mod peer;
 pub mod readiness;
 pub mod routes;

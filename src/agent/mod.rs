@@ -87,33 +87,7 @@ pub fn read_clock() -> Now {
     }
 }
 
-/// What woke the reconcile loop. Only the resync timer and the kernel's own notifications list
-/// the host again; anything else is compared against what kg last read and applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    /// A Node or Peer changed in the backend.
-    Event,
-    /// A DNS name is due for re-resolution.
-    Dns,
-    /// `--resync-period` elapsed: everything is listed and compared again.
-    Resync,
-    /// The check-in period elapsed: `last-seen` is refreshed.
-    CheckIn,
-    /// The kernel reported a change to addresses, protocol-static routes or rules.
-    Kernel,
-    /// The lease period elapsed: leaders are elected again and this node's lease tended.
-    Lease,
-    /// Readiness flips held back ([`control::coalesce`]) are due.
-    Readiness,
-}
-
-impl Trigger {
-    /// True when this reconcile lists the host (links, addresses, routes, rules, iptables, the
-    /// device) instead of trusting what kg last read and applied.
-    pub fn lists_the_host(self) -> bool {
-        matches!(self, Self::Resync | Self::Kernel)
-    }
-}
+pub use control::pass::Trigger;
 
 /// The running agent, over the kernel `N`, the firewall `F` and the WireGuard device `W` (the
 /// host's by default; in-memory twins in tests and benchmarks).

@@ -14,6 +14,7 @@ use anyhow::Result;
 use control::clock::Now;
 use control::coalesce::ReadinessBatch;
 use control::node::{Node, WrittenAnnotations};
+use control::pass::{tends_lease, Changes};
 use control::table::{differs_beyond_check_in, NodeTable};
 use control::{translate_peer, Peer, Topology, TopologyParams};
 use k8s_openapi::api::core::v1::Node as KubeNode;
@@ -59,7 +60,7 @@ pub(super) struct Memo {
     /// True once the engine was first configured (and asked to handshake with every peer).
     pub(super) engine_configured: bool,
     /// Leader-election leases and the leaders they give.
-    pub(super) leases: super::lease::Leases,
+    pub(super) leases: control::leader::book::LeaseBook,
     /// Readiness flips not yet taken into the mesh ([`control::coalesce`]).
     pub(super) readiness_batch: ReadinessBatch,
     /// True once a snapshot with everything listed was ingested (see `Snapshot::listed`).
@@ -130,9 +131,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         let now_unix = now.unix_secs();
         let detection = DetectionInputs::of(self.memo.local_object.as_deref());
-        let full = trigger.lists_the_host()
-            || self.memo.host.is_none()
-            || self.memo.detection != detection;
+        let full = Changes::host_listing(
+            trigger,
+            self.memo.host.is_some(),
+            self.memo.detection != detection,
+        );
         let healthy = self.backend.healthy() && !self.patch_failed;
         self.memo.leases.observe_backend(healthy, now.unix_ms);
         let was_frozen = self.readiness.is_frozen();
@@ -196,42 +199,46 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .memo
             .readiness_batch
             .due(changes.readiness, now.instant);
-        let nodes_changed = changes.nodes || readiness_due;
-        let peers_changed = std::mem::take(&mut self.memo.peers_changed);
-        if full || nodes_changed || peers_changed || local_changed {
+        let changed = Changes {
+            host: full,
+            nodes: changes.nodes || readiness_due,
+            peers: std::mem::take(&mut self.memo.peers_changed),
+            local: local_changed,
+            dns: std::mem::take(&mut self.dns_changed),
+            leases: self.memo.leases.changed(),
+        };
+        if changed.names_may_change() {
             self.track_dns_names(&local, now);
         }
-        let dns_changed = std::mem::take(&mut self.dns_changed);
 
-        // Leaders by lease: elected again when anything they depend on moved, and on the
-        // lease timer (leases expire with time alone).
-        let lease_due = self.leases_on()
-            && (full
-                || nodes_changed
-                || local_changed
-                || self.memo.leases.changed
-                || trigger == Trigger::Lease);
         let mut ready = None;
         let mut leaders_changed = false;
-        if lease_due {
+        let elect = changed.elect(self.leases_on(), trigger);
+        if elect {
             let started = Instant::now();
             let nodes = self.ready_nodes(&local);
             let electors = nodes
                 .iter()
                 .filter(|n| n.name != local.name || n.is_ready(readiness_now));
             let judged_at = self.memo.leases.judged_at(now.unix_ms);
-            leaders_changed = self.memo.leases.elect(electors, judged_at);
+            let elected = self.memo.leases.elect(electors, judged_at);
+            leaders_changed = elected.leaders_changed;
+            match elected.agreement {
+                Some(control::leader::Agreement::Leases) => tracing::info!(
+                    "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease"
+                ),
+                Some(control::leader::Agreement::KiloRule { holdout, count }) => tracing::info!(
+                    node = %holdout,
+                    without_leases = count,
+                    "leaders are chosen by Kilo's rule: {count} ready node(s), {holdout} first, do not take part in lease election (Kilo's agent, or kg with --leader-election=kilo) and pick every location's leader by Kilo's rule"
+                ),
+                None => {}
+            }
             ready = Some(nodes);
             self.stages.lap(Stage::Leases, started);
         }
 
-        let mesh_changed = full
-            || nodes_changed
-            || peers_changed
-            || local_changed
-            || dns_changed
-            || leaders_changed;
-        if mesh_changed || !self.memo.settled {
+        if changed.mesh(leaders_changed, self.memo.settled) {
             self.memo.readiness_batch.meshed(now.instant);
             self.memo.local = Some(local.clone());
             self.memo.settled = false;
@@ -239,7 +246,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 .await?;
             self.memo.settled = true;
         }
-        if trigger == Trigger::Lease {
+        if tends_lease(trigger, elect) {
             if let Some(nodes) = &ready {
                 self.tend_lease(nodes, now.unix_ms).await;
             }

@@ -102,6 +102,16 @@ pub enum Election {
     Kilo,
 }
 
+/// The family of the nodes' addresses and pod CIDRs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4: `192.168.0.0/16` on every `eth0`, a `10.42.x.0/24` per node.
+    V4,
+    /// IPv6 only: `fd00::/64` on every `eth0`, an `fd42:0:0:x::/64` per node (the WireGuard
+    /// subnet stays Kilo's IPv4 one, carried over IPv6 endpoints).
+    V6,
+}
+
 /// The model: a cluster, its nodes and the clock.
 pub struct Sim {
     runtime: tokio::runtime::Runtime,
@@ -117,6 +127,8 @@ pub struct Sim {
     pub election: Election,
     /// How every agent meshes (`--mesh-granularity`): location or full.
     pub granularity: Granularity,
+    /// The family of the addresses and pod CIDRs of nodes joining from now on.
+    pub family: Family,
     /// Bytes received and sent so far by each node's device, per peer.
     traffic: BTreeMap<(String, control::Key), (u64, u64)>,
     /// When the traffic was last brought up to date.
@@ -158,6 +170,7 @@ impl Sim {
             joined: 0,
             election,
             granularity,
+            family: Family::V4,
             traffic: BTreeMap::new(),
             flowed: start,
         })
@@ -196,8 +209,16 @@ impl Sim {
         let name = format!("n{i:02}");
         let dir = self.dir.join(&name);
         std::fs::create_dir_all(&dir)?;
-        let address: IpNet = format!("192.168.{}.{}/16", i / 200, 10 + i % 200).parse()?;
-        let pod_cidr: IpNet = format!("10.42.{i}.0/24").parse()?;
+        let (address, pod_cidr): (IpNet, IpNet) = match self.family {
+            Family::V4 => (
+                format!("192.168.{}.{}/16", i / 200, 10 + i % 200).parse()?,
+                format!("10.42.{i}.0/24").parse()?,
+            ),
+            Family::V6 => (
+                format!("fd00::{:x}/64", 0x10 + u32::from(i)).parse()?,
+                format!("fd42:0:0:{i:x}::/64").parse()?,
+            ),
+        };
         let mut object = KubeNode::default();
         object.metadata.name = Some(name.clone());
         object.metadata.labels = Some(BTreeMap::from([(

@@ -289,6 +289,37 @@ fn cordoned_preferred_moved_and_malformed_nodes_and_peers() {
     must_pass(&input, "operator changes");
 }
 
+/// An IPv6-only cluster (addresses, endpoints and pods; the WireGuard subnet IPv4) through a
+/// leader killed, a move, a cordon and a blocked port, by lease and by Kilo's rule, in location
+/// and full granularity.
+#[test]
+fn an_ipv6_only_cluster_heals_as_an_ipv4_one_does() {
+    for mode in [4u8, 5, 6, 7] {
+        let mut input = vec![mode];
+        input.extend(encode(&[
+            Event::Join { location: 0 },
+            Event::Join { location: 1 },
+            Event::Wait { secs: 10 },
+            Event::Kill { node: 0 },
+            Event::Wait { secs: 20 },
+            Event::Move {
+                node: 3,
+                location: 2,
+            },
+            Event::Cordon { node: 1, on: true },
+            Event::Block { node: 2, on: true },
+            Event::Wait { secs: 30 },
+            Event::Block { node: 2, on: false },
+            Event::Restart {
+                node: 0,
+                with_saved_state: true,
+            },
+        ]));
+        let outcome = must_pass(&input, &format!("IPv6 cluster, mode {mode}"));
+        assert_eq!(outcome.running, 5, "mode {mode}: {outcome:?}");
+    }
+}
+
 /// The checks themselves: a mesh that converged passes, and each kind of damage done to it
 /// behind the agents' backs is caught.
 #[test]

@@ -1,0 +1,357 @@
+//! One agent's side of lease election, as a value: the leases it has seen and when (a lease's
+//! validity is judged by this node's clock from the moment a renewal was seen, never by
+//! comparing clocks across nodes), the leaders they give, and the lease step run every
+//! [`LEASE_RENEW_MS`]. The step ([`LeaseBook::tend`]) takes what the agent read of its tunnels
+//! as a value and returns the lease write it wants ([`LeaseWrite`]), which the agent's shell
+//! sends as a compare-and-swap: the elected leader renews (or takes) its location's lease, a
+//! holder that is no longer elected (cordoned, or an annotated node preferred) hands it over, a
+//! holder whose tunnels all went silent marks its lease cut off, and a verifier of a cut-off
+//! lease whose standby tunnel completed a handshake takes it over.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{
+    cut_off, hears_any, kilo_rule_leaders, lease_agreement, lease_leaders, lease_name, successor,
+    Agreement, Basis, Election, Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS,
+    LEASE_DURATION_MS,
+};
+use crate::{Key, Node};
+
+/// A lease as last seen, and when this node saw it change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    state: LeaseState,
+    observed_ms: i64,
+}
+
+/// What one agent knows of the leases.
+#[derive(Debug, Default)]
+pub struct LeaseBook {
+    seen: BTreeMap<String, Seen>,
+    /// True when a lease changed since the leaders were last computed.
+    changed: bool,
+    /// The leaders last computed, by location.
+    leaders: BTreeMap<String, Election>,
+    /// Whether the ready nodes agreed to leases at the last election.
+    agreement: Option<Agreement>,
+    /// While Kilo's rule governs: its leader of every location, who keeps the lease current.
+    kilo_rule: BTreeMap<String, String>,
+    /// Traffic samples of the tunnels while this node leads, oldest first.
+    samples: VecDeque<TrafficSample>,
+    /// This node verifies a cut-off holder and its standby handshake was already complete at
+    /// the last lease step: it takes over only on a second step in a row, so a holder that
+    /// hears again at the same moment clears its mark first and keeps the lead.
+    standby_confirmed: bool,
+    /// The last moment (Unix milliseconds) the backend was reachable.
+    reachable_ms: Option<i64>,
+    /// While the backend is unreachable: the moment leases are judged at (see
+    /// [`LeaseBook::observe_backend`]).
+    frozen_ms: Option<i64>,
+}
+
+/// What an election changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Elected {
+    /// A location's leader or verifiers changed.
+    pub leaders_changed: bool,
+    /// Whether the ready nodes agree to leases, when that changed (to be said once).
+    pub agreement: Option<Agreement>,
+}
+
+/// What the agent read of this node's tunnels for a lease step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelTraffic {
+    /// This node does not lead its location in the applied topology.
+    NotLeading,
+    /// It leads, and its device's counters could not be read.
+    Unreadable,
+    /// It leads: the counters now, and which peers are the other locations' leaders.
+    Read {
+        /// The tunnels to other locations' leaders.
+        watched: Vec<Key>,
+        /// Received and sent bytes by peer.
+        peers: BTreeMap<Key, (u64, u64)>,
+    },
+}
+
+/// The lease step's inputs besides the ready nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelReadings {
+    /// The tunnels' traffic.
+    pub traffic: TunnelTraffic,
+    /// The locations whose leader one of this node's standby tunnels completed a handshake
+    /// with (empty when it keeps no standby tunnel).
+    pub standby_reached: Vec<String>,
+}
+
+/// A lease write the step wants: `next` over the lease `name`, if the backend still holds
+/// what `expected` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseWrite {
+    /// The lease.
+    pub name: String,
+    /// Its new state.
+    pub next: LeaseState,
+    /// The compare of the compare-and-swap.
+    pub expected: Expectation,
+    /// Why, when worth saying (a change of hands or of the cut-off mark); `None` for a
+    /// renewal.
+    pub why: Option<String>,
+}
+
+impl LeaseBook {
+    /// Takes in the backend's leases at `now_ms`.
+    pub fn ingest(&mut self, leases: &BTreeMap<String, LeaseState>, now_ms: i64) {
+        let before = self.seen.len();
+        self.seen.retain(|name, _| leases.contains_key(name));
+        self.changed |= self.seen.len() != before;
+        for (name, state) in leases {
+            if self.seen.get(name).is_some_and(|s| s.state == *state) {
+                continue;
+            }
+            self.seen.insert(
+                name.clone(),
+                Seen {
+                    state: state.clone(),
+                    observed_ms: now_ms,
+                },
+            );
+            self.changed = true;
+        }
+    }
+
+    /// True when a lease changed since the leaders were last computed.
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Notes whether the backend is reachable at `now_ms`. While it is not, no lease can be
+    /// renewed or seen renewed, so judged by the clock every holder would look dead and every
+    /// location would change leaders at once, for nothing: leases are judged as of the last
+    /// moment the backend was reached ([`LeaseBook::judged_at`]), as other nodes' check-ins
+    /// are. When it is back, every lease seen before counts as renewed then, so a holder that
+    /// died meanwhile is replaced one lease duration later and a live one renews first.
+    pub fn observe_backend(&mut self, reachable: bool, now_ms: i64) {
+        if reachable {
+            if self.frozen_ms.take().is_some() {
+                for seen in self.seen.values_mut() {
+                    seen.observed_ms = seen.observed_ms.max(now_ms);
+                }
+                self.changed = true;
+            }
+            self.reachable_ms = Some(now_ms);
+        } else if self.frozen_ms.is_none() {
+            self.frozen_ms = Some(self.reachable_ms.unwrap_or(now_ms));
+        }
+    }
+
+    /// The moment leases are judged at, `now_ms` or, while the backend is unreachable, the
+    /// last moment it was reached.
+    pub fn judged_at(&self, now_ms: i64) -> i64 {
+        self.frozen_ms.map_or(now_ms, |frozen| frozen.min(now_ms))
+    }
+
+    /// The leases as this node judges them: renewed when it saw them change.
+    fn observed(&self) -> BTreeMap<String, LeaseState> {
+        self.seen
+            .iter()
+            .map(|(name, s)| {
+                let mut state = s.state.clone();
+                state.renewed_ms = s.observed_ms;
+                (name.clone(), state)
+            })
+            .collect()
+    }
+
+    /// Elects every lease-capable location's leader among the ready `nodes` at `now_ms`.
+    pub fn elect<'n>(
+        &mut self,
+        nodes: impl IntoIterator<Item = &'n Node> + Clone,
+        now_ms: i64,
+    ) -> Elected {
+        self.changed = false;
+        let agreement = lease_agreement(nodes.clone());
+        self.kilo_rule = match &agreement {
+            Agreement::Leases => BTreeMap::new(),
+            Agreement::KiloRule { .. } => kilo_rule_leaders(nodes.clone()),
+        };
+        let agreement_changed = self.agreement.as_ref() != Some(&agreement);
+        self.agreement = Some(agreement.clone());
+        let leaders = lease_leaders(nodes, &self.observed(), now_ms);
+        let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String, Vec<String>)> {
+            m.iter()
+                .map(|(l, e)| (l.clone(), e.leader.clone(), e.verifiers.clone()))
+                .collect()
+        };
+        let leaders_changed = names(&leaders) != names(&self.leaders);
+        self.leaders = leaders;
+        Elected {
+            leaders_changed,
+            agreement: agreement_changed.then_some(agreement),
+        }
+    }
+
+    /// The chosen leaders by location name, for the topology.
+    pub fn leader_names(&self) -> BTreeMap<String, String> {
+        self.leaders
+            .iter()
+            .map(|(l, e)| (l.clone(), e.leader.clone()))
+            .collect()
+    }
+
+    /// The verifiers of every location whose holder is cut off, by location name, for the
+    /// topology's standby tunnels.
+    pub fn verifiers(&self) -> BTreeMap<String, Vec<String>> {
+        self.leaders
+            .iter()
+            .filter(|(_, e)| !e.verifiers.is_empty())
+            .map(|(l, e)| (l.clone(), e.verifiers.clone()))
+            .collect()
+    }
+
+    /// The lease step of node `hostname` among the ready `nodes` at `now_ms` (Unix
+    /// milliseconds), given what it read of its tunnels: the write to send, if any.
+    pub fn tend(
+        &mut self,
+        hostname: &str,
+        nodes: &[Node],
+        tunnels: &TunnelReadings,
+        now_ms: i64,
+    ) -> Option<LeaseWrite> {
+        let local = nodes.iter().find(|n| n.name == hostname)?;
+        let location = local.location.clone();
+        // While Kilo's rule governs, its leader holds the lease (never cut off, no verifiers),
+        // so the lease names the same leader once every node agrees to leases.
+        let mirroring = !self.leaders.contains_key(&location);
+        if mirroring {
+            self.samples.clear();
+        }
+        let election = match self.leaders.get(&location) {
+            Some(e) => e.clone(),
+            None => Election {
+                leader: self.kilo_rule.get(&location)?.clone(),
+                basis: Basis::KiloRule,
+                verifiers: Vec::new(),
+            },
+        };
+        let name = lease_name(&location);
+        let seen = self.seen.get(&name);
+        let current = seen.map(|s| s.state.clone()).unwrap_or_default();
+        let expired = seen.is_some_and(|s| now_ms >= s.observed_ms + s.state.duration_ms);
+        let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
+        let handing = |to: &str, deposing: bool| LeaseState {
+            deposed: current.deposed_after(&members, to, deposing),
+            holder: Some(to.to_string()),
+            renewed_ms: now_ms,
+            duration_ms: LEASE_DURATION_MS,
+            transitions: current.transitions + 1,
+            cut_off: false,
+        };
+        let (next, why, takeover) = if election.leader == hostname {
+            // A sole candidate has nobody to ask: it keeps leading, unmarked.
+            let cut_off = !mirroring
+                && self.cut_off_now(&tunnels.traffic, now_ms, current.cut_off)
+                && successor(&members, hostname).is_some();
+            let taking = current.holder.as_deref() != Some(hostname);
+            let state = LeaseState {
+                holder: Some(hostname.to_string()),
+                renewed_ms: now_ms,
+                duration_ms: LEASE_DURATION_MS,
+                transitions: current.transitions + i32::from(taking),
+                cut_off,
+                deposed: current.deposed_after(&members, hostname, taking && expired),
+            };
+            let why = if taking {
+                Some(format!("taking the lead of {location}"))
+            } else if cut_off && !current.cut_off {
+                Some(format!("no tunnel of this leader has received anything for {} s while sending; asking the next candidates of {location} whether they reach the other locations", CUT_OFF_WINDOW_MS / 1000))
+            } else if !cut_off && current.cut_off {
+                Some("the tunnels of this leader hear the other locations again".to_string())
+            } else {
+                None
+            };
+            (state, why, false)
+        } else if current.holder.as_deref() == Some(hostname) {
+            // While mirroring Kilo's rule, a leader that takes no part in leases (Kilo's agent)
+            // would never renew what it was handed: the lease lapses instead, naming this node,
+            // so it cannot later count against that leader as an expired holder.
+            let takes_part = members
+                .iter()
+                .any(|n| n.name == election.leader && n.lease_election);
+            if mirroring && !takes_part {
+                return None;
+            }
+            let why = format!(
+                "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
+                election.leader
+            );
+            (handing(&election.leader, false), Some(why), false)
+        } else if current.cut_off && election.verifiers.iter().any(|v| v == hostname) {
+            let reached = &tunnels.standby_reached;
+            let confirmed = std::mem::replace(&mut self.standby_confirmed, !reached.is_empty());
+            if reached.is_empty() || !confirmed {
+                return None;
+            }
+            let why = format!(
+                "{} is cut off and this node has a handshake with the leader of {}; taking the lead of {location}",
+                election.leader,
+                reached.join(", ")
+            );
+            (handing(hostname, true), Some(why), true)
+        } else {
+            self.samples.clear();
+            self.standby_confirmed = false;
+            return None;
+        };
+        self.standby_confirmed = false;
+        if next.holder.as_deref() != Some(hostname) {
+            self.samples.clear();
+        }
+        Some(LeaseWrite {
+            expected: Expectation {
+                holder: current.holder.clone(),
+                cut_off: takeover,
+            },
+            name,
+            next,
+            why,
+        })
+    }
+
+    /// Samples the tunnels' `traffic` at `now_ms` and says whether this leader is cut off
+    /// (see [`cut_off`]); once `marked`, until a tunnel hears something again.
+    fn cut_off_now(&mut self, traffic: &TunnelTraffic, now_ms: i64, marked: bool) -> bool {
+        let (watched, peers) = match traffic {
+            TunnelTraffic::NotLeading => {
+                self.samples.clear();
+                return false;
+            }
+            TunnelTraffic::Unreadable => return false,
+            TunnelTraffic::Read { watched, peers } => (watched, peers),
+        };
+        let samples = &mut self.samples;
+        samples.push_back(TrafficSample {
+            at_ms: now_ms,
+            peers: peers.clone(),
+        });
+        while samples.len() > 2
+            && samples
+                .get(1)
+                .is_some_and(|s| now_ms - s.at_ms >= CUT_OFF_WINDOW_MS)
+        {
+            samples.pop_front();
+        }
+        let (Some(oldest), Some(newest)) = (samples.front(), samples.back()) else {
+            return false;
+        };
+        if marked {
+            let previous = samples.len().checked_sub(2).and_then(|i| samples.get(i));
+            return previous.is_none_or(|p| !hears_any(p, newest, watched));
+        }
+        cut_off(oldest, newest, watched)
+    }
+}
+
+#[cfg(test)]
+#[path = "book_tests.rs"]
+mod tests;
