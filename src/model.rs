@@ -18,6 +18,7 @@ use ipnet::IpNet;
 
 pub mod check;
 pub mod events;
+pub mod settings;
 pub mod sim;
 
 use events::{Event, PeerChange, BROKEN_ANNOTATIONS, LOCATIONS, MAX_NODES};

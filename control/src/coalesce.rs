@@ -8,12 +8,21 @@
 //! DNS answer, a lease). Kilo's readiness rule itself is unchanged: a node past its bound
 //! still leaves the topology, at most [`READINESS_INTERVAL`] later.
 //!
+//! The firewall follows flips more slowly still ([`FirewallHold`]): its rules only keep
+//! traffic to other nodes' pods from being masqueraded, and nftables takes tens of
+//! milliseconds to remove one element from a set of thousands. A change that flips alone
+//! cause reaches the engine and the routes at once and the firewall at most once per
+//! [`FIREWALL_INTERVAL`]; any other change writes it at once.
+//!
 //! Pure: the time comes in as an argument.
 
 use std::time::{Duration, Instant};
 
 /// The shortest time between two mesh computations that readiness flips alone cause.
-pub const READINESS_INTERVAL: Duration = Duration::from_millis(500);
+pub const READINESS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The shortest time between two firewall writes that readiness flips alone cause.
+pub const FIREWALL_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The readiness flips not yet taken into the mesh, and when the mesh was last computed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,6 +68,66 @@ impl ReadinessBatch {
     /// True when flips are held, waiting for [`ReadinessBatch::deadline`].
     pub fn holds(&self) -> bool {
         self.held
+    }
+}
+
+/// Firewall writes held back while only readiness flips change the rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FirewallHold {
+    held: bool,
+    last_write: Option<Instant>,
+}
+
+impl FirewallHold {
+    /// Whether rules that differ from the applied ones are written at `now`: at once unless
+    /// readiness flips alone changed them (`flips_only`) and the firewall was written less
+    /// than [`FIREWALL_INTERVAL`] ago; then they are held until
+    /// [`FirewallHold::deadline`].
+    pub fn write_now(&mut self, flips_only: bool, now: Instant) -> bool {
+        let now_ok = !flips_only
+            || self
+                .last_write
+                .is_none_or(|last| now >= last + FIREWALL_INTERVAL);
+        self.held = !now_ok;
+        now_ok
+    }
+
+    /// The firewall was written (or found as wanted) at `now`.
+    pub fn written(&mut self, now: Instant) {
+        self.held = false;
+        self.last_write = Some(now);
+    }
+
+    /// The rules came back to the applied ones while held: nothing is left to write.
+    pub fn unneeded(&mut self) {
+        self.held = false;
+    }
+
+    /// A reconcile at `now` ended. A write it held past its deadline (it failed before it
+    /// reached the firewall) waits another interval, so that the event loop never spins on a
+    /// deadline in the past.
+    pub fn reconciled(&mut self, now: Instant) {
+        if self.deadline().is_some_and(|at| at <= now) {
+            self.last_write = Some(now);
+        }
+    }
+
+    /// True when a write is held.
+    pub fn holds(&self) -> bool {
+        self.held
+    }
+
+    /// When the held write is due (`None` when none is held): the event loop wakes then.
+    pub fn deadline(&self) -> Option<Instant> {
+        if !self.held {
+            return None;
+        }
+        self.last_write.map(|last| last + FIREWALL_INTERVAL)
+    }
+
+    /// True when a held write is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.deadline().is_some_and(|at| now >= at)
     }
 }
 
@@ -154,6 +223,58 @@ mod tests {
                 meshes += 1;
             }
         }
-        assert!((19..=21).contains(&meshes), "{meshes} meshes in 10 s");
+        let expected = (10_000 / READINESS_INTERVAL.as_millis()) as i32;
+        assert!(
+            (expected - 1..=expected + 1).contains(&meshes),
+            "{meshes} meshes in 10 s, not about {expected}"
+        );
+    }
+
+    #[test]
+    fn the_firewall_follows_flips_at_most_once_per_interval_and_other_changes_at_once() {
+        let mut hold = FirewallHold::default();
+        let t0 = Instant::now();
+        assert!(hold.write_now(true, t0), "the first write is never held");
+        hold.written(t0);
+        let soon = t0 + Duration::from_secs(2);
+        assert!(!hold.write_now(true, soon), "flips 2 s later wait");
+        assert!(hold.holds());
+        assert_eq!(hold.deadline(), Some(t0 + FIREWALL_INTERVAL));
+        assert!(!hold.due(soon));
+        assert!(hold.due(t0 + FIREWALL_INTERVAL));
+        assert!(hold.write_now(true, t0 + FIREWALL_INTERVAL), "due: written");
+        hold.written(t0 + FIREWALL_INTERVAL);
+        assert_eq!(hold.deadline(), None);
+        let later = t0 + FIREWALL_INTERVAL + Duration::from_secs(1);
+        assert!(
+            hold.write_now(false, later),
+            "a Node added or re-annotated writes at once"
+        );
+        assert!(!hold.holds());
+    }
+
+    #[test]
+    fn flapping_writes_the_firewall_at_most_once_per_interval() {
+        let mut batch = ReadinessBatch::default();
+        let mut hold = FirewallHold::default();
+        let t0 = Instant::now();
+        let (mut meshes, mut writes) = (0, 0);
+        for step in 0..6_000u64 {
+            let now = t0 + Duration::from_millis(10 * step);
+            if batch.due(true, now) || hold.due(now) {
+                batch.meshed(now);
+                meshes += 1;
+                if hold.write_now(true, now) {
+                    hold.written(now);
+                    writes += 1;
+                }
+            }
+        }
+        let expected = (60 / FIREWALL_INTERVAL.as_secs()) as i32;
+        assert!(
+            (expected..=expected + 1).contains(&writes),
+            "{writes} firewall writes in 60 s ({meshes} meshes)"
+        );
+        assert!(meshes > writes * 2, "{meshes} meshes, {writes} writes");
     }
 }

@@ -37,8 +37,12 @@ pub struct Changes {
     /// The host is listed this pass: the trigger asks for it, it was never listed, or what
     /// address detection reads from the local Node changed.
     pub host: bool,
-    /// A Node's content changed, or held readiness flips fell due.
+    /// A Node's content changed.
     pub nodes: bool,
+    /// Readiness flips fell due ([`crate::coalesce::ReadinessBatch`]).
+    pub readiness: bool,
+    /// A firewall write held back fell due ([`crate::coalesce::FirewallHold`]).
+    pub firewall: bool,
     /// The valid Peers changed.
     pub peers: bool,
     /// The local node changed beyond its check-in.
@@ -58,7 +62,14 @@ impl Changes {
 
     /// True when the DNS names in use may have changed and must be tracked again.
     pub fn names_may_change(&self) -> bool {
-        self.host || self.nodes || self.peers || self.local
+        self.host || self.nodes || self.readiness || self.peers || self.local
+    }
+
+    /// True when readiness flips alone changed the mesh (no leader moved with them,
+    /// `leaders_changed` false): the firewall may then wait ([`crate::coalesce::FirewallHold`]).
+    pub fn flips_only(&self, leaders_changed: bool) -> bool {
+        self.readiness
+            && !(self.host || self.nodes || self.peers || self.local || self.dns || leaders_changed)
     }
 
     /// True when leaders must be elected again (with lease election on, `leases_on`): anything
@@ -66,7 +77,12 @@ impl Changes {
     /// answers and Peers never move a leader.
     pub fn elect(&self, leases_on: bool, trigger: Trigger) -> bool {
         leases_on
-            && (self.host || self.nodes || self.local || self.leases || trigger == Trigger::Lease)
+            && (self.host
+                || self.nodes
+                || self.readiness
+                || self.local
+                || self.leases
+                || trigger == Trigger::Lease)
     }
 
     /// True when the mesh (topology, then the host state) must be computed again: something
@@ -75,6 +91,8 @@ impl Changes {
     pub fn mesh(&self, leaders_changed: bool, settled: bool) -> bool {
         self.host
             || self.nodes
+            || self.readiness
+            || self.firewall
             || self.peers
             || self.local
             || self.dns
@@ -186,5 +204,38 @@ mod tests {
             Changes::default().mesh(false, false),
             "a failed apply retries"
         );
+    }
+
+    #[test]
+    fn flips_alone_are_told_apart_from_flips_with_anything_else() {
+        let flips = Changes {
+            readiness: true,
+            ..Default::default()
+        };
+        assert!(flips.flips_only(false));
+        assert!(flips.mesh(false, true) && flips.elect(true, Trigger::Readiness));
+        assert!(!flips.flips_only(true), "a leader moved with them");
+        for other in [
+            Changes {
+                nodes: true,
+                ..flips
+            },
+            Changes { dns: true, ..flips },
+            Changes {
+                host: true,
+                ..flips
+            },
+        ] {
+            assert!(!other.flips_only(false), "{other:?}");
+        }
+        let firewall = Changes {
+            firewall: true,
+            ..Default::default()
+        };
+        assert!(
+            firewall.mesh(false, true),
+            "a held firewall write falls due"
+        );
+        assert!(!firewall.flips_only(false) && !firewall.elect(true, Trigger::Readiness));
     }
 }

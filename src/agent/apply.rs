@@ -58,13 +58,17 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// and the answers must leave by the new routes, not by the old ones through the
     /// location's last leader, which sent them to a dead node and cost a 5 s handshake retry.
     /// Either way it changes even when the links or routes failed, so a failing host step
-    /// never keeps the node's peers from it; the failure is returned after.
+    /// never keeps the node's peers from it; the failure is returned after. When readiness
+    /// flips alone changed the mesh (`flips_only`), the firewall may wait
+    /// ([`control::coalesce::FirewallHold`]).
     pub(super) async fn apply(
         &mut self,
         t: &Topology,
         nodes: &[Node],
         peers: &[Peer],
         full: bool,
+        flips_only: bool,
+        now: Instant,
     ) -> Result<()> {
         if full {
             self.memo.applied = Applied::default();
@@ -124,7 +128,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             routed?;
         }
         let started = Instant::now();
-        self.converge_firewall(&want.firewall).await?;
+        self.converge_firewall(&want.firewall, flips_only, now)
+            .await?;
         self.stages.lap(Stage::Firewall, started);
         let kilo = self.kilo_index;
         let mtu = self
@@ -403,9 +408,20 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         Ok(())
     }
 
-    /// Takes iptables to `rules` unless they are the rules last applied.
-    async fn converge_firewall(&mut self, rules: &RuleSet) -> Result<()> {
+    /// Takes the firewall to `rules` unless they are the rules last applied, or readiness
+    /// flips alone changed them (`flips_only`) and the firewall was written too recently.
+    async fn converge_firewall(
+        &mut self,
+        rules: &RuleSet,
+        flips_only: bool,
+        now: Instant,
+    ) -> Result<()> {
         if self.memo.applied.rules.as_ref() == Some(rules) {
+            self.memo.firewall_hold.unneeded();
+            return Ok(());
+        }
+        if !self.memo.firewall_hold.write_now(flips_only, now) {
+            tracing::debug!("readiness flips alone changed the firewall's rules; writing them with the next change, or when the hold ends");
             return Ok(());
         }
         let v6 = self.ip6tables;
@@ -422,6 +438,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                     tracing::debug!("firewall rules reconciled");
                 }
                 self.memo.applied.rules = Some(rules.clone());
+                self.memo.firewall_hold.written(now);
             }
             Err(e) => {
                 self.metrics.error("apply");

@@ -159,9 +159,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.dns.next_deadline()
     }
 
-    /// When the readiness flips held back are due: `None` when none is held.
+    /// When the readiness flips or the firewall write held back are due: `None` when none
+    /// is held.
     pub fn readiness_deadline(&self) -> Option<Instant> {
-        self.memo.readiness_batch.deadline()
+        let batch = self.memo.readiness_batch.deadline();
+        let firewall = self.memo.firewall_hold.deadline();
+        batch.into_iter().chain(firewall).min()
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {

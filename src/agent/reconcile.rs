@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use control::clock::Now;
-use control::coalesce::ReadinessBatch;
+use control::coalesce::{FirewallHold, ReadinessBatch};
 use control::node::{Node, WrittenAnnotations};
 use control::pass::{tends_lease, Changes};
 use control::table::{differs_beyond_check_in, NodeTable};
@@ -63,6 +63,8 @@ pub(super) struct Memo {
     pub(super) leases: control::leader::book::LeaseBook,
     /// Readiness flips not yet taken into the mesh ([`control::coalesce`]).
     pub(super) readiness_batch: ReadinessBatch,
+    /// Firewall writes held while readiness flips alone change the rules.
+    pub(super) firewall_hold: FirewallHold,
     /// True once a snapshot with everything listed was ingested (see `Snapshot::listed`).
     listed: bool,
 }
@@ -88,6 +90,7 @@ impl Memo {
             engine_configured: false,
             leases: Default::default(),
             readiness_batch: ReadinessBatch::default(),
+            firewall_hold: FirewallHold::default(),
             listed: false,
         }
     }
@@ -116,6 +119,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     pub async fn settle(&mut self, trigger: Trigger, now: Now) -> Result<()> {
         let settled = self.run_stages(trigger, now).await;
         self.memo.readiness_batch.reconciled(now.instant);
+        self.memo.firewall_hold.reconciled(now.instant);
         self.stages.finish(trigger, settled.is_ok(), &self.metrics);
         settled
     }
@@ -201,7 +205,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .due(changes.readiness, now.instant);
         let changed = Changes {
             host: full,
-            nodes: changes.nodes || readiness_due,
+            nodes: changes.nodes,
+            readiness: readiness_due,
+            firewall: self.memo.firewall_hold.due(now.instant),
             peers: std::mem::take(&mut self.memo.peers_changed),
             local: local_changed,
             dns: std::mem::take(&mut self.dns_changed),
@@ -242,7 +248,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.memo.readiness_batch.meshed(now.instant);
             self.memo.local = Some(local.clone());
             self.memo.settled = false;
-            self.mesh(&local, readiness_now, full, ready.clone())
+            let flips_only = changed.flips_only(leaders_changed);
+            self.mesh(&local, readiness_now, full, flips_only, ready.clone(), now)
                 .await?;
             self.memo.settled = true;
         }
@@ -409,7 +416,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         local: &Node,
         readiness_now: i64,
         full: bool,
+        flips_only: bool,
         ready: Option<Vec<Node>>,
+        now: Now,
     ) -> Result<()> {
         let started = Instant::now();
         let hostname = self.s.hostname.clone();
@@ -479,10 +488,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
         }
         self.stages.lap(Stage::Topology, started);
-        if full || !same || !self.memo.applied.complete() {
+        let firewall_due = self.memo.firewall_hold.due(now.instant);
+        if full || !same || !self.memo.applied.complete() || firewall_due {
             // Forget the topology until it is applied: a failure retries on the next event.
             self.memo.topology = None;
-            self.apply(&t, &nodes, &peers, full).await?;
+            let flips_only = flips_only && !full;
+            self.apply(&t, &nodes, &peers, full, flips_only, now.instant)
+                .await?;
         }
         self.memo.topology = Some(t);
         Ok(())

@@ -22,6 +22,9 @@ use crate::agent::{Trigger, CHECK_IN_PERIOD};
 use crate::backend::memory::{MemoryBackend, MemoryCluster};
 use crate::backend::{Backend, Snapshot};
 
+use super::settings::agent_args;
+pub use super::settings::{Election, Family};
+
 /// The agents' `--resync-period`.
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// How often the lease step runs.
@@ -91,25 +94,6 @@ pub struct Running {
     next_lease: Instant,
     /// The last reconcile's error, if it failed.
     pub last_error: Option<String>,
-}
-
-/// How the agents choose their locations' leaders (`--leader-election`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Election {
-    /// By lease: the elected leader holds its location's lease, a cut-off holder hands over.
-    Lease,
-    /// By Kilo's rule alone: the annotated node first, then the first by name, among the ready.
-    Kilo,
-}
-
-/// The family of the nodes' addresses and pod CIDRs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// IPv4: `192.168.0.0/16` on every `eth0`, a `10.42.x.0/24` per node.
-    V4,
-    /// IPv6 only: `fd00::/64` on every `eth0`, an `fd42:0:0:x::/64` per node (the WireGuard
-    /// subnet stays Kilo's IPv4 one, carried over IPv6 endpoints).
-    V6,
 }
 
 /// The model: a cluster, its nodes and the clock.
@@ -530,34 +514,4 @@ impl Sim {
             "the agents still answered each other's writes after {MAX_ROUNDS} rounds at one moment"
         )
     }
-}
-
-/// The flags every model agent runs with: Kilo's defaults but the leader election and the
-/// granularity asked for, no CNI file and no encapsulation inside a location (the twins have
-/// no tunnel).
-fn agent_args(
-    name: &str,
-    key_file: &std::path::Path,
-    election: Election,
-    granularity: Granularity,
-) -> Vec<String> {
-    vec![
-        // (The backend is given to the agent directly; the flags must only parse.)
-        "--backend=file".to_string(),
-        format!(
-            "--cluster-dir={}",
-            key_file.parent().unwrap_or(key_file).display()
-        ),
-        format!("--hostname={name}"),
-        format!("--key-file={}", key_file.display()),
-        "--cni=false".to_string(),
-        match election {
-            Election::Lease => "--leader-election=lease",
-            Election::Kilo => "--leader-election=kilo",
-        }
-        .to_string(),
-        format!("--mesh-granularity={}", granularity.as_str()),
-        "--encapsulate=never".to_string(),
-        format!("--resync-period={}s", RESYNC.as_secs()),
-    ]
 }

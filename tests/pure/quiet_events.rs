@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use std::time::Duration;
 
 use control::clock::Now;
-use control::coalesce::READINESS_INTERVAL;
+use control::coalesce::{FIREWALL_INTERVAL, READINESS_INTERVAL};
 use control::fixtures::{kube_node, synthetic_cluster};
 use control::node::annotation;
 use control::routes::RoutePlan;
@@ -271,17 +271,19 @@ async fn readiness_flips_and_removals_reach_the_device() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flapping_nodes_change_the_device_at_most_twice_a_second_and_a_real_change_at_once() {
+async fn flapping_nodes_change_the_device_once_per_readiness_interval_and_a_real_change_at_once() {
     let mut f = Fixture::start("flapping").await;
     let steady = f.twin.engine.config();
+    let steady_rules = f.twin.firewall.rules();
     f.advance(Duration::from_secs(1)).await;
     let fresh = unix_now();
     // Ten location leaders flap across the last-seen bound, one flip every 10 ms for 10 s,
-    // each delivered in its own event.
+    // each delivered in its own event (fresh for 130 ms, then stale for 130 ms: a period
+    // that no multiple of the interval lands on in phase).
     let before = f.twin.calls();
     for step in 0..1000u32 {
         let leader = format!("node-{:05}", 1 + step % 10);
-        let stale = (step / 10) % 2 == 0;
+        let stale = (step / 13) % 2 == 1;
         let seen = if stale {
             5
         } else {
@@ -291,14 +293,22 @@ async fn flapping_nodes_change_the_device_at_most_twice_a_second_and_a_real_chan
         f.reconcile(Trigger::Event).await;
         f.advance(Duration::from_millis(10)).await;
     }
-    let [_, _, device] = delta(f.twin.calls(), before);
+    let [_, firewall, device] = delta(f.twin.calls(), before);
+    // The firewall follows the flips at most once per FIREWALL_INTERVAL.
+    let firewall_writes = 10 / FIREWALL_INTERVAL.as_secs() + 1;
     assert!(
-        device.1 <= 21,
-        "{} device changes in 10 s of flapping (at most 2 a second)",
+        firewall.1 <= firewall_writes,
+        "{} firewall writes in 10 s of flapping (at most one per {FIREWALL_INTERVAL:?})",
+        firewall.1
+    );
+    let intervals = (10_000 / READINESS_INTERVAL.as_millis()) as u64;
+    assert!(
+        device.1 <= intervals + 1,
+        "{} device changes in 10 s of flapping (at most one per {READINESS_INTERVAL:?})",
         device.1
     );
     assert!(
-        device.1 >= 10,
+        device.1 >= intervals / 2,
         "the flips did reach the device: {} changes",
         device.1
     );
@@ -309,6 +319,13 @@ async fn flapping_nodes_change_the_device_at_most_twice_a_second_and_a_real_chan
         f.twin.engine.config(),
         steady,
         "the device settles on the last readiness"
+    );
+    // The firewall's rules follow once its hold ends.
+    f.advance(FIREWALL_INTERVAL).await;
+    assert_eq!(
+        f.twin.firewall.rules(),
+        steady_rules,
+        "the firewall settles on the last readiness"
     );
     assert_eq!(
         f.twin.agent.readiness_deadline(),
