@@ -157,6 +157,12 @@ pub fn kube_node(node: &Node, resource_version: u64) -> k8s_openapi::api::core::
     }
     put(a::LAST_SEEN, node.last_seen.to_string());
     put(a::LOCATION, node.location.clone());
+    if node.persistent_keepalive != 0 {
+        put(
+            a::PERSISTENT_KEEPALIVE,
+            node.persistent_keepalive.to_string(),
+        );
+    }
     if node.leader {
         put(a::LEADER, String::new());
     }

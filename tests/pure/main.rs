@@ -9,10 +9,12 @@ mod markdown;
 #[allow(unreachable_pub)]
 mod old_clusters;
 
+mod address_layouts;
 mod device_plugin;
 mod docs;
 mod handover_order;
 mod layout;
 mod old_clusters_line;
 mod quiet_events;
+mod twin_cluster;
 mod vendored;

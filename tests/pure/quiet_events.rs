@@ -3,150 +3,27 @@
 //! only `last-seen` make no call at all to any of them (no netlink dump or write, no iptables
 //! child, no device read or change); a real change writes without listing the host; a resync
 //! lists the host and restores what was changed behind kg's back; nodes flapping across the
-//! `last-seen` bound change the device at most twice a second while a real change still
-//! reaches it at once. Needs no root. The agent runs on a manual clock.
-
-use std::time::{SystemTime, UNIX_EPOCH};
+//! `last-seen` bound change the device at most once per readiness interval and the firewall
+//! once per firewall interval, while a real change still reaches them at once. Needs no root. The agent runs on a manual clock.
 
 use std::time::Duration;
 
-use control::clock::Now;
 use control::coalesce::{FIREWALL_INTERVAL, READINESS_INTERVAL};
-use control::fixtures::{kube_node, synthetic_cluster};
+use control::fixtures::synthetic_cluster;
 use control::node::annotation;
 use control::routes::RoutePlan;
-use kilotun::agent::read_clock;
+use kilotun::agent::shells::twins::Calls;
 use kilotun::agent::Trigger;
-use kilotun::agent::{shells::twins::Calls, twin_agent::TwinAgent};
-use kilotun::backend::{Listed, Snapshot};
+
+use super::twin_cluster::{unix_now, Fixture};
 
 const NODES: usize = 1000;
 const LOCATIONS: usize = 100;
 const LOCAL: &str = "node-00000";
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
-struct Fixture {
-    twin: TwinAgent,
-    /// The agent's clock, moved by the test.
-    clock: Now,
-    snapshot: Snapshot,
-    dir: std::path::PathBuf,
-    rv: u64,
-}
-
-impl Fixture {
-    async fn start(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "kilotun-{test}-{}-{}",
-            std::process::id(),
-            unix_now()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cluster_dir = format!("--cluster-dir={}", dir.display());
-        let key_file = format!("--key-file={}", dir.join("key").display());
-        let twin = TwinAgent::start(&[
-            "--backend=file",
-            &cluster_dir,
-            &key_file,
-            "--hostname",
-            LOCAL,
-            "--encapsulate=never",
-            "--cni=false",
-            "--mtu=1420",
-        ])
-        .await
-        .unwrap();
-        let now = unix_now();
-        let mut snapshot = Snapshot {
-            listed: Listed::EVERYTHING,
-            ..Snapshot::default()
-        };
-        let mut rv = 0;
-        for mut node in synthetic_cluster(NODES, LOCATIONS) {
-            node.last_seen = now;
-            rv += 1;
-            let name = node.name.clone();
-            snapshot.put_node(&name, kube_node(&node, rv));
-        }
-        let mut f = Self {
-            twin,
-            clock: read_clock(),
-            snapshot,
-            dir,
-            rv,
-        };
-        f.reconcile(Trigger::Resync).await;
-        // What kg published about itself comes back as an update of its own Node.
-        let published = f.annotations_written();
-        f.update(LOCAL, |n| {
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .extend(published)
-        });
-        f.reconcile(Trigger::Event).await;
-        f
-    }
-
-    fn annotations_written(&self) -> std::collections::BTreeMap<String, String> {
-        let text = std::fs::read_to_string(self.dir.join(format!("{LOCAL}.yaml"))).unwrap();
-        let node: k8s_openapi::api::core::v1::Node = serde_yaml::from_str(&text).unwrap();
-        node.metadata.annotations.unwrap_or_default()
-    }
-
-    async fn reconcile(&mut self, trigger: Trigger) {
-        let snapshot = self.snapshot.clone();
-        self.twin
-            .agent
-            .reconcile_at(&snapshot, trigger, self.clock)
-            .await
-            .unwrap();
-    }
-
-    /// Moves the clock by `by`, then reconciles as the event loop would when the readiness
-    /// flips held back fall due on the way.
-    async fn advance(&mut self, by: Duration) {
-        let end = self.clock.instant + by;
-        while let Some(due) = self.twin.agent.readiness_deadline().filter(|at| *at <= end) {
-            self.clock = self
-                .clock
-                .after(due.saturating_duration_since(self.clock.instant));
-            self.reconcile(Trigger::Readiness).await;
-        }
-        self.clock = self
-            .clock
-            .after(end.saturating_duration_since(self.clock.instant));
-    }
-
-    /// Changes Node `name` as the API server would: a new object with a new resourceVersion.
-    fn update(&mut self, name: &str, change: impl FnOnce(&mut k8s_openapi::api::core::v1::Node)) {
-        let mut node = (*self.snapshot.nodes[name]).clone();
-        change(&mut node);
-        self.rv += 1;
-        node.metadata.resource_version = Some(self.rv.to_string());
-        self.snapshot.put_node(name, node);
-    }
-
-    fn set_annotation(&mut self, name: &str, key: &str, value: String) {
-        self.update(name, |n| {
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(key.to_string(), value);
-        });
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// kg as node-00000 in the cluster of 1,000 Nodes in 100 locations.
+async fn start(test: &str) -> Fixture {
+    Fixture::with_nodes(test, LOCAL, synthetic_cluster(NODES, LOCATIONS)).await
 }
 
 fn delta(after: [Calls; 3], before: [Calls; 3]) -> [(u64, u64); 3] {
@@ -160,7 +37,7 @@ fn delta(after: [Calls; 3], before: [Calls; 3]) -> [(u64, u64); 3] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_seen_updates_make_no_os_call_and_real_changes_write_without_listing() {
-    let mut f = Fixture::start("quiet").await;
+    let mut f = start("quiet").await;
     let engine = f.twin.engine.config();
     assert_eq!(
         engine.peers.len(),
@@ -242,7 +119,7 @@ async fn last_seen_updates_make_no_os_call_and_real_changes_write_without_listin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_flips_and_removals_reach_the_device() {
-    let mut f = Fixture::start("flips").await;
+    let mut f = start("flips").await;
     // A location leader's check-in goes stale: that location's other nodes take over, so the
     // device changes (its endpoint and allowed IPs).
     f.advance(READINESS_INTERVAL).await;
@@ -272,7 +149,7 @@ async fn readiness_flips_and_removals_reach_the_device() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flapping_nodes_change_the_device_once_per_readiness_interval_and_a_real_change_at_once() {
-    let mut f = Fixture::start("flapping").await;
+    let mut f = start("flapping").await;
     let steady = f.twin.engine.config();
     let steady_rules = f.twin.firewall.rules();
     f.advance(Duration::from_secs(1)).await;
@@ -356,7 +233,7 @@ async fn flapping_nodes_change_the_device_once_per_readiness_interval_and_a_real
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_leader_takes_a_new_peer_before_its_routes() {
-    let mut f = Fixture::start("engine-first").await;
+    let mut f = start("engine-first").await;
     f.twin.engine.record_routes_of(&f.twin.kernel);
     f.set_annotation("node-00150", annotation::LOCATION, "zz-new".into());
     f.reconcile(Trigger::Event).await;
