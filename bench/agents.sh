@@ -219,13 +219,16 @@ if ((restart_leaders)) && ((!full)); then
 		leader=
 		follower=
 		for ((i = l; i < n; i += locations)); do
-			if ip -n "$tag-$i" -o addr show dev "$tag-$i" 2>/dev/null | grep -q 'inet '; then
+			if [[ $(ip -n "$tag-$i" -o -4 addr show dev "$tag-$i" 2>/dev/null) == *inet* ]]; then
 				leader=$i
 			elif [[ -z $follower ]]; then
 				follower=$i
 			fi
 		done
-		[[ -z $leader ]] && continue
+		if [[ -z $leader ]]; then
+			echo "location l$l: no node with an address on its WireGuard link (no leader?)" >&2
+			continue
+		fi
 		target=$(pod_ip "${follower:-$leader}")
 		from=$(((l + 1) % locations))
 		ip netns exec "$tag-$from" fping -l -p 100 -t 1000 -S "$(pod_ip "$from")" "$target" \
