@@ -24,58 +24,102 @@ pub const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 /// The shortest time between two firewall writes that readiness flips alone cause.
 pub const FIREWALL_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The readiness flips not yet taken into the mesh, and when the mesh was last computed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReadinessBatch {
+/// Something held back until an interval has passed since it was last done: the one
+/// mechanism behind [`ReadinessBatch`] and [`FirewallHold`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pace {
+    interval: Duration,
     held: bool,
-    last_mesh: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Pace {
+    const fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            held: false,
+            last: None,
+        }
+    }
+
+    /// True when the interval has passed at `now` since it was last done (or it never was).
+    fn open(&self, now: Instant) -> bool {
+        self.last.is_none_or(|last| now >= last + self.interval)
+    }
+
+    /// It was done at `now`: nothing is held.
+    fn done(&mut self, now: Instant) {
+        self.held = false;
+        self.last = Some(now);
+    }
+
+    /// When what is held is due (`None` when nothing is held).
+    fn deadline(&self) -> Option<Instant> {
+        if !self.held {
+            return None;
+        }
+        self.last.map(|last| last + self.interval)
+    }
+
+    /// A reconcile at `now` ended: what it held past its deadline (it failed before it could
+    /// do it) waits another interval, so that the event loop never spins on a deadline in the
+    /// past.
+    fn reconciled(&mut self, now: Instant) {
+        if self.deadline().is_some_and(|at| at <= now) {
+            self.last = Some(now);
+        }
+    }
+}
+
+/// The readiness flips not yet taken into the mesh, and when the mesh was last computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadinessBatch(Pace);
+
+impl Default for ReadinessBatch {
+    fn default() -> Self {
+        Self(Pace::new(READINESS_INTERVAL))
+    }
 }
 
 impl ReadinessBatch {
     /// Takes in whether readiness `flipped` since the last call, at `now`; true when the
     /// flips held so far are due to change the mesh now.
     pub fn due(&mut self, flipped: bool, now: Instant) -> bool {
-        self.held |= flipped;
-        self.held
-            && self
-                .last_mesh
-                .is_none_or(|last| now >= last + READINESS_INTERVAL)
+        self.0.held |= flipped;
+        self.0.held && self.0.open(now)
     }
 
     /// The mesh was computed at `now`, with every flip held so far.
     pub fn meshed(&mut self, now: Instant) {
-        self.held = false;
-        self.last_mesh = Some(now);
+        self.0.done(now);
     }
 
     /// A reconcile at `now` ended. Flips it held past their deadline (it failed before it
     /// could take them) wait another interval, so that the event loop never spins on a
     /// deadline in the past.
     pub fn reconciled(&mut self, now: Instant) {
-        if self.deadline().is_some_and(|at| at <= now) {
-            self.last_mesh = Some(now);
-        }
+        self.0.reconciled(now);
     }
 
     /// When the flips held are due (`None` when none is held): the event loop wakes then.
     pub fn deadline(&self) -> Option<Instant> {
-        if !self.held {
-            return None;
-        }
-        self.last_mesh.map(|last| last + READINESS_INTERVAL)
+        self.0.deadline()
     }
 
     /// True when flips are held, waiting for [`ReadinessBatch::deadline`].
     pub fn holds(&self) -> bool {
-        self.held
+        self.0.held
     }
 }
 
 /// Firewall writes held back while only readiness flips change the rules.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FirewallHold {
-    held: bool,
-    last_write: Option<Instant>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirewallHold(Pace);
+
+impl Default for FirewallHold {
+    fn default() -> Self {
+        Self(Pace::new(FIREWALL_INTERVAL))
+    }
 }
 
 impl FirewallHold {
@@ -84,50 +128,41 @@ impl FirewallHold {
     /// than [`FIREWALL_INTERVAL`] ago; then they are held until
     /// [`FirewallHold::deadline`].
     pub fn write_now(&mut self, flips_only: bool, now: Instant) -> bool {
-        let now_ok = !flips_only
-            || self
-                .last_write
-                .is_none_or(|last| now >= last + FIREWALL_INTERVAL);
-        self.held = !now_ok;
-        now_ok
+        let write = !flips_only || self.0.open(now);
+        self.0.held = !write;
+        write
     }
 
     /// The firewall was written (or found as wanted) at `now`.
     pub fn written(&mut self, now: Instant) {
-        self.held = false;
-        self.last_write = Some(now);
+        self.0.done(now);
     }
 
     /// The rules came back to the applied ones while held: nothing is left to write.
     pub fn unneeded(&mut self) {
-        self.held = false;
+        self.0.held = false;
     }
 
     /// A reconcile at `now` ended. A write it held past its deadline (it failed before it
     /// reached the firewall) waits another interval, so that the event loop never spins on a
     /// deadline in the past.
     pub fn reconciled(&mut self, now: Instant) {
-        if self.deadline().is_some_and(|at| at <= now) {
-            self.last_write = Some(now);
-        }
+        self.0.reconciled(now);
     }
 
     /// True when a write is held.
     pub fn holds(&self) -> bool {
-        self.held
+        self.0.held
     }
 
     /// When the held write is due (`None` when none is held): the event loop wakes then.
     pub fn deadline(&self) -> Option<Instant> {
-        if !self.held {
-            return None;
-        }
-        self.last_write.map(|last| last + FIREWALL_INTERVAL)
+        self.0.deadline()
     }
 
     /// True when a held write is due at `now`.
     pub fn due(&self, now: Instant) -> bool {
-        self.deadline().is_some_and(|at| now >= at)
+        self.0.deadline().is_some_and(|at| now >= at)
     }
 }
 
