@@ -6,49 +6,65 @@
 //! notification) compares against freshly listed state instead, so anything changed behind
 //! kg's back comes back within one resync.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
+use control::clock::Now;
 use control::desired::{
-    self, CniState, DesiredHost, HostSettings, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
+    self, CniState, DesiredHost, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
 };
 use control::iptables::RuleSet;
-use control::nat::discover_nat_endpoints;
-use control::node::Node;
 use control::routes::{apply_ops, diff, RoutePlan, Withheld};
 use control::wgconf::Conf;
-use control::{Peer, Topology};
+use control::Topology;
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
+use super::reconciler::{Convergence, FirewallStep};
 use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
 use super::{state, Agent};
 
-/// What kg last applied to the host, part by part (`None`: unknown, apply it).
+/// What kg last applied to the host, part by part (`None`: unknown, apply it). A full pass
+/// forgets it, so every part is compared with the host as listed.
 #[derive(Debug, Default)]
-pub(super) struct Applied {
+struct Applied {
     device: Option<DeviceConfig>,
     /// The device as planned when it was last applied, and whether this node led then.
     conf: Option<(Conf, bool)>,
+    /// The WireGuard link's MTU and state as kg last set them.
+    link_mtu: Option<u32>,
+    link_up: Option<bool>,
     address: Option<Option<IpNet>>,
     cni: Option<CniState>,
     /// What the tunnel was prepared for, and the links that gave.
     tunnel: Option<(TunnelSpec, ResolvedLinks)>,
     /// The kernel's routes and rules as last observed, with kg's changes since.
     kernel_routes: Option<RoutePlan>,
-    rules: Option<RuleSet>,
 }
 
-impl Applied {
-    /// False when some part failed last time and must be applied again.
-    pub(super) fn complete(&self) -> bool {
-        self.kernel_routes.is_some() && self.rules.is_some()
+/// What the shells wrote to the host and what its links resolved to.
+#[derive(Debug, Default)]
+pub(super) struct HostRecord {
+    applied: Applied,
+    /// The links the netlink shell last resolved the host state's roles to.
+    resolved: ResolvedLinks,
+    /// True once the engine was first configured (and asked to handshake with every peer).
+    engine_configured: bool,
+}
+
+impl HostRecord {
+    /// True when the kernel's routes and rules are known (false after a failed change, when
+    /// they must be listed again).
+    pub(super) fn routes_known(&self) -> bool {
+        self.applied.kernel_routes.is_some()
     }
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// Brings the host to `t`. `nodes` and `peers` are the ready ones (for NAT discovery).
+    /// Brings the host to `c`'s topology at `now`: [`control::desired::plan`] computes the
+    /// desired state as one value before any shell runs, then each part is converged.
     ///
     /// The engine changes before the links and routes when that is safe
     /// ([`desired::engine_before_routes`]: the node keeps its role and no route to a new or
@@ -58,44 +74,43 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// and the answers must leave by the new routes, not by the old ones through the
     /// location's last leader, which sent them to a dead node and cost a 5 s handshake retry.
     /// Either way it changes even when the links or routes failed, so a failing host step
-    /// never keeps the node's peers from it; the failure is returned after. When readiness
-    /// flips alone changed the mesh (`flips_only`), the firewall may wait
-    /// ([`control::coalesce::FirewallHold`]).
-    pub(super) async fn apply(
-        &mut self,
-        t: &Topology,
-        nodes: &[Node],
-        peers: &[Peer],
-        full: bool,
-        flips_only: bool,
-        now: Instant,
-    ) -> Result<()> {
-        if full {
-            self.memo.applied = Applied::default();
-            self.discover_endpoints(nodes, peers);
+    /// never keeps the node's peers from it; the failure is returned after. The firewall is
+    /// written when the reconciler says so ([`super::reconciler::Reconciler::firewall_step`]).
+    pub(super) async fn apply(&mut self, c: &Convergence, now: Now) -> Result<()> {
+        let t: &Topology = &c.topology;
+        if c.full {
+            self.record.applied = Applied::default();
+            match self.wg.device_peers() {
+                Ok(device) => self.core.learn_endpoints(&device),
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "reading the device's endpoints for NAT discovery failed"
+                ),
+            }
+        }
+        if c.changed {
+            *self.graph.lock() = Some(super::serve::http::GraphSource {
+                topology: Arc::clone(&c.topology),
+                withheld: Default::default(),
+            });
         }
         let started = Instant::now();
-        let settings = self.host_settings();
-        let host = self
-            .memo
-            .host
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let tunnel = self.tunnel_kind();
         let links = ResolvedLinks {
             kilo: self.kilo_index,
-            ..self.memo.resolved
+            ..self.record.resolved
         };
-        let mut want = desired::plan(t, &host.net, &links, &self.owned, &self.public, &settings);
+        let mut want = self.core.desired(t, &links, &self.owned, tunnel.clone())?;
         // The tunnel's links stay as planned (a new tunnel would plan the routes again).
-        let links_kept = match (&want.tunnel, &self.memo.applied.tunnel) {
+        let links_kept = match (&want.tunnel, &self.record.applied.tunnel) {
             (None, _) => true,
             (Some(spec), Some((applied, _))) => spec == applied,
             (Some(_), None) => false,
         };
-        let engine_first = self.memo.engine_configured
+        let engine_first = self.record.engine_configured
             && links_kept
             && desired::engine_before_routes(
-                self.memo
+                self.record
                     .applied
                     .conf
                     .as_ref()
@@ -112,14 +127,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.stages.lap(Stage::Engine, started);
             let started = Instant::now();
             let routed = self
-                .converge_links_and_routes(t, &mut want, links, &settings)
+                .converge_links_and_routes(t, &mut want, links, &tunnel)
                 .await;
             self.stages.lap(Stage::Routes, started);
             configured?;
             routed?;
         } else {
             let routed = self
-                .converge_links_and_routes(t, &mut want, links, &settings)
+                .converge_links_and_routes(t, &mut want, links, &tunnel)
                 .await;
             self.stages.lap(Stage::Routes, started);
             let started = Instant::now();
@@ -128,19 +143,19 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             routed?;
         }
         let started = Instant::now();
-        self.converge_firewall(&want.firewall, flips_only, now)
-            .await?;
+        self.converge_firewall(&want.firewall, c.flips_only, now)
+            .await;
         self.stages.lap(Stage::Firewall, started);
         let kilo = self.kilo_index;
-        let mtu = self
-            .memo
-            .host
-            .as_ref()
+        let listed_mtu = self
+            .core
+            .host()
             .and_then(|h| h.net.link(kilo))
             .map_or(0, |l| l.mtu);
+        let mtu = self.record.applied.link_mtu.unwrap_or(listed_mtu);
         let owned = self.owned.clone();
         let tunnel_name = self
-            .memo
+            .record
             .resolved
             .tunnel
             .and(self.tunnel.name().map(str::to_string));
@@ -149,7 +164,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             p.node = self.s.hostname.clone();
             p.interface = self.s.args.interface.clone();
             p.granularity = self.s.granularity.as_str().to_string();
-            p.topology = Some(std::sync::Arc::new(t.clone()));
+            p.topology = Some(Arc::clone(&c.topology));
             p.encapsulate = want.encapsulate;
             p.tunnel = tunnel_name;
             p.mtu = mtu;
@@ -161,37 +176,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         Ok(())
     }
 
-    /// What decides the host state besides the topology: kg's flags and its tunnel.
-    fn host_settings(&self) -> HostSettings {
-        let a = &self.s.args;
-        HostSettings {
-            interface: a.interface.clone(),
-            mtu: self.s.mtu,
-            cni: a.cni,
-            local: a.local,
-            encapsulate: self.s.encapsulate,
-            compatibility: self.s.compatibility,
-            forward_rules: a.iptables_forward_rules,
-            service_cidrs: self.s.service_cidrs.clone(),
-            tunnel: self.tunnel.name().map(|name| TunnelKind {
-                name: name.to_string(),
-                ipip: self.tunnel.is_ipip(),
-                ipv6_outer: self.tunnel.carries_ipv6_outer(),
-            }),
-        }
-    }
-
-    /// Endpoints learnt from handshakes: a device that cannot be read leaves the last.
-    fn discover_endpoints(&mut self, nodes: &[Node], peers: &[Peer]) {
-        match self.wg.device_peers() {
-            Ok(device) => {
-                self.discovered = discover_nat_endpoints(&device, nodes, peers, &self.discovered)
-            }
-            Err(e) => tracing::warn!(
-                error = format!("{e:#}"),
-                "reading the device's endpoints for NAT discovery failed"
-            ),
-        }
+    /// The encapsulation link kg uses, if any, as the desired state names it.
+    fn tunnel_kind(&self) -> Option<TunnelKind> {
+        self.tunnel.name().map(|name| TunnelKind {
+            name: name.to_string(),
+            ipip: self.tunnel.is_ipip(),
+            ipv6_outer: self.tunnel.carries_ipv6_outer(),
+        })
     }
 
     /// The link, the CNI configuration, the tunnel, then the routes and rules, brought to
@@ -203,21 +194,20 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         t: &Topology,
         want: &mut DesiredHost,
         planned: ResolvedLinks,
-        settings: &HostSettings,
+        tunnel: &Option<TunnelKind>,
     ) -> Result<()> {
         self.converge_link(&want.link).await?;
         if let Some(cni) = &want.cni {
-            if self.memo.applied.cni.as_ref() != Some(cni) {
+            if self.record.applied.cni.as_ref() != Some(cni) {
                 self.sync_cni(&cni.pod_cidrs, cni.mtu);
-                self.memo.applied.cni = Some(cni.clone());
+                self.record.applied.cni = Some(cni.clone());
             }
         }
         self.metrics.set_leader(t.leader, &t.location);
         let links = self.converge_tunnel(want.tunnel).await?;
-        self.memo.resolved = links;
+        self.record.resolved = links;
         if links != planned {
-            let host = self.memo.host.as_ref().expect("planned from it");
-            *want = desired::plan(t, &host.net, &links, &self.owned, &self.public, settings);
+            *want = self.core.desired(t, &links, &self.owned, tunnel.clone())?;
         }
         if let (true, Some(name)) = (want.tunnel_missing(&links), self.tunnel.name()) {
             let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
@@ -252,28 +242,28 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// compared with the host as listed, the address with what kg last set).
     async fn converge_link(&mut self, want: &LinkState) -> Result<()> {
         let kilo = self.kilo_index;
-        let host = self
-            .memo
-            .host
-            .as_mut()
-            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
-        let link = host.net.links.iter_mut().find(|l| l.index == kilo);
-        if let Some(link) = link.filter(|l| l.mtu != want.mtu) {
+        let listed = self
+            .core
+            .host()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?
+            .net
+            .link(kilo)
+            .map(|l| (l.mtu, l.up));
+        let applied = &self.record.applied;
+        let mtu = applied.link_mtu.or(listed.map(|(mtu, _)| mtu));
+        if mtu.is_some_and(|mtu| mtu != want.mtu) {
             self.netlink.set_mtu(kilo, want.mtu).await?;
-            link.mtu = want.mtu;
+            self.record.applied.link_mtu = Some(want.mtu);
         }
-        if self.memo.applied.address != Some(want.address) {
+        if self.record.applied.address != Some(want.address) {
             self.netlink.set_address(kilo, want.address).await?;
-            self.memo.applied.address = Some(want.address);
+            self.record.applied.address = Some(want.address);
         }
-        let host = self.memo.host.as_mut().expect("listed above");
-        match host.net.links.iter_mut().find(|l| l.index == kilo) {
-            Some(link) if link.up == want.up => {}
-            link => {
-                self.netlink.set_up(kilo, want.up).await?;
-                if let Some(link) = link {
-                    link.up = want.up;
-                }
+        let up = self.record.applied.link_up.or(listed.map(|(_, up)| up));
+        if up != Some(want.up) {
+            self.netlink.set_up(kilo, want.up).await?;
+            if listed.is_some() {
+                self.record.applied.link_up = Some(want.up);
             }
         }
         Ok(())
@@ -289,7 +279,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 ..Default::default()
             });
         };
-        if let Some((applied, links)) = self.memo.applied.tunnel {
+        if let Some((applied, links)) = self.record.applied.tunnel {
             if applied == spec && links.tunnel.is_some() {
                 return Ok(links);
             }
@@ -321,23 +311,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             tunnel,
             tunnel6,
         };
-        self.memo.applied.tunnel = Some((spec, links));
+        self.record.applied.tunnel = Some((spec, links));
         Ok(links)
     }
 
     /// The WireGuard device, brought to `want`'s configuration.
     fn converge_device(&mut self, leader: bool, want: &DesiredHost) -> Result<()> {
         let desired = crate::wiring::device_config(&want.device, &self.key);
-        if self.memo.applied.device.as_ref() == Some(&desired) {
+        if self.record.applied.device.as_ref() == Some(&desired) {
             return Ok(());
         }
         // The first configuration of this process's engine handshakes at once, restored
         // peers or not (a node whose last agent was Kilo has nothing to restore).
-        let changed = if self.memo.engine_configured {
+        let changed = if self.record.engine_configured {
             self.wg.apply(&desired)?
         } else {
             let changed = self.wg.apply_and_handshake(&desired)?;
-            self.memo.engine_configured = true;
+            self.record.engine_configured = true;
             changed
         };
         if changed {
@@ -354,8 +344,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 );
             }
         }
-        self.memo.applied.device = Some(desired);
-        self.memo.applied.conf = Some((want.device.clone(), leader));
+        self.record.applied.device = Some(desired);
+        self.record.applied.conf = Some((want.device.clone(), leader));
         Ok(())
     }
 
@@ -377,10 +367,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Takes the kernel's routes and rules to `plan`, listing them only when kg does not know
     /// them (after a full reconcile's reset, or a failed change).
     async fn converge_routes(&mut self, plan: RoutePlan) -> Result<()> {
-        if self.memo.applied.kernel_routes.is_some() && plan == self.owned {
+        if self.record.applied.kernel_routes.is_some() && plan == self.owned {
             return Ok(());
         }
-        let observed = match self.memo.applied.kernel_routes.take() {
+        let observed = match self.record.applied.kernel_routes.take() {
             Some(known) => known,
             None => self.netlink.observe().await?,
         };
@@ -394,7 +384,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             tracing::warn!(error = format!("{e:#}"), "route change failed");
         }
         if errors.is_empty() {
-            self.memo.applied.kernel_routes = Some(apply_ops(&observed, &ops));
+            self.record.applied.kernel_routes = Some(apply_ops(&observed, &ops));
         }
         if plan != self.owned {
             if let Err(e) = state::save_routes(&self.s.args.key_file, &plan) {
@@ -408,46 +398,38 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         Ok(())
     }
 
-    /// Takes the firewall to `rules` unless they are the rules last applied, or readiness
-    /// flips alone changed them (`flips_only`) and the firewall was written too recently.
-    async fn converge_firewall(
-        &mut self,
-        rules: &RuleSet,
-        flips_only: bool,
-        now: Instant,
-    ) -> Result<()> {
-        if self.memo.applied.rules.as_ref() == Some(rules) {
-            self.memo.firewall_hold.unneeded();
-            return Ok(());
-        }
-        if !self.memo.firewall_hold.write_now(flips_only, now) {
-            tracing::debug!("readiness flips alone changed the firewall's rules; writing them with the next change, or when the hold ends");
-            return Ok(());
-        }
+    /// Takes the firewall to `rules` when the reconciler says they are written now. A failure
+    /// is counted and shown on `/status`; the next pass reads the host's rules and tries again.
+    async fn converge_firewall(&mut self, rules: &RuleSet, flips_only: bool, now: Now) {
+        let previous = match self.core.firewall_step(rules, flips_only, now) {
+            FirewallStep::Unchanged | FirewallStep::Held => return,
+            FirewallStep::Write { previous } => previous,
+        };
         let v6 = self.ip6tables;
         let firewall = self.firewall.clone();
         let wanted = rules.clone();
-        // What was applied last: the firewall writes only the difference (none on a resync,
-        // which cleared it: then the host's rules are read and compared).
-        let previous = self.memo.applied.rules.take();
+        // What was written last: the firewall writes only the difference (none after a full
+        // pass, which forgot it: then the host's rules are read and compared).
         let reconciled =
-            tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, previous.as_ref(), v6));
-        match reconciled.await? {
+            tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, previous.as_ref(), v6))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r);
+        match reconciled {
             Ok(changed) => {
                 if changed {
                     tracing::debug!("firewall rules reconciled");
                 }
-                self.memo.applied.rules = Some(rules.clone());
-                self.memo.firewall_hold.written(now);
+                self.core.firewall_written(Some(rules.clone()), now);
             }
             Err(e) => {
+                self.core.firewall_written(None, now);
                 self.metrics.error("apply");
                 self.status
                     .error(format!("applying iptables rules failed: {e:#}"));
                 tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
             }
         }
-        Ok(())
     }
 }
 

@@ -1,28 +1,17 @@
-//! Leader election by lease, the agent's shell around `control::leader::book`: it reads the
-//! tunnels the lease step needs ([`TunnelReadings`]), lets the book decide, and sends the lease
-//! write it returns as a compare-and-swap.
+//! Leader election by lease, the agent's shell around the lease step: it reads the tunnels the
+//! step needs ([`TunnelReadings`]) and sends the lease write the reconciler returns
+//! ([`super::reconciler::Reconciler::tend_lease`]) as a compare-and-swap.
 
 use control::leader::book::{LeaseWrite, TunnelReadings, TunnelTraffic};
 use control::leader::LEASE_RENEW_MS;
-use control::{Key, Node};
+use control::Key;
 
 use super::shells::{Engine, Firewall, Kernel};
 use super::Agent;
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// The lease step at `now` (Unix milliseconds): renew, take, or hand over this node's
-    /// location's lease.
-    pub(super) async fn tend_lease(&mut self, nodes: &[Node], now: i64) {
-        let readings = self.tunnel_readings();
-        let hostname = self.s.hostname.clone();
-        let Some(write) = self.memo.leases.tend(&hostname, nodes, &readings, now) else {
-            return;
-        };
-        self.write_lease(write).await;
-    }
-
     /// Sends `write`, and says why when it was worth saying and it held.
-    async fn write_lease(&self, write: LeaseWrite) {
+    pub(super) async fn write_lease(&self, write: LeaseWrite) {
         let LeaseWrite {
             name,
             next,
@@ -44,8 +33,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// What the lease step needs of the device: the tunnels' counters while this node leads,
     /// and which other locations' leaders its standby tunnels completed a handshake with.
-    fn tunnel_readings(&self) -> TunnelReadings {
-        let Some(t) = self.memo.topology.as_ref() else {
+    pub(super) fn tunnel_readings(&self) -> TunnelReadings {
+        let Some(t) = self.core.topology() else {
             return TunnelReadings {
                 traffic: TunnelTraffic::NotLeading,
                 standby_reached: Vec::new(),

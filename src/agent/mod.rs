@@ -1,30 +1,30 @@
 //! The `kg` agent: watches the backend, computes Kilo's topology, and drives the WireGuard
-//! device, the link and the routes. Every decision is made by the pure `control` crate.
+//! device, the link and the routes.
 //!
 //! The tree reads by role:
-//! - the pipeline, here: this loop, [`start`] (key, backend, engine, restored peers, tunnel),
-//!   [`reconcile`] (snapshot → node table → topology → desired state, each stage a value
-//!   compared with the last), [`apply`] (desired state → shells), [`lease`] (leader
-//!   election's side effects) and [`shutdown`] (what SIGTERM undoes, and what it leaves to a
-//!   successor);
-//!   [`stages`] times them;
+//! - [`reconciler`]: every decision, as a state machine that does no I/O (values in, the
+//!   shells' work out as values, `now` an argument), built on the pure `control` crate;
+//! - the driver, here: this loop, [`start`] (key, backend, engine, restored peers, tunnel),
+//!   [`reconcile`] (one pass: asks the reconciler each step and runs the shells it names),
+//!   [`apply`] (the desired state → the shells, part by part), [`lease`] (the tunnels' readings
+//!   for the lease step, and its write) and [`shutdown`] (what SIGTERM undoes, and what it
+//!   leaves to a successor); [`stages`] times them;
 //! - [`shells`]: every adapter that talks to the kernel, a child process or a file, each behind
 //!   a small trait, with their in-memory twins beside them;
 //! - [`host`]: what kg learns from and sets up on its own node (its IP, links, MTU, tunnel);
 //! - [`serve`]: what kg serves (HTTP, `/status`, metrics, path probes).
 //!
-//! Imports go one way: the pipeline uses the three folders, never the reverse.
+//! Imports go one way: the driver uses the four folders, never the reverse, and the reconciler
+//! uses no shell.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use control::clock::Now;
-use control::dns::{Answer, DnsBook};
 use control::routes::RoutePlan;
-use control::Key;
 use dataplane::SecretKey;
 use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
@@ -47,6 +47,7 @@ pub mod args;
 pub mod host;
 mod lease;
 mod reconcile;
+pub mod reconciler;
 pub mod serve;
 pub mod shells;
 mod shutdown;
@@ -54,8 +55,7 @@ pub mod stages;
 mod start;
 pub mod twin_agent;
 
-/// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
-pub const CHECK_IN_PERIOD: Duration = Duration::from_secs(30);
+pub use reconciler::CHECK_IN_PERIOD;
 /// How long one DNS lookup may take.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Least time between two reconciles started for DNS lookups.
@@ -94,7 +94,6 @@ pub use control::pass::Trigger;
 pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     s: Settings,
     key: SecretKey,
-    public: Key,
     backend: Backend,
     netlink: N,
     firewall: F,
@@ -102,16 +101,11 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     kilo_index: u32,
     cni_file: Box<dyn shells::cni_file::CniFile>,
     resolver: Option<TokioResolver>,
-    dns: DnsBook,
-    /// True when a DNS answer changed an address since the mesh was last computed.
-    dns_changed: bool,
     hostname_ips: Vec<IpAddr>,
+    /// The routes and rules kg installed (saved beside the key, so a restart claims them).
     owned: RoutePlan,
+    /// Problems of the host state already said, so each is said once.
     problems: ProblemLog,
-    discovered: BTreeMap<Key, SocketAddr>,
-    /// True once this node's own published `discovered-endpoints` were merged into
-    /// `discovered` (at the first reconcile that sees its Node).
-    discovery_seeded: bool,
     warned: BTreeMap<&'static str, bool>,
     /// Kilo's metrics and kilotun's own.
     pub metrics: Arc<Metrics>,
@@ -121,12 +115,12 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     pub status: Arc<status::StatusBoard>,
     ip6tables: bool,
     tunnel: encap::Tunnel,
-    readiness: control::readiness::ReadinessClock,
-    patch_failed: bool,
     /// Where the current reconcile's time goes.
     stages: stages::StageClock,
-    /// The stages' last outputs, compared with the next ones.
-    memo: reconcile::Memo,
+    /// Every decision: what the agent saw, and what the host must be brought to.
+    core: reconciler::Reconciler,
+    /// What the shells wrote to the host.
+    record: apply::HostRecord,
 }
 
 /// The shells an [`Agent`] is built on.
@@ -156,15 +150,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// the loop sets no timer for it.
     pub fn dns_deadline(&self) -> Option<Instant> {
         self.resolver.as_ref()?;
-        self.dns.next_deadline()
+        self.core.dns_deadline()
     }
 
     /// When the readiness flips or the firewall write held back are due: `None` when none
     /// is held.
     pub fn readiness_deadline(&self) -> Option<Instant> {
-        let batch = self.memo.readiness_batch.deadline();
-        let firewall = self.memo.firewall_hold.deadline();
-        batch.into_iter().chain(firewall).min()
+        self.core.readiness_deadline()
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {
@@ -179,26 +171,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         if self.resolver.is_none() {
             return Vec::new();
         }
-        self.dns.start(now.instant)
+        self.core.start_lookups(now)
     }
 
     /// Takes in lookup answers that came at `now`: a failure keeps the last good address.
     /// The next reconcile computes the mesh again when an address changed.
     pub fn take_lookups(&mut self, answers: Vec<LookupAnswer>, now: Now) {
-        for (name, result) in answers {
-            let error = result.as_ref().err().cloned();
-            match self.dns.record(&name, result, now.instant) {
-                Answer::Changed { old, new } => {
-                    self.dns_changed = true;
-                    tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
-                }
-                Answer::Failed { kept } => {
-                    self.metrics.dns_failures.inc();
-                    tracing::warn!(name = %name, error = error.unwrap_or_default(), ?kept, "DNS lookup failed; keeping the last good address");
-                }
-                Answer::Unchanged | Answer::Untracked => {}
-            }
-        }
+        let failed = self.core.take_lookups(answers, now);
+        self.metrics.dns_failures.inc_by(failed as u64);
     }
 }
 /// Runs kg until SIGINT or SIGTERM.

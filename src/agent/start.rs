@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use control::dns::DnsBook;
 use control::routes::RoutePlan;
 use control::Key;
 use dataplane::{DeviceConfig, InterfaceConfig, SecretKey};
@@ -16,6 +15,7 @@ use hickory_resolver::TokioResolver;
 
 use super::args::{BackendKind, Settings};
 use super::host::{encap, local::ProblemLog};
+use super::reconciler::Reconciler;
 use super::serve::{http, metrics::Metrics, status};
 use super::shells::engine_lock::EngineLock;
 use super::shells::firewall::HostFirewall;
@@ -23,7 +23,7 @@ use super::shells::netlink::Netlink;
 use super::shells::wireguard::WireGuard;
 use super::shells::{keyfile, state};
 use super::shells::{Engine, Firewall, Kernel};
-use super::{read_clock, reconcile, Agent, Shells, DNS_TIMEOUT};
+use super::{read_clock, Agent, Shells, DNS_TIMEOUT};
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use control::clock::Now;
 
@@ -233,12 +233,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             RoutePlan::default()
         });
         Ok(Self {
-            dns: DnsBook::new(s.resync),
-            memo: reconcile::Memo::new(&s.args.topology_label),
+            core: Reconciler::new(s.clone(), public, discovered),
+            record: Default::default(),
             ip6tables: firewall.v6_available(),
             s,
             key,
-            public,
             backend,
             netlink,
             firewall,
@@ -246,19 +245,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             kilo_index,
             cni_file,
             resolver,
-            dns_changed: false,
             hostname_ips,
             owned: last_routes,
             problems: ProblemLog::default(),
-            discovered,
-            discovery_seeded: false,
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
             status: Arc::new(status::StatusBoard::default()),
             tunnel,
-            readiness: Default::default(),
-            patch_failed: false,
             stages: Default::default(),
         })
     }

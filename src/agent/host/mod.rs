@@ -20,7 +20,7 @@ pub use control::host::{Mtu, DEFAULT_MTU, WIREGUARD_OVERHEAD};
 
 /// What detection takes from this node's own Node object: the read is repeated when they change.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct DetectionInputs {
+pub struct DetectionInputs {
     /// `spec.podCIDR` and `spec.podCIDRs`: the pod bridge's addresses are never the node's.
     pub pod_cidrs: Vec<IpNet>,
     /// The `InternalIP` addresses of `status.addresses` (Kilo #367).
@@ -29,7 +29,7 @@ pub(crate) struct DetectionInputs {
 
 impl DetectionInputs {
     /// The inputs of `node` (none without a Node object yet).
-    pub(crate) fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
+    pub fn of(node: Option<&k8s_openapi::api::core::v1::Node>) -> Self {
         let spec = node.and_then(|n| n.spec.as_ref());
         let mut pod_cidrs: Vec<IpNet> = spec
             .and_then(|s| s.pod_cidrs.clone())
@@ -56,7 +56,7 @@ impl DetectionInputs {
 
 /// The host as last listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HostView {
+pub struct HostView {
     /// The node's IPs, chosen among the host's addresses.
     pub detected: Detected,
     /// Its links, addresses and main-table routes.
@@ -68,11 +68,7 @@ pub(crate) struct HostView {
 impl HostView {
     /// The host's address of the other family than `internal`'s, on `internal`'s link, the
     /// `published` one while the host still has it (see [`ipdetect::second_internal_ip`]).
-    pub(crate) fn second_internal_ip(
-        &self,
-        internal: IpNet,
-        published: Option<IpNet>,
-    ) -> Option<IpNet> {
+    pub fn second_internal_ip(&self, internal: IpNet, published: Option<IpNet>) -> Option<IpNet> {
         let link = self.net.private_link(Some(internal));
         if link == 0 {
             return None;
@@ -89,7 +85,7 @@ impl HostView {
 
     /// With `--compatibility=cilium`: the IPv4 address of `cilium_host`, which other nodes use
     /// as this node's gateway inside the location.
-    pub(crate) fn cilium_host_ip(&self) -> Option<IpNet> {
+    pub fn cilium_host_ip(&self) -> Option<IpNet> {
         let host = self.net.link_index(encap::CILIUM_HOST)?;
         self.net
             .addresses
@@ -123,64 +119,77 @@ pub(crate) async fn read_host(
     own: &OwnSide<'_>,
     local: &DetectionInputs,
 ) -> Result<HostView> {
-    let links = kernel.links().await?;
-    let addresses = kernel.addresses().await?;
-    let ignored_links: Vec<u32> = links
-        .iter()
-        .filter(|l| {
-            l.index == own.kilo_index
-                || l.name == "kube-bridge"
-                || Some(l.name.as_str()) == own.tunnel
-        })
-        .map(|l| l.index)
-        .collect();
-    let exclude = Exclusions {
-        addresses: addresses
-            .iter()
-            .filter(|(i, _)| ignored_links.contains(i))
-            .map(|(_, n)| n.addr())
-            .collect(),
-        networks: local
-            .pod_cidrs
-            .iter()
-            .copied()
-            .chain([own.subnet])
-            .collect(),
+    let net = HostNet {
+        links: kernel.links().await?,
+        addresses: kernel.addresses().await?,
+        main_routes: kernel.main_routes().await?,
+        default_link: None,
     };
-    let node_internal = &local.internal_ips;
-    let main_routes = kernel.main_routes().await?;
-    let default_link = main_routes
-        .iter()
-        .find(|r| r.dst.prefix_len() == 0)
-        .map(|r| r.link);
-    let candidates = Candidates {
-        hostname: addresses
-            .iter()
-            .filter(|(_, n)| own.hostname_ips.contains(&n.addr()))
-            .map(|(_, n)| *n)
-            .collect(),
-        node_internal: addresses
-            .iter()
-            .filter(|(_, n)| node_internal.contains(&n.addr()))
-            .map(|(_, n)| *n)
-            .collect(),
-        default_route: addresses
-            .iter()
-            .filter(|(i, _)| Some(*i) == default_link)
-            .map(|(_, n)| *n)
-            .collect(),
-        all: addresses.iter().map(|(_, n)| *n).collect(),
-    };
-    let detected = ipdetect::choose(&candidates, &exclude, own.internal_cidrs)
-        .context("no valid IP was found")?;
-    Ok(HostView {
-        detected,
-        net: HostNet {
-            default_link,
+    HostView::of(net, own, local)
+}
+
+impl HostView {
+    /// The view of the host whose links, addresses and main-table routes `net` lists (its
+    /// `default_link` is found here): [`read_host`]'s decisions, without the kernel.
+    pub fn of(mut net: HostNet, own: &OwnSide<'_>, local: &DetectionInputs) -> Result<Self> {
+        let HostNet {
             links,
             addresses,
             main_routes,
-        },
-        exclude,
-    })
+            ..
+        } = &net;
+        let ignored_links: Vec<u32> = links
+            .iter()
+            .filter(|l| {
+                l.index == own.kilo_index
+                    || l.name == "kube-bridge"
+                    || Some(l.name.as_str()) == own.tunnel
+            })
+            .map(|l| l.index)
+            .collect();
+        let exclude = Exclusions {
+            addresses: addresses
+                .iter()
+                .filter(|(i, _)| ignored_links.contains(i))
+                .map(|(_, n)| n.addr())
+                .collect(),
+            networks: local
+                .pod_cidrs
+                .iter()
+                .copied()
+                .chain([own.subnet])
+                .collect(),
+        };
+        let node_internal = &local.internal_ips;
+        let default_link = main_routes
+            .iter()
+            .find(|r| r.dst.prefix_len() == 0)
+            .map(|r| r.link);
+        let candidates = Candidates {
+            hostname: addresses
+                .iter()
+                .filter(|(_, n)| own.hostname_ips.contains(&n.addr()))
+                .map(|(_, n)| *n)
+                .collect(),
+            node_internal: addresses
+                .iter()
+                .filter(|(_, n)| node_internal.contains(&n.addr()))
+                .map(|(_, n)| *n)
+                .collect(),
+            default_route: addresses
+                .iter()
+                .filter(|(i, _)| Some(*i) == default_link)
+                .map(|(_, n)| *n)
+                .collect(),
+            all: addresses.iter().map(|(_, n)| *n).collect(),
+        };
+        let detected = ipdetect::choose(&candidates, &exclude, own.internal_cidrs)
+            .context("no valid IP was found")?;
+        net.default_link = default_link;
+        Ok(HostView {
+            detected,
+            net,
+            exclude,
+        })
+    }
 }

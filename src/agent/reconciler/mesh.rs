@@ -1,0 +1,255 @@
+//! The mesh step of a pass: the topology from the ready nodes and Peers, compared with the
+//! last one, and the [`Convergence`] the shells carry out when the host must follow it.
+
+use std::sync::Arc;
+
+use control::clock::Now;
+use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks, TunnelKind};
+use control::iptables::RuleSet;
+use control::nat::discover_nat_endpoints;
+use control::nat::DevicePeer;
+use control::routes::RoutePlan;
+use control::{Peer, Topology, TopologyParams};
+
+use super::Reconciler;
+
+/// What the host must be brought to: the topology, and how the shells compare each part.
+#[derive(Debug, Clone)]
+pub struct Convergence {
+    /// The topology to apply.
+    pub topology: Arc<Topology>,
+    /// True when it differs from the last one (what `/graph` draws changes).
+    pub changed: bool,
+    /// True when the host was listed this pass: every part is compared afresh, and the
+    /// endpoints learnt from handshakes are read again ([`Reconciler::learn_endpoints`]).
+    pub full: bool,
+    /// True when readiness flips alone changed the mesh: the firewall may wait
+    /// ([`Reconciler::firewall_step`]).
+    pub flips_only: bool,
+}
+
+/// What one mesh step found.
+#[derive(Debug, Clone)]
+pub struct MeshStep {
+    /// The ready nodes the topology was computed from (the local one included when ready).
+    pub nodes: usize,
+    /// The ready Peers.
+    pub peers: usize,
+    /// True when the topology was computed (false while the local node is not ready).
+    pub computed: bool,
+    /// What the host must be brought to (`None`: it already is, or the local node is not
+    /// ready yet).
+    pub converge: Option<Convergence>,
+}
+
+/// Whether the firewall is written now ([`Reconciler::firewall_step`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirewallStep {
+    /// The rules are those last written.
+    Unchanged,
+    /// Readiness flips alone changed them and the firewall was written too recently: they wait
+    /// for the next change or for the hold's deadline.
+    Held,
+    /// Write them; `previous` are the rules last written (`None`: unknown, read the host's).
+    Write {
+        /// The rules last written.
+        previous: Option<RuleSet>,
+    },
+}
+
+impl Reconciler {
+    /// Computes the topology when something it is made of changed (or the last attempt did
+    /// not settle). `None`: the mesh is not due this pass.
+    pub fn mesh(&mut self, now: Now) -> anyhow::Result<Option<MeshStep>> {
+        let pass = self.pass.as_mut().expect("mesh follows observe");
+        let changes = pass.changes;
+        if !changes.mesh(pass.leaders_changed, self.settled) {
+            return Ok(None);
+        }
+        let local = pass.local.clone().expect("mesh follows observe");
+        let flips_only = changes.flips_only(pass.leaders_changed) && !pass.full;
+        let (full, readiness_now) = (pass.full, pass.readiness_now);
+        let ready = pass.ready.clone();
+        self.readiness_batch.meshed(now.instant);
+        self.local = Some(local.clone());
+        self.settled = false;
+
+        let hostname = self.s.hostname.clone();
+        let mut nodes = ready.unwrap_or_else(|| self.ready_nodes(&local));
+        let mut peers = self.peers.clone();
+        for e in nodes
+            .iter_mut()
+            .filter_map(|n| n.endpoint.as_mut())
+            .chain(peers.iter_mut().filter_map(|p| p.endpoint.as_mut()))
+        {
+            self.dns.fill(e);
+        }
+        nodes.retain(|n| n.name != hostname || n.is_ready(readiness_now));
+        peers.retain(Peer::is_ready);
+        let (node_count, peer_count) = (nodes.len(), peers.len());
+        if !nodes.iter().any(|n| n.name == hostname) {
+            let why = if local.endpoint.is_none() && local.persistent_keepalive == 0 {
+                "kilo.squat.ai/force-endpoint says it has no endpoint, so it needs kilo.squat.ai/persistent-keepalive: nothing could reach it first"
+            } else {
+                "it needs spec.podCIDR"
+            };
+            self.warn_once(
+                "local-not-ready",
+                &format!("node {hostname} is not ready ({why}); not configuring the mesh yet"),
+            );
+            self.topology = None;
+            self.settled = true;
+            return Ok(Some(MeshStep {
+                nodes: node_count,
+                peers: peer_count,
+                computed: false,
+                converge: None,
+            }));
+        }
+        let params = TopologyParams {
+            granularity: self.s.granularity,
+            hostname: hostname.clone(),
+            port: local.endpoint.as_ref().map_or(self.s.args.port, |e| e.port),
+            subnet: self.s.subnet,
+            persistent_keepalive: local.persistent_keepalive,
+        };
+        let t = Topology::with_leaders(&nodes, &peers, &params, &self.leases.leader_names())?
+            .with_standby(&nodes, &self.leases.verifiers());
+        let changed = self.topology.as_deref() != Some(&t);
+        if changed {
+            self.say_what_the_topology_drops(&t);
+        }
+        let firewall_due = self.firewall_hold.due(now.instant);
+        let t = Arc::new(t);
+        let converge = if full || changed || !self.converged_whole || firewall_due {
+            // Forget the topology until it is applied: a failure retries on the next pass.
+            self.topology = None;
+            if full {
+                self.firewall_rules = None;
+            }
+            Some(Convergence {
+                topology: t,
+                changed,
+                full,
+                flips_only,
+            })
+        } else {
+            self.topology = Some(t);
+            self.settled = true;
+            None
+        };
+        if let Some(pass) = self.pass.as_mut() {
+            pass.meshed = Some((nodes, peers));
+        }
+        Ok(Some(MeshStep {
+            nodes: node_count,
+            peers: peer_count,
+            computed: true,
+            converge,
+        }))
+    }
+
+    /// The shells brought the host to `c` (`ok`), or failed part way (the pass then ends and
+    /// the next one tries again). `routes_known`: the kernel's routes and rules are known
+    /// after it (false when a change failed and they must be listed again).
+    pub fn converged(&mut self, c: Convergence, ok: bool, routes_known: bool) {
+        self.converged_whole = ok && routes_known && self.firewall_rules.is_some();
+        if ok {
+            self.topology = Some(c.topology);
+            self.settled = true;
+        }
+    }
+
+    /// Whether the firewall is written now with `rules` (at `now`): not when they are the
+    /// rules last written, nor while readiness flips alone (`flips_only`) changed them and the
+    /// firewall was written less than [`control::coalesce::FIREWALL_INTERVAL`] ago.
+    pub fn firewall_step(&mut self, rules: &RuleSet, flips_only: bool, now: Now) -> FirewallStep {
+        if self.firewall_rules.as_ref() == Some(rules) {
+            self.firewall_hold.unneeded();
+            return FirewallStep::Unchanged;
+        }
+        if !self.firewall_hold.write_now(flips_only, now.instant) {
+            tracing::debug!("readiness flips alone changed the firewall's rules; writing them with the next change, or when the hold ends");
+            return FirewallStep::Held;
+        }
+        FirewallStep::Write {
+            previous: self.firewall_rules.take(),
+        }
+    }
+
+    /// The firewall was written with `rules` at `now` (`None`: the write failed, and the
+    /// next one reads the host's rules first).
+    pub fn firewall_written(&mut self, rules: Option<RuleSet>, now: Now) {
+        if rules.is_some() {
+            self.firewall_hold.written(now.instant);
+        }
+        self.firewall_rules = rules;
+    }
+
+    /// Takes in the endpoints the device's handshakes came from (`device`, read on a full
+    /// pass), for the peers of the mesh just computed: NAT discovery.
+    pub fn learn_endpoints(&mut self, device: &[DevicePeer]) {
+        let Some((nodes, peers)) = self.pass.as_ref().and_then(|p| p.meshed.as_ref()) else {
+            return;
+        };
+        self.discovered = discover_nat_endpoints(device, nodes, peers, &self.discovered);
+    }
+
+    /// The desired host state for topology `t` ([`control::desired::plan`]): the links named
+    /// by role and resolved as `links` says, `owned` the routes kg installed, `tunnel` the
+    /// encapsulation link kg uses. Fails when the host was never listed.
+    pub fn desired(
+        &self,
+        t: &Topology,
+        links: &ResolvedLinks,
+        owned: &RoutePlan,
+        tunnel: Option<TunnelKind>,
+    ) -> anyhow::Result<DesiredHost> {
+        let host = self
+            .host
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let a = &self.s.args;
+        let settings = HostSettings {
+            interface: a.interface.clone(),
+            mtu: self.s.mtu,
+            cni: a.cni,
+            local: a.local,
+            encapsulate: self.s.encapsulate,
+            compatibility: self.s.compatibility,
+            forward_rules: a.iptables_forward_rules,
+            service_cidrs: self.s.service_cidrs.clone(),
+            tunnel,
+        };
+        Ok(desired::plan(
+            t,
+            &host.net,
+            links,
+            owned,
+            &self.public,
+            &settings,
+        ))
+    }
+
+    /// Says once per node what `t` reaches only by its handshakes, and what it dropped.
+    fn say_what_the_topology_drops(&mut self, t: &Topology) {
+        // Said once per node, as information: announcing no endpoint is a choice.
+        let endpointless = t
+            .segments
+            .iter()
+            .filter(|s| s.endpoint.is_none() && !t.in_local_location(s))
+            .map(|s| format!("node {} announces no endpoint: it is reached at the endpoint its handshakes come from (it keeps its tunnels alive every {} s)", s.leader_member().name, s.persistent_keepalive))
+            .collect();
+        for line in self.problems.fresh_lines("endpointless", endpointless) {
+            tracing::info!("{line}");
+        }
+        for d in &t.dropped {
+            for line in self.problems.fresh_lines(
+                &format!("dropped/{}/{}", d.owner, d.cidr),
+                vec![format!("{}: {} dropped: {}", d.owner, d.cidr, d.reason)],
+            ) {
+                tracing::warn!("{line}");
+            }
+        }
+    }
+}

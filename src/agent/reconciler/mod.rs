@@ -1,0 +1,537 @@
+//! The agent's decisions, as a state machine that does no I/O: values in, values out, `now`
+//! an argument everywhere. The event loop ([`super::run`]) and the pass driver
+//! ([`super::reconcile`]) feed it what the shells saw and carry out what it returns:
+//!
+//! 1. [`Reconciler::ingest`] takes a backend snapshot's changes into the node table;
+//! 2. [`Reconciler::start`] says whether the pass waits (nothing listed yet), must list the
+//!    host first ([`Start::ListHost`], answered by [`Reconciler::host_listed`]) or may decide;
+//! 3. [`Reconciler::observe`] works out the local node and what changed ([`Changes`]);
+//! 4. [`Reconciler::elect`] elects leaders when that is due;
+//! 5. [`Reconciler::mesh`] computes the topology and returns a [`Convergence`] when the host must
+//!    follow it; the shells converge it part by part, asking [`Reconciler::firewall_step`]
+//!    whether the firewall is written now, and report with [`Reconciler::converged`];
+//! 6. [`Reconciler::tend_lease`] returns the lease write due, if any;
+//! 7. [`Reconciler::annotation_patch`] returns the annotations to publish, answered by
+//!    [`Reconciler::patched`];
+//! 8. [`Reconciler::finish`] ends the pass.
+//!
+//! Each step's output is a plain value compared with the last one, so a pass that changes
+//! nothing stops early and touches no shell. Unit tests drive it with values alone
+//! (`tests.rs`); the reference model (`crate::model`) drives whole agents on the shells' twins.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use control::clock::Now;
+use control::coalesce::{FirewallHold, ReadinessBatch};
+use control::dns::{Answer, DnsBook};
+use control::iptables::RuleSet;
+use control::node::Node;
+use control::pass::{tends_lease, Changes, Trigger};
+use control::table::{differs_beyond_check_in, NodeTable};
+use control::{translate_peer, Key, Peer, Topology};
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
+use crate::agent::args::Settings;
+use crate::agent::host::local::{self, ProblemLog};
+use crate::agent::host::{DetectionInputs, HostView};
+use crate::backend::Snapshot;
+
+mod mesh;
+mod publish;
+#[cfg(test)]
+mod tests;
+
+pub use mesh::{Convergence, FirewallStep, MeshStep};
+
+/// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
+pub const CHECK_IN_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a pass begins ([`Reconciler::start`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// The backend has not listed everything yet: nothing is decided from a partial picture.
+    Wait,
+    /// The host must be listed first, with what address detection reads from the local Node.
+    ListHost(DetectionInputs),
+    /// The host as last listed serves: go on to [`Reconciler::observe`].
+    Decide,
+}
+
+/// What [`Reconciler::observe`] found: whether leaders are elected this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// True when [`Reconciler::elect`] is due.
+    pub elect: bool,
+}
+
+/// The pass in progress: what its steps hand to the next ones.
+struct Pass {
+    trigger: Trigger,
+    /// True when the host was listed this pass (every part is compared afresh).
+    full: bool,
+    /// The local Node's object as the backend has it.
+    local_object: Option<Arc<KubeNode>>,
+    /// The local node as kg sees it this pass.
+    local: Option<Node>,
+    changes: Changes,
+    /// The time readiness is judged at (frozen during an outage).
+    readiness_now: i64,
+    /// The ready nodes, listed by the election.
+    ready: Option<Vec<Node>>,
+    elected: bool,
+    leaders_changed: bool,
+    /// The ready nodes and Peers the mesh was computed from (for NAT discovery).
+    meshed: Option<(Vec<Node>, Vec<Peer>)>,
+}
+
+/// The agent's decisions and everything they remember: the node table, the Peers, the host as
+/// last listed, the leases, the last topology, and the pacing of readiness flips and firewall
+/// writes.
+pub struct Reconciler {
+    s: Settings,
+    public: Key,
+    /// Every Node, translated.
+    table: NodeTable,
+    /// The snapshot revision the table was brought to (`None`: never).
+    revision: Option<u64>,
+    /// The Peer revision `peers` was translated at.
+    peer_revision: Option<u64>,
+    /// The valid Peers, translated.
+    peers: Vec<Peer>,
+    /// True when the Peers changed since the mesh was last computed.
+    peers_changed: bool,
+    /// The host as last listed.
+    host: Option<HostView>,
+    /// The local Node's object, as last ingested.
+    local_object: Option<Arc<KubeNode>>,
+    /// What the host was last read with from the local Node's object.
+    detection: DetectionInputs,
+    /// The local Node's annotations as seen when kg last patched them, and that patch.
+    last_patch: Option<(BTreeMap<String, String>, local::AnnotationPatch)>,
+    /// The local node the mesh was last computed with.
+    local: Option<Node>,
+    /// The last topology applied (`None` while the local node is not ready, or until the
+    /// one computed is applied).
+    topology: Option<Arc<Topology>>,
+    /// True once a mesh was computed and applied without error.
+    settled: bool,
+    /// False when some part of the host failed to converge and must be tried again.
+    converged_whole: bool,
+    /// The firewall rules last written (`None`: unknown, write them).
+    firewall_rules: Option<RuleSet>,
+    /// Leader-election leases and the leaders they give.
+    leases: control::leader::book::LeaseBook,
+    /// Readiness flips not yet taken into the mesh ([`control::coalesce`]).
+    readiness_batch: ReadinessBatch,
+    /// Firewall writes held while readiness flips alone change the rules.
+    firewall_hold: FirewallHold,
+    /// True once a snapshot with everything listed was ingested (see `Snapshot::listed`).
+    listed: bool,
+    /// When other nodes' check-ins are judged (frozen while the backend is unreachable).
+    readiness: control::readiness::ReadinessClock,
+    /// The DNS names in use and their last answers.
+    dns: DnsBook,
+    /// True when a DNS answer changed an address since the mesh was last computed.
+    dns_changed: bool,
+    /// Endpoints learnt from handshakes (NAT discovery), published by this node.
+    discovered: BTreeMap<Key, SocketAddr>,
+    /// True once this node's own published `discovered-endpoints` were merged in.
+    discovery_seeded: bool,
+    /// True when the last annotation patch failed (the backend counts as unhealthy).
+    patch_failed: bool,
+    /// Problems already said, so each is said once.
+    problems: ProblemLog,
+    warned: BTreeMap<&'static str, bool>,
+    /// Errors for `/status`, taken by [`Reconciler::take_errors`].
+    errors: Vec<String>,
+    pass: Option<Pass>,
+}
+
+impl Reconciler {
+    /// Nothing decided yet, for the node of `s` whose public key is `public`; `discovered`
+    /// holds the endpoints the last run used.
+    pub fn new(s: Settings, public: Key, discovered: BTreeMap<Key, SocketAddr>) -> Self {
+        Self {
+            table: NodeTable::new(&s.args.topology_label),
+            dns: DnsBook::new(s.resync),
+            s,
+            public,
+            revision: None,
+            peer_revision: None,
+            peers: Vec::new(),
+            peers_changed: false,
+            host: None,
+            local_object: None,
+            detection: DetectionInputs::default(),
+            last_patch: None,
+            local: None,
+            topology: None,
+            settled: false,
+            converged_whole: false,
+            firewall_rules: None,
+            leases: Default::default(),
+            readiness_batch: ReadinessBatch::default(),
+            firewall_hold: FirewallHold::default(),
+            listed: false,
+            readiness: Default::default(),
+            dns_changed: false,
+            discovered,
+            discovery_seeded: false,
+            patch_failed: false,
+            problems: ProblemLog::default(),
+            warned: BTreeMap::new(),
+            errors: Vec::new(),
+            pass: None,
+        }
+    }
+
+    /// True when kg takes its location's lease ([`Settings::elects_by_lease`]).
+    pub fn leases_on(&self) -> bool {
+        self.s.elects_by_lease()
+    }
+
+    /// The last topology applied, if any.
+    pub fn topology(&self) -> Option<&Arc<Topology>> {
+        self.topology.as_ref()
+    }
+
+    /// The host as last listed, if it was.
+    pub fn host(&self) -> Option<&HostView> {
+        self.host.as_ref()
+    }
+
+    /// When the readiness flips or the firewall write held back are due: `None` when none
+    /// is held.
+    pub fn readiness_deadline(&self) -> Option<std::time::Instant> {
+        let batch = self.readiness_batch.deadline();
+        let firewall = self.firewall_hold.deadline();
+        batch.into_iter().chain(firewall).min()
+    }
+
+    /// When the next DNS lookup is due (`None`: no name to resolve).
+    pub fn dns_deadline(&self) -> Option<std::time::Instant> {
+        self.dns.next_deadline()
+    }
+
+    /// The DNS names whose lookup is due at `now`, marked as asked.
+    pub fn start_lookups(&mut self, now: Now) -> Vec<String> {
+        self.dns.start(now.instant)
+    }
+
+    /// Takes in lookup answers that came at `now` (a failure keeps the last good address);
+    /// returns how many failed. The next pass computes the mesh again when an address changed.
+    pub fn take_lookups(
+        &mut self,
+        answers: Vec<(String, Result<std::net::IpAddr, String>)>,
+        now: Now,
+    ) -> usize {
+        let mut failed = 0;
+        for (name, result) in answers {
+            let error = result.as_ref().err().cloned();
+            match self.dns.record(&name, result, now.instant) {
+                Answer::Changed { old, new } => {
+                    self.dns_changed = true;
+                    tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
+                }
+                Answer::Failed { kept } => {
+                    failed += 1;
+                    tracing::warn!(name = %name, error = error.unwrap_or_default(), ?kept, "DNS lookup failed; keeping the last good address");
+                }
+                Answer::Unchanged | Answer::Untracked => {}
+            }
+        }
+        failed
+    }
+
+    /// Errors for `/status` said since the last call.
+    pub fn take_errors(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.errors)
+    }
+
+    /// Takes in what changed in `snapshot` at `now`: brings the node table to it, through the
+    /// change log when it reaches back to the last revision seen (else every Node is
+    /// compared), and re-translates the Peers when they changed. Costs in proportion to the
+    /// changes and keeps nothing of `snapshot` but the shared objects, so the backend never
+    /// has to copy a snapshot a reader still holds.
+    pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
+        self.listed |= snapshot.listed.all();
+        self.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
+        self.leases.ingest(&snapshot.leases, now.unix_ms);
+        let table = &mut self.table;
+        let mut translated = Vec::new();
+        match self.revision.and_then(|r| snapshot.changes.since(r)) {
+            Some(names) => {
+                for name in names {
+                    let object = snapshot.nodes.get(name);
+                    if let Some(problems) = table.update(name, object) {
+                        translated.push((name.to_string(), problems));
+                    }
+                }
+            }
+            None => translated = table.sync(&snapshot.nodes),
+        }
+        self.revision = Some(snapshot.changes.revision());
+        for (name, problems) in translated {
+            for line in self.problems.fresh(&name, &problems) {
+                tracing::warn!("bad annotation on node {line}");
+            }
+        }
+        let peer_revision = snapshot.changes.peer_revision();
+        if self.peer_revision == Some(peer_revision) {
+            return;
+        }
+        self.peer_revision = Some(peer_revision);
+        let mut peers: Vec<Peer> = Vec::with_capacity(snapshot.peers.len());
+        for (name, object) in &snapshot.peers {
+            let lines = match object.validate() {
+                Ok(()) => {
+                    peers.push(translate_peer(object));
+                    Vec::new()
+                }
+                Err(e) => vec![format!("{name}: {e}; ignoring this Peer")],
+            };
+            for line in self.problems.fresh_lines(&format!("peer/{name}"), lines) {
+                tracing::warn!("bad Peer {line}");
+            }
+        }
+        if peers != self.peers {
+            self.peers = peers;
+            self.peers_changed = true;
+        }
+    }
+
+    /// Begins a pass woken by `trigger` at `now`, with the backend reachable or not
+    /// (`backend_healthy`): judges readiness by the clock or freezes it, and says whether the
+    /// host must be listed first.
+    pub fn start(&mut self, trigger: Trigger, backend_healthy: bool, now: Now) -> Start {
+        self.pass = None;
+        if !self.listed {
+            // Nodes without their leases would elect by Kilo's rule, a leader the leases may
+            // not name: nothing is decided from a partial picture.
+            tracing::debug!("waiting for the backend's first list of Nodes, Peers and Leases");
+            return Start::Wait;
+        }
+        let detection = DetectionInputs::of(self.local_object.as_deref());
+        let full = Changes::host_listing(trigger, self.host.is_some(), self.detection != detection);
+        let healthy = backend_healthy && !self.patch_failed;
+        self.leases.observe_backend(healthy, now.unix_ms);
+        let was_frozen = self.readiness.is_frozen();
+        let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
+        self.readiness.observe(now.unix_secs(), healthy, grace);
+        if self.readiness.is_frozen() != was_frozen {
+            if was_frozen {
+                tracing::info!("the backend is reachable again; judging check-ins by the clock");
+            } else {
+                tracing::warn!("the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
+            }
+        }
+        let readiness_now = self.readiness.now(now.unix_secs());
+        self.table.advance(readiness_now);
+        self.pass = Some(Pass {
+            trigger,
+            full,
+            local_object: self.local_object.clone(),
+            local: None,
+            changes: Changes::default(),
+            readiness_now,
+            ready: None,
+            elected: false,
+            leaders_changed: false,
+            meshed: None,
+        });
+        if full {
+            Start::ListHost(detection)
+        } else {
+            Start::Decide
+        }
+    }
+
+    /// The host as listed for this pass, with the detection inputs it was read with.
+    pub fn host_listed(&mut self, host: HostView, detection: DetectionInputs) {
+        self.host = Some(host);
+        self.detection = detection;
+    }
+
+    /// Works out the local node (its translation filled in from the host and kg's own state)
+    /// and what changed since the last pass. Fails when the host was never listed.
+    pub fn observe(&mut self, now: Now) -> anyhow::Result<Observed> {
+        let pass = self.pass.as_ref().expect("observe follows start");
+        let (trigger, full, local_object) = (pass.trigger, pass.full, pass.local_object.clone());
+        if !self.discovery_seeded {
+            if let Some(own) = self.table.get(&self.s.hostname) {
+                // What the last run published, where the restored device knows nothing newer.
+                for (key, addr) in &own.discovered_endpoints {
+                    self.discovered.entry(*key).or_insert(*addr);
+                }
+                self.discovery_seeded = true;
+            }
+        }
+        let empty = BTreeMap::new();
+        let annotations = local_object
+            .as_ref()
+            .and_then(|o| o.metadata.annotations.as_ref())
+            .unwrap_or(&empty);
+        let (mut local, refused) = self.local_node(annotations, now.unix_secs())?;
+        let refusals = refused.iter().map(ToString::to_string).collect();
+        for line in self
+            .problems
+            .fresh_lines("local force-internal-ip", refusals)
+        {
+            tracing::error!("{line}");
+            self.errors.push(line);
+        }
+        let local_changed = match &self.local {
+            Some(last) => differs_beyond_check_in(last, &mut local),
+            None => true,
+        };
+        // A Node's content changing counts at once; readiness flips alone, at most once per
+        // READINESS_INTERVAL (held flips wake the loop at `readiness_deadline`).
+        let table_changes = self.table.take_changes();
+        let readiness_due = self
+            .readiness_batch
+            .due(table_changes.readiness, now.instant);
+        let changes = Changes {
+            host: full,
+            nodes: table_changes.nodes,
+            readiness: readiness_due,
+            firewall: self.firewall_hold.due(now.instant),
+            peers: std::mem::take(&mut self.peers_changed),
+            local: local_changed,
+            dns: std::mem::take(&mut self.dns_changed),
+            leases: self.leases.changed(),
+        };
+        if changes.names_may_change() {
+            self.track_dns_names(&local, now);
+        }
+        let elect = changes.elect(self.leases_on(), trigger);
+        let pass = self.pass.as_mut().expect("observe follows start");
+        pass.changes = changes;
+        pass.local = Some(local);
+        Ok(Observed { elect })
+    }
+
+    /// Elects leaders from the leases and the ready nodes.
+    pub fn elect(&mut self, now: Now) {
+        let pass = self.pass.as_ref().expect("elect follows observe");
+        let local = pass.local.as_ref().expect("elect follows observe");
+        let readiness_now = pass.readiness_now;
+        let nodes = self.ready_nodes(local);
+        let electors = nodes
+            .iter()
+            .filter(|n| n.name != local.name || n.is_ready(readiness_now));
+        let judged_at = self.leases.judged_at(now.unix_ms);
+        let elected = self.leases.elect(electors, judged_at);
+        match elected.agreement {
+            Some(control::leader::Agreement::Leases) => tracing::info!(
+                "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease"
+            ),
+            Some(control::leader::Agreement::KiloRule { holdout, count }) => tracing::info!(
+                node = %holdout,
+                without_leases = count,
+                "leaders are chosen by Kilo's rule: {count} ready node(s), {holdout} first, do not take part in lease election (Kilo's agent, or kg with --leader-election=kilo) and pick every location's leader by Kilo's rule"
+            ),
+            None => {}
+        }
+        let pass = self.pass.as_mut().expect("elect follows observe");
+        pass.leaders_changed = elected.leaders_changed;
+        pass.elected = true;
+        pass.ready = Some(nodes);
+    }
+
+    /// Ends the pass at `now`: held flips or firewall writes whose deadline passed (the pass
+    /// failed before it could take them) wait another interval, so the loop never spins.
+    pub fn finish(&mut self, now: Now) {
+        self.readiness_batch.reconciled(now.instant);
+        self.firewall_hold.reconciled(now.instant);
+        self.pass = None;
+    }
+
+    /// The local node: its translation, filled in from the host and kg's own state, and the
+    /// `force-internal-ip` refused, if any.
+    fn local_node(
+        &self,
+        annotations: &BTreeMap<String, String>,
+        now_unix: i64,
+    ) -> anyhow::Result<(Node, Option<local::RefusedInternalIp>)> {
+        let host = self
+            .host
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
+        let mut local = self.table.get(&self.s.hostname).cloned().unwrap_or(Node {
+            name: self.s.hostname.clone(),
+            ..Default::default()
+        });
+        let refused = local::fill_local(
+            &mut local,
+            annotations,
+            &host.detected,
+            self.s.args.prioritise_private_addresses,
+            self.s.args.port,
+        );
+        let published = local.second_internal_ip;
+        local.second_internal_ip = local
+            .internal_ip
+            .and_then(|internal| host.second_internal_ip(internal, published));
+        local.key = Some(self.public);
+        local.last_seen = now_unix;
+        local.granularity = Some(self.s.granularity);
+        // What this kg does, not what its Node said before its annotations were written.
+        local.lease_election = self.leases_on();
+        local.discovered_endpoints = self.discovered.clone();
+        Ok((local, refused))
+    }
+
+    /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.
+    fn track_dns_names(&mut self, local: &Node, now: Now) {
+        let hostname = &self.s.hostname;
+        let names: Vec<String> = self
+            .table
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.name != *hostname)
+            .chain(std::iter::once(local))
+            .filter_map(|n| n.endpoint.as_ref()?.dns_name().map(str::to_string))
+            .chain(
+                self.peers
+                    .iter()
+                    .filter_map(|p| p.endpoint.as_ref()?.dns_name().map(str::to_string)),
+            )
+            .collect();
+        self.dns
+            .track(names.iter().map(String::as_str), now.instant);
+    }
+
+    /// The ready Nodes, and the local one (`local`, ready or not).
+    fn ready_nodes(&self, local: &Node) -> Vec<Node> {
+        let hostname = &self.s.hostname;
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut local_listed = false;
+        for (node, ready) in self.table.iter() {
+            if node.name == *hostname {
+                local_listed = true;
+                nodes.push(local.clone());
+            } else if ready {
+                nodes.push(node.clone());
+            }
+        }
+        if !local_listed {
+            nodes.push(local.clone());
+        }
+        nodes
+    }
+
+    fn warn_once(&mut self, what: &'static str, message: &str) {
+        if !self.warned.insert(what, true).unwrap_or(false) {
+            tracing::warn!("{message}");
+        }
+    }
+
+    /// True when the lease step runs this pass.
+    fn tends_lease(&self) -> bool {
+        self.pass
+            .as_ref()
+            .is_some_and(|p| tends_lease(p.trigger, p.elected))
+    }
+}

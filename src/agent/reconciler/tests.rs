@@ -1,0 +1,498 @@
+//! The reconciler driven with values alone: a snapshot, a host listed from the kernel's twin,
+//! a manual clock, and shells that succeed or fail as each test says. Each pass is driven the
+//! way `super::super::reconcile` drives it, and what the reconciler asked for is recorded.
+
+use std::time::Duration;
+
+use control::clock::Now;
+use control::desired::ResolvedLinks;
+use control::fixtures::{kube_node, node};
+use control::leader::book::{LeaseWrite, TunnelReadings, TunnelTraffic};
+use control::node::annotation;
+use control::routes::RoutePlan;
+use control::Node;
+
+use super::*;
+use control::host::{HostNet, Link};
+use control::routes::Route;
+
+use crate::agent::args::KgArgs;
+use crate::agent::host::OwnSide;
+use crate::backend::Listed;
+
+/// What one pass asked of the shells.
+#[derive(Debug, Default)]
+struct PassLog {
+    waited: bool,
+    listed_host: bool,
+    elected: bool,
+    /// `Some(computed)` when the mesh step ran.
+    meshed: Option<bool>,
+    converged: Option<Convergence>,
+    firewall: Option<FirewallStep>,
+    lease: Option<LeaseWrite>,
+    patch: Option<local::AnnotationPatch>,
+}
+
+/// One reconciler, the snapshot it reads, the host's links, addresses and routes as the
+/// netlink shell would list them, a manual clock, and whether the shells succeed.
+struct Bench {
+    core: Reconciler,
+    snapshot: Snapshot,
+    rv: u64,
+    now: Now,
+    listing: HostNet,
+    backend_healthy: bool,
+    converge_ok: bool,
+    firewall_ok: bool,
+    patch_ok: bool,
+}
+
+/// Nodes a (the local one) and b in location l1, c in l2, checked in at `now`.
+fn cluster(now: i64) -> Vec<Node> {
+    [
+        (
+            "a",
+            "192.168.0.10:51820",
+            "192.168.0.10/24",
+            "l1",
+            "10.2.1.0/24",
+            "a",
+        ),
+        (
+            "b",
+            "192.168.0.11:51820",
+            "192.168.0.11/24",
+            "l1",
+            "10.2.2.0/24",
+            "b",
+        ),
+        (
+            "c",
+            "198.51.100.3:51820",
+            "172.16.0.3/24",
+            "l2",
+            "10.2.3.0/24",
+            "c",
+        ),
+    ]
+    .into_iter()
+    .map(|(name, endpoint, internal, location, pods, key)| Node {
+        last_seen: now,
+        ..node(name, endpoint, Some(internal), location, pods, key)
+    })
+    .collect()
+}
+
+/// A host with `eth0` (192.168.0.10/24, the default route's link) and `kilo0` (index 3, down).
+fn listing() -> HostNet {
+    let link = |index, name: &str, mtu, up| Link {
+        index,
+        name: name.to_string(),
+        mtu,
+        up,
+    };
+    HostNet {
+        default_link: None,
+        links: vec![
+            link(1, "lo", 65536, true),
+            link(2, "eth0", 1500, true),
+            link(3, "kilo0", 1420, false),
+        ],
+        addresses: vec![
+            (1, "127.0.0.1/8".parse().unwrap()),
+            (2, "192.168.0.10/24".parse().unwrap()),
+        ],
+        main_routes: vec![Route {
+            table: 254,
+            dst: "0.0.0.0/0".parse().unwrap(),
+            gateway: Some("192.168.0.1".parse().unwrap()),
+            link: 2,
+            src: None,
+            onlink: false,
+        }],
+    }
+}
+
+impl Bench {
+    /// kg as node `a` with `flags` on the cluster of [`cluster`], before its first pass.
+    fn new(flags: &[&str]) -> Self {
+        let mut args = vec![
+            "--backend=file",
+            "--cluster-dir=/nonexistent",
+            "--hostname=a",
+            "--encapsulate=never",
+        ];
+        args.extend_from_slice(flags);
+        use clap::Parser as _;
+        let s = KgArgs::try_parse_from(std::iter::once("kg").chain(args))
+            .expect("flags")
+            .settings()
+            .expect("settings");
+        let now = Now {
+            instant: std::time::Instant::now(),
+            unix_ms: control::fixtures::NOW * 1000,
+        };
+        let mut snapshot = Snapshot {
+            listed: Listed::EVERYTHING,
+            ..Snapshot::default()
+        };
+        let mut rv = 0;
+        for n in cluster(now.unix_secs()) {
+            rv += 1;
+            snapshot.put_node(&n.name.clone(), kube_node(&n, rv));
+        }
+        Self {
+            core: Reconciler::new(s, Key::padded("a-public"), Default::default()),
+            snapshot,
+            rv,
+            now,
+            listing: listing(),
+            backend_healthy: true,
+            converge_ok: true,
+            firewall_ok: true,
+            patch_ok: true,
+        }
+    }
+
+    /// One pass woken by `trigger`, driven as the agent drives it.
+    fn pass(&mut self, trigger: Trigger) -> PassLog {
+        let now = self.now;
+        let mut log = PassLog::default();
+        self.core.ingest(&self.snapshot, now);
+        match self.core.start(trigger, self.backend_healthy, now) {
+            Start::Wait => {
+                log.waited = true;
+                self.core.finish(now);
+                return log;
+            }
+            Start::Decide => {}
+            Start::ListHost(detection) => {
+                let own = OwnSide {
+                    kilo_index: 3,
+                    tunnel: None,
+                    hostname_ips: &[],
+                    subnet: "10.4.0.0/16".parse().unwrap(),
+                    internal_cidrs: &[],
+                };
+                let host = HostView::of(self.listing.clone(), &own, &detection).unwrap();
+                self.core.host_listed(host, detection);
+                log.listed_host = true;
+            }
+        }
+        if self.core.observe(now).unwrap().elect {
+            self.core.elect(now);
+            log.elected = true;
+        }
+        if let Some(step) = self.core.mesh(now).unwrap() {
+            log.meshed = Some(step.computed);
+            if let Some(c) = step.converge {
+                let links = ResolvedLinks {
+                    kilo: 3,
+                    ..Default::default()
+                };
+                let want = self
+                    .core
+                    .desired(&c.topology, &links, &RoutePlan::default(), None)
+                    .unwrap();
+                let step = self.core.firewall_step(&want.firewall, c.flips_only, now);
+                if matches!(step, FirewallStep::Write { .. }) {
+                    let written = self.firewall_ok.then(|| want.firewall.clone());
+                    self.core.firewall_written(written, now);
+                }
+                log.firewall = Some(step);
+                let ok = self.converge_ok;
+                self.core.converged(c.clone(), ok, ok);
+                log.converged = Some(c);
+                if !ok {
+                    self.core.finish(now);
+                    return log;
+                }
+            }
+        }
+        if self.core.lease_due() {
+            let readings = TunnelReadings {
+                traffic: TunnelTraffic::NotLeading,
+                standby_reached: Vec::new(),
+            };
+            log.lease = self.core.tend_lease(&readings, now);
+        }
+        if let Some(patch) = self.core.annotation_patch(trigger == Trigger::CheckIn, now) {
+            self.core.patched(patch.clone(), self.patch_ok);
+            log.patch = Some(patch);
+        }
+        self.core.finish(now);
+        log
+    }
+
+    /// Changes Node `name` as the API server would: a new object, a new resourceVersion.
+    fn update(&mut self, name: &str, change: impl FnOnce(&mut KubeNode)) {
+        let mut object = (*self.snapshot.nodes[name]).clone();
+        change(&mut object);
+        self.rv += 1;
+        object.metadata.resource_version = Some(self.rv.to_string());
+        self.snapshot.put_node(name, object);
+    }
+
+    fn annotate(&mut self, name: &str, key: &str, value: &str) {
+        self.update(name, |n| {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.to_string(), value.to_string());
+        });
+    }
+
+    /// The first pass, and the local Node's annotations coming back as the backend's event.
+    fn settled(flags: &[&str]) -> Self {
+        let mut bench = Self::new(flags);
+        let first = bench.pass(Trigger::Event);
+        let patch = first.patch.expect("the first pass publishes");
+        bench.update("a", |n| {
+            let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
+            for (key, value) in patch {
+                match value {
+                    Some(value) => annotations.insert(key, value),
+                    None => annotations.remove(&key),
+                };
+            }
+        });
+        let echo = bench.pass(Trigger::Event);
+        assert!(
+            echo.patch.is_none(),
+            "its own annotations came back: {echo:?}"
+        );
+        bench
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now.after(by);
+    }
+}
+
+#[test]
+fn nothing_is_decided_before_the_backend_listed_everything() {
+    let mut bench = Bench::new(&[]);
+    bench.snapshot.listed = Listed {
+        nodes: true,
+        ..Listed::default()
+    };
+    let pass = bench.pass(Trigger::Event);
+    assert!(
+        pass.waited && !pass.listed_host && pass.patch.is_none(),
+        "{pass:?}"
+    );
+}
+
+#[test]
+fn the_first_pass_lists_the_host_converges_it_whole_and_publishes_the_node() {
+    let mut bench = Bench::new(&[]);
+    let pass = bench.pass(Trigger::Event);
+    assert!(pass.listed_host, "the host was never listed");
+    let c = pass.converged.expect("the first mesh is applied");
+    assert!(c.full && c.changed && !c.flips_only);
+    assert!(
+        c.topology.leader,
+        "a leads l1 by Kilo's rule (first by name)"
+    );
+    assert_eq!(
+        pass.firewall,
+        Some(FirewallStep::Write { previous: None }),
+        "nothing written yet: the host's rules are read"
+    );
+    let patch = pass.patch.expect("published");
+    assert_eq!(
+        patch.get(annotation::KEY),
+        Some(&Some(Key::padded("a-public").to_string()))
+    );
+    let wireguard_ip = patch.get(annotation::WIREGUARD_IP).cloned().flatten();
+    assert!(
+        wireguard_ip.is_some_and(|ip| ip.starts_with("10.4.")),
+        "a leader publishes its WireGuard IP: {patch:?}"
+    );
+    assert!(bench.core.topology().is_some());
+}
+
+#[test]
+fn a_check_in_that_moves_only_last_seen_runs_no_stage() {
+    let mut bench = Bench::settled(&[]);
+    bench.advance(Duration::from_secs(10));
+    let now = bench.now.unix_secs().to_string();
+    bench.annotate("b", annotation::LAST_SEEN, &now);
+    let pass = bench.pass(Trigger::Event);
+    assert!(
+        !pass.listed_host && pass.meshed.is_none() && pass.patch.is_none(),
+        "{pass:?}"
+    );
+    // Its own check-in is due on the check-in timer alone.
+    let pass = bench.pass(Trigger::CheckIn);
+    assert_eq!(
+        pass.patch
+            .and_then(|p| p.get(annotation::LAST_SEEN).cloned()),
+        Some(Some(now))
+    );
+    assert!(pass.meshed.is_none());
+}
+
+#[test]
+fn a_node_joining_changes_the_topology_and_only_that_is_converged() {
+    let mut bench = Bench::settled(&[]);
+    let mut d = node("d", "203.0.113.4:51820", None, "l3", "10.2.4.0/24", "d");
+    d.last_seen = bench.now.unix_secs();
+    bench.rv += 1;
+    bench.snapshot.put_node("d", kube_node(&d, bench.rv));
+    let pass = bench.pass(Trigger::Event);
+    let c = pass.converged.expect("a new location is a new peer");
+    assert!(c.changed && !c.full && !pass.listed_host);
+    assert!(c.topology.segments.iter().any(|s| s.location == "l3"));
+    assert!(
+        matches!(
+            pass.firewall,
+            Some(FirewallStep::Write { previous: Some(_) })
+        ),
+        "the rules change from the ones written: {:?}",
+        pass.firewall
+    );
+    let again = bench.pass(Trigger::Event);
+    assert!(again.converged.is_none(), "{again:?}");
+}
+
+#[test]
+fn a_convergence_that_failed_is_tried_again_on_the_next_pass() {
+    let mut bench = Bench::settled(&[]);
+    bench.annotate("c", annotation::LOCATION, "l3");
+    bench.converge_ok = false;
+    let failed = bench.pass(Trigger::Event);
+    assert!(failed.converged.is_some() && failed.patch.is_none());
+    assert!(bench.core.topology().is_none(), "not applied: forgotten");
+    bench.converge_ok = true;
+    let retried = bench.pass(Trigger::Dns);
+    let c = retried.converged.expect("retried with nothing new");
+    assert!(c.changed && !c.full);
+    assert!(bench.pass(Trigger::Event).converged.is_none());
+}
+
+#[test]
+fn a_firewall_write_that_failed_is_tried_again_with_the_next_change_reading_the_host() {
+    let mut bench = Bench::new(&[]);
+    bench.firewall_ok = false;
+    bench.pass(Trigger::Event);
+    bench.firewall_ok = true;
+    let quiet = bench.pass(Trigger::Dns);
+    assert_eq!(
+        quiet.firewall, None,
+        "a pass that changes nothing writes nothing"
+    );
+    bench.annotate("c", annotation::LOCATION, "l3");
+    let pass = bench.pass(Trigger::Event);
+    assert_eq!(
+        pass.firewall,
+        Some(FirewallStep::Write { previous: None }),
+        "the failed write is not trusted: the host's rules are read"
+    );
+    let mut d = node("d", "203.0.113.4:51820", None, "l4", "10.2.4.0/24", "d");
+    d.last_seen = bench.now.unix_secs();
+    bench.rv += 1;
+    bench.snapshot.put_node("d", kube_node(&d, bench.rv));
+    assert!(
+        matches!(
+            bench.pass(Trigger::Event).firewall,
+            Some(FirewallStep::Write { previous: Some(_) })
+        ),
+        "then only the difference is written (d's pods)"
+    );
+}
+
+#[test]
+fn a_resync_lists_the_host_and_compares_every_part_afresh() {
+    let mut bench = Bench::settled(&[]);
+    let pass = bench.pass(Trigger::Resync);
+    assert!(pass.listed_host);
+    let c = pass.converged.expect("a resync converges every part");
+    assert!(c.full && !c.changed);
+    assert_eq!(pass.firewall, Some(FirewallStep::Write { previous: None }));
+}
+
+#[test]
+fn a_refused_patch_is_sent_again_and_counts_the_backend_as_unreachable() {
+    let mut bench = Bench::new(&[]);
+    bench.patch_ok = false;
+    let first = bench.pass(Trigger::Event).patch.expect("published");
+    bench.patch_ok = true;
+    let again = bench.pass(Trigger::Event).patch;
+    assert_eq!(again, Some(first), "the same patch, sent again");
+}
+
+#[test]
+fn a_local_node_without_pods_is_not_meshed_and_says_why() {
+    let mut bench = Bench::new(&[]);
+    bench.update("a", |n| {
+        n.spec.get_or_insert_with(Default::default).pod_cidr = None;
+        n.spec.get_or_insert_with(Default::default).pod_cidrs = None;
+    });
+    let pass = bench.pass(Trigger::Event);
+    assert_eq!(pass.meshed, Some(false), "{pass:?}");
+    assert!(pass.converged.is_none() && bench.core.topology().is_none());
+    assert!(
+        pass.patch.is_some(),
+        "it still publishes its key and endpoint"
+    );
+}
+
+#[test]
+fn a_malformed_annotation_on_another_node_leaves_the_mesh_converging() {
+    let mut bench = Bench::settled(&[]);
+    bench.annotate("c", annotation::FORCE_ENDPOINT, "not an endpoint");
+    bench.annotate("b", annotation::LOCATION, "l4");
+    let pass = bench.pass(Trigger::Event);
+    let c = pass.converged.expect("b's move is converged");
+    let locations: Vec<&str> = c
+        .topology
+        .segments
+        .iter()
+        .map(|s| s.location.as_str())
+        .collect();
+    assert!(
+        locations.contains(&"l4") && locations.contains(&"l2"),
+        "{locations:?}"
+    );
+}
+
+#[test]
+fn the_lease_step_takes_the_free_lease_of_its_location_on_the_lease_timer() {
+    let mut bench = Bench::settled(&["--leader-election=lease"]);
+    let event = bench.pass(Trigger::Event);
+    assert!(
+        event.lease.is_none(),
+        "only the lease timer tends the lease"
+    );
+    bench.advance(Duration::from_secs(2));
+    let pass = bench.pass(Trigger::Lease);
+    assert!(pass.elected);
+    let write = pass.lease.expect("a free lease is taken");
+    assert_eq!(write.next.holder.as_deref(), Some("a"));
+    assert!(write.name.contains("l1"), "{}", write.name);
+}
+
+#[test]
+fn an_unreachable_backend_freezes_readiness_and_keeps_the_mesh() {
+    let mut bench = Bench::settled(&[]);
+    bench.backend_healthy = false;
+    // Far past every check-in: with the backend unreachable, nobody's is judged stale.
+    bench.advance(Duration::from_secs(600));
+    let pass = bench.pass(Trigger::CheckIn);
+    assert!(pass.converged.is_none(), "{pass:?}");
+    let t = bench.core.topology().expect("kept");
+    assert!(t.segments.iter().any(|s| s.location == "l2"));
+    // Back, every node has a grace period to check in again before its check-in is judged.
+    bench.backend_healthy = true;
+    let back = bench.pass(Trigger::Event);
+    assert!(back.converged.is_none(), "{back:?}");
+    let grace = CHECK_IN_PERIOD + bench.core.s.resync;
+    bench.advance(grace + Duration::from_secs(1));
+    let pass = bench.pass(Trigger::CheckIn);
+    let c = pass
+        .converged
+        .expect("the nodes that never checked in leave the mesh");
+    assert!(!c.topology.segments.iter().any(|s| s.location == "l2"));
+}
