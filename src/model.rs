@@ -168,6 +168,8 @@ struct Model {
     cut_off: BTreeSet<String>,
     /// Nodes whose WireGuard port is blocked.
     blocked: BTreeSet<String>,
+    /// Nodes behind NAT (not a fault: they stay so).
+    behind_nat: BTreeSet<String>,
     /// The Peers in the cluster, valid or not, by number.
     peers: [Option<PeerChange>; 3],
 }
@@ -206,7 +208,8 @@ impl Model {
             | Event::Cordon { node, .. }
             | Event::Prefer { node, .. }
             | Event::Outage { node, .. }
-            | Event::Block { node, .. } => sim.nth(*node),
+            | Event::Block { node, .. }
+            | Event::Nat { node, .. } => sim.nth(*node),
             _ => None,
         }
     }
@@ -258,10 +261,23 @@ impl Model {
                 self.broken.push((name, key));
             }
             (Event::Mend { .. }, Some(name)) => {
-                for (_, key) in self.broken.iter().filter(|(n, _)| *n == name) {
-                    sim.annotate(&name, key, None);
+                let broken: Vec<&str> = self
+                    .broken
+                    .iter()
+                    .filter(|(n, _)| *n == name)
+                    .map(|(_, key)| *key)
+                    .collect();
+                for key in broken {
+                    self.mend(sim, &name, key);
                 }
                 self.broken.retain(|(n, _)| *n != name);
+            }
+            (Event::Nat { on, .. }, Some(name)) => {
+                // The NAT's annotation replaces a malformed one of the same key.
+                let keepalive = control::node::annotation::PERSISTENT_KEEPALIVE;
+                self.broken.retain(|(n, k)| !(*n == name && *k == keepalive));
+                sim.set_nat(&name, *on);
+                mark(&mut self.behind_nat, name, *on);
             }
             (Event::Cordon { on, .. }, Some(name)) => {
                 let on = *on;
@@ -327,11 +343,19 @@ impl Model {
             sim.set_outage(&name, false);
         }
         for (name, key) in std::mem::take(&mut self.broken) {
-            sim.annotate(&name, key, None);
+            self.mend(sim, &name, key);
         }
         for name in std::mem::take(&mut self.blocked) {
             sim.set_blocked(&name, false);
         }
+    }
+
+    /// Removes the malformed annotation `key` from `name`: the node's own value comes back
+    /// (its NAT's keepalive), or none.
+    fn mend(&self, sim: &mut Sim, name: &str, key: &str) {
+        let nat = key == control::node::annotation::PERSISTENT_KEEPALIVE
+            && self.behind_nat.contains(name);
+        sim.annotate(name, key, nat.then_some(sim::NAT_KEEPALIVE));
     }
 
     /// The valid Peers: their keys and allowed IPs.

@@ -55,12 +55,25 @@ fn members(sim: &Sim) -> BTreeMap<&str, Vec<(&String, &SimNode)>> {
     by_segment
 }
 
+/// True when Node `name` is annotated with a persistent keepalive, Kilo's mark of a node
+/// behind NAT.
+fn keeps_alive(snapshot: &crate::backend::Snapshot, name: &str) -> bool {
+    snapshot
+        .nodes
+        .get(name)
+        .and_then(|o| o.metadata.annotations.as_ref())
+        .and_then(|a| a.get(control::node::annotation::PERSISTENT_KEEPALIVE))
+        .and_then(|v| v.parse::<u16>().ok())
+        .is_some_and(|k| k > 0)
+}
+
 /// Once the faults have stopped and enough model time has passed: every location with a
 /// running node has exactly one leader, the one its lease names, chosen as Kilo's rule and the
 /// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first; in
 /// full granularity every node is its own location and leader, and no lease is taken); every
 /// leader's device has exactly the other locations' leaders and the valid Peers as peers, each
-/// running node's pod CIDR routed to its location's leader alone; every follower routes the
+/// running node's pod CIDR routed to its location's leader alone (where both locations'
+/// leaders are behind NAT, to the relay: the first location by name whose leader is not); every follower routes the
 /// other locations' pods through its own leader; nothing routes to a node that left.
 pub fn converged(
     sim: &Sim,
@@ -131,18 +144,37 @@ pub fn converged(
         leaders.insert(location, *node);
     }
 
+    // The segments whose leader is behind NAT, by its Node's keepalive (Kilo's mark), and the
+    // segment that carries traffic between two of them: the first by name that is not (the
+    // model annotates no `kilotun.io/relay`); none when every segment is, as Kilo peers them.
+    let behind_nat: BTreeSet<&str> = leaders
+        .iter()
+        .filter(|(_, (name, _))| keeps_alive(&snapshot, name))
+        .map(|(segment, _)| *segment)
+        .collect();
+    let carrier = |from: &str, to: &str| -> control::Key {
+        let relay = (behind_nat.contains(from) && behind_nat.contains(to))
+            .then(|| {
+                leaders
+                    .keys()
+                    .find(|r| **r != from && **r != to && !behind_nat.contains(**r))
+            })
+            .flatten();
+        leaders[relay.copied().unwrap_or(to)].1.public_key()
+    };
+
     for (location, (name, node)) in &leaders {
         let device = node.device_peers().unwrap_or_default();
         let expected: BTreeSet<control::Key> = leaders
-            .iter()
-            .filter(|(other, _)| *other != location)
-            .map(|(_, (_, n))| n.public_key())
+            .keys()
+            .filter(|other| *other != location)
+            .map(|other| carrier(location, other))
             .chain(peers.iter().map(|(key, _)| *key))
             .collect();
         let have: BTreeSet<control::Key> = device.iter().map(|(k, _)| *k).collect();
         if have != expected {
             return Err(format!(
-                "leader {name} of {location} has {} peers, not the {} other leaders and Peers",
+                "leader {name} of {location} has {} peers, not the {} other leaders (or their relays) and Peers",
                 have.len(),
                 expected.len()
             ));
@@ -151,7 +183,7 @@ pub fn converged(
             if other == location {
                 continue;
             }
-            let their_key = leaders[other].1.public_key();
+            let their_key = carrier(location, other);
             for (member, m) in members {
                 let carriers: Vec<&control::Key> = device
                     .iter()
@@ -160,7 +192,7 @@ pub fn converged(
                     .collect();
                 if carriers != [&their_key] {
                     return Err(format!(
-                        "leader {name} of {location} routes {member}'s pods ({}) to {} peers, not to {other}'s leader alone",
+                        "leader {name} of {location} routes {member}'s pods ({}) to {} peers, not to {other}'s leader (or its relay) alone",
                         m.pod_cidr,
                         carriers.len()
                     ));

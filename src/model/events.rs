@@ -96,6 +96,14 @@ pub enum Event {
         /// Cut off or not.
         on: bool,
     },
+    /// The node goes behind NAT (annotated with a persistent keepalive, as Kilo's NATed nodes
+    /// are), or comes out. Not a fault: it stays when the faults stop.
+    Nat {
+        /// Which node.
+        node: usize,
+        /// Behind NAT or not.
+        on: bool,
+    },
     /// A Kilo Peer is added (a valid one, or one with a malformed field), or removed.
     Peer {
         /// Which of three Peers.
@@ -158,7 +166,7 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
         let node = |b: &mut Bytes| b.below(MAX_NODES);
         // Waits and restarts weigh most: faults need time to play out, and a dead node
         // tells the converged mesh little.
-        let event = match bytes.below(21) {
+        let event = match bytes.below(22) {
             0..=3 => Event::Wait {
                 secs: 1 + bytes.below(40) as u32,
             },
@@ -200,6 +208,10 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
             },
             17 => Event::OutageAll { on: bytes.flag() },
             18 => Event::Block {
+                node: node(&mut bytes),
+                on: bytes.flag(),
+            },
+            21 => Event::Nat {
                 node: node(&mut bytes),
                 on: bytes.flag(),
             },
@@ -248,6 +260,7 @@ impl fmt::Display for Event {
             Self::Outage { node, on } => write!(f, "node #{node} cut off from the API: {on}"),
             Self::OutageAll { on } => write!(f, "every node cut off from the API: {on}"),
             Self::Block { node, on } => write!(f, "node #{node}'s WireGuard port blocked: {on}"),
+            Self::Nat { node, on } => write!(f, "node #{node} behind NAT: {on}"),
             Self::Peer { which, change } => write!(f, "Peer p{which}: {change:?}"),
         }
     }

@@ -55,6 +55,9 @@ pub struct SimNode {
     frozen: Option<Arc<Snapshot>>,
     /// Its WireGuard port is blocked: nothing reaches its device, nothing from it arrives.
     pub blocked: bool,
+    /// It is behind NAT: nothing reaches it before it sent first, so it never hears another
+    /// node behind NAT (they need a relay).
+    pub behind_nat: bool,
 }
 
 impl SimNode {
@@ -95,6 +98,9 @@ pub struct Running {
     /// The last reconcile's error, if it failed.
     pub last_error: Option<String>,
 }
+
+/// The `kilo.squat.ai/persistent-keepalive` a node behind NAT is annotated with.
+pub const NAT_KEEPALIVE: &str = "10";
 
 /// The model: a cluster, its nodes and the clock.
 pub struct Sim {
@@ -225,6 +231,7 @@ impl Sim {
             dir,
             frozen: None,
             blocked: false,
+            behind_nat: false,
         };
         self.nodes.insert(name.clone(), node);
         self.start(&name, false)?;
@@ -346,6 +353,16 @@ impl Sim {
         }
     }
 
+    /// Puts `name` behind NAT, or takes it out, and annotates it as Kilo's NATed nodes are:
+    /// `kilo.squat.ai/persistent-keepalive` set (or removed).
+    pub fn set_nat(&mut self, name: &str, on: bool) {
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.behind_nat = on;
+        }
+        let value = on.then_some(NAT_KEEPALIVE);
+        self.annotate(name, control::node::annotation::PERSISTENT_KEEPALIVE, value);
+    }
+
     /// Moves the clock `by`, firing every timer that falls due on the way and delivering the
     /// cluster's changes after each.
     pub fn advance(&mut self, by: Duration) -> Result<()> {
@@ -385,8 +402,8 @@ impl Sim {
 
     /// Brings every device's traffic up to now: each running device sends on every tunnel it
     /// has (the pods keep talking), and hears a tunnel's far end when that end runs, has this
-    /// device among its peers, and neither end's port is blocked; a handshake completes on the
-    /// same condition.
+    /// device among its peers, neither end's port is blocked and not both are behind NAT; a
+    /// handshake completes on the same condition.
     fn flow(&mut self) {
         let secs = self
             .now
@@ -422,6 +439,7 @@ impl Sim {
                 let hears = far.is_some_and(|far| {
                     !node.blocked
                         && !far.blocked
+                        && !(node.behind_nat && far.behind_nat)
                         && configs.get(keys[peer]).is_some_and(|p| p.contains(&own))
                 });
                 let counter = self.traffic.entry((name.clone(), *peer)).or_default();

@@ -96,6 +96,7 @@ fn encode(events: &[Event]) -> Vec<u8> {
             Event::Outage { node, on } => out.extend([16, node as u8, u8::from(on)]),
             Event::OutageAll { on } => out.extend([17, u8::from(on)]),
             Event::Block { node, on } => out.extend([18, node as u8, u8::from(on)]),
+            Event::Nat { node, on } => out.extend([21, node as u8, u8::from(on)]),
             Event::Peer { which, change } => out.extend([
                 19,
                 which as u8,
@@ -448,4 +449,62 @@ fn a_full_mesh_heals_after_a_departure_a_restart_an_outage_and_a_blocked_port() 
         assert_eq!(outcome.running, 4, "{outcome:?}");
         assert_eq!(outcome.lease_transitions, 0, "{outcome:?}");
     }
+}
+
+/// Two locations whose leaders are behind NAT reach each other through the third, whose
+/// leader is not: each routes the other's pods to the relay, through a leader killed and
+/// restarted, a blocked port and a move; once one comes out from behind NAT they peer again.
+#[test]
+fn locations_behind_nat_are_relayed_and_peer_directly_once_one_is_not() {
+    for election in [Election::Lease, Election::Kilo] {
+        let relayed = [
+            Event::Nat { node: 1, on: true },
+            Event::Nat { node: 2, on: true },
+            Event::Wait { secs: 10 },
+        ];
+        let input = scenario_by(election, &relayed);
+        must_pass(&input, &format!("relayed, {election:?}"));
+        let mut faults = relayed.to_vec();
+        faults.extend([
+            Event::Kill { node: 0 },
+            Event::Wait { secs: 20 },
+            Event::Restart {
+                node: 0,
+                with_saved_state: true,
+            },
+            Event::Block { node: 1, on: true },
+            Event::Wait { secs: 15 },
+            Event::Block { node: 1, on: false },
+            Event::Move {
+                node: 4,
+                location: 1,
+            },
+            Event::Wait { secs: 10 },
+        ]);
+        let input = scenario_by(election, &faults);
+        must_pass(&input, &format!("relayed through faults, {election:?}"));
+        let mut out = relayed.to_vec();
+        out.push(Event::Nat { node: 2, on: false });
+        let input = scenario_by(election, &out);
+        must_pass(&input, &format!("out from behind NAT, {election:?}"));
+    }
+    // Seen on the devices: n02 (l1) reaches n03's pods (l2) through n01 (l0), and not directly.
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    for location in 0..3 {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.set_nat("n02", true);
+    sim.set_nat("n03", true);
+    sim.advance(Duration::from_secs(10)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    let device = sim.nodes["n02"].device_peers().unwrap();
+    let (n01, n03) = (sim.nodes["n01"].public_key(), sim.nodes["n03"].public_key());
+    let n03_pods = sim.nodes["n03"].pod_cidr;
+    assert!(device.iter().all(|(k, _)| *k != n03), "{device:?}");
+    assert!(
+        device
+            .iter()
+            .any(|(k, ips)| *k == n01 && ips.iter().any(|ip| ip.contains(&n03_pods))),
+        "n02 routes n03's pods to the relay n01: {device:?}"
+    );
 }
