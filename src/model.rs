@@ -275,7 +275,8 @@ impl Model {
             (Event::Nat { on, .. }, Some(name)) => {
                 // The NAT's annotation replaces a malformed one of the same key.
                 let keepalive = control::node::annotation::PERSISTENT_KEEPALIVE;
-                self.broken.retain(|(n, k)| !(*n == name && *k == keepalive));
+                self.broken
+                    .retain(|(n, k)| !(*n == name && *k == keepalive));
                 sim.set_nat(&name, *on);
                 mark(&mut self.behind_nat, name, *on);
             }
