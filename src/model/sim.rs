@@ -437,10 +437,10 @@ impl Sim {
             for peer in &configs[name] {
                 let far = keys.get(peer).map(|far| &self.nodes[*far]);
                 let hears = far.is_some_and(|far| {
-                    !node.blocked
-                        && !far.blocked
-                        && !(node.behind_nat && far.behind_nat)
-                        && configs.get(keys[peer]).is_some_and(|p| p.contains(&own))
+                    let blocked = node.blocked || far.blocked;
+                    let both_behind_nat = node.behind_nat && far.behind_nat;
+                    let known = configs.get(keys[peer]).is_some_and(|p| p.contains(&own));
+                    known && !blocked && !both_behind_nat
                 });
                 let counter = self.traffic.entry((name.clone(), *peer)).or_default();
                 counter.1 += 100 * secs;
