@@ -187,7 +187,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     let listen = settings.args.listen.clone();
     // Held until the engine is stopped: the next kg of this node waits on it (see `engine_lock`).
     let engine_lock = if settings.args.create_interface {
-        Some(take_engine(&settings.args.socket_dir, &settings.args.interface, &listen).await?)
+        let a = &settings.args;
+        Some(take_engine(&a.socket_dir, &a.interface, &listen, a.wireguard).await?)
     } else {
         None
     };

@@ -20,7 +20,7 @@ use super::serve::{http, metrics::Metrics, status};
 use super::shells::engine_lock::EngineLock;
 use super::shells::firewall::HostFirewall;
 use super::shells::netlink::Netlink;
-use super::shells::wireguard::WireGuard;
+use super::shells::wireguard::{WireGuard, WireGuardChoice};
 use super::shells::{keyfile, state};
 use super::shells::{Engine, Firewall, Kernel};
 use super::{read_clock, Agent, Shells, DNS_TIMEOUT};
@@ -300,10 +300,15 @@ fn port_in_use(e: &anyhow::Error) -> bool {
 
 /// Takes the engine lock of `interface`; while another kg of this node holds it (the old pod of
 /// a surge rollout), stands by, answering `/health` on `listen`, until that kg exits.
+///
+/// It stands by only if it could run the engine after that kg (`choice`,
+/// [`WireGuard::can_run`]); if not it fails at once, so a rollout's new pod that could not take
+/// over never becomes ready and the running kg keeps the engine.
 pub(super) async fn take_engine(
     socket_dir: &Path,
     interface: &str,
     listen: &str,
+    choice: WireGuardChoice,
 ) -> Result<EngineLock> {
     let mut lock = EngineLock::open(socket_dir, interface)?;
     if lock.try_lock()? {
@@ -312,6 +317,11 @@ pub(super) async fn take_engine(
     let holder = lock
         .holder()
         .map_or_else(|| "another kg".to_string(), |pid| format!("kg (pid {pid})"));
+    if let Err(e) = WireGuard::can_run(choice) {
+        anyhow::bail!(
+            "{holder} runs the engine of {interface} on this node, and this kg could not run it after that one: {e:#}; not standing by (the running kg keeps the engine)"
+        );
+    }
     let why = format!(
         "{holder} runs the engine of {interface} on this node ({} is locked); standing by until it exits",
         lock.path().display()

@@ -1,8 +1,9 @@
 //! `--backend=file`: Nodes and Peers as Kubernetes objects in a directory (YAML, multi-document
 //! YAML, `kind: List`, or JSON), the way `kubectl get -o yaml` prints them.
 //!
-//! The directory is re-scanned every [`POLL_INTERVAL`]; only files whose size, mtime or inode
-//! changed are re-read. kg writes its own Node's annotations back into the file that holds the
+//! The kernel's inotify says which files changed, and only those are read again; the whole
+//! directory is listed every [`RESCAN_INTERVAL`] besides (every [`POLL_INTERVAL`] where it
+//! cannot be watched), and only files whose size, mtime or inode changed are re-read. kg writes its own Node's annotations back into the file that holds the
 //! Node (or `<node>.yaml`), under an exclusive `flock` on `.kilotun.lock` and by rename, so several
 //! kg processes sharing the directory never lose each other's writes and readers never see a
 //! half-written file. A file that does not parse is reported once and its last good content kept.
@@ -26,9 +27,12 @@ use super::Snapshot;
 use control::leader::{Expectation, LeaseState};
 use k8s_openapi::api::coordination::v1::Lease;
 
+mod dir_watch;
 mod documents;
 mod lease;
 mod lock;
+
+use dir_watch::{Changed, DirWatch};
 
 use documents::{
     apply_changes, is_object_file, name_of, parse_documents, render, visit, visit_mut,
@@ -38,6 +42,10 @@ use lock::{write_atomically, DirLock};
 
 /// How often the directory is re-scanned.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How often the whole directory is listed even though its watch reported nothing (a change the
+/// kernel does not report, on a network file system, is seen within this).
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Signature {
@@ -97,6 +105,54 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
     Ok(entry)
 }
 
+/// Takes file `path` (whose metadata is `meta`) into `files` when it changed since it was
+/// last read; true when its content did. A file that does not parse keeps its last good
+/// content, and is said once per change.
+fn take_file(files: &mut BTreeMap<PathBuf, FileEntry>, path: PathBuf, meta: &fs::Metadata) -> bool {
+    let signature = Signature {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+        inode: meta.ino(),
+    };
+    if files.get(&path).is_some_and(|f| f.signature == signature) {
+        return false;
+    }
+    match read_entry(&path, signature.clone()) {
+        Ok(entry) => {
+            files.insert(path, entry);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = format!("{e:#}"), "cannot parse cluster file; keeping its last good content");
+            match files.get_mut(&path) {
+                Some(old) => old.signature = signature,
+                None => {
+                    files.insert(
+                        path,
+                        FileEntry {
+                            signature,
+                            nodes: Vec::new(),
+                            peers: Vec::new(),
+                            leases: Vec::new(),
+                        },
+                    );
+                }
+            }
+            false
+        }
+    }
+}
+
+/// Watches `dir` (`None` where the kernel cannot, or the directory is not there), then lists
+/// it through `backend`, so nothing changed before the watch began is missed.
+fn arm(dir: &Path, backend: &Weak<FileBackend>) -> Option<DirWatch> {
+    let dir_watch = DirWatch::new(dir).ok();
+    if let Some(backend) = backend.upgrade() {
+        backend.scan();
+    }
+    dir_watch
+}
+
 impl FileBackend {
     /// Opens `dir` (which must exist) and reads it once.
     pub fn open(dir: &Path) -> Result<Arc<Self>> {
@@ -128,10 +184,10 @@ impl FileBackend {
         self.tx.subscribe()
     }
 
-    /// Re-reads changed files and publishes a new snapshot if anything changed.
+    /// Lists the directory, re-reads the files that changed and publishes a new snapshot if
+    /// anything did.
     pub fn scan(&self) -> bool {
         let mut files = self.files.lock();
-        let mut seen = Vec::new();
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => {
                 if !self.readable.swap(true, Ordering::Relaxed) {
@@ -147,6 +203,7 @@ impl FileBackend {
             }
         };
         let mut changed = false;
+        let mut seen = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if !is_object_file(&path) {
@@ -155,44 +212,45 @@ impl FileBackend {
             let Ok(meta) = fs::metadata(&path) else {
                 continue;
             };
-            let signature = Signature {
-                modified: meta.modified().ok(),
-                len: meta.len(),
-                inode: meta.ino(),
-            };
             seen.push(path.clone());
-            if files.get(&path).is_some_and(|f| f.signature == signature) {
-                continue;
-            }
-            match read_entry(&path, signature.clone()) {
-                Ok(entry) => {
-                    files.insert(path, entry);
-                    changed = true;
-                }
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), error = format!("{e:#}"), "cannot parse cluster file; keeping its last good content");
-                    if let Some(old) = files.get_mut(&path) {
-                        old.signature = signature;
-                    } else {
-                        files.insert(
-                            path,
-                            FileEntry {
-                                signature,
-                                nodes: Vec::new(),
-                                peers: Vec::new(),
-                                leases: Vec::new(),
-                            },
-                        );
-                    }
-                }
-            }
+            changed |= take_file(&mut files, path, &meta);
         }
         let before = files.len();
         files.retain(|p, _| seen.contains(p));
         changed |= files.len() != before;
-        if !changed {
-            return false;
+        changed && self.publish(files)
+    }
+
+    /// Re-reads the entries `names` of the directory (as its watch reported them: written,
+    /// renamed or removed) and publishes a new snapshot if anything changed.
+    fn scan_names(&self, names: &[std::ffi::OsString]) -> bool {
+        let mut files = self.files.lock();
+        let mut changed = false;
+        for name in names {
+            let path = self.dir.join(name);
+            if !is_object_file(&path) {
+                continue;
+            }
+            match fs::metadata(&path) {
+                Ok(meta) => changed |= take_file(&mut files, path, &meta),
+                Err(_) => changed |= files.remove(&path).is_some(),
+            }
         }
+        changed && self.publish(files)
+    }
+
+    /// Re-reads the file at `path` (one kg itself wrote or removed), so its own writes are in
+    /// the next snapshot at once.
+    fn scan_path(&self, path: &Path) {
+        if let Some(name) = path.file_name() {
+            self.scan_names(&[name.to_os_string()]);
+        }
+    }
+
+    /// Publishes the snapshot `files` hold, if it differs from the last one. Called under the
+    /// files lock (`files`), so two scans never publish from the same base and the change
+    /// log's revisions stay in order.
+    fn publish(&self, files: parking_lot::MutexGuard<'_, BTreeMap<PathBuf, FileEntry>>) -> bool {
         let mut nodes: BTreeMap<String, Arc<KubeNode>> = BTreeMap::new();
         let mut peers: BTreeMap<String, PeerObject> = BTreeMap::new();
         let mut leases: BTreeMap<String, LeaseState> = BTreeMap::new();
@@ -213,8 +271,6 @@ impl FileBackend {
                 peers.entry(name).or_insert_with(|| peer.clone());
             }
         }
-        // Still under the files lock: two scans never publish from the same base, so the
-        // change log's revisions stay in order.
         let mut snapshot = Snapshot::clone(&self.tx.borrow());
         let nodes_changed = snapshot.replace_nodes(nodes);
         let leases_changed = snapshot.replace_leases(leases);
@@ -226,18 +282,52 @@ impl FileBackend {
         differs
     }
 
-    /// Scans every [`POLL_INTERVAL`] on a thread until the backend is dropped.
+    /// The file that held Node `name` when last read, if any.
+    fn file_of_node(&self, name: &str) -> Option<PathBuf> {
+        let files = self.files.lock();
+        files
+            .iter()
+            .find(|(_, e)| {
+                e.nodes
+                    .iter()
+                    .any(|n| n.metadata.name.as_deref() == Some(name))
+            })
+            .map(|(path, _)| path.clone())
+    }
+
+    /// Follows the directory on a thread until the backend is dropped: the files its watch
+    /// ([`dir_watch::DirWatch`]) names are read as they change, and the whole directory is listed
+    /// every [`RESCAN_INTERVAL`] besides. Where the kernel cannot watch it (or the directory
+    /// was replaced, until it is back), the whole directory is listed every [`POLL_INTERVAL`].
     pub fn spawn_poller(self: &Arc<Self>) {
         let weak: Weak<Self> = Arc::downgrade(self);
+        let dir = self.dir.clone();
         std::thread::Builder::new()
             .name("cluster-dir".into())
-            .spawn(move || loop {
-                std::thread::sleep(POLL_INTERVAL);
-                match weak.upgrade() {
-                    Some(backend) => {
-                        backend.scan();
-                    }
-                    None => return,
+            .spawn(move || {
+                let mut dir_watch = arm(&dir, &weak);
+                loop {
+                    let changed = match &dir_watch {
+                        Some(w) => w.wait(RESCAN_INTERVAL).unwrap_or(Changed::Everything),
+                        None => {
+                            std::thread::sleep(POLL_INTERVAL);
+                            Changed::Everything
+                        }
+                    };
+                    let Some(backend) = weak.upgrade() else {
+                        return;
+                    };
+                    match &changed {
+                        Changed::Names(names) => backend.scan_names(names),
+                        Changed::Nothing => backend.scan(),
+                        Changed::Everything => {
+                            drop(backend);
+                            // The directory itself changed (or the watch failed): watch
+                            // whatever directory the path names now, then list it.
+                            dir_watch = arm(&dir, &weak);
+                            continue;
+                        }
+                    };
                 }
             })
             .expect("spawning the cluster-dir poller");
@@ -278,13 +368,15 @@ impl FileBackend {
         changes: &BTreeMap<String, Option<String>>,
     ) -> Result<()> {
         let _lock = DirLock::acquire(&self.dir)?;
+        // The file that held the Node when last read first, then every other.
+        let known = self.file_of_node(name);
         let mut paths: Vec<PathBuf> = fs::read_dir(&self.dir)?
             .flatten()
             .map(|e| e.path())
-            .filter(|p| is_object_file(p))
+            .filter(|p| is_object_file(p) && Some(p) != known.as_ref())
             .collect();
         paths.sort();
-        for path in paths {
+        for path in known.into_iter().chain(paths) {
             let Ok(text) = fs::read_to_string(&path) else {
                 continue;
             };
@@ -308,7 +400,7 @@ impl FileBackend {
             }
             if found {
                 write_atomically(&path, &render(&path, &docs)?)?;
-                self.scan();
+                self.scan_path(&path);
                 return Ok(());
             }
         }
@@ -317,7 +409,7 @@ impl FileBackend {
         apply_changes(&mut node, changes);
         let path = self.dir.join(format!("{name}.yaml"));
         write_atomically(&path, &render(&path, &[node])?)?;
-        self.scan();
+        self.scan_path(&path);
         Ok(())
     }
 }
@@ -337,7 +429,7 @@ impl FileBackend {
         let path = self.peer_path(&name);
         let object = serde_json::to_value(peer)?;
         write_atomically(&path, &render(&path, &[object])?)?;
-        self.scan();
+        self.scan_path(&path);
         Ok(())
     }
 
@@ -346,7 +438,7 @@ impl FileBackend {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.peer_path(name);
         fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-        self.scan();
+        self.scan_path(&path);
         Ok(())
     }
 }

@@ -604,12 +604,7 @@ impl Cluster {
     /// (`tests/real/kernel_vm.rs` sets 4) kg starts many times slower, and how long these
     /// waits take is not what the tests are about.
     pub fn wait_for(&self, timeout: Duration, mut check: impl FnMut(&Self) -> bool) -> bool {
-        let scale = std::env::var("KILOTUN_WAIT_SCALE")
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| *s >= 1.0)
-            .unwrap_or(1.0);
-        let deadline = Instant::now() + timeout.mul_f64(scale);
+        let deadline = Instant::now() + timeout.mul_f64(wait_scale());
         while Instant::now() < deadline {
             if check(self) {
                 return true;
@@ -864,4 +859,15 @@ impl Drop for Cluster {
         self.extra.clear();
         let _ = fs::remove_dir_all(&self.work);
     }
+}
+
+/// How much slower than this machine the tests run: `KILOTUN_WAIT_SCALE` (1 by default;
+/// `tests/real/kernel_vm.rs` sets 4 under TCG emulation, where kg starts many times slower).
+/// Waits and latency bounds that are not about the emulator are multiplied by it.
+pub fn wait_scale() -> f64 {
+    std::env::var("KILOTUN_WAIT_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s >= 1.0)
+        .unwrap_or(1.0)
 }

@@ -153,6 +153,29 @@ fn impossible_starts_fail_with_one_clear_line() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(err.contains(denied), "{err}");
             assert!(!err.contains("CAP_NET_ADMIN"), "{err}");
+            // Beside a kg that runs the engine (the lock it holds, held here by flock(1)), a
+            // kg that could not run it after that one does not stand by (a surge rollout's new
+            // pod would answer /health and get the running one stopped): it fails at once.
+            let lock = dir.join("kz2.lock");
+            std::fs::write(&lock, "").unwrap();
+            let mut holder = std::process::Command::new("flock")
+                .arg(&lock)
+                .args(["sleep", "60"])
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            let mut bounded = vec!["timeout", "20"];
+            bounded.extend_from_slice(&kg_args);
+            let out = with_tun_denied(&ns, &bounded).unwrap();
+            let _ = holder.kill();
+            let _ = holder.wait();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_ne!(out.status.code(), Some(124), "it stood by: {err}");
+            assert!(!out.status.success(), "{err}");
+            assert!(
+                err.contains("not standing by") && err.contains(denied),
+                "{err}"
+            );
         }
         None => eprintln!(
             "impossible_starts_fail_with_one_clear_line: no cgroup v1 devices controller here; the denied /dev/net/tun case is not run"
@@ -234,11 +257,14 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!std::path::Path::new(&socket).exists(), "socket removed");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !ns.output(&["ip", "link", "show", &name]).status.success(),
-        "interface removed"
-    );
+    // The link goes when the daemon's last TUN queue closes; the kernel unregisters it in the
+    // background, which a machine busy tearing down other namespaces can take a while to do.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let link_exists = || ns.output(&["ip", "link", "show", &name]).status.success();
+    while link_exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!link_exists(), "interface removed");
 }
 
 /// Malformed annotations on Nodes and malformed Peers in a running cluster: each is one log

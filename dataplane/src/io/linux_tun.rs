@@ -273,6 +273,13 @@ impl LinuxTun {
     }
 }
 
+/// Whether this process may open `/dev/net/tun` at all (the device exists and the container
+/// runtime's device rules allow it), without creating a link: what a process that will need
+/// a TUN device later can check before it says it is ready.
+pub fn check_tun_device() -> Result<(), TunError> {
+    check_device(Path::new("/dev/net/tun"))
+}
+
 /// Opens the clone device once to tell a missing or denied device from a missing capability
 /// (opening needs none: only creating or attaching to a link needs CAP_NET_ADMIN).
 fn check_device(path: &Path) -> Result<(), TunError> {

@@ -107,6 +107,23 @@ impl WireGuard {
         }
     }
 
+    /// Whether this kg could run the WireGuard `choice` names on this node, checked without
+    /// creating anything: the embedded engine needs a `/dev/net/tun` it may open, the kernel's
+    /// needs the kernel to have WireGuard, and `auto` is content with either. A kg standing by
+    /// beside the one that runs the engine (a surge rollout's new pod) asks before it answers
+    /// `/health`: one that could not take over must never be why the running one is stopped.
+    pub fn can_run(choice: WireGuardChoice) -> Result<()> {
+        let tun = || dataplane::io::linux_tun::check_tun_device().map_err(anyhow::Error::from);
+        match choice {
+            WireGuardChoice::Embedded => tun(),
+            WireGuardChoice::Kernel => KernelWireGuard::available(),
+            WireGuardChoice::Auto => tun().or_else(|e| {
+                KernelWireGuard::available()
+                    .map_err(|kernel| anyhow::anyhow!("{e:#}; and {kernel:#}"))
+            }),
+        }
+    }
+
     /// Drives the kernel's WireGuard link `name`, which must exist.
     pub fn kernel(name: &str) -> Result<Self> {
         KernelWireGuard::open(name).map(Self::Kernel)
