@@ -6,12 +6,18 @@
 # timeout, one retry) from its own pod address, round after round. Prints:
 #   - the time from the first kg's start until a round in which every sampled pair answers;
 #   - WireGuard peers with a completed handshake then, and handshakes completed per second;
+#   - the handshakes answered with a cookie reply (a device under handshake load), and how many
+#     lines the agents logged (and at WARN or ERROR) until then;
 #   - idle CPU (% of a core) and RSS per kg, over IDLE_WINDOW seconds after convergence;
 #   - with --restart-leaders, the longest gap the restart of each location's leader (SIGTERM,
 #     then a new kg at once) costs pings at 10/s from another location's node to one of its
 #     location's pods.
 #
-#   sudo bench/agents.sh [--locations=M | --full] [--sample=S] [--restart-leaders] N [KG]
+#   sudo bench/agents.sh [--locations=M | --full] [--sample=S] [--restart-leaders] [--backend=kube] N [KG]
+#
+# --backend=kube runs the agents against a real API server (scripts/kube-up.sh, in the bridge's
+# namespace) instead of the file backend: every kg watches Nodes, Peers and its Leases and patches
+# its own Node, through a socat in its namespace that relays 127.0.0.1 to the API server.
 #
 # N defaults to 30, M to N/10 (Kilo's location granularity, --mesh-granularity=location),
 # --full gives every node its own location (--mesh-granularity=full), S defaults to 24 (every
@@ -24,12 +30,14 @@ locations=
 full=0
 sample=24
 restart_leaders=0
+backend=file
 while [[ ${1:-} == --* ]]; do
 	case $1 in
 	--locations=*) locations=${1#*=} ;;
 	--full) full=1 ;;
 	--sample=*) sample=${1#*=} ;;
 	--restart-leaders) restart_leaders=1 ;;
+	--backend=file | --backend=kube) backend=${1#*=} ;;
 	*)
 		echo "agents.sh: unknown option $1" >&2
 		exit 2
@@ -49,9 +57,11 @@ if [[ $(id -u) != 0 ]]; then
 	echo "agents.sh: needs root (network namespaces)" >&2
 	exit 1
 fi
-for tool in fping wg ip; do
+tools=(fping wg ip curl)
+[[ $backend == kube ]] && tools+=(socat)
+for tool in "${tools[@]}"; do
 	command -v "$tool" >/dev/null || {
-		echo "agents.sh: needs $tool (Debian: apt-get install fping wireguard-tools iproute2)" >&2
+		echo "agents.sh: needs $tool (Debian: apt-get install fping wireguard-tools iproute2 curl socat)" >&2
 		exit 1
 	}
 done
@@ -67,8 +77,9 @@ done
 tag=kga$$
 work=$(mktemp -d "/tmp/kilotun-agents-XXXXXX")
 mkdir -p "$work/cluster" "$work/keys" "$work/logs"
-declare -a pids
+declare -a pids relays
 fabric=$tag-f
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 cleanup() {
 	for pid in "${pids[@]:-}"; do
@@ -78,6 +89,10 @@ cleanup() {
 	for pid in "${pids[@]:-}"; do
 		[[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
 	done
+	for pid in "${relays[@]:-}"; do
+		[[ -n $pid ]] && kill "$pid" 2>/dev/null || true
+	done
+	[[ $backend == kube ]] && ip netns exec "$fabric" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
 	for ((i = 0; i < n; i++)); do ip netns del "$tag-$i" 2>/dev/null || true; done
 	ip netns del "$fabric" 2>/dev/null || true
 	rm -f /var/run/wireguard/"$tag"-*.sock
@@ -118,10 +133,32 @@ done
 
 granularity=location
 ((full)) && granularity=full
+backend_args=(--backend=file --cluster-dir="$work/cluster")
+if [[ $backend == kube ]]; then
+	# The API server in the bridge's namespace, on its loopback (its certificate names
+	# 127.0.0.1); a socat on the bridge's address relays to it, and one in each node's namespace
+	# relays that node's 127.0.0.1 at the same port to the bridge, so one kubeconfig serves all.
+	ip -n "$fabric" link set lo up
+	ip -n "$fabric" addr add 10.250.255.254/16 dev br0
+	env_file=$(ip netns exec "$fabric" "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)
+	# shellcheck disable=SC1090
+	. "$env_file"
+	ip netns exec "$fabric" socat "TCP-LISTEN:6443,bind=10.250.255.254,fork,reuseaddr" \
+		"TCP:127.0.0.1:$APISERVER_PORT" 2>/dev/null &
+	relays+=($!)
+	for ((i = 0; i < n; i++)); do
+		ip netns exec "$tag-$i" socat "TCP-LISTEN:$APISERVER_PORT,bind=127.0.0.1,fork,reuseaddr" \
+			TCP:10.250.255.254:6443 2>/dev/null &
+		relays+=($!)
+	done
+	ip netns exec "$fabric" "$KUBECTL" --kubeconfig="$KUBECONFIG" apply -f "$root/manifests/crds.yaml" >/dev/null
+	ip netns exec "$fabric" "$KUBECTL" --kubeconfig="$KUBECONFIG" apply -f "$work/cluster" >/dev/null
+	backend_args=(--backend=kubernetes --kubeconfig="$KUBECONFIG")
+fi
 start_kg() {
 	local i=$1
 	# shellcheck disable=SC2086
-	ip netns exec "$tag-$i" env KG_LOG=info "$kg" --backend=file --cluster-dir="$work/cluster" \
+	ip netns exec "$tag-$i" "$kg" "${backend_args[@]}" \
 		--hostname="n$i" --interface="$tag-$i" --key-file="$work/keys/n$i" \
 		--cni-path="$work/n$i.conflist" --mesh-granularity=$granularity \
 		--encapsulate=never --resync-period=5s ${KG_ARGS:-} \
@@ -159,7 +196,7 @@ seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b -
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
-echo "agents: $n kg in $locations location(s) ($granularity granularity), each pinging $sample pods; kg $kg"
+echo "agents: $n kg in $locations location(s) ($granularity granularity, $backend backend), each pinging $sample pods; kg $kg"
 start=$(date +%s.%N)
 for ((i = 0; i < n; i++)); do start_kg "$i"; done
 converged=
@@ -192,6 +229,18 @@ else
 	round | head -20
 	printf 'handshakes: %d of %d peers\n' "$handshakes" "$peers"
 fi
+
+# Handshakes answered with a cookie instead (a device counting more handshake messages a second
+# than it verifies unloaded), and what the agents logged until now.
+cookies=0
+for ((i = 0; i < n; i++)); do
+	c=$(ip netns exec "$tag-$i" curl -sf http://127.0.0.1:1107/metrics 2>/dev/null |
+		awk '/^kilotun_dropped_packets_total/ && /cookie_reply_sent/ {s += $NF} END {print s + 0}')
+	cookies=$((cookies + ${c:-0}))
+done
+lines=$(cat "$work"/logs/*.log | wc -l)
+loud=$(cat "$work"/logs/*.log | grep -c -E ' (WARN|ERROR) ' || true)
+echo "cookie replies sent: $cookies in all; log lines: $lines in all, $loud of them WARN or ERROR"
 
 # Idle CPU and RSS per kg.
 declare -a before

@@ -262,7 +262,13 @@ fn check_kg_containers(file: &str, pod: &PodSpec) -> usize {
                 .unwrap()
                 .port() as i32;
             // The probes ask kg's --listen port (by number: the container declares none).
-            for probe in [&container.readiness_probe, &container.liveness_probe] {
+            // Readiness asks whether the engine carries traffic (a rollout waits for it on
+            // each node before the next, and with surge before the old pod goes); liveness
+            // only whether kg answers.
+            for (probe, path) in [
+                (&container.readiness_probe, "/ready"),
+                (&container.liveness_probe, "/health"),
+            ] {
                 let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
                 let probed = get.map(|g| g.port.clone());
                 assert_eq!(
@@ -270,7 +276,7 @@ fn check_kg_containers(file: &str, pod: &PodSpec) -> usize {
                     Some(IntOrString::Int(port)),
                     "{file}: a probe does not ask --listen"
                 );
-                assert_eq!(get.and_then(|g| g.path.as_deref()), Some("/health"));
+                assert_eq!(get.and_then(|g| g.path.as_deref()), Some(path), "{file}");
             }
         }
         // Every mount has a volume.

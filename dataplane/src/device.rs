@@ -468,7 +468,15 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize, helpers: &Helpers) {
     while !shared.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now >= next || shared.timers_now.swap(false, Ordering::AcqRel) {
-            shared.engine.handle_timers(now, &mut out);
+            let gave_up = shared.engine.handle_timers(now, &mut out);
+            if let Some(first) = gave_up.first {
+                // One line for every peer given up on at this tick, however many.
+                tracing::info!(
+                    peers = gave_up.peers,
+                    first = %first,
+                    "gave up handshaking (no answer for 90 s, or no new session for 9 minutes): trying again when traffic or a keepalive asks"
+                );
+            }
             if !out.to_network.is_empty() {
                 let sockets = shared.sockets.load();
                 for socket in [pick(&sockets.v4, 0), pick(&sockets.v6, 0)]

@@ -41,6 +41,23 @@ use peer::PeerEntry;
 
 /// How often [`Engine::handle_timers`] should run.
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
+
+/// The peers whose handshake boringtun gave up on at one timer tick ([`Engine::handle_timers`]):
+/// how many, and the first of them, for one line about all of them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GaveUp {
+    /// How many peers.
+    pub peers: usize,
+    /// The first of them, in the engine's peer order.
+    pub first: Option<PublicKey>,
+}
+
+impl GaveUp {
+    fn note(&mut self, peer: PublicKey) {
+        self.peers += 1;
+        self.first.get_or_insert(peer);
+    }
+}
 /// WireGuard's passive keepalive: data received and not followed by anything sent for this long
 /// is acknowledged with a keepalive, so its sender knows the path works.
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);

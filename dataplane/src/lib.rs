@@ -27,7 +27,7 @@ pub mod uapi_diff;
 pub mod uapi_server;
 
 pub use config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};
-pub use engine::Engine;
+pub use engine::{Engine, GaveUp};
 pub use key::{KeyError, PublicKey, SecretKey};
 pub use outbox::Outbox;
 pub use stats::{DropReason, PeerStats, RejectedHandshake};

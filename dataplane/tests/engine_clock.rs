@@ -181,3 +181,31 @@ fn unanswered_early_initiations_slow_down_then_leave_it_to_rekey_timeout() {
         "after the early ones, the next waits REKEY_TIMEOUT (5 s): {sent_at:?}"
     );
 }
+
+/// A peer that never answers: boringtun gives up after REKEY_ATTEMPT_TIME (90 s), and the
+/// engine reports it once, not at every tick after, and sends nothing more until asked.
+#[test]
+fn a_peer_that_never_answers_is_given_up_on_once_and_costs_nothing_after() {
+    let pair = EnginePair::new();
+    let mut now = Instant::now();
+    let started = now;
+    assert_eq!(pair.a.engine.initiate_handshakes(), 1);
+    let mut reports = Vec::new();
+    let mut sent_after_giving_up = 0;
+    while now - started <= Duration::from_secs(200) {
+        let mut lost = Outbox::default();
+        let gave_up = pair.a.engine.handle_timers(now, &mut lost);
+        if gave_up.peers > 0 {
+            reports.push(((now - started).as_secs(), gave_up));
+        } else if !reports.is_empty() {
+            sent_after_giving_up += lost.to_network.len();
+        }
+        advance(&mut now, Duration::from_millis(250));
+    }
+    let b = pair.b.engine.public_key();
+    assert_eq!(reports.len(), 1, "reported once: {reports:?}");
+    let (at, gave_up) = reports[0];
+    assert!((90..=96).contains(&at), "after REKEY_ATTEMPT_TIME: {at} s");
+    assert_eq!((gave_up.peers, gave_up.first), (1, b));
+    assert_eq!(sent_after_giving_up, 0, "nothing sent once given up");
+}

@@ -22,6 +22,7 @@ use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
 use super::reconciler::{Convergence, FirewallStep};
+use super::serve::status;
 use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
 use super::{state, Agent};
@@ -328,6 +329,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         } else {
             let changed = self.wg.apply_and_handshake(&desired)?;
             self.record.engine_configured = true;
+            self.status
+                .update(|p| p.engine = status::EngineReadiness::Configured);
             changed
         };
         if changed {

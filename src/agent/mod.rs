@@ -76,6 +76,31 @@ pub fn log_filter(level: &str) -> Option<&'static str> {
     })
 }
 
+/// Libraries whose own lines are not for an operator, with the level kg shows them at:
+/// netlink-proto's chatter, the resolver's per-lookup lines, and boringtun's line per peer and
+/// handshake retry (the engine says in one line which peers it gave up on).
+pub const QUIET_LIBRARIES: [&str; 5] = [
+    "netlink_proto=error",
+    "hickory_net=warn",
+    "hickory_resolver=warn",
+    "hickory_proto=warn",
+    "boringtun=off",
+];
+
+/// A tracing filter's `directives` (from `--log-level` or `KG_LOG`) with [`QUIET_LIBRARIES`]
+/// added for each library the directives do not name themselves.
+pub fn with_quiet_libraries(directives: &str) -> String {
+    let mut all = directives.to_string();
+    for quiet in QUIET_LIBRARIES {
+        let library = quiet.split('=').next().unwrap_or(quiet);
+        if !directives.contains(library) {
+            all.push(',');
+            all.push_str(quiet);
+        }
+    }
+    all
+}
+
 /// Reads both clocks: the one place kg's event loop takes the time, which every decision
 /// then receives as an argument.
 pub fn read_clock() -> Now {
@@ -202,7 +227,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         firewall: agent.firewall,
     };
     let bound = http::serve(&listen, state).await?;
-    tracing::info!(address = %bound, "serving /health, /metrics, /graph and /status");
+    tracing::info!(address = %bound, "serving /health, /ready, /metrics, /graph and /status");
     let mut snapshots = agent.subscribe();
     let mut resync_timer = periodic(resync);
     let mut check_in_timer = periodic(CHECK_IN_PERIOD);
@@ -275,5 +300,26 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    #[test]
+    fn the_libraries_stay_quiet_unless_the_filter_names_them() {
+        assert_eq!(
+            with_quiet_libraries("info"),
+            "info,netlink_proto=error,hickory_net=warn,hickory_resolver=warn,hickory_proto=warn,boringtun=off"
+        );
+        let named = with_quiet_libraries("debug,boringtun=warn,hickory_resolver=debug");
+        assert!(named.contains("boringtun=warn") && !named.contains("boringtun=off"));
+        assert!(!named.contains("hickory_resolver=warn"), "{named}");
+        assert!(named.contains("netlink_proto=error"), "{named}");
+        // Every result is a filter tracing takes.
+        for directives in ["info", "warn,kilotun::stages=debug", "trace"] {
+            tracing_subscriber::EnvFilter::try_new(with_quiet_libraries(directives)).unwrap();
+        }
     }
 }

@@ -188,6 +188,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
         // reconcile does not send the restored peers back to their announced addresses.
         let mut discovered = BTreeMap::new();
+        let board = Arc::new(status::StatusBoard::default());
         if let Some(restored) = restored {
             discovered.extend(
                 restored
@@ -203,6 +204,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 None => {
                     let peers = restored.peers.len();
                     wg.apply_and_handshake(&restored)?;
+                    board.update(|p| p.engine = status::EngineReadiness::Restored { peers });
                     tracing::info!(peers, "restored the WireGuard peers of the last run");
                 }
             }
@@ -251,7 +253,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
-            status: Arc::new(status::StatusBoard::default()),
+            status: board,
             tunnel,
             stages: Default::default(),
         })

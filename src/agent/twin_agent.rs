@@ -213,4 +213,80 @@ mod tests {
         assert_eq!(twin.cni.writes(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[tokio::test]
+    async fn readiness_follows_the_engine_from_nothing_to_restored_to_configured() {
+        use crate::agent::serve::status::EngineReadiness;
+        use control::fixtures::{kube_node, synthetic_cluster};
+        let dir = std::env::temp_dir().join(format!("kilotun-ready-twin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = synthetic_cluster(4, 2);
+        let local = nodes[0].clone();
+        let cluster_dir = format!("--cluster-dir={}", dir.display());
+        let key_file = format!("--key-file={}", dir.join("key").display());
+        let hostname = format!("--hostname={}", local.name);
+        let args = [
+            "--backend=file",
+            cluster_dir.as_str(),
+            key_file.as_str(),
+            hostname.as_str(),
+            "--cni=false",
+            "--encapsulate=never",
+        ];
+        let open = || Backend::File(crate::backend::file::FileBackend::open(&dir).unwrap());
+        let fresh = |restored| Start {
+            key: SecretKey::generate(),
+            restored,
+            now: crate::agent::read_clock(),
+        };
+        // A node with nothing saved: the engine runs empty, and /ready says so until a
+        // reconcile configures it.
+        let mut twin = TwinAgent::start_with(
+            &args,
+            open(),
+            MemKernel::host(control::DEFAULT_INTERFACE),
+            MemEngine::default(),
+            fresh(None),
+        )
+        .await
+        .unwrap();
+        let board = std::sync::Arc::clone(&twin.agent.status);
+        assert_eq!(board.engine(), EngineReadiness::Unconfigured);
+        assert!(!board.engine().answer().0);
+        let mut snapshot = crate::backend::Snapshot {
+            listed: crate::backend::Listed::EVERYTHING,
+            ..Default::default()
+        };
+        for (rv, mut node) in nodes.into_iter().enumerate() {
+            node.last_seen = crate::agent::read_clock().unix_secs();
+            snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
+        }
+        twin.agent
+            .reconcile(&snapshot, crate::agent::Trigger::Resync)
+            .await
+            .unwrap();
+        assert_eq!(board.engine(), EngineReadiness::Configured);
+        assert!(board.engine().answer().0);
+        // A restart that restores the last run's peers is ready before its first reconcile.
+        let saved = twin.engine.config();
+        assert!(!saved.peers.is_empty());
+        let restarted = TwinAgent::start_with(
+            &args,
+            open(),
+            MemKernel::host(control::DEFAULT_INTERFACE),
+            MemEngine::default(),
+            fresh(Some(saved.clone())),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            restarted.agent.status.engine(),
+            EngineReadiness::Restored {
+                peers: saved.peers.len()
+            }
+        );
+        let (ready, why) = restarted.agent.status.engine().answer();
+        assert!(ready && why.contains("of the last run"), "{why}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -37,12 +37,11 @@ fn main() -> ExitCode {
         Job::DevicePlugin(d) => d.log_level.clone(),
     };
     let level = agent::log_filter(&log_level).unwrap_or("info");
-    // netlink-proto's own chatter is not kg's to report.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KG_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "{level},netlink_proto=error,hickory_net=warn,hickory_resolver=warn,hickory_proto=warn"
-        ))
-    });
+    // KG_LOG replaces --log-level; either way the libraries' own chatter stays out unless
+    // named (agent::QUIET_LIBRARIES).
+    let directives = std::env::var("KG_LOG").unwrap_or_else(|_| level.to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(agent::with_quiet_libraries(&directives))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(agent::with_quiet_libraries(level)));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -206,9 +206,14 @@ fn bring_up(args: &Args) -> Result<Up> {
     Ok((device, server, !existed))
 }
 
+/// `level` (`--log-level` or a filter of tracing's), with the libraries' own chatter (boringtun's
+/// line per peer and handshake retry among it) left out unless the filter names them.
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(kilotun::agent::with_quiet_libraries(level))
+            .unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(kilotun::agent::with_quiet_libraries("info"))
+            });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -200,6 +200,14 @@ fn a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second() {
         200,
         "the standby answers /health"
     );
+    // Its /ready too (the pod must turn Ready for the old one to be stopped), saying it stands
+    // by. The port is shared with the running kg, so either may answer a request: ask until
+    // the standby has.
+    let standby_ready = c.wait_for(Duration::from_secs(5), |c| {
+        let (status, body) = c.nodes[2].http_get("/ready");
+        status == 200 && body.starts_with("standing by")
+    });
+    assert!(standby_ready, "the standby never answered /ready");
     // Both run for a while (a pod waiting for its readiness probe): the standby must not
     // disturb the running engine.
     std::thread::sleep(Duration::from_secs(2));

@@ -217,6 +217,12 @@ fn full_granularity_builds_a_direct_mesh() {
     // HTTP on :1107, Kilo's paths.
     let n1 = c.node("n1");
     assert_eq!(n1.http_get("/health").0, 200);
+    let (status, ready) = n1.http_get("/ready");
+    assert_eq!(status, 200, "{ready}");
+    assert!(
+        ready.contains("configuration of the last reconcile"),
+        "{ready}"
+    );
     let (status, metrics) = n1.http_get("/metrics");
     assert_eq!(status, 200);
     for line in [

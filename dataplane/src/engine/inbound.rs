@@ -417,6 +417,7 @@ impl Engine {
             core.initiation_pending = false;
             core.eager_retry = None;
             core.last_handshake = Some(now);
+            core.gave_up = false;
             shared.handshakes.fetch_add(1, Ordering::Relaxed);
         }
         if replied {

@@ -54,6 +54,10 @@ pub(crate) struct PeerCore {
     /// arrived: the passive keepalive is due [`KEEPALIVE_TIMEOUT`](super::KEEPALIVE_TIMEOUT)
     /// after it (see `Engine::passive_keepalive`).
     pub(crate) unacknowledged_since: Option<Instant>,
+    /// boringtun gave up on the handshake (no answer for REKEY_ATTEMPT_TIME, 90 s, or no new
+    /// session for REJECT_AFTER_TIME × 3) and none has completed since: reported once
+    /// ([`GaveUp`](super::GaveUp)), not at every tick that finds it so.
+    pub(crate) gave_up: bool,
 }
 
 impl PeerCore {
@@ -86,6 +90,7 @@ impl PeerShared {
                 initiation_pending: false,
                 unanswered_since: None,
                 unacknowledged_since: None,
+                gave_up: false,
             }),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),

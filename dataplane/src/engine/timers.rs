@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::TunnResult;
 
 use super::peer::{PeerCore, PeerShared};
-use super::{eager_retry_after, Engine, EAGER_RETRIES, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
+use super::{eager_retry_after, Engine, GaveUp, EAGER_RETRIES, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
 use crate::config::PeerConfig;
 use crate::outbox::{offset_within, Outbox};
 
@@ -14,7 +15,12 @@ impl Engine {
     /// Runs every peer's timers: handshake retries, rekeys, passive and persistent keepalives.
     /// First it answers the initiations held because their sender was not a peer when they
     /// arrived, if it is one now (see [`super::held`]). Call every [`TIMER_TICK`].
-    pub fn handle_timers(&self, now: Instant, out: &mut Outbox) {
+    ///
+    /// Returns the peers whose handshake boringtun gave up on at this tick, each once until a
+    /// handshake with it completes again: a caller can say so in one line however many there
+    /// are (boringtun's own lines, one per peer and retry, are not for an operator).
+    pub fn handle_timers(&self, now: Instant, out: &mut Outbox) -> GaveUp {
+        let mut gave_up = GaveUp::default();
         let state = self.state.load();
         let claimed = self
             .held
@@ -56,6 +62,14 @@ impl Engine {
                 tunn.update_timers(slot)
             };
             let sent = match result {
+                TunnResult::Err(WireGuardError::ConnectionExpired) => {
+                    out.to_network.abort();
+                    if !core.gave_up {
+                        core.gave_up = true;
+                        gave_up.note(*key);
+                    }
+                    false
+                }
                 TunnResult::WriteToNetwork(packet) if endpoint.is_some() => {
                     let (offset, len) = (offset_within(base, packet), packet.len());
                     // boringtun's timers send initiations and passive keepalives, never data.
@@ -75,6 +89,7 @@ impl Engine {
             self.persistent_keepalive(&entry.config, &mut core, shared, now, out);
             self.passive_keepalive(&mut core, shared, now, out);
         }
+        gave_up
     }
 
     /// WireGuard's passive keepalive, timed exactly as the kernel times it: data that arrived

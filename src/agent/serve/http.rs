@@ -88,6 +88,7 @@ pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
     let app = Router::new()
         .route("/", get(index))
         .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/graph", get(graph))
         .route("/status", get(status))
@@ -101,14 +102,23 @@ pub async fn serve(listen: &str, state: HttpState) -> Result<SocketAddr> {
 }
 
 /// Serves what a kg standing by for the engine can say (see `shells::engine_lock`): `/health`
-/// answers (the process is fine, and the pod must turn Ready for the rollout to go on) and
-/// `/status` says why nothing else does. Abort the returned task to stop serving.
+/// and `/ready` answer (the process is fine, it checked that it could run the engine, and the
+/// pod must turn Ready for the rollout to go on) and `/status` says why nothing else does.
+/// Abort the returned task to stop serving.
 pub fn serve_standby(listen: &str, why: String) -> Result<tokio::task::JoinHandle<()>> {
     let addr = listen_addr(listen)?;
     let listener = bind_shared(addr)?;
     let status = serde_json::json!({ "standby": why }).to_string();
+    let ready = format!("standing by: {why}\n");
     let app = Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
+        .route(
+            "/ready",
+            get(move || {
+                let ready = ready.clone();
+                async move { ready }
+            }),
+        )
         .route(
             "/status",
             get(move || {
@@ -124,7 +134,7 @@ pub fn serve_standby(listen: &str, why: String) -> Result<tokio::task::JoinHandl
 }
 
 async fn index() -> Html<&'static str> {
-    Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li><li><a href=\"/status\">/status</a></li></ul></body></html>\n")
+    Html("<html><body><ul><li><a href=\"/graph\">/graph</a></li><li><a href=\"/health\">/health</a></li><li><a href=\"/metrics\">/metrics</a></li><li><a href=\"/ready\">/ready</a></li><li><a href=\"/status\">/status</a></li></ul></body></html>\n")
 }
 
 /// `/metrics`: OpenMetrics when the scraper asks for it, the 0.0.4 text format otherwise.
@@ -157,6 +167,18 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> Response
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
+}
+
+/// `/ready`: 200 once the engine carries the last run's peers or a reconcile's configuration,
+/// 503 before; the body says which. `/health` only says the process answers.
+async fn ready(State(state): State<HttpState>) -> (StatusCode, String) {
+    let (ready, why) = state.status.engine().answer();
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, why + "\n")
 }
 
 /// `/status` query parameters.

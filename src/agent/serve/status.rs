@@ -50,6 +50,40 @@ pub struct Published {
     pub withheld: Vec<String>,
     /// Recent reconcile errors, oldest first.
     pub errors: VecDeque<String>,
+    /// How far the engine is from carrying traffic (`/ready`).
+    pub engine: EngineReadiness,
+}
+
+/// How far this kg's engine is from carrying traffic, as `/ready` answers it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EngineReadiness {
+    /// The engine runs with no peers yet: neither the last run's nor a reconcile's.
+    #[default]
+    Unconfigured,
+    /// The last run's peers are back; no reconcile has configured the engine yet.
+    Restored {
+        /// How many peers were restored.
+        peers: usize,
+    },
+    /// A reconcile configured the engine.
+    Configured,
+}
+
+impl EngineReadiness {
+    /// Whether the node is ready to carry traffic, and a line saying why or why not.
+    pub fn answer(self) -> (bool, String) {
+        match self {
+            Self::Unconfigured => (
+                false,
+                "the engine runs but has no configuration yet: no saved peers were restored and no reconcile has configured it (see /status for its errors)".to_string(),
+            ),
+            Self::Restored { peers } => (
+                true,
+                format!("the engine carries the {peers} peers of the last run; no reconcile has configured it yet"),
+            ),
+            Self::Configured => (true, "the engine carries the configuration of the last reconcile".to_string()),
+        }
+    }
 }
 
 /// The published value, shared by the reconcile loop (writer) and the HTTP server (reader).
@@ -69,6 +103,11 @@ impl StatusBoard {
             published.errors.pop_front();
         }
         published.errors.push_back(message);
+    }
+
+    /// How far the engine is from carrying traffic.
+    pub fn engine(&self) -> EngineReadiness {
+        self.0.lock().engine
     }
 
     /// A copy of the published value.

@@ -22,7 +22,7 @@ pub(super) enum Step {
     Listed,
     /// Its kg container runs.
     Running,
-    /// It is Ready (kg answers `/health`).
+    /// It is Ready (kg answers `/ready`: its engine carries traffic, or it stands by).
     Ready,
     /// It is being deleted: the kubelet sends kg SIGTERM.
     Deleting,
