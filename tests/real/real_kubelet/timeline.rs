@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::BufReader;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -136,17 +137,96 @@ pub(super) fn record(k: &KubeletCluster, done: &AtomicBool) -> Timeline {
     timeline
 }
 
+/// When each old kg process (`pids`, by node) exited, polled every 50 ms until `done` or all
+/// have: the moment kg itself finished, which the pod's status may report much later.
+pub(super) fn watch_exits(
+    pids: &BTreeMap<String, i32>,
+    done: &AtomicBool,
+) -> BTreeMap<String, Instant> {
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(") ")
+                .next()
+                .is_some_and(|rest| rest.starts_with('Z'))
+        })
+    };
+    let mut exited = BTreeMap::new();
+    while !done.load(Ordering::Relaxed) && exited.len() < pids.len() {
+        for (node, pid) in pids {
+            if !exited.contains_key(node) && gone(*pid) {
+                exited.insert(node.clone(), Instant::now());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    exited
+}
+
+/// Each node's kg container log, as the kubelet writes it (`log-pods/` of the node), followed
+/// by `tail -F` into a file in `dir` so that it outlives the pod.
+pub(super) struct FollowedLogs(Vec<(String, Child, PathBuf)>);
+
+impl FollowedLogs {
+    pub(super) fn start(k: &KubeletCluster, pods: &BTreeMap<String, String>, dir: &Path) -> Self {
+        let files = super::walk(&k.dir.join("nodes"));
+        let followed = pods
+            .iter()
+            .filter_map(|(node, pod)| {
+                let marker = format!("kube-system_{pod}_");
+                let source = files
+                    .iter()
+                    .filter(|f| {
+                        let path = f.display().to_string();
+                        path.contains(&marker) && path.contains("/kilo/") && path.ends_with(".log")
+                    })
+                    .max()?
+                    .clone();
+                let path = dir.join(format!("{pod}.log"));
+                let file = std::fs::File::create(&path).expect("a log file");
+                let child = Command::new("tail")
+                    .args(["-n", "+1", "-F"])
+                    .arg(&source)
+                    .stdin(Stdio::null())
+                    .stdout(file)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("running tail -F");
+                Some((node.clone(), child, path))
+            })
+            .collect();
+        Self(followed)
+    }
+
+    /// Stops following and prints each log's last `lines` lines.
+    pub(super) fn print_tail(mut self, lines: usize) {
+        for (node, child, path) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&*path).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            eprintln!("{node}: the old kg's last lines:");
+            for line in &all[all.len().saturating_sub(lines)..] {
+                eprintln!("  {line}");
+            }
+        }
+    }
+}
+
 /// Where a rollout's ping gaps went, node by node, from `timeline` (Kubernetes 1.20 replaces a
 /// node's pod only once the old one is gone): the old kg's exit after SIGTERM, Kubernetes
 /// removing the old pod and creating the new one, the kubelet starting its container, and the
-/// new kg's start until traffic flows. `windows`: each direction's longest gap.
+/// new kg's start until traffic flows. `windows`: each direction's longest gap; `kg_exits`:
+/// when each node's old kg process exited ([`watch_exits`]). Returns kg's own parts of each
+/// node's gap.
 pub(super) fn split_rollout_gaps(
     k: &KubeletCluster,
     timeline: &Timeline,
     origin: Instant,
     windows: [(Instant, Instant); 2],
-) {
+    kg_exits: &BTreeMap<String, Instant>,
+) -> Vec<KgParts> {
     let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+    let mut parts = Vec::new();
     for node in &k.nodes {
         eprint!("{}", timeline.describe(&node.name, origin));
         let pods = timeline.of(&node.name);
@@ -169,7 +249,8 @@ pub(super) fn split_rollout_gaps(
         };
         let (sigterm, gone) = (step(old, Step::Deleting), step(old, Step::Gone));
         // Between two polls a container may exit and its pod go at once.
-        let exited = old.get(&Step::Exited).copied().unwrap_or(gone);
+        let reported = old.get(&Step::Exited).copied().unwrap_or(gone);
+        let exited = kg_exits.get(&node.name).copied().unwrap_or(reported);
         let (listed, running) = (step(new, Step::Listed), step(new, Step::Running));
         assert!(
             listed >= sigterm,
@@ -182,17 +263,38 @@ pub(super) fn split_rollout_gaps(
                 continue;
             }
             eprintln!(
-                "rollout gap on {} ({:.1} s): kg's exit after SIGTERM {:.1} s, the old pod's removal \
-                 {:.1} s, until the new pod {:.1} s, its container started {:.1} s, kg's start until \
-                 traffic {:.1} s",
+                "rollout gap on {} ({:.1} s): kg's exit after SIGTERM {:.1} s (the pod's status said \
+                 so {:.1} s after that), the old pod's removal {:.1} s, until the new pod {:.1} s, \
+                 its container started {:.1} s, kg's start until traffic {:.1} s",
                 node.name,
                 secs(start, end),
                 secs(sigterm, exited),
+                secs(exited, reported),
                 secs(exited, gone),
                 secs(gone, listed),
                 secs(listed, running),
                 secs(running, end),
             );
+            parts.push(KgParts {
+                node: node.name.clone(),
+                exit: kg_exits
+                    .get(&node.name)
+                    .map(|at| at.saturating_duration_since(sigterm)),
+                start_to_traffic: end.saturating_duration_since(running),
+            });
         }
     }
+    parts
+}
+
+/// kg's own part of one node's rollout gap.
+#[derive(Debug)]
+pub(super) struct KgParts {
+    /// The node.
+    pub(super) node: String,
+    /// From the pod's deletion (when the kubelet sends SIGTERM, at the earliest) until the old
+    /// kg's process was gone; `None` when its process was not found before the rollout.
+    pub(super) exit: Option<Duration>,
+    /// From the new kg's container start until traffic flowed again.
+    pub(super) start_to_traffic: Duration,
 }
