@@ -23,7 +23,8 @@
 # --full gives every node its own location (--mesh-granularity=full), S defaults to 24 (every
 # other node when N ≤ 25). KG defaults to target/release/kg. KG_ARGS adds flags to every kg
 # (the defaults are --encapsulate=never --resync-period=5s); CONVERGE_LIMIT (120 s) bounds the
-# wait for the mesh; IDLE_WINDOW defaults to 20 s. Needs root, fping, wg.
+# wait for the mesh; IDLE_WINDOW defaults to 20 s; KEEP_LOGS=1 keeps the agents' logs. Needs root,
+# fping, wg, curl (and socat for --backend=kube).
 set -euo pipefail
 
 locations=
@@ -82,10 +83,24 @@ fabric=$tag-f
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 cleanup() {
+	if [[ -n ${neigh_saved:-} ]]; then
+		read -r t1 t2 t3 <<<"$(echo $neigh_saved)"
+		echo "$t1" >"$neigh/gc_thresh1"
+		echo "$t2" >"$neigh/gc_thresh2"
+		echo "$t3" >"$neigh/gc_thresh3"
+	fi
 	for pid in "${pids[@]:-}"; do
 		[[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
 	done
-	sleep 1
+	# Up to 10 s for them all to exit (each removes its rules and routes), then SIGKILL.
+	for _ in $(seq 100); do
+		alive=0
+		for pid in "${pids[@]:-}"; do
+			[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && alive=1 && break
+		done
+		((alive)) || break
+		sleep 0.1
+	done
 	for pid in "${pids[@]:-}"; do
 		[[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
 	done
@@ -96,13 +111,30 @@ cleanup() {
 	for ((i = 0; i < n; i++)); do ip netns del "$tag-$i" 2>/dev/null || true; done
 	ip netns del "$fabric" 2>/dev/null || true
 	rm -f /var/run/wireguard/"$tag"-*.sock
-	rm -rf "$work"
+	if [[ -n ${KEEP_LOGS:-} ]]; then
+		echo "agents.sh: the agents' logs are in $work/logs" >&2
+	else
+		rm -rf "$work"
+	fi
 }
 trap cleanup EXIT
 
 node_ip() { echo "10.250.$(($1 / 250)).$((1 + $1 % 250))"; }
 pod_ip() { echo "10.$((64 + $1 / 256)).$(($1 % 256)).1"; }
 location() { echo "l$(($1 % locations))"; }
+
+# Every node's namespace shares this machine's one ARP table (the kernel's neighbour tables are
+# global; only the first namespace's thresholds apply), and each node holds an entry for every
+# peer endpoint it sends to on the bridge: 60 nodes in a full mesh need 3,540, past the default
+# limit of 1,024 ("neighbor table overflow!" in the kernel's log, ENOBUFS for the senders). A
+# cluster of real machines has one table per node. The limits are raised for the run and put
+# back after it.
+neigh=/proc/sys/net/ipv4/neigh/default
+neigh_saved=$(cat "$neigh"/gc_thresh{1,2,3})
+entries=$((n * n + 1024))
+echo "$entries" >"$neigh/gc_thresh3"
+echo "$entries" >"$neigh/gc_thresh2"
+echo "$((entries / 2))" >"$neigh/gc_thresh1"
 
 ip netns add "$fabric"
 ip -n "$fabric" link add br0 type bridge
@@ -226,7 +258,7 @@ if [[ -n $converged ]]; then
 	echo "handshakes: $handshakes of $peers peers, $(awk -v h="$handshakes" -v t="$converged" 'BEGIN {printf "%.1f", h / t}') completed a second until then"
 else
 	echo "NOT every sampled pair answers within $converge_limit s; unanswered in the last round:"
-	round | head -20
+	round | head -20 || true
 	printf 'handshakes: %d of %d peers\n' "$handshakes" "$peers"
 fi
 

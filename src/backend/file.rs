@@ -8,7 +8,7 @@
 //! kg processes sharing the directory never lose each other's writes and readers never see a
 //! half-written file. A file that does not parse is reported once and its last good content kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,7 @@ mod dir_watch;
 mod documents;
 mod lease;
 mod lock;
+mod publish;
 
 use dir_watch::{Changed, DirWatch};
 
@@ -203,7 +204,7 @@ impl FileBackend {
             }
         };
         let mut changed = false;
-        let mut seen = Vec::new();
+        let mut seen = BTreeSet::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if !is_object_file(&path) {
@@ -212,7 +213,7 @@ impl FileBackend {
             let Ok(meta) = fs::metadata(&path) else {
                 continue;
             };
-            seen.push(path.clone());
+            seen.insert(path.clone());
             changed |= take_file(&mut files, path, &meta);
         }
         let before = files.len();
@@ -225,18 +226,31 @@ impl FileBackend {
     /// renamed or removed) and publishes a new snapshot if anything changed.
     fn scan_names(&self, names: &[std::ffi::OsString]) -> bool {
         let mut files = self.files.lock();
-        let mut changed = false;
+        let mut touched = publish::Touched::default();
         for name in names {
             let path = self.dir.join(name);
             if !is_object_file(&path) {
                 continue;
             }
+            touched.add(files.get(&path));
             match fs::metadata(&path) {
-                Ok(meta) => changed |= take_file(&mut files, path, &meta),
-                Err(_) => changed |= files.remove(&path).is_some(),
+                Ok(meta) => {
+                    if take_file(&mut files, path.clone(), &meta) {
+                        touched.add(files.get(&path));
+                    }
+                }
+                Err(_) => {
+                    files.remove(&path);
+                }
             }
         }
-        changed && self.publish(files)
+        // Only the names those files held or hold change: the snapshot is changed in place
+        // (readers borrow it, so it is not copied).
+        let changed = self
+            .tx
+            .send_if_modified(|snapshot| touched.apply(&files, Arc::make_mut(snapshot)));
+        drop(files);
+        changed
     }
 
     /// Re-reads the file at `path` (one kg itself wrote or removed), so its own writes are in
@@ -251,33 +265,13 @@ impl FileBackend {
     /// files lock (`files`), so two scans never publish from the same base and the change
     /// log's revisions stay in order.
     fn publish(&self, files: parking_lot::MutexGuard<'_, BTreeMap<PathBuf, FileEntry>>) -> bool {
-        let mut nodes: BTreeMap<String, Arc<KubeNode>> = BTreeMap::new();
-        let mut peers: BTreeMap<String, PeerObject> = BTreeMap::new();
-        let mut leases: BTreeMap<String, LeaseState> = BTreeMap::new();
-        for (path, entry) in files.iter() {
-            for (name, lease) in &entry.leases {
-                leases.entry(name.clone()).or_insert_with(|| lease.clone());
-            }
-            for node in &entry.nodes {
-                let name = node.metadata.name.clone().unwrap_or_default();
-                if nodes.contains_key(&name) {
-                    tracing::warn!(file = %path.display(), node = %name, "node defined twice; the first file (by name) wins");
-                    continue;
-                }
-                nodes.insert(name, Arc::clone(node));
-            }
-            for peer in &entry.peers {
-                let name = peer.metadata.name.clone().unwrap_or_default();
-                peers.entry(name).or_insert_with(|| peer.clone());
-            }
-        }
-        let mut snapshot = Snapshot::clone(&self.tx.borrow());
-        let nodes_changed = snapshot.replace_nodes(nodes);
-        let leases_changed = snapshot.replace_leases(leases);
-        let differs = snapshot.replace_peers(peers) || nodes_changed || leases_changed;
-        if differs {
-            self.tx.send_replace(Arc::new(snapshot));
-        }
+        let gathered = publish::gather(&files);
+        let differs = self.tx.send_if_modified(|snapshot| {
+            let snapshot = Arc::make_mut(snapshot);
+            let nodes_changed = snapshot.replace_nodes(gathered.nodes);
+            let leases_changed = snapshot.replace_leases(gathered.leases);
+            snapshot.replace_peers(gathered.peers) || nodes_changed || leases_changed
+        });
         drop(files);
         differs
     }

@@ -80,6 +80,19 @@ impl Snapshot {
         true
     }
 
+    /// Sets Node `name` to the shared `node`; false (nothing recorded) when it is already that.
+    pub fn put_shared_node(&mut self, name: &str, node: Arc<KubeNode>) -> bool {
+        match self.nodes.get_mut(name) {
+            Some(old) if Arc::ptr_eq(old, &node) || **old == *node => return false,
+            Some(old) => *old = node,
+            None => {
+                self.nodes.insert(name.to_string(), node);
+            }
+        }
+        self.changes.node(name);
+        true
+    }
+
     /// Removes Node `name`; false when there was none.
     pub fn remove_node(&mut self, name: &str) -> bool {
         let removed = self.nodes.remove(name).is_some();

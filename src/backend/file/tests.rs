@@ -245,3 +245,67 @@ fn a_directory_that_goes_away_is_unhealthy_and_keeps_the_last_good_state() {
     assert!(backend.subscribe().borrow().nodes.contains_key("b"));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The watch's path (only the files it names read, only their names changed in the snapshot)
+/// ends where a full listing would: a Node moving between files, a Node defined in two files
+/// (the first by name wins) losing its first definition, a file removed, a Peer and a lease
+/// written. Only the names those files held or hold are recorded as changed.
+#[test]
+fn reading_the_files_the_watch_names_ends_where_a_full_listing_does() {
+    let dir = scratch("names");
+    fs::write(dir.join("a.yaml"), MULTI).unwrap();
+    fs::write(dir.join("list.yaml"), LIST).unwrap();
+    fs::write(dir.join("d.json"), JSON).unwrap();
+    let backend = FileBackend::open(&dir).unwrap();
+    let node = |name: &str, cidr: &str| {
+        format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\nspec:\n  podCIDR: {cidr}\n")
+    };
+    let steps: Vec<(&str, Option<String>)> = vec![
+        // c moves out of list.yaml into its own file; b stays.
+        ("c.yaml", Some(node("c", "10.42.33.0/24"))),
+        ("list.yaml", Some(node("b", "10.42.2.0/24"))),
+        // d defined again in a file after d.json: d.json's stays; then d.json goes.
+        ("e.yaml", Some(node("d", "10.42.44.0/24"))),
+        ("d.json", None),
+        // a.yaml goes (its Node and its Peer), a Peer and a lease come in files of their own.
+        ("a.yaml", None),
+        (
+            "peer-x.yaml",
+            Some("apiVersion: kilo.squat.ai/v1alpha1\nkind: Peer\nmetadata:\n  name: x\nspec:\n  allowedIPs: [10.5.0.9/32]\n  publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n".to_string()),
+        ),
+    ];
+    let mut rx = backend.subscribe();
+    for (file, text) in steps {
+        let revision = rx.borrow_and_update().changes.revision();
+        match &text {
+            Some(text) => fs::write(dir.join(file), text).unwrap(),
+            None => fs::remove_file(dir.join(file)).unwrap(),
+        }
+        backend.scan_names(&[file.into()]);
+        let watched = rx.borrow_and_update().clone();
+        // Only what the file held or holds is named as changed.
+        let named: Vec<String> = watched
+            .changes
+            .since(revision)
+            .map(|names| names.map(str::to_string).collect())
+            .unwrap_or_default();
+        assert!(named.len() <= 2, "{file}: {named:?}");
+        let listed = FileBackend::open(&dir)
+            .unwrap()
+            .subscribe()
+            .borrow()
+            .clone();
+        assert_eq!(watched.nodes, listed.nodes, "after {file}");
+        assert_eq!(watched.peers, listed.peers, "after {file}");
+        assert_eq!(watched.leases, listed.leases, "after {file}");
+    }
+    let snap = rx.borrow().clone();
+    let names: Vec<&str> = snap.nodes.keys().map(String::as_str).collect();
+    assert_eq!(names, ["b", "c", "d"]);
+    assert_eq!(
+        snap.nodes["d"].spec.as_ref().unwrap().pod_cidr.as_deref(),
+        Some("10.42.44.0/24")
+    );
+    assert_eq!(snap.peers.keys().collect::<Vec<_>>(), ["x"]);
+    fs::remove_dir_all(&dir).unwrap();
+}
