@@ -83,6 +83,7 @@ fabric=$tag-f
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 cleanup() {
+	[[ -n ${instances_saved:-} ]] && echo "$instances_saved" >"$instances"
 	if [[ -n ${neigh_saved:-} ]]; then
 		read -r t1 t2 t3 <<<"$(echo $neigh_saved)"
 		echo "$t1" >"$neigh/gc_thresh1"
@@ -135,6 +136,12 @@ entries=$((n * n + 1024))
 echo "$entries" >"$neigh/gc_thresh3"
 echo "$entries" >"$neigh/gc_thresh2"
 echo "$((entries / 2))" >"$neigh/gc_thresh1"
+# Each kg watches the cluster directory with an inotify instance of its own, all as root, whose
+# default limit is 128 instances; past it kg lists the directory every 200 ms instead. Raised
+# for the run too.
+instances=/proc/sys/fs/inotify/max_user_instances
+instances_saved=$(cat "$instances")
+((instances_saved < n + 128)) && echo $((n + 128)) >"$instances"
 
 ip netns add "$fabric"
 ip -n "$fabric" link add br0 type bridge

@@ -69,6 +69,8 @@ pub struct FileBackend {
     tx: watch::Sender<Arc<Snapshot>>,
     files: Mutex<BTreeMap<PathBuf, FileEntry>>,
     readable: AtomicBool,
+    /// The kernel refused to watch the directory last time (said once).
+    unwatched: AtomicBool,
 }
 
 fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
@@ -146,12 +148,32 @@ fn take_file(files: &mut BTreeMap<PathBuf, FileEntry>, path: PathBuf, meta: &fs:
 
 /// Watches `dir` (`None` where the kernel cannot, or the directory is not there), then lists
 /// it through `backend`, so nothing changed before the watch began is missed.
+/// Where the kernel refuses the watch (inotify instances or watches used up, most often), says
+/// so once, and again once it watches.
 fn arm(dir: &Path, backend: &Weak<FileBackend>) -> Option<DirWatch> {
-    let dir_watch = DirWatch::new(dir).ok();
+    let dir_watch = DirWatch::new(dir);
     if let Some(backend) = backend.upgrade() {
+        match &dir_watch {
+            Ok(_) => {
+                if backend.unwatched.swap(false, Ordering::Relaxed) {
+                    tracing::info!(dir = %dir.display(), "watching the cluster directory again");
+                }
+            }
+            // A directory that is gone is said by the listing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                if !backend.unwatched.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        error = %e,
+                        "cannot watch the cluster directory (with too many inotify instances or watches in use, raise fs.inotify.max_user_instances or max_user_watches); listing it every {POLL_INTERVAL:?} instead"
+                    );
+                }
+            }
+        }
         backend.scan();
     }
-    dir_watch
+    dir_watch.ok()
 }
 
 impl FileBackend {
@@ -170,6 +192,7 @@ impl FileBackend {
             tx,
             files: Mutex::new(BTreeMap::new()),
             readable: AtomicBool::new(true),
+            unwatched: AtomicBool::new(false),
         });
         backend.scan();
         Ok(backend)
