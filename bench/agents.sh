@@ -11,9 +11,12 @@
 #   - idle CPU (% of a core) and RSS per kg, over IDLE_WINDOW seconds after convergence;
 #   - with --restart-leaders, the longest gap the restart of each location's leader (SIGTERM,
 #     then a new kg at once) costs pings at 10/s from another location's node to one of its
-#     location's pods.
+#     location's pods;
+#   - with --restart-all, after all that, every kg restarted at once (SIGTERM to all, then all
+#     started again: a handshake storm, every engine handshaking with all its peers at the same
+#     moment): the time until every sampled pair answers again, and the cookie replies sent.
 #
-#   sudo bench/agents.sh [--locations=M | --full] [--sample=S] [--restart-leaders] [--backend=kube] N [KG]
+#   sudo bench/agents.sh [--locations=M | --full] [--sample=S] [--restart-leaders] [--restart-all] [--backend=kube] N [KG]
 #
 # --backend=kube runs the agents against a real API server (scripts/kube-up.sh, in the bridge's
 # namespace) instead of the file backend: every kg watches Nodes, Peers and its Leases and patches
@@ -31,6 +34,7 @@ locations=
 full=0
 sample=24
 restart_leaders=0
+restart_all=0
 backend=file
 while [[ ${1:-} == --* ]]; do
 	case $1 in
@@ -38,6 +42,7 @@ while [[ ${1:-} == --* ]]; do
 	--full) full=1 ;;
 	--sample=*) sample=${1#*=} ;;
 	--restart-leaders) restart_leaders=1 ;;
+	--restart-all) restart_all=1 ;;
 	--backend=file | --backend=kube) backend=${1#*=} ;;
 	*)
 		echo "agents.sh: unknown option $1" >&2
@@ -271,12 +276,16 @@ fi
 
 # Handshakes answered with a cookie instead (a device counting more handshake messages a second
 # than it verifies unloaded), and what the agents logged until now.
-cookies=0
-for ((i = 0; i < n; i++)); do
-	c=$(ip netns exec "$tag-$i" curl -sf http://127.0.0.1:1107/metrics 2>/dev/null |
-		awk '/^kilotun_dropped_packets_total/ && /cookie_reply_sent/ {s += $NF} END {print s + 0}')
-	cookies=$((cookies + ${c:-0}))
-done
+cookie_replies() {
+	local all=0 c i
+	for ((i = 0; i < n; i++)); do
+		c=$(ip netns exec "$tag-$i" curl -sf http://127.0.0.1:1107/metrics 2>/dev/null |
+			awk '/^kilotun_dropped_packets_total/ && /cookie_reply_sent/ {s += $NF} END {print s + 0}')
+		all=$((all + ${c:-0}))
+	done
+	echo "$all"
+}
+cookies=$(cookie_replies)
 lines=$(cat "$work"/logs/*.log | wc -l)
 loud=$(cat "$work"/logs/*.log | grep -c -E ' (WARN|ERROR) ' || true)
 echo "cookie replies sent: $cookies in all; log lines: $lines in all, $loud of them WARN or ERROR"
@@ -342,3 +351,28 @@ EOF
 	done
 	echo "leader restarts: at most $longest pings lost per restart (10 a second)"
 fi
+
+if ((restart_all)); then
+	for ((i = 0; i < n; i++)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+	for ((i = 0; i < n; i++)); do wait "${pids[i]}" 2>/dev/null || true; done
+	start=$(date +%s.%N)
+	for ((i = 0; i < n; i++)); do start_kg "$i"; done
+	again=
+	rounds=0
+	while :; do
+		elapsed=$(seconds_since "$start")
+		((${elapsed%.*} >= converge_limit)) && break
+		rounds=$((rounds + 1))
+		if [[ -z $(round) ]]; then
+			again=$(seconds_since "$start")
+			break
+		fi
+	done
+	if [[ -n $again ]]; then
+		echo "every kg restarted at once: every sampled pair answers again after $again s ($rounds rounds)"
+	else
+		echo "every kg restarted at once: NOT every sampled pair answers within $converge_limit s"
+	fi
+	echo "cookie replies sent after the restart: $(($(cookie_replies)))"
+fi
+
