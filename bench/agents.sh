@@ -241,21 +241,28 @@ seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b -
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 echo "agents: $n kg in $locations location(s) ($granularity granularity, $backend backend), each pinging $sample pods; kg $kg"
+# Rounds until every sampled pair answers, at most CONVERGE_LIMIT seconds after $start: sets
+# converged (seconds after $start, empty if never) and rounds.
+wait_for_every_pair() {
+	converged=
+	rounds=0
+	local elapsed missing
+	while :; do
+		elapsed=$(seconds_since "$start")
+		((${elapsed%.*} >= converge_limit)) && break
+		rounds=$((rounds + 1))
+		missing=$(round)
+		if [[ -z $missing ]]; then
+			converged=$(seconds_since "$start")
+			break
+		fi
+		echo "  round $rounds at $elapsed s: $(wc -l <<<"$missing") pair(s) unanswered" >&2
+	done
+}
+
 start=$(date +%s.%N)
 for ((i = 0; i < n; i++)); do start_kg "$i"; done
-converged=
-rounds=0
-while :; do
-	elapsed=$(seconds_since "$start")
-	((${elapsed%.*} >= converge_limit)) && break
-	rounds=$((rounds + 1))
-	missing=$(round)
-	if [[ -z $missing ]]; then
-		converged=$(seconds_since "$start")
-		break
-	fi
-	echo "  round $rounds at $elapsed s: $(wc -l <<<"$missing") pair(s) unanswered" >&2
-done
+wait_for_every_pair
 
 handshakes=0
 peers=0
@@ -357,22 +364,12 @@ if ((restart_all)); then
 	for ((i = 0; i < n; i++)); do wait "${pids[i]}" 2>/dev/null || true; done
 	start=$(date +%s.%N)
 	for ((i = 0; i < n; i++)); do start_kg "$i"; done
-	again=
-	rounds=0
-	while :; do
-		elapsed=$(seconds_since "$start")
-		((${elapsed%.*} >= converge_limit)) && break
-		rounds=$((rounds + 1))
-		if [[ -z $(round) ]]; then
-			again=$(seconds_since "$start")
-			break
-		fi
-	done
-	if [[ -n $again ]]; then
-		echo "every kg restarted at once: every sampled pair answers again after $again s ($rounds rounds)"
+	wait_for_every_pair
+	if [[ -n $converged ]]; then
+		echo "every kg restarted at once: every sampled pair answers again after $converged s ($rounds rounds)"
 	else
 		echo "every kg restarted at once: NOT every sampled pair answers within $converge_limit s"
 	fi
-	echo "cookie replies sent after the restart: $(($(cookie_replies)))"
+	echo "cookie replies sent after the restart: $(cookie_replies)"
 fi
 

@@ -126,7 +126,21 @@ impl TwinAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use control::fixtures::kube_node;
     use dataplane::PeerConfig;
+
+    /// A complete snapshot of `nodes`, each checked in now.
+    fn checked_in(nodes: Vec<control::Node>) -> crate::backend::Snapshot {
+        let mut snapshot = crate::backend::Snapshot {
+            listed: crate::backend::Listed::EVERYTHING,
+            ..Default::default()
+        };
+        for (rv, mut node) in nodes.into_iter().enumerate() {
+            node.last_seen = crate::agent::read_clock().unix_secs();
+            snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
+        }
+        snapshot
+    }
 
     #[tokio::test]
     async fn a_device_that_outlived_kg_keeps_its_peers_when_kg_starts() {
@@ -162,7 +176,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_cni_configuration_follows_the_pod_cidr_through_its_shell() {
-        use control::fixtures::{kube_node, synthetic_cluster};
+        use control::fixtures::synthetic_cluster;
         let dir = std::env::temp_dir().join(format!("kilotun-cni-twin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = synthetic_cluster(4, 2);
@@ -178,14 +192,7 @@ mod tests {
         ])
         .await
         .unwrap();
-        let mut snapshot = crate::backend::Snapshot {
-            listed: crate::backend::Listed::EVERYTHING,
-            ..Default::default()
-        };
-        for (rv, mut node) in nodes.into_iter().enumerate() {
-            node.last_seen = crate::agent::read_clock().unix_secs();
-            snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
-        }
+        let snapshot = checked_in(nodes);
         // No conflist yet: a warning, nothing written, and the mesh still configured.
         twin.agent
             .reconcile(&snapshot, crate::agent::Trigger::Resync)
@@ -217,7 +224,7 @@ mod tests {
     #[tokio::test]
     async fn readiness_follows_the_engine_from_nothing_to_restored_to_configured() {
         use crate::agent::serve::status::EngineReadiness;
-        use control::fixtures::{kube_node, synthetic_cluster};
+        use control::fixtures::synthetic_cluster;
         let dir = std::env::temp_dir().join(format!("kilotun-ready-twin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = synthetic_cluster(4, 2);
@@ -253,14 +260,7 @@ mod tests {
         let board = std::sync::Arc::clone(&twin.agent.status);
         assert_eq!(board.engine(), EngineReadiness::Unconfigured);
         assert!(!board.engine().answer().0);
-        let mut snapshot = crate::backend::Snapshot {
-            listed: crate::backend::Listed::EVERYTHING,
-            ..Default::default()
-        };
-        for (rv, mut node) in nodes.into_iter().enumerate() {
-            node.last_seen = crate::agent::read_clock().unix_secs();
-            snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
-        }
+        let snapshot = checked_in(nodes);
         twin.agent
             .reconcile(&snapshot, crate::agent::Trigger::Resync)
             .await

@@ -3,7 +3,7 @@
 //! change costs in proportion to what changed and not to the size of the cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use control::leader::LeaseState;
@@ -93,7 +93,7 @@ impl Touched {
         let mut changed = false;
         for name in &self.nodes {
             changed |= match first_definition(files, name) {
-                Some((_, node)) => snapshot.put_shared_node(name, node),
+                Some(node) => snapshot.put_shared_node(name, node),
                 None => snapshot.remove_node(name),
             };
         }
@@ -107,16 +107,13 @@ impl Touched {
     }
 }
 
-/// The first file (by path) that defines Node `name`, and its object there.
-fn first_definition<'a>(
-    files: &'a BTreeMap<PathBuf, FileEntry>,
-    name: &str,
-) -> Option<(&'a Path, Arc<KubeNode>)> {
-    files.iter().find_map(|(path, entry)| {
+/// Node `name` as the first file (by path) that defines it holds it.
+fn first_definition(files: &BTreeMap<PathBuf, FileEntry>, name: &str) -> Option<Arc<KubeNode>> {
+    files.values().find_map(|entry| {
         entry
             .nodes
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(name))
-            .map(|n| (path.as_path(), Arc::clone(n)))
+            .cloned()
     })
 }

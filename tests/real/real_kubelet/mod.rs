@@ -760,37 +760,23 @@ fn kubeadm_daemonset_on_real_kubelets() {
         p12.wait_flowing(since, Duration::from_secs(20))
             && p21.wait_flowing(since, Duration::from_secs(20))
     );
-    let before: BTreeMap<String, String> = k
-        .kilo_pods()
-        .into_iter()
-        .map(|(n, p)| {
-            (
-                n,
-                p["metadata"]["uid"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-        .collect();
-    // Each old kg's process and log, to tell kg's own exit from the kubelet's report of it.
+    // Each node's old pod (its uid, to see it replaced, and its name, to follow its log), and
+    // its kg process, to tell kg's own exit from the kubelet's report of it.
+    let old_pods = k.kilo_pods();
+    let field = |key: &str| -> BTreeMap<String, String> {
+        old_pods
+            .iter()
+            .map(|(n, p)| {
+                let value = p["metadata"][key].as_str().unwrap_or_default();
+                (n.clone(), value.to_string())
+            })
+            .collect()
+    };
+    let (before, old_names) = (field("uid"), field("name"));
     let old_pids: BTreeMap<String, i32> = k
         .nodes
         .iter()
         .filter_map(|n| Some((n.name.clone(), k.kg_pid(n)?)))
-        .collect();
-    let old_names: BTreeMap<String, String> = k
-        .kilo_pods()
-        .into_iter()
-        .map(|(n, p)| {
-            (
-                n,
-                p["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
         .collect();
     let logs_dir =
         std::env::temp_dir().join(format!("kilotun-rollout-logs-{}", std::process::id()));
