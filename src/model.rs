@@ -18,6 +18,7 @@ use ipnet::IpNet;
 
 pub mod check;
 pub mod events;
+pub mod report;
 pub mod settings;
 pub mod sim;
 
@@ -131,8 +132,9 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     check::converged(&sim, &model.left, &peers).map_err(|e| {
         fail(
             format!(
-                "not converged {} s after the last fault: {e}",
-                CONVERGENCE_BOUND.as_secs()
+                "not converged {} s after the last fault: {e}\nthe nodes then:\n{}",
+                CONVERGENCE_BOUND.as_secs(),
+                report::describe(&sim)
             ),
             &history,
         )

@@ -26,7 +26,8 @@
 //! blindly: the whole location may be cut off, and then every candidate would be as cut off as
 //! it. It marks its lease cut off instead; the next few candidates ([`Election::verifiers`]) then
 //! open standby tunnels (handshakes only, no allowed IPs) to the other locations' leaders, and
-//! the first whose handshake completes takes the lease over.
+//! the first whose handshake completes takes the lease over. When none does within
+//! [`VERIFY_WINDOW_MS`], the holder withdraws the mark and keeps the lead.
 
 pub mod book;
 
@@ -42,6 +43,11 @@ pub const LEASE_RENEW_MS: i64 = 2_000;
 /// How long a leader's tunnels must send without receiving before it gives its lease up:
 /// longer than WireGuard's 10 s passive keepalive, so one-way traffic is never mistaken for it.
 pub const CUT_OFF_WINDOW_MS: i64 = 12_000;
+/// How long a holder's cut-off mark stands without a verifier taking over: past it, the next
+/// candidates reached no other location either, so the holder is no more cut off than they are
+/// (the other locations are down, or the whole location is cut off). It withdraws the mark and
+/// asks again only once its tunnels hear something or another location's leader changes.
+pub const VERIFY_WINDOW_MS: i64 = 20_000;
 /// How many candidates check whether they reach the other locations when the holder is cut off.
 pub const VERIFIERS: usize = 3;
 
@@ -62,6 +68,11 @@ pub struct LeaseState {
     /// Earlier holders that stopped renewing (or were cut off), with the `last-seen` each had
     /// when it was deposed: no candidate until its `last-seen` moves on.
     pub deposed: BTreeMap<String, i64>,
+    /// The holder a verifier took this lease from because it was cut off: no candidate, and
+    /// its `kilo.squat.ai/leader` annotation no preference, while the lease stays in the same
+    /// hands. Otherwise an annotated holder that is cut off would take the lead back at every
+    /// check-in and lose it again a lease step later.
+    pub cut_off_predecessor: Option<String>,
 }
 
 /// What a lease write expects to find: the compare of its compare-and-swap.
@@ -88,11 +99,14 @@ impl LeaseState {
         self.holder.is_some() && now_ms < self.renewed_ms + self.duration_ms
     }
 
-    /// True when `node` was deposed and has not checked in since.
+    /// True when `node` was deposed and has not checked in since, or is the cut-off holder
+    /// this lease's holder replaced.
     pub fn keeps_out(&self, node: &Node) -> bool {
-        self.deposed
-            .get(&node.name)
-            .is_some_and(|&last_seen| node.last_seen <= last_seen)
+        self.cut_off_predecessor.as_deref() == Some(node.name.as_str())
+            || self
+                .deposed
+                .get(&node.name)
+                .is_some_and(|&last_seen| node.last_seen <= last_seen)
     }
 
     /// The deposed record `holder` writes, among the location's `members`: the entries of
@@ -106,8 +120,11 @@ impl LeaseState {
     ) -> BTreeMap<String, i64> {
         let mut deposed: BTreeMap<String, i64> = members
             .iter()
-            .filter(|n| n.name != holder && self.keeps_out(n))
-            .map(|n| (n.name.clone(), self.deposed[&n.name]))
+            .filter(|n| n.name != holder)
+            .filter_map(|n| {
+                let last_seen = *self.deposed.get(&n.name)?;
+                (n.last_seen <= last_seen).then(|| (n.name.clone(), last_seen))
+            })
             .collect();
         if deposing {
             let previous = self.holder.as_deref();
@@ -212,7 +229,8 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
     let valid = lease.filter(|l| l.is_valid(now_ms));
     if let Some(holder) = valid.and_then(|l| l.holder.as_deref()) {
         if let Some(node) = candidates.iter().find(|n| n.name == holder) {
-            let preferred = candidates.iter().any(|n| n.leader) && !node.leader;
+            let kept_out = |n: &Node| valid.is_some_and(|l| l.keeps_out(n));
+            let preferred = candidates.iter().any(|n| n.leader && !kept_out(n)) && !node.leader;
             if !preferred {
                 let verifiers = if valid.is_some_and(|l| l.cut_off) {
                     in_order_of_succession(&candidates, holder, VERIFIERS)
@@ -270,7 +288,8 @@ pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
 }
 
 /// Who leads `node`'s location by a valid lease at `now_ms`, when that is another node that
-/// `node` (not annotated `kilo.squat.ai/leader`) cannot displace: a restarted agent's saved
+/// `node` cannot displace (it is not annotated `kilo.squat.ai/leader`, or the lease keeps it
+/// out): a restarted agent's saved
 /// peers are then stale if it led before it died, and bringing them back, even until its first
 /// reconcile, would make it act as a leader it no longer is. `None` when `node` holds the
 /// lease, no valid lease names anyone, or the annotation may give `node` the lead.
@@ -279,12 +298,12 @@ pub fn led_by_another<'l>(
     leases: &'l BTreeMap<String, LeaseState>,
     now_ms: i64,
 ) -> Option<&'l str> {
-    if node.leader {
-        return None;
-    }
     let lease = leases
         .get(&lease_name(&node.location))
         .filter(|l| l.is_valid(now_ms))?;
+    if node.leader && !lease.keeps_out(node) {
+        return None;
+    }
     lease
         .holder
         .as_deref()

@@ -73,19 +73,34 @@ pub(crate) const EAGER_RETRY_AFTER: Duration = Duration::from_millis(500);
 /// the unanswered initiation (a new index), so an answer that takes longer than the wait is
 /// dropped when it comes; these leave a path with a round trip of up to a second its chance.
 pub(crate) const EAGER_SLOW_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// How many early initiations follow the first, at most (at 0.5, 1, 1.5, 2.5, 3.5 and 4.5 s):
-/// by then REKEY_TIMEOUT's own retries take over.
+/// How many early initiations follow the first, at most (about 0.5, 1, 1.5, 2.5, 3.5 and 4.5 s
+/// after it, each wait up to a third longer: [`eager_retry_after`]): by then REKEY_TIMEOUT's
+/// own retries take over.
 pub(crate) const EAGER_RETRIES: u8 = 6;
 /// How many of the [`EAGER_RETRIES`] wait [`EAGER_SLOW_RETRY_AFTER`].
 pub(crate) const EAGER_SLOW_RETRIES: u8 = 3;
 
-/// The wait before the next early initiation when `left` of them remain.
-pub(crate) fn eager_retry_after(left: u8) -> Duration {
-    if left > EAGER_SLOW_RETRIES {
+/// The wait before the next early initiation from `local` to `peer` when `left` of them
+/// remain: [`EAGER_RETRY_AFTER`] or [`EAGER_SLOW_RETRY_AFTER`], plus up to a third of it. The
+/// extra is the same for one pair of keys and retry (so a test can predict it) and differs from
+/// pair to pair, so that agents restarted at once do not send their retries to a leader in
+/// step (WireGuard adds up to a third of a second to its own REKEY_TIMEOUT for the same reason).
+pub(crate) fn eager_retry_after(local: &[u8; 32], peer: &[u8; 32], left: u8) -> Duration {
+    let wait = if left > EAGER_SLOW_RETRIES {
         EAGER_RETRY_AFTER
     } else {
         EAGER_SLOW_RETRY_AFTER
-    }
+    };
+    // FNV-1a over both keys and the retry's number: cheap, and spread enough for timing.
+    let hash = local
+        .iter()
+        .chain(peer)
+        .chain(std::iter::once(&left))
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+    let third = wait.as_millis() as u64 / 3;
+    wait + Duration::from_millis(hash % (third + 1))
 }
 
 /// Handshake messages per second the whole device verifies before answering with cookies.
@@ -302,5 +317,44 @@ fn reason_for(error: WireGuardError) -> DropReason {
         }
         WireGuardError::WrongPacketType => DropReason::Malformed,
         WireGuardError::DestinationBufferTooSmall | WireGuardError::LockFailed => DropReason::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn early_retries_wait_up_to_a_third_longer_and_differ_from_pair_to_pair() {
+        let peer = [7; 32];
+        let mut first_waits = std::collections::BTreeSet::new();
+        for n in 0..200u16 {
+            let mut local = [0; 32];
+            local[..2].copy_from_slice(&n.to_le_bytes());
+            for left in 1..=EAGER_RETRIES {
+                let wait = eager_retry_after(&local, &peer, left);
+                let base = if left > EAGER_SLOW_RETRIES {
+                    EAGER_RETRY_AFTER
+                } else {
+                    EAGER_SLOW_RETRY_AFTER
+                };
+                assert!(
+                    wait >= base && wait <= base + base / 3,
+                    "{wait:?} for {base:?}"
+                );
+                assert_eq!(
+                    wait,
+                    eager_retry_after(&local, &peer, left),
+                    "the same each time"
+                );
+            }
+            first_waits.insert(eager_retry_after(&local, &peer, EAGER_RETRIES));
+        }
+        // 200 agents retrying towards one leader spread over the 167 ms the jitter allows.
+        assert!(
+            first_waits.len() > 100,
+            "{} distinct waits",
+            first_waits.len()
+        );
     }
 }

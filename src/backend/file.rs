@@ -38,7 +38,10 @@ use dir_watch::{Changed, DirWatch};
 use documents::{
     apply_changes, is_object_file, name_of, parse_documents, render, visit, visit_mut,
 };
-pub use lease::{lease_object, lease_state, CUT_OFF_ANNOTATION, DEPOSED_ANNOTATION};
+pub use lease::{
+    lease_object, lease_state, CUT_OFF_ANNOTATION, CUT_OFF_PREDECESSOR_ANNOTATION,
+    DEPOSED_ANNOTATION,
+};
 use lock::{write_atomically, DirLock};
 
 /// How often the directory is re-scanned.

@@ -69,12 +69,13 @@ fn keeps_alive(snapshot: &crate::backend::Snapshot, name: &str) -> bool {
 
 /// Once the faults have stopped and enough model time has passed: every location with a
 /// running node has exactly one leader, the one its lease names, chosen as Kilo's rule and the
-/// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first; in
-/// full granularity every node is its own location and leader, and no lease is taken); every
-/// leader's device has exactly the other locations' leaders and the valid Peers as peers, each
-/// running node's pod CIDR routed to its location's leader alone (where both locations'
-/// leaders are behind NAT, to the relay: the first location by name whose leader is not); every follower routes the
-/// other locations' pods through its own leader; nothing routes to a node that left.
+/// operator's annotations say (uncordoned before cordoned, `kilo.squat.ai/leader` first unless
+/// the lease names it the cut-off holder its holder replaced; in full granularity every node is
+/// its own location and leader, and no lease is taken); every leader's device has exactly the
+/// other locations' leaders and the valid Peers as peers (no standby peer stays), each running
+/// node's pod CIDR routed to its location's leader alone (where both locations' leaders are
+/// behind NAT, to the relay: the first location by name whose leader is not); every follower
+/// routes the other locations' pods through its own leader; nothing routes to a node that left.
 pub fn converged(
     sim: &Sim,
     left: &BTreeSet<IpNet>,
@@ -116,7 +117,19 @@ pub fn converged(
                         "location {location} is led by cordoned {leader} though an uncordoned node runs"
                     ));
                 }
-                if !preferred(leader) && nodes.iter().any(|(n, _)| preferred(n) && !cordoned(n)) {
+                // A holder a verifier found cut off and replaced is kept out, annotated or
+                // not, while its replacement holds the lease.
+                let lease = snapshot
+                    .leases
+                    .get(&control::leader::lease_name(location))
+                    .cloned()
+                    .unwrap_or_default();
+                let replaced = |name: &str| lease.cut_off_predecessor.as_deref() == Some(name);
+                if !preferred(leader)
+                    && nodes
+                        .iter()
+                        .any(|(n, _)| preferred(n) && !cordoned(n) && !replaced(n))
+                {
                     return Err(format!(
                         "location {location} is led by {leader}, not by its node annotated kilo.squat.ai/leader"
                     ));
@@ -173,10 +186,17 @@ pub fn converged(
             .collect();
         let have: BTreeSet<control::Key> = device.iter().map(|(k, _)| *k).collect();
         if have != expected {
+            let named = |keys: Vec<&control::Key>| -> Vec<String> {
+                keys.into_iter()
+                    .map(|key| key_owner(sim, peers, key))
+                    .collect()
+            };
             return Err(format!(
-                "leader {name} of {location} has {} peers, not the {} other leaders (or their relays) and Peers",
+                "leader {name} of {location} has {} peers, not the {} other leaders (or their relays) and Peers: extra {:?}, missing {:?}",
                 have.len(),
-                expected.len()
+                expected.len(),
+                named(have.difference(&expected).collect()),
+                named(expected.difference(&have).collect()),
             ));
         }
         for (other, members) in &by_location {
@@ -256,4 +276,15 @@ pub fn converged(
         }
     }
     Ok(())
+}
+
+/// Who holds `key`: a node by name (with its location), a Peer by its address, or neither.
+fn key_owner(sim: &Sim, peers: &[(control::Key, IpNet)], key: &control::Key) -> String {
+    if let Some(name) = super::report::key_holder(sim, key) {
+        return format!("{name} in {}", sim.nodes[&name].location);
+    }
+    if let Some((_, cidr)) = peers.iter().find(|(k, _)| k == key) {
+        return format!("Peer {cidr}");
+    }
+    format!("a key no node or Peer holds ({})", key)
 }

@@ -508,3 +508,38 @@ fn locations_behind_nat_are_relayed_and_peer_directly_once_one_is_not() {
         "n02 routes n03's pods to the relay n01: {device:?}"
     );
 }
+
+/// Two locations whose leaders are both behind NAT, with no third to relay: their tunnel stays
+/// silent for good. The holder that has a follower marks its lease cut off; the follower, behind
+/// NAT too, reaches nobody either, so the holder withdraws the mark once the verify window has
+/// passed and does not mark it again: no standby peer stays, and the lease keeps its holder.
+#[test]
+fn a_cut_off_mark_no_verifier_can_act_on_is_withdrawn_for_good() {
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    for location in [0, 1, 1] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    for name in ["n01", "n02", "n03"] {
+        sim.set_nat(name, true);
+    }
+    let lease =
+        |sim: &Sim| sim.cluster.snapshot().leases[&control::leader::lease_name("l1")].clone();
+    let (mut marked_for, mut withdrawn) = (0, false);
+    for _ in 0..90 {
+        sim.advance(Duration::from_secs(1)).unwrap();
+        let cut_off = lease(&sim).cut_off;
+        marked_for += u32::from(cut_off);
+        withdrawn |= marked_for > 0 && !cut_off;
+    }
+    assert!(marked_for > 0, "l1's holder never marked its silent lease");
+    assert!(withdrawn, "the mark stood {marked_for} s");
+    let before = lease(&sim);
+    sim.advance(Duration::from_secs(300)).unwrap();
+    let after = lease(&sim);
+    assert!(!after.cut_off, "marked again with nothing changed");
+    assert_eq!(
+        (after.holder, after.transitions),
+        (before.holder, before.transitions)
+    );
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+}

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::{
     cut_off, hears_any, kilo_rule_leaders, lease_agreement, lease_leaders, lease_name, successor,
     Agreement, Basis, Election, Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS,
-    LEASE_DURATION_MS,
+    LEASE_DURATION_MS, VERIFY_WINDOW_MS,
 };
 use crate::{Key, Node};
 
@@ -38,6 +38,11 @@ pub struct LeaseBook {
     kilo_rule: BTreeMap<String, String>,
     /// Traffic samples of the tunnels while this node leads, oldest first.
     samples: VecDeque<TrafficSample>,
+    /// Since when (Unix milliseconds) this leader's lease has been marked cut off.
+    marked_since_ms: Option<i64>,
+    /// The tunnels this leader watched when its verifiers reached nothing either: it does not
+    /// mark its lease again while they stay the same and silent.
+    unverified: Option<Vec<Key>>,
     /// This node verifies a cut-off holder and its standby handshake was already complete at
     /// the last lease step: it takes over only on a second step in a row, so a holder that
     /// hears again at the same moment clears its mark first and keeps the lead.
@@ -239,19 +244,29 @@ impl LeaseBook {
         let current = seen.map(|s| s.state.clone()).unwrap_or_default();
         let expired = seen.is_some_and(|s| now_ms >= s.observed_ms + s.state.duration_ms);
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
-        let handing = |to: &str, deposing: bool| LeaseState {
-            deposed: current.deposed_after(&members, to, deposing),
+        // Handing over deposes nobody; a verifier's takeover deposes the cut-off holder and
+        // keeps it out while the verifier holds the lease.
+        let handing = |to: &str, cut_off_takeover: bool| LeaseState {
+            deposed: current.deposed_after(&members, to, cut_off_takeover),
             holder: Some(to.to_string()),
             renewed_ms: now_ms,
             duration_ms: LEASE_DURATION_MS,
             transitions: current.transitions + 1,
             cut_off: false,
+            cut_off_predecessor: if cut_off_takeover {
+                current.holder.clone()
+            } else {
+                None
+            },
         };
         let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
-            let cut_off = !mirroring
-                && self.cut_off_now(&tunnels.traffic, now_ms, current.cut_off)
-                && successor(&members, hostname).is_some();
+            let mark = if mirroring {
+                Mark::Clear
+            } else {
+                self.cut_off_now(&tunnels.traffic, now_ms, current.cut_off)
+            };
+            let cut_off = mark == Mark::CutOff && successor(&members, hostname).is_some();
             let taking = current.holder.as_deref() != Some(hostname);
             let state = LeaseState {
                 holder: Some(hostname.to_string()),
@@ -260,11 +275,18 @@ impl LeaseBook {
                 transitions: current.transitions + i32::from(taking),
                 cut_off,
                 deposed: current.deposed_after(&members, hostname, taking && expired),
+                cut_off_predecessor: if taking {
+                    None
+                } else {
+                    current.cut_off_predecessor.clone()
+                },
             };
             let why = if taking {
                 Some(format!("taking the lead of {location}"))
             } else if cut_off && !current.cut_off {
                 Some(format!("no tunnel of this leader has received anything for {} s while sending; asking the next candidates of {location} whether they reach the other locations", CUT_OFF_WINDOW_MS / 1000))
+            } else if mark == Mark::Unverified && current.cut_off {
+                Some(format!("no candidate of {location} reached another location within {} s either; keeping the lead until this leader's tunnels hear something or another location's leader changes", VERIFY_WINDOW_MS / 1000))
             } else if !cut_off && current.cut_off {
                 Some("the tunnels of this leader hear the other locations again".to_string())
             } else {
@@ -319,14 +341,17 @@ impl LeaseBook {
     }
 
     /// Samples the tunnels' `traffic` at `now_ms` and says whether this leader is cut off
-    /// (see [`cut_off`]); once `marked`, until a tunnel hears something again.
-    fn cut_off_now(&mut self, traffic: &TunnelTraffic, now_ms: i64, marked: bool) -> bool {
+    /// (see [`cut_off`]); once `marked`, until a tunnel hears something again or
+    /// [`VERIFY_WINDOW_MS`] passed without a verifier taking over.
+    fn cut_off_now(&mut self, traffic: &TunnelTraffic, now_ms: i64, marked: bool) -> Mark {
         let (watched, peers) = match traffic {
             TunnelTraffic::NotLeading => {
                 self.samples.clear();
-                return false;
+                self.marked_since_ms = None;
+                self.unverified = None;
+                return Mark::Clear;
             }
-            TunnelTraffic::Unreadable => return false,
+            TunnelTraffic::Unreadable => return Mark::Clear,
             TunnelTraffic::Read { watched, peers } => (watched, peers),
         };
         let samples = &mut self.samples;
@@ -342,14 +367,48 @@ impl LeaseBook {
             samples.pop_front();
         }
         let (Some(oldest), Some(newest)) = (samples.front(), samples.back()) else {
-            return false;
+            return Mark::Clear;
         };
+        let previous = samples.len().checked_sub(2).and_then(|i| samples.get(i));
+        let heard = previous.is_some_and(|p| hears_any(p, newest, watched));
         if marked {
-            let previous = samples.len().checked_sub(2).and_then(|i| samples.get(i));
-            return previous.is_none_or(|p| !hears_any(p, newest, watched));
+            if heard {
+                self.marked_since_ms = None;
+                return Mark::Clear;
+            }
+            let since = *self.marked_since_ms.get_or_insert(now_ms);
+            if now_ms - since < VERIFY_WINDOW_MS {
+                return Mark::CutOff;
+            }
+            self.marked_since_ms = None;
+            self.unverified = Some(watched.clone());
+            return Mark::Unverified;
         }
-        cut_off(oldest, newest, watched)
+        self.marked_since_ms = None;
+        if let Some(unverified) = &self.unverified {
+            if !heard && unverified == watched {
+                return Mark::Unverified;
+            }
+            self.unverified = None;
+        }
+        if cut_off(oldest, newest, watched) {
+            Mark::CutOff
+        } else {
+            Mark::Clear
+        }
     }
+}
+
+/// What a leader's tunnels say of its lease's cut-off mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// Not cut off (or no way to tell).
+    Clear,
+    /// Cut off: the lease is (or stays) marked.
+    CutOff,
+    /// Silent still, but the verifiers reached nothing within [`VERIFY_WINDOW_MS`] of the
+    /// mark: no mark until a tunnel hears or the watched tunnels change.
+    Unverified,
 }
 
 #[cfg(test)]

@@ -200,6 +200,73 @@ fn a_leader_whose_tunnels_only_send_marks_its_lease_cut_off_and_clears_it_when_t
 }
 
 #[test]
+fn a_mark_no_verifier_acts_on_is_withdrawn_and_not_made_again_until_something_changes() {
+    let nodes = cluster();
+    let mut leases = BTreeMap::new();
+    let mut book = LeaseBook::default();
+    let mut now = T0;
+    let mut tx = 100;
+    let mut sending = |book: &mut LeaseBook,
+                       leases: &mut BTreeMap<String, LeaseState>,
+                       now: i64,
+                       readings: fn(u64, u64) -> TunnelReadings| {
+        tx += 50;
+        let w = step(book, "e1", &nodes, leases, &readings(100, tx), now).unwrap();
+        written(leases, &w);
+        w
+    };
+    let mut marked_at = None;
+    while marked_at.is_none() {
+        now += 2_000;
+        if sending(&mut book, &mut leases, now, leading).next.cut_off {
+            marked_at = Some(now);
+        }
+    }
+    let marked_at = marked_at.unwrap();
+    // Nobody takes over: the mark stands for the verify window, then is withdrawn, once.
+    let withdrawn = loop {
+        now += 2_000;
+        let w = sending(&mut book, &mut leases, now, leading);
+        if !w.next.cut_off {
+            break w;
+        }
+        assert!(now - marked_at <= VERIFY_WINDOW_MS + 2_000, "marked still");
+    };
+    assert!(
+        now - marked_at >= VERIFY_WINDOW_MS,
+        "withdrawn after {} ms",
+        now - marked_at
+    );
+    assert!(withdrawn.why.unwrap().starts_with(
+        "no candidate of east reached another location within 20 s either; keeping the lead"
+    ));
+    assert_eq!(withdrawn.next.holder.as_deref(), Some("e1"));
+    // Still silent on the same tunnel: no new mark, and nothing said.
+    for _ in 0..20 {
+        now += 2_000;
+        let w = sending(&mut book, &mut leases, now, leading);
+        assert!(!w.next.cut_off && w.why.is_none(), "{w:?}");
+    }
+    // Another location's leader (a new key to watch) makes it a new question: marked again.
+    let elsewhere = |rx, tx| {
+        let other = Key::padded("k9");
+        TunnelReadings {
+            traffic: TunnelTraffic::Read {
+                watched: vec![other],
+                peers: BTreeMap::from([(other, (rx, tx))]),
+            },
+            standby_reached: Vec::new(),
+        }
+    };
+    let mut remarked = false;
+    for _ in 0..10 {
+        now += 2_000;
+        remarked |= sending(&mut book, &mut leases, now, elsewhere).next.cut_off;
+    }
+    assert!(remarked, "a changed tunnel is asked about again");
+}
+
+#[test]
 fn unreadable_counters_never_mark_a_leader_cut_off() {
     let nodes = cluster();
     let mut leases = BTreeMap::new();
@@ -257,6 +324,7 @@ fn a_verifier_with_a_standby_handshake_takes_a_cut_off_lease_on_the_second_step_
         transitions: 3,
         cut_off: true,
         deposed: BTreeMap::new(),
+        cut_off_predecessor: None,
     };
     leases.insert(lease_name("east"), cut.clone());
     let mut book = LeaseBook::default();
@@ -295,6 +363,11 @@ fn a_verifier_with_a_standby_handshake_takes_a_cut_off_lease_on_the_second_step_
         take.next.deposed.get("e1"),
         Some(&nodes[0].last_seen),
         "the cut-off holder is deposed"
+    );
+    assert_eq!(
+        take.next.cut_off_predecessor.as_deref(),
+        Some("e1"),
+        "and kept out while e2 holds the lease"
     );
     assert!(take
         .why

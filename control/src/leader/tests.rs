@@ -44,6 +44,7 @@ fn lease(holder: &str, renewed_ms: i64) -> LeaseState {
         transitions: 0,
         cut_off: false,
         deposed: BTreeMap::new(),
+        cut_off_predecessor: None,
     }
 }
 
@@ -300,6 +301,32 @@ fn a_deposed_leader_is_passed_over_until_it_checks_in_again() {
         ..third
     };
     assert_eq!(leader(&nodes, Some(&gone)), ("n1".into(), Basis::KiloRule));
+}
+
+#[test]
+fn an_annotated_holder_found_cut_off_is_not_preferred_while_its_replacement_holds() {
+    let mut nodes = members();
+    nodes[0].leader = true; // n1: the operator's choice, found cut off and replaced by n2
+    let mut replaced = lease("n2", NOW - 1_000);
+    replaced.cut_off_predecessor = Some("n1".into());
+    assert!(replaced.keeps_out(&nodes[0]), "checked in or not");
+    assert_eq!(leader(&nodes, Some(&replaced)), ("n2".into(), Basis::Lease));
+    // A restarted n1 does not bring back the peers it had as a leader.
+    let leases = BTreeMap::from([(lease_name("east"), replaced.clone())]);
+    assert_eq!(led_by_another(&nodes[0], &leases, NOW), Some("n2"));
+    // Once the lease is in other hands (n2 expired), n1 is preferred again.
+    let expired = LeaseState {
+        renewed_ms: NOW - 7_000,
+        ..replaced
+    };
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let mut third = lease("n3", NOW);
+    third.deposed = expired.deposed_after(&refs, "n3", true);
+    assert_eq!(third.cut_off_predecessor, None);
+    assert_eq!(leader(&nodes, Some(&third)), ("n1".into(), Basis::KiloRule));
+    // Without the record, the annotation wins over the holder as before.
+    let plain = lease("n2", NOW - 1_000);
+    assert_eq!(leader(&nodes, Some(&plain)), ("n1".into(), Basis::KiloRule));
 }
 
 #[test]

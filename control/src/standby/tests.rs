@@ -61,6 +61,7 @@ fn topology(host: &str, cut_off: bool) -> Topology {
             transitions: 0,
             cut_off,
             deposed: BTreeMap::new(),
+            cut_off_predecessor: None,
         },
     )]);
     let elections = lease_leaders(&nodes, &leases, NOW);

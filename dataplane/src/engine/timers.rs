@@ -35,6 +35,10 @@ impl Engine {
                 *last = Some(now);
             }
         }
+        let local = state
+            .identity
+            .as_ref()
+            .map_or([0; 32], |i| *i.public_key.as_bytes());
         for key in &state.order {
             let entry = &state.peers[key];
             let shared = &entry.shared;
@@ -43,12 +47,13 @@ impl Engine {
             let unshaken = core.last_handshake.is_none() && endpoint.is_some();
             let initiate = std::mem::take(&mut core.handshake_due) && unshaken;
             let retry = !initiate && unshaken && core.eager_retry.is_some_and(|(at, _)| now >= at);
+            let after = |left| eager_retry_after(&local, key.as_bytes(), left);
             if initiate {
-                core.eager_retry = Some((now + eager_retry_after(EAGER_RETRIES), EAGER_RETRIES));
+                core.eager_retry = Some((now + after(EAGER_RETRIES), EAGER_RETRIES));
             } else if retry {
-                core.eager_retry = core.eager_retry.and_then(|(_, left)| {
-                    (left > 1).then(|| (now + eager_retry_after(left - 1), left - 1))
-                });
+                core.eager_retry = core
+                    .eager_retry
+                    .and_then(|(_, left)| (left > 1).then(|| (now + after(left - 1), left - 1)));
             }
             let Some(tunn) = core.tunn.as_mut() else {
                 continue;

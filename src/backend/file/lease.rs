@@ -31,6 +31,9 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         cut_off: annotation(CUT_OFF_ANNOTATION).is_some_and(|v| v == "true"),
         deposed: annotation(DEPOSED_ANNOTATION).map_or_else(BTreeMap::new, decode_deposed),
+        cut_off_predecessor: annotation(CUT_OFF_PREDECESSOR_ANNOTATION)
+            .filter(|name| !name.is_empty())
+            .map(str::to_string),
     }
 }
 
@@ -60,6 +63,10 @@ pub const DEPOSED_ANNOTATION: &str = "kilotun.io/deposed";
 /// The Lease annotation by which a holder says it is cut off (see `control::leader`).
 pub const CUT_OFF_ANNOTATION: &str = "kilotun.io/cut-off";
 
+/// The Lease annotation that names the cut-off holder its holder replaced (see
+/// `control::leader::LeaseState`).
+pub const CUT_OFF_PREDECESSOR_ANNOTATION: &str = "kilotun.io/cut-off-predecessor";
+
 /// `state` as a Kubernetes Lease called `name`.
 pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
     let renewed = k8s_openapi::jiff::Timestamp::from_millisecond(state.renewed_ms)
@@ -71,6 +78,9 @@ pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
                 let mut annotations = BTreeMap::new();
                 if state.cut_off {
                     annotations.insert(CUT_OFF_ANNOTATION.to_string(), "true".to_string());
+                }
+                if let Some(name) = &state.cut_off_predecessor {
+                    annotations.insert(CUT_OFF_PREDECESSOR_ANNOTATION.to_string(), name.clone());
                 }
                 if !state.deposed.is_empty() {
                     annotations.insert(

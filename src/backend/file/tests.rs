@@ -187,6 +187,7 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
         transitions: 3,
         cut_off: true,
         deposed: BTreeMap::from([("n0".to_string(), 1_700_000_000), ("n2".to_string(), 5)]),
+        cut_off_predecessor: Some("n0".into()),
     };
     let object = lease_object("kilotun-leader-east", &state);
     assert_eq!(
@@ -201,6 +202,7 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
     let healthy = LeaseState {
         cut_off: false,
         deposed: BTreeMap::new(),
+        cut_off_predecessor: None,
         ..state.clone()
     };
     let mut garbled = lease_object("kilotun-leader-east", &state);
