@@ -36,6 +36,11 @@ impl KubeCluster {
 
 /// The holder of east's Lease, read with kubectl.
 fn east_lease_holder(k: &KubeCluster) -> Option<String> {
+    east_lease_field(k, "{.spec.holderIdentity}")
+}
+
+/// A field of east's Lease (a kubectl JSONPath), when it is set.
+fn east_lease_field(k: &KubeCluster, path: &str) -> Option<String> {
     let out = k.kube.kubectl_output(
         &[
             "-n",
@@ -44,7 +49,7 @@ fn east_lease_holder(k: &KubeCluster) -> Option<String> {
             "lease",
             "kilotun-leader-east",
             "-o",
-            "jsonpath={.spec.holderIdentity}",
+            &format!("jsonpath={path}"),
         ],
         None,
     );
@@ -78,6 +83,17 @@ fn a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease() {
         k.c.node(other)
             .log_text()
             .contains("is cut off and this node has a handshake with the leader of west"),
+        "{}",
+        k.c.logs()
+    );
+    // The Lease names the holder it replaced, kept out while the new one holds it.
+    assert_eq!(
+        east_lease_field(
+            &k,
+            r"{.metadata.annotations.kilotun\.io/cut-off-predecessor}"
+        )
+        .as_deref(),
+        Some(leader.as_str()),
         "{}",
         k.c.logs()
     );
