@@ -204,7 +204,7 @@ start_kg() {
 	# shellcheck disable=SC2086
 	ip netns exec "$tag-$i" "$kg" "${backend_args[@]}" \
 		--hostname="n$i" --interface="$tag-$i" --key-file="$work/keys/n$i" \
-		--cni-path="$work/n$i.conflist" --mesh-granularity=$granularity \
+		--cni=false --mesh-granularity=$granularity \
 		--encapsulate=never --resync-period=5s ${KG_ARGS:-} \
 		</dev/null >/dev/null 2>>"$work/logs/n$i.log" &
 	pids[i]=$!
