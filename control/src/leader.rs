@@ -99,10 +99,13 @@ impl LeaseState {
         self.holder.is_some() && now_ms < self.renewed_ms + self.duration_ms
     }
 
-    /// True when `node` was deposed and has not checked in since, or is the cut-off holder
-    /// this lease's holder replaced.
-    pub fn keeps_out(&self, node: &Node) -> bool {
-        self.cut_off_predecessor.as_deref() == Some(node.name.as_str())
+    /// True when `node` was deposed and has not checked in since, or, while this lease is
+    /// valid at `now_ms`, is the cut-off holder its holder replaced (once the holder stops
+    /// renewing, the lease is no longer in the same hands, and a dead holder must not leave its
+    /// location with no candidate but itself).
+    pub fn keeps_out(&self, node: &Node, now_ms: i64) -> bool {
+        let replaced = self.cut_off_predecessor.as_deref() == Some(node.name.as_str());
+        (replaced && self.is_valid(now_ms))
             || self
                 .deposed
                 .get(&node.name)
@@ -229,7 +232,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
     let valid = lease.filter(|l| l.is_valid(now_ms));
     if let Some(holder) = valid.and_then(|l| l.holder.as_deref()) {
         if let Some(node) = candidates.iter().find(|n| n.name == holder) {
-            let kept_out = |n: &Node| valid.is_some_and(|l| l.keeps_out(n));
+            let kept_out = |n: &Node| valid.is_some_and(|l| l.keeps_out(n, now_ms));
             let preferred = candidates.iter().any(|n| n.leader && !kept_out(n)) && !node.leader;
             if !preferred {
                 let verifiers = if valid.is_some_and(|l| l.cut_off) {
@@ -252,7 +255,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         .iter()
         .copied()
         .filter(|n| Some(n.name.as_str()) != expired_holder)
-        .filter(|n| !lease.is_some_and(|l| l.keeps_out(n)))
+        .filter(|n| !lease.is_some_and(|l| l.keeps_out(n, now_ms)))
         .collect();
     if !alive.is_empty() {
         candidates = alive;
@@ -301,7 +304,7 @@ pub fn led_by_another<'l>(
     let lease = leases
         .get(&lease_name(&node.location))
         .filter(|l| l.is_valid(now_ms))?;
-    if node.leader && !lease.keeps_out(node) {
+    if node.leader && !lease.keeps_out(node, now_ms) {
         return None;
     }
     lease

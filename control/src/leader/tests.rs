@@ -288,7 +288,7 @@ fn a_deposed_leader_is_passed_over_until_it_checks_in_again() {
     // n1 comes back (a fresh check-in): it is a candidate again, and drops off the record.
     nodes[0].last_seen = NOW / 1000;
     let refs: Vec<&Node> = nodes.iter().collect();
-    assert!(!third.keeps_out(&nodes[0]));
+    assert!(!third.keeps_out(&nodes[0], NOW));
     assert_eq!(
         third
             .deposed_after(&refs, "n3", false)
@@ -309,7 +309,7 @@ fn an_annotated_holder_found_cut_off_is_not_preferred_while_its_replacement_hold
     nodes[0].leader = true; // n1: the operator's choice, found cut off and replaced by n2
     let mut replaced = lease("n2", NOW - 1_000);
     replaced.cut_off_predecessor = Some("n1".into());
-    assert!(replaced.keeps_out(&nodes[0]), "checked in or not");
+    assert!(replaced.keeps_out(&nodes[0], NOW), "checked in or not");
     assert_eq!(leader(&nodes, Some(&replaced)), ("n2".into(), Basis::Lease));
     // A restarted n1 does not bring back the peers it had as a leader.
     let leases = BTreeMap::from([(lease_name("east"), replaced.clone())]);
@@ -324,6 +324,13 @@ fn an_annotated_holder_found_cut_off_is_not_preferred_while_its_replacement_hold
     third.deposed = expired.deposed_after(&refs, "n3", true);
     assert_eq!(third.cut_off_predecessor, None);
     assert_eq!(leader(&nodes, Some(&third)), ("n1".into(), Basis::KiloRule));
+    // Of two nodes, n1 replaced a cut-off n2 and died: n2 is the one candidate left, not kept
+    // out by a lease nobody renews (else Kilo's rule, among everyone, picks the dead n1).
+    let pair: Vec<Node> = members()[..2].to_vec();
+    let mut dead = lease("n1", NOW - 7_000);
+    dead.cut_off_predecessor = Some("n2".into());
+    assert!(!dead.keeps_out(&pair[1], NOW));
+    assert_eq!(leader(&pair, Some(&dead)), ("n2".into(), Basis::KiloRule));
     // Without the record, the annotation wins over the holder as before.
     let plain = lease("n2", NOW - 1_000);
     assert_eq!(leader(&nodes, Some(&plain)), ("n1".into(), Basis::KiloRule));
