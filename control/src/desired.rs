@@ -134,6 +134,22 @@ impl DesiredHost {
     }
 }
 
+/// The host's own routes among the main table's `main_routes`: those kg did not install
+/// (`owned`, matched by table, destination and link).
+pub fn host_routes<'a>(
+    main_routes: &'a [Route],
+    owned: &RoutePlan,
+) -> impl Iterator<Item = &'a Route> {
+    let kgs: std::collections::BTreeSet<(u32, IpNet, u32)> = owned
+        .routes
+        .iter()
+        .map(|o| (o.table, o.dst, o.link))
+        .collect();
+    main_routes
+        .iter()
+        .filter(move |r| !kgs.contains(&(r.table, r.dst, r.link)))
+}
+
 /// The host state that brings `host` to `t`, for the node whose public key is `public`, with
 /// the links resolved as `links` and `owned` the routes kg installed last (the host's own
 /// routes are the rest, which endpoint bypasses go through).
@@ -188,16 +204,8 @@ pub fn plan(
         .flatten()
         .collect();
     let (mut routes, withheld) = t.guarded_route_plan(&options, &host.connected_networks(&own));
-    // The host's own routes: what the kernel has in main, less kg's.
-    let kgs: std::collections::BTreeSet<(u32, IpNet, u32)> = owned
-        .routes
-        .iter()
-        .map(|o| (o.table, o.dst, o.link))
-        .collect();
-    let underlay: Vec<Route> = host
-        .main_routes
-        .iter()
-        .filter(|r| !own.contains(&r.link) && !kgs.contains(&(r.table, r.dst, r.link)))
+    let underlay: Vec<Route> = host_routes(&host.main_routes, owned)
+        .filter(|r| !own.contains(&r.link))
         .cloned()
         .collect();
     let bypasses = t.bypass_endpoints(&mut routes, links.kilo, &underlay);

@@ -101,6 +101,15 @@ impl Changes {
     }
 }
 
+/// True when a pass that lists the host dumps the kernel's routes and rules too. Only a resync
+/// may do without: when the last dump still holds (`last_dump_holds`: there is one, and kg's
+/// record of its own routes since was not lost to a failed change) and the kernel's
+/// notifications report nothing since that may have changed routing (`quiet`). Routes the
+/// cluster adds make a dump cost more; a quiet host then costs a resync none.
+pub fn dumps_routes(trigger: Trigger, last_dump_holds: bool, quiet: bool) -> bool {
+    !(trigger == Trigger::Resync && last_dump_holds && quiet)
+}
+
 /// True when the lease step runs this pass: on the lease timer, with leaders just elected.
 pub fn tends_lease(trigger: Trigger, elected: bool) -> bool {
     trigger == Trigger::Lease && elected
@@ -109,6 +118,27 @@ pub fn tends_lease(trigger: Trigger, elected: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_resync_of_a_quiet_host_keeps_the_last_route_dump() {
+        assert!(!dumps_routes(Trigger::Resync, true, true));
+        assert!(
+            dumps_routes(Trigger::Resync, true, false),
+            "a notification came"
+        );
+        assert!(
+            dumps_routes(Trigger::Resync, false, true),
+            "no dump, or a failed change"
+        );
+        assert!(
+            dumps_routes(Trigger::Kernel, true, true),
+            "the kernel said something changed"
+        );
+        assert!(
+            dumps_routes(Trigger::Event, true, true),
+            "detection inputs changed"
+        );
+    }
 
     #[test]
     fn a_check_in_that_moved_nothing_runs_no_stage() {

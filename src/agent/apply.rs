@@ -15,7 +15,7 @@ use control::desired::{
     self, CniState, DesiredHost, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
 };
 use control::iptables::RuleSet;
-use control::routes::{apply_ops, diff, RoutePlan, Withheld};
+use control::routes::{apply_ops, diff, Route, RoutePlan, Withheld};
 use control::wgconf::Conf;
 use control::Topology;
 use dataplane::DeviceConfig;
@@ -23,9 +23,10 @@ use ipnet::IpNet;
 
 use super::reconciler::{Convergence, FirewallStep};
 use super::serve::status;
+use super::shells::kernel_watch::RoutingChanges;
 use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
-use super::{state, Agent};
+use super::{state, Agent, Trigger};
 
 /// What kg last applied to the host, part by part (`None`: unknown, apply it). A full pass
 /// forgets it, so every part is compared with the host as listed.
@@ -53,6 +54,14 @@ pub(super) struct HostRecord {
     resolved: ResolvedLinks,
     /// True once the engine was first configured (and asked to handshake with every peer).
     engine_configured: bool,
+    /// The kernel's notifications of routing changes (`None`: none are watched, and every
+    /// listing of the host dumps the routes).
+    pub(super) routing: Option<RoutingChanges>,
+    /// The last route dump: the notification count before it, and the host's own main-table
+    /// routes it found (kg's left out, as kg's routes then were).
+    last_dump: Option<(u64, Vec<Route>)>,
+    /// True when this pass kept the last dump: kg's record of the kernel's routes holds.
+    dump_kept: bool,
 }
 
 impl HostRecord {
@@ -60,6 +69,34 @@ impl HostRecord {
     /// they must be listed again).
     pub(super) fn routes_known(&self) -> bool {
         self.applied.kernel_routes.is_some()
+    }
+
+    /// The host's own main-table routes of the last dump, when a pass listing the host after
+    /// `trigger` may keep it instead of dumping again ([`control::pass::dumps_routes`]).
+    pub(super) fn kept_dump(&mut self, trigger: Trigger) -> Option<Vec<Route>> {
+        let seen = self.routing.as_ref().and_then(RoutingChanges::seen);
+        let last = self.last_dump.as_ref();
+        let holds = last.is_some() && self.routes_known();
+        let quiet = seen.is_some() && seen == last.map(|(count, _)| *count);
+        self.dump_kept = !control::pass::dumps_routes(trigger, holds, quiet);
+        self.dump_kept
+            .then(|| last.map(|(_, routes)| routes.clone()))
+            .flatten()
+    }
+
+    /// The count to record a dump under, read before the dump: a change during it counts
+    /// as unseen.
+    pub(super) fn count_before_dump(&self) -> Option<u64> {
+        self.routing.as_ref().and_then(RoutingChanges::seen)
+    }
+
+    /// Records a dump taken at notification count `count` that found `main_routes`, with
+    /// `owned` kg's routes at the time.
+    pub(super) fn dumped(&mut self, count: Option<u64>, main_routes: &[Route], owned: &RoutePlan) {
+        self.last_dump = count.map(|count| {
+            let host = desired::host_routes(main_routes, owned).cloned().collect();
+            (count, host)
+        });
     }
 }
 
@@ -80,7 +117,16 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     pub(super) async fn apply(&mut self, c: &Convergence, now: Now) -> Result<()> {
         let t: &Topology = &c.topology;
         if c.full {
-            self.record.applied = Applied::default();
+            // A resync that kept the last route dump keeps what it knows of kg's routes.
+            let kernel_routes = self
+                .record
+                .dump_kept
+                .then(|| self.record.applied.kernel_routes.take())
+                .flatten();
+            self.record.applied = Applied {
+                kernel_routes,
+                ..Applied::default()
+            };
             match self.wg.device_peers() {
                 Ok(device) => self.core.learn_endpoints(&device),
                 Err(e) => tracing::warn!(

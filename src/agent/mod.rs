@@ -233,7 +233,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut check_in_timer = periodic(CHECK_IN_PERIOD);
     let leases = agent.leases_on();
     let mut lease_timer = periodic(lease::LEASE_PERIOD);
-    let mut kernel_changes = kernel_watch::watch_changes(KERNEL_SETTLE, agent.netlink.port())?;
+    let (mut kernel_changes, routing) =
+        kernel_watch::watch_changes(KERNEL_SETTLE, agent.netlink.port())?;
+    agent.record.routing = Some(routing);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // DNS lookups run when the book says one is due, at most once a second: a reconcile that
     // fails before it resolves leaves the deadline in the past, and must not spin.

@@ -71,7 +71,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                     internal_cidrs: &self.s.internal_cidrs,
                 };
                 let started = Instant::now();
-                let host = read_host(&self.netlink, &own, &detection).await?;
+                let kept = self.record.kept_dump(trigger);
+                let dumped = kept.is_none();
+                let count = self.record.count_before_dump();
+                let host = read_host(&self.netlink, &own, &detection, kept).await?;
+                if dumped {
+                    self.record
+                        .dumped(count, &host.net.main_routes, &self.owned);
+                }
                 self.stages.lap(Stage::Host, started);
                 self.core.host_listed(host, detection);
             }

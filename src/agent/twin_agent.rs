@@ -289,4 +289,54 @@ mod tests {
         assert!(ready && why.contains("of the last run"), "{why}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[tokio::test]
+    async fn a_resync_of_a_quiet_host_keeps_the_last_route_dump_and_a_notified_one_does_not() {
+        use crate::agent::shells::kernel_watch::RoutingChanges;
+        use crate::agent::Trigger;
+        use control::fixtures::synthetic_cluster;
+        let dir = std::env::temp_dir().join(format!("kilotun-dump-twin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = synthetic_cluster(4, 2);
+        let args = [
+            "--backend=file".to_string(),
+            format!("--cluster-dir={}", dir.display()),
+            format!("--key-file={}", dir.join("key").display()),
+            format!("--hostname={}", nodes[0].name),
+            "--cni=false".to_string(),
+            "--encapsulate=never".to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut twin = TwinAgent::start(&args).await.unwrap();
+        let snapshot = checked_in(nodes);
+        let changes = RoutingChanges::default();
+        twin.agent.record.routing = Some(changes.clone());
+        let resync = async |twin: &mut TwinAgent| {
+            let before = twin.kernel.calls().reads;
+            twin.agent
+                .reconcile(&snapshot, Trigger::Resync)
+                .await
+                .unwrap();
+            twin.kernel.calls().reads - before
+        };
+        // The first resync under the watch dumps the routes, the next one does not: the links
+        // and addresses are listed, the routes and rules are not.
+        let dumped = resync(&mut twin).await;
+        let routes = twin.kernel.routes();
+        assert!(!routes.routes.is_empty(), "kg routes to the other location");
+        let kept = resync(&mut twin).await;
+        assert_eq!(
+            kept + 2,
+            dumped,
+            "neither main_routes nor observe was asked"
+        );
+        // Someone deletes kg's routes, and the kernel says so: the next resync dumps and puts
+        // them back.
+        twin.kernel.set_routes(Default::default());
+        changes.saw();
+        assert_eq!(resync(&mut twin).await, dumped);
+        assert_eq!(twin.kernel.routes(), routes);
+        assert_eq!(resync(&mut twin).await, kept, "quiet again");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

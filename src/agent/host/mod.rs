@@ -10,6 +10,7 @@ use ipnet::IpNet;
 
 use crate::agent::shells::Kernel;
 use control::host::HostNet;
+use control::routes::Route;
 use ipdetect::{Candidates, Detected, Exclusions};
 
 pub mod encap;
@@ -110,19 +111,24 @@ pub struct OwnSide<'a> {
     pub internal_cidrs: &'a [IpNet],
 }
 
-/// Lists the host's links, addresses and default route through `kernel`, and chooses this
-/// node's IP among its addresses, ignoring kg's own links, the pod CIDRs of `local` (this
-/// node's object) and the Kilo subnet, and preferring the Node's `InternalIP` after the
-/// hostname's addresses.
+/// Lists the host's links, addresses and main-table routes through `kernel` (the routes only
+/// when `kept_routes`, those of the last dump, is `None`), and chooses this node's IP among
+/// its addresses, ignoring kg's own links, the pod CIDRs of `local` (this node's object) and
+/// the Kilo subnet, and preferring the Node's `InternalIP` after the hostname's addresses.
 pub(crate) async fn read_host(
     kernel: &impl Kernel,
     own: &OwnSide<'_>,
     local: &DetectionInputs,
+    kept_routes: Option<Vec<Route>>,
 ) -> Result<HostView> {
+    let main_routes = match kept_routes {
+        Some(routes) => routes,
+        None => kernel.main_routes().await?,
+    };
     let net = HostNet {
         links: kernel.links().await?,
         addresses: kernel.addresses().await?,
-        main_routes: kernel.main_routes().await?,
+        main_routes,
         default_link: None,
     };
     HostView::of(net, own, local)

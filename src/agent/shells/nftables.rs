@@ -1,8 +1,14 @@
 //! Kilo's firewall as the nftables table `inet kilo` ([`control::nftables`]), applied with
 //! `nft -f -`: one atomic transaction per change, adding and removing set elements only, and a
 //! whole table written only at start or when a resync finds it changed by someone else.
+//!
+//! A resync lists the table only when the kernel's ruleset generation moved since kg last
+//! found the table as wanted: every committed transaction, anyone's, moves it, and asking for
+//! it is one netlink message, where a listing is a child process and a line per set element.
 
+use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use control::iptables::RuleSet;
@@ -38,6 +44,106 @@ pub fn view() -> Result<Option<TableView>> {
     ))?))
 }
 
+/// The table as last found wanted: in which network namespace (its inode), at which ruleset
+/// generation (read before the listing), and what it held.
+struct Verified {
+    netns: u64,
+    generation: u32,
+    table: TableView,
+}
+
+static VERIFIED: Mutex<Option<Verified>> = Mutex::new(None);
+
+/// The calling thread's network namespace, by the inode of its `ns/net`.
+fn netns() -> Option<u64> {
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// True when nothing was committed since the table was found to be `wanted` in this namespace.
+fn still_verified(netns: Option<u64>, generation: Option<u32>, wanted: &TableView) -> bool {
+    let (Some(netns), Some(generation)) = (netns, generation) else {
+        return false;
+    };
+    VERIFIED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|v| v.netns == netns && v.generation == generation && &v.table == wanted)
+}
+
+/// `nfnetlink`'s subsystem of nftables, and its messages asking for and giving the ruleset
+/// generation (`linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`).
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 1;
+
+/// The kernel's nftables ruleset generation in this network namespace (`NFT_MSG_GETGEN`).
+fn generation() -> Result<u32> {
+    use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+    let mut socket = Socket::new(NETLINK_NETFILTER).context("opening nfnetlink")?;
+    socket.bind_auto().context("binding nfnetlink")?;
+    socket
+        .connect(&SocketAddr::new(0, 0))
+        .context("connecting nfnetlink")?;
+    let mut request = Vec::with_capacity(20);
+    request.extend(20u32.to_ne_bytes());
+    request.extend(((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+    request.extend(NLM_F_REQUEST.to_ne_bytes());
+    request.extend(1u32.to_ne_bytes());
+    request.extend(0u32.to_ne_bytes());
+    // nfgenmsg: AF_UNSPEC, NFNETLINK_V0, resource 0.
+    request.extend([0u8, 0, 0, 0]);
+    socket
+        .send(&request, 0)
+        .context("asking for the ruleset generation")?;
+    let (answer, _) = socket
+        .recv_from_full()
+        .context("reading the ruleset generation")?;
+    parse_generation(&answer)
+}
+
+/// The generation in the kernel's answer to `NFT_MSG_GETGEN`.
+fn parse_generation(answer: &[u8]) -> Result<u32> {
+    let u16_at = |at: usize| {
+        answer
+            .get(at..at + 2)
+            .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+    };
+    let kind = u16_at(4).context("a short nfnetlink answer")?;
+    if kind == NLMSG_ERROR {
+        let code = answer
+            .get(16..20)
+            .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        bail!(
+            "nfnetlink refused NFT_MSG_GETGEN: {}",
+            std::io::Error::from_raw_os_error(-code)
+        );
+    }
+    if kind != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+        bail!("nfnetlink answered NFT_MSG_GETGEN with message type {kind:#x}");
+    }
+    // The netlink header (16 bytes) and nfgenmsg (4), then the attributes.
+    let mut at = 20;
+    while let (Some(len), Some(kind)) = (u16_at(at), u16_at(at + 2)) {
+        let len = len as usize;
+        if len < 4 {
+            break;
+        }
+        if kind & 0x3fff == NFTA_GEN_ID {
+            if let Some(b) = answer.get(at + 4..at + 8) {
+                return Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            }
+        }
+        at += (len + 3) & !3;
+    }
+    bail!("nfnetlink's answer to NFT_MSG_GETGEN holds no generation")
+}
+
 /// Checks that the kernel takes every construct the table uses (interval sets of both
 /// families, a NAT chain that masquerades, filter chains) in one transaction that creates a
 /// scratch table and deletes it again: nothing stays behind either way.
@@ -65,8 +171,23 @@ pub fn reconcile(rules: &RuleSet, previous: Option<&RuleSet>, v6: bool) -> Resul
                 "an incremental nftables change failed; rewriting the table"
             ),
         }
-    } else if view()? == Some(TableView::wanted(&sets, v6)) {
-        return Ok(false);
+    } else {
+        let wanted = TableView::wanted(&sets, v6);
+        let netns = netns();
+        let generation = generation().ok();
+        if still_verified(netns, generation, &wanted) {
+            return Ok(false);
+        }
+        if view()?.as_ref() == Some(&wanted) {
+            if let (Some(netns), Some(generation)) = (netns, generation) {
+                *VERIFIED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Verified {
+                    netns,
+                    generation,
+                    table: wanted,
+                });
+            }
+            return Ok(false);
+        }
     }
     run(&full_script(&sets, v6))?;
     Ok(true)
@@ -103,4 +224,69 @@ pub fn clean_up() -> Result<()> {
         run(&format!("delete table inet {TABLE}\n"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's answer: the netlink header, nfgenmsg, then NFTA_GEN_ID (big-endian),
+    /// NFTA_GEN_PROC_PID and NFTA_GEN_PROC_NAME.
+    fn answer(generation: u32) -> Vec<u8> {
+        let mut a = Vec::new();
+        a.extend(0u32.to_ne_bytes());
+        a.extend(((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN).to_ne_bytes());
+        a.extend(0u16.to_ne_bytes());
+        a.extend(1u32.to_ne_bytes());
+        a.extend(0u32.to_ne_bytes());
+        a.extend([0u8, 0, 0, 0]);
+        a.extend(8u16.to_ne_bytes());
+        a.extend(NFTA_GEN_ID.to_ne_bytes());
+        a.extend(generation.to_be_bytes());
+        a.extend(8u16.to_ne_bytes());
+        a.extend(2u16.to_ne_bytes());
+        a.extend(4242u32.to_be_bytes());
+        a.extend(7u16.to_ne_bytes());
+        a.extend(3u16.to_ne_bytes());
+        a.extend(*b"nft\0");
+        let len = a.len() as u32;
+        a[..4].copy_from_slice(&len.to_ne_bytes());
+        a
+    }
+
+    #[test]
+    fn the_generation_is_read_from_the_kernels_answer() {
+        assert_eq!(parse_generation(&answer(0x0102_0304)).unwrap(), 0x0102_0304);
+        let mut refused = answer(1);
+        refused[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        refused[16..20].copy_from_slice(&(-1i32).to_ne_bytes());
+        let e = parse_generation(&refused).unwrap_err().to_string();
+        assert!(e.contains("refused NFT_MSG_GETGEN"), "{e}");
+        assert!(parse_generation(&answer(1)[..22]).is_err(), "cut short");
+        assert!(parse_generation(&[1, 2, 3]).is_err(), "no header");
+    }
+
+    #[test]
+    fn a_table_is_verified_only_in_its_namespace_at_its_generation() {
+        let table = TableView::default();
+        *VERIFIED.lock().unwrap() = Some(Verified {
+            netns: 7,
+            generation: 3,
+            table: table.clone(),
+        });
+        assert!(still_verified(Some(7), Some(3), &table));
+        assert!(!still_verified(Some(7), Some(4), &table), "a commit since");
+        assert!(
+            !still_verified(Some(8), Some(3), &table),
+            "another namespace"
+        );
+        assert!(!still_verified(None, Some(3), &table));
+        assert!(!still_verified(Some(7), None, &table), "no generation read");
+        let mut other = TableView::default();
+        other.sets.insert("x".into(), Default::default());
+        assert!(
+            !still_verified(Some(7), Some(3), &other),
+            "another table wanted"
+        );
+    }
 }
