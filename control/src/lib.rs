@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod graph;
 pub mod host;
 pub mod ip;
+pub mod ipam;
 pub mod iptables;
 pub mod key;
 pub mod leader;
