@@ -371,10 +371,55 @@ fn nftables_takes_every_rule_kilo_writes_for_both_families() {
     )
     .unwrap();
     let rules = topology.iptables_rules(&options);
+    // Every `nft` kg runs, counted by a wrapper.
+    let dir = std::env::temp_dir().join(format!("kilotun-nft-count-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (wrapper, calls) = (dir.join("nft"), dir.join("calls"));
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec nft \"$@\"\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::env::set_var("KILOTUN_NFT", &wrapper);
+    let nft_runs = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     let (a, b) = (rules.clone(), rules.clone());
     assert!(on_ns(&node, move || nftables::reconcile(&a, None, true).unwrap()));
     // Read back, the table is what was wanted: a resync changes nothing, and drift is empty.
     assert!(!on_ns(&node, move || nftables::reconcile(&b, None, true).unwrap()));
+    // Found as wanted, it is not listed again while nothing is committed (the ruleset
+    // generation stays), and listed once after anyone's commit, even to another table.
+    let resync = |expected_runs: usize| {
+        let r = rules.clone();
+        assert!(!on_ns(&node, move || nftables::reconcile(&r, None, true).unwrap()));
+        assert_eq!(
+            nft_runs(),
+            expected_runs,
+            "{:?}",
+            std::fs::read_to_string(&calls)
+        );
+    };
+    let runs = nft_runs();
+    resync(runs);
+    resync(runs);
+    node.run(&["nft", "add", "table", "inet", "kilotun_other"]);
+    resync(runs + 1);
+    resync(runs + 1);
+    node.run(&["nft", "delete", "table", "inet", "kilotun_other"]);
+    std::env::remove_var("KILOTUN_NFT");
+    std::fs::remove_dir_all(&dir).unwrap();
     let c = rules;
     assert_eq!(
         on_ns(&node, move || nftables::drift(&c, true).unwrap()),
