@@ -110,6 +110,7 @@ fn desired_state(c: &mut Criterion) {
         interface: "kilo0".into(),
         mtu: Mtu::Auto,
         cni: true,
+        cni_conflist: true,
         local: true,
         encapsulate: Encapsulate::Never,
         compatibility: Compatibility::Ipip,

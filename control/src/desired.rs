@@ -40,8 +40,12 @@ pub struct HostSettings {
     pub interface: String,
     /// `--mtu`.
     pub mtu: Mtu,
-    /// `--cni`: kg keeps the CNI configuration's ranges and MTU.
+    /// `--cni`: kg manages the CNI (Kilo's rules for the pods; the configuration where
+    /// `cni_conflist` says so).
     pub cni: bool,
+    /// kg keeps the CNI configuration's pod ranges and MTU (`--cni`, and the pods' ranges are
+    /// the Nodes' own: a CNI with its own IPAM keeps its configuration).
+    pub cni_conflist: bool,
     /// `--local`: kg routes inside the location.
     pub local: bool,
     /// `--encapsulate`.
@@ -168,7 +172,7 @@ pub fn plan(
         up: t.leader,
     };
     let pod_cidrs: Vec<IpNet> = t.local_pod_cidrs().collect();
-    let cni = s.cni.then(|| CniState {
+    let cni = (s.cni && s.cni_conflist).then(|| CniState {
         pod_cidrs: pod_cidrs.clone(),
         mtu,
     });

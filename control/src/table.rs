@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
 use crate::node::{translate_node, AnnotationProblem, Node, READY_WINDOW_SECS};
@@ -24,7 +25,25 @@ struct Entry {
     object: Arc<KubeNode>,
     node: Node,
     ready: bool,
+    /// The pod CIDRs the object itself gives (`spec.podCIDRs`), as translated; the node's
+    /// own unless an IPAM source overrides them ([`NodeTable::set_pod_ranges`]).
+    spec_ranges: (Option<IpNet>, Vec<IpNet>),
 }
+
+/// Puts `ranges` (an IPAM source's map of every node's pod ranges; `None`: the Node's own,
+/// `spec`) into `node`: the first as its pod CIDR, the rest beside it.
+fn overlay(node: &mut Node, spec: &(Option<IpNet>, Vec<IpNet>), ranges: Option<&PodRangeMap>) {
+    let Some(ranges) = ranges else {
+        (node.subnet, node.extra_subnets) = spec.clone();
+        return;
+    };
+    let own = ranges.get(&node.name).map_or(&[][..], Vec::as_slice);
+    node.subnet = own.first().copied();
+    node.extra_subnets = own.iter().skip(1).copied().collect();
+}
+
+/// Every node's pod ranges, by node name, from an IPAM source ([`crate::ipam`]).
+pub type PodRangeMap = BTreeMap<String, Vec<IpNet>>;
 
 /// Every Node's translation and readiness, updated per object.
 #[derive(Debug, Clone)]
@@ -35,6 +54,8 @@ pub struct NodeTable {
     deadlines: BTreeSet<(i64, String)>,
     now: i64,
     changes: TableChanges,
+    /// The pod ranges of every node from an IPAM source, in place of the Nodes' own.
+    pod_ranges: Option<PodRangeMap>,
 }
 
 /// What moved in a [`NodeTable`] since the changes were last taken.
@@ -141,6 +162,40 @@ impl NodeTable {
             deadlines: BTreeSet::new(),
             now: 0,
             changes: TableChanges::default(),
+            pod_ranges: None,
+        }
+    }
+
+    /// Takes every node's pod ranges from `ranges` (an IPAM source's; `None`: from the Nodes'
+    /// `spec.podCIDRs` again). Only the nodes whose ranges change are touched, and their
+    /// readiness judged again (a node with no pod range is not ready, as in Kilo).
+    pub fn set_pod_ranges(&mut self, ranges: Option<PodRangeMap>) {
+        if self.pod_ranges == ranges {
+            return;
+        }
+        self.pod_ranges = ranges;
+        let names: Vec<String> = self.entries.keys().cloned().collect();
+        for name in names {
+            let Some(mut entry) = self.entries.remove(&name) else {
+                continue;
+            };
+            let before = (entry.node.subnet, entry.node.extra_subnets.clone());
+            overlay(
+                &mut entry.node,
+                &entry.spec_ranges,
+                self.pod_ranges.as_ref(),
+            );
+            if (entry.node.subnet, &entry.node.extra_subnets) != (before.0, &before.1) {
+                self.changes.nodes = true;
+                self.forget_deadline(&name, &entry);
+                let ready = entry.node.is_ready(self.now);
+                self.changes.readiness |= ready != entry.ready;
+                entry.ready = ready;
+                if ready {
+                    self.deadlines.insert((deadline(&entry.node), name.clone()));
+                }
+            }
+            self.entries.insert(name, entry);
         }
     }
 
@@ -172,6 +227,8 @@ impl NodeTable {
             return None;
         }
         let (mut node, problems) = translate_node(object, &self.topology_label);
+        let spec_ranges = (node.subnet, node.extra_subnets.clone());
+        overlay(&mut node, &spec_ranges, self.pod_ranges.as_ref());
         let ready = node.is_ready(self.now);
         match self.entries.remove(name) {
             Some(old) => {
@@ -190,6 +247,7 @@ impl NodeTable {
                 object: Arc::clone(object),
                 node,
                 ready,
+                spec_ranges,
             },
         );
         Some(problems)

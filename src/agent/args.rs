@@ -141,12 +141,49 @@ pub struct KgArgs {
     /// Where the WireGuard private key is kept (created, mode 0600, if missing).
     #[arg(long, default_value = "/var/lib/kilo/key")]
     pub key_file: PathBuf,
+    /// kilotun: where each node's pods live. node: the Nodes' spec.podCIDRs (Kilo's); calico:
+    /// Calico's block affinities and the addresses it lends out of other nodes' blocks;
+    /// cilium: the CiliumNode pod ranges (cluster-pool and multi-pool IPAM); pods: the
+    /// addresses of each node's pods, aggregated into ranges; auto: calico where Calico's IPAM
+    /// gave out blocks, cilium where CiliumNodes hold pod ranges, node otherwise (said in one
+    /// log line). Other than node, the CNI's configuration is left to the CNI.
+    #[arg(long, value_enum, default_value = "node")]
+    pub ipam: IpamChoice,
     /// Packet-engine worker threads (default: one per CPU).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Directory of UAPI sockets (for tests).
     #[arg(long, default_value = "/var/run/wireguard", hide = true)]
     pub socket_dir: PathBuf,
+}
+
+/// `--ipam`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IpamChoice {
+    /// The Nodes' `spec.podCIDRs`.
+    Node,
+    /// Calico's IPAM blocks.
+    Calico,
+    /// Cilium's `CiliumNode` ranges.
+    Cilium,
+    /// The pods' own addresses.
+    Pods,
+    /// Whichever the cluster uses ([`control::ipam::detect`]).
+    Auto,
+}
+
+impl IpamChoice {
+    /// The source chosen, `None` for `auto` (decided from the cluster's objects).
+    pub fn source(self) -> Option<control::ipam::IpamSource> {
+        use control::ipam::IpamSource;
+        match self {
+            Self::Node => Some(IpamSource::Node),
+            Self::Calico => Some(IpamSource::Calico),
+            Self::Cilium => Some(IpamSource::Cilium),
+            Self::Pods => Some(IpamSource::Pods),
+            Self::Auto => None,
+        }
+    }
 }
 
 /// `--leader-election`.

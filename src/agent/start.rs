@@ -40,7 +40,10 @@ impl Agent {
             BackendKind::Kubernetes => {
                 let config =
                     crate::backend::kube::client_config(&s.args.kubeconfig, &s.args.master).await?;
-                Backend::Kube(KubeBackend::start(config, s.elects_by_lease())?)
+                let backend = KubeBackend::start(config, s.elects_by_lease())?;
+                let kinds = crate::backend::kube::ipam::kinds(s.args.ipam.source());
+                backend.watch_ipam(&kinds, s.args.ipam == super::args::IpamChoice::Auto);
+                Backend::Kube(backend)
             }
         };
         let netlink = Netlink::connect()?;

@@ -64,6 +64,8 @@ struct FileEntry {
     nodes: Vec<Arc<KubeNode>>,
     peers: Vec<PeerObject>,
     leases: Vec<(String, LeaseState)>,
+    /// Calico's, Cilium's and Pods' objects, for `--ipam`.
+    ipam: control::ipam::IpamObjects,
 }
 
 /// A cluster held in a directory.
@@ -84,6 +86,7 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
         nodes: Vec::new(),
         peers: Vec::new(),
         leases: Vec::new(),
+        ipam: Default::default(),
     };
     let mut objects = Vec::new();
     for doc in &docs {
@@ -105,10 +108,51 @@ fn read_entry(path: &Path, signature: Signature) -> Result<FileEntry> {
                 let name = lease.metadata.name.clone().unwrap_or_default();
                 entry.leases.push((name, lease_state(&lease)));
             }
-            _ => {}
+            Some(kind) => {
+                if let Err(e) = take_ipam_object(&mut entry.ipam, kind, object) {
+                    tracing::warn!(file = %path.display(), "{e}; ignoring it");
+                }
+            }
+            None => {}
         }
     }
     Ok(entry)
+}
+
+/// Takes `object` of `kind` into `ipam` if it is an IPAM object (`BlockAffinity`, `IPAMBlock`,
+/// `CiliumNode`, `Pod`); one that does not parse is refused alone.
+fn take_ipam_object(
+    ipam: &mut control::ipam::IpamObjects,
+    kind: &str,
+    object: &Value,
+) -> Result<(), control::ipam::ObjectError> {
+    use control::ipam::objects;
+    let meta = object.get("metadata");
+    let name = name_of(object).unwrap_or_default().to_string();
+    match kind {
+        "BlockAffinity" => {
+            ipam.affinities
+                .insert(name, objects::block_affinity(object)?);
+        }
+        "IPAMBlock" => {
+            ipam.blocks.insert(name, objects::ipam_block(object)?);
+        }
+        "CiliumNode" => {
+            ipam.cilium_nodes
+                .insert(name, objects::cilium_node(object)?);
+        }
+        "Pod" => {
+            let namespace = meta
+                .and_then(|m| m.get("namespace"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            if let Some(pod) = objects::pod_addresses(object)? {
+                ipam.pods.insert(format!("{namespace}/{name}"), pod);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Takes file `path` (whose metadata is `meta`) into `files` when it changed since it was
@@ -140,6 +184,7 @@ fn take_file(files: &mut BTreeMap<PathBuf, FileEntry>, path: PathBuf, meta: &fs:
                             nodes: Vec::new(),
                             peers: Vec::new(),
                             leases: Vec::new(),
+                            ipam: Default::default(),
                         },
                     );
                 }
@@ -296,7 +341,11 @@ impl FileBackend {
             let snapshot = Arc::make_mut(snapshot);
             let nodes_changed = snapshot.replace_nodes(gathered.nodes);
             let leases_changed = snapshot.replace_leases(gathered.leases);
-            snapshot.replace_peers(gathered.peers) || nodes_changed || leases_changed
+            let ipam_changed = snapshot.replace_ipam(gathered.ipam);
+            snapshot.replace_peers(gathered.peers)
+                || nodes_changed
+                || leases_changed
+                || ipam_changed
         });
         drop(files);
         differs

@@ -31,6 +31,7 @@ use super::backoff::WatchBackoff;
 use super::Snapshot;
 
 pub mod departure;
+pub mod ipam;
 mod lease;
 pub mod pace;
 pub mod slim;
@@ -115,6 +116,7 @@ impl KubeBackend {
         // Without lease election there are no leases to wait for.
         let listed = super::Listed {
             leases: !watch_leases,
+            ipam: true,
             ..super::Listed::default()
         };
         let (tx, _) = watch::channel(Arc::new(Snapshot {
@@ -133,6 +135,17 @@ impl KubeBackend {
             backend.watch_leases();
         }
         Ok(backend)
+    }
+
+    /// Watches the IPAM objects of `kinds` too ([`ipam::watch`]); until each was listed (or
+    /// failed to be), the snapshot says not everything is.
+    pub fn watch_ipam(&self, kinds: &[ipam::IpamKind], quiet_when_missing: bool) {
+        if kinds.is_empty() {
+            return;
+        }
+        self.tx
+            .send_modify(|s| Arc::make_mut(s).listed.ipam = false);
+        ipam::watch(&self.client, &self.tx, kinds, quiet_when_missing);
     }
 
     /// Snapshots, updated on every event.

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use anyhow::Result;
+use control::ipam::IpamObjects;
 use control::leader::{Expectation, LeaseState};
 use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
@@ -36,6 +37,9 @@ pub struct Snapshot {
     /// What the backend has listed at least once: until every kind is, the snapshot may lack
     /// objects that exist (see [`Listed::all`]).
     pub listed: Listed,
+    /// Calico's, Cilium's and the Pods' IPAM objects (`--ipam`); a reader tells whether they
+    /// changed by [`ChangeLog::ipam_revision`].
+    pub ipam: Arc<IpamObjects>,
 }
 
 /// The kinds of object a backend has listed at least once since it started. A reader that acts
@@ -49,6 +53,9 @@ pub struct Listed {
     pub peers: bool,
     /// The leases (or leases are not watched, or their watch failed before its first list).
     pub leases: bool,
+    /// The IPAM objects `--ipam` reads (or none are read, or their watches failed before
+    /// their first list).
+    pub ipam: bool,
 }
 
 impl Listed {
@@ -57,11 +64,12 @@ impl Listed {
         nodes: true,
         peers: true,
         leases: true,
+        ipam: true,
     };
 
     /// True once every kind has been listed.
     pub fn all(self) -> bool {
-        self.nodes && self.peers && self.leases
+        self.nodes && self.peers && self.leases && self.ipam
     }
 }
 
@@ -136,6 +144,26 @@ impl Snapshot {
         true
     }
 
+    /// Replaces the IPAM objects; false when they are the same.
+    pub fn replace_ipam(&mut self, ipam: IpamObjects) -> bool {
+        if *self.ipam == ipam {
+            return false;
+        }
+        self.ipam = Arc::new(ipam);
+        self.changes.ipam();
+        true
+    }
+
+    /// Changes the IPAM objects in place with `edit`, which says whether it changed them
+    /// (copied first only if a reader still holds them).
+    pub fn edit_ipam(&mut self, edit: impl FnOnce(&mut IpamObjects) -> bool) -> bool {
+        let changed = edit(Arc::make_mut(&mut self.ipam));
+        if changed {
+            self.changes.ipam();
+        }
+        changed
+    }
+
     /// Replaces every lease; false when they are the same.
     pub fn replace_leases(&mut self, leases: BTreeMap<String, LeaseState>) -> bool {
         if self.leases == leases {
@@ -175,6 +203,7 @@ pub struct ChangeLog {
     reset_at: u64,
     forgotten: u64,
     peers: u64,
+    ipam: u64,
     entries: VecDeque<(u64, String)>,
 }
 
@@ -187,6 +216,16 @@ impl ChangeLog {
     /// The revision of the last Peer change (Peers are few: readers compare them all).
     pub fn peer_revision(&self) -> u64 {
         self.peers
+    }
+
+    /// The revision of the last change to the IPAM objects.
+    pub fn ipam_revision(&self) -> u64 {
+        self.ipam
+    }
+
+    /// Records that the IPAM objects changed.
+    pub fn ipam(&mut self) {
+        self.ipam += 1;
     }
 
     /// Records that Node `name` changed.

@@ -21,6 +21,7 @@ mod kg_dual_stack;
 mod kg_failover;
 mod kg_faults;
 mod kg_guard;
+mod kg_ipam;
 mod kg_ipip;
 mod kg_ipv6;
 mod kg_kube;

@@ -12,6 +12,7 @@ fn settings(tunnel: bool) -> HostSettings {
         interface: "kilo0".into(),
         mtu: Mtu::Auto,
         cni: true,
+        cni_conflist: true,
         local: true,
         encapsulate: Encapsulate::Always,
         compatibility: Compatibility::Ipip,
@@ -167,6 +168,21 @@ fn the_plan_is_a_function_of_its_inputs() {
     let other = plan(&t, &host, &links, &RoutePlan::default(), &public(), &fixed);
     assert_eq!(other.link.mtu, 1300);
     assert_eq!(other.cni, None);
+    // A CNI with its own IPAM keeps its configuration; Kilo's rules for the pods stay.
+    let own_ipam = HostSettings {
+        cni_conflist: false,
+        ..settings(true)
+    };
+    let left = plan(
+        &t,
+        &host,
+        &links,
+        &RoutePlan::default(),
+        &public(),
+        &own_ipam,
+    );
+    assert_eq!(left.cni, None);
+    assert_eq!(left.firewall, first.firewall);
     assert_eq!(
         other.routes, first.routes,
         "the MTU and CNI do not move routes"

@@ -1,5 +1,6 @@
 //! The node table: per-object translation, readiness flips, and the `changed` flag.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
@@ -247,4 +248,46 @@ fn readiness_flips_and_node_changes_are_told_apart() {
         }
     );
     assert!(!t.take_changes().any());
+}
+
+#[test]
+fn pod_ranges_from_an_ipam_source_replace_the_nodes_own_and_touch_only_what_moved() {
+    let nodes = synthetic_cluster(3, 1);
+    let mut t = table(&nodes);
+    t.take_changes();
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let mut ranges: PodRangeMap = BTreeMap::new();
+    ranges.insert(
+        nodes[0].name.clone(),
+        vec![net("10.244.0.0/26"), net("10.244.0.64/26")],
+    );
+    ranges.insert(nodes[1].name.clone(), vec![net("10.244.1.0/26")]);
+    t.set_pod_ranges(Some(ranges.clone()));
+    let changes = t.take_changes();
+    assert!(changes.nodes, "every node's ranges moved");
+    let first = t.get(&nodes[0].name).unwrap();
+    assert_eq!(first.subnet, Some(net("10.244.0.0/26")));
+    assert_eq!(first.extra_subnets, vec![net("10.244.0.64/26")]);
+    // The third node holds no range: not ready, as a Node without a pod CIDR in Kilo.
+    assert_eq!(t.get(&nodes[2].name).unwrap().subnet, None);
+    assert!(changes.readiness);
+    assert_eq!(t.iter().filter(|(_, ready)| *ready).count(), 2);
+    // The same ranges again: nothing moves.
+    t.set_pod_ranges(Some(ranges.clone()));
+    assert!(!t.take_changes().any());
+    // A node re-translated (its object changed) keeps the source's ranges.
+    let mut moved = nodes[1].clone();
+    moved.location = "elsewhere".into();
+    t.update(&moved.name, Some(&Arc::new(kube_node(&moved, 99))));
+    assert_eq!(
+        t.get(&moved.name).unwrap().subnet,
+        Some(net("10.244.1.0/26"))
+    );
+    t.take_changes();
+    // Back to the Nodes' own spec.podCIDRs.
+    t.set_pod_ranges(None);
+    assert!(t.take_changes().nodes);
+    assert_eq!(t.get(&nodes[0].name).unwrap().subnet, nodes[0].subnet);
+    assert_eq!(t.get(&nodes[2].name).unwrap().subnet, nodes[2].subnet);
+    assert_eq!(t.iter().filter(|(_, ready)| *ready).count(), 3);
 }

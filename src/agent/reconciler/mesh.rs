@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use control::clock::Now;
 use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks, TunnelKind};
+use control::ipam::IpamSource;
 use control::iptables::RuleSet;
 use control::nat::discover_nat_endpoints;
 use control::nat::DevicePeer;
@@ -214,6 +215,7 @@ impl Reconciler {
             interface: a.interface.clone(),
             mtu: self.s.mtu,
             cni: a.cni,
+            cni_conflist: self.ipam_source().is_none_or(|s| s == IpamSource::Node),
             local: a.local,
             encapsulate: self.s.encapsulate,
             compatibility: self.s.compatibility,

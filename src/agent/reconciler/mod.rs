@@ -38,6 +38,7 @@ use crate::agent::host::local::{self, ProblemLog};
 use crate::agent::host::{DetectionInputs, HostView};
 use crate::backend::Snapshot;
 
+mod ipam;
 mod mesh;
 mod publish;
 #[cfg(test)]
@@ -147,6 +148,8 @@ pub struct Reconciler {
     /// Errors for `/status`, taken by [`Reconciler::take_errors`].
     errors: Vec<String>,
     pass: Option<Pass>,
+    /// The IPAM objects the pod ranges were last taken from (`--ipam`).
+    ipam: ipam::IpamState,
 }
 
 impl Reconciler {
@@ -184,6 +187,7 @@ impl Reconciler {
             warned: BTreeMap::new(),
             errors: Vec::new(),
             pass: None,
+            ipam: Default::default(),
         }
     }
 
@@ -273,6 +277,7 @@ impl Reconciler {
             None => translated = table.sync(&snapshot.nodes),
         }
         self.revision = Some(snapshot.changes.revision());
+        self.take_ipam(&snapshot.ipam, snapshot.changes.ipam_revision());
         for (name, problems) in translated {
             for line in self.problems.fresh(&name, &problems) {
                 tracing::warn!("bad annotation on node {line}");

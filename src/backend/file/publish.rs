@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use control::ipam::IpamObjects;
 use control::leader::LeaseState;
 use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
@@ -19,6 +20,7 @@ pub(super) struct Gathered {
     pub(super) nodes: BTreeMap<String, Arc<KubeNode>>,
     pub(super) peers: BTreeMap<String, PeerObject>,
     pub(super) leases: BTreeMap<String, LeaseState>,
+    pub(super) ipam: IpamObjects,
 }
 
 /// Gathers every file's objects; a Node defined twice is said once per listing.
@@ -27,6 +29,7 @@ pub(super) fn gather(files: &BTreeMap<PathBuf, FileEntry>) -> Gathered {
         nodes: BTreeMap::new(),
         peers: all_peers(files),
         leases: all_leases(files),
+        ipam: all_ipam(files),
     };
     for (path, entry) in files {
         for node in &entry.nodes {
@@ -58,12 +61,38 @@ fn all_leases(files: &BTreeMap<PathBuf, FileEntry>) -> BTreeMap<String, LeaseSta
     leases
 }
 
+/// Every file's IPAM objects, each name from the first file (by path) that defines it.
+fn all_ipam(files: &BTreeMap<PathBuf, FileEntry>) -> IpamObjects {
+    let mut all = IpamObjects::default();
+    for entry in files.values() {
+        let o = &entry.ipam;
+        for (name, a) in &o.affinities {
+            all.affinities
+                .entry(name.clone())
+                .or_insert_with(|| a.clone());
+        }
+        for (name, b) in &o.blocks {
+            all.blocks.entry(name.clone()).or_insert_with(|| b.clone());
+        }
+        for (name, n) in &o.cilium_nodes {
+            all.cilium_nodes
+                .entry(name.clone())
+                .or_insert_with(|| n.clone());
+        }
+        for (name, p) in &o.pods {
+            all.pods.entry(name.clone()).or_insert_with(|| p.clone());
+        }
+    }
+    all
+}
+
 /// What some files held or hold: the Node names, and whether any Peer or lease was among them.
 #[derive(Debug, Default)]
 pub(super) struct Touched {
     nodes: BTreeSet<String>,
     peers: bool,
     leases: bool,
+    ipam: bool,
 }
 
 impl Touched {
@@ -80,11 +109,12 @@ impl Touched {
         );
         self.peers |= !entry.peers.is_empty();
         self.leases |= !entry.leases.is_empty();
+        self.ipam |= entry.ipam != IpamObjects::default();
     }
 
     /// Brings `snapshot` to what `files` hold for the names touched: each Node from the first
     /// file that defines it now, or gone; the Peers and leases again when a file touched had or
-    /// has one. True when the snapshot changed.
+    /// has one, and the IPAM objects likewise. True when the snapshot changed.
     pub(super) fn apply(
         &self,
         files: &BTreeMap<PathBuf, FileEntry>,
@@ -102,6 +132,9 @@ impl Touched {
         }
         if self.leases {
             changed |= snapshot.replace_leases(all_leases(files));
+        }
+        if self.ipam {
+            changed |= snapshot.replace_ipam(all_ipam(files));
         }
         changed
     }

@@ -311,3 +311,63 @@ fn reading_the_files_the_watch_names_ends_where_a_full_listing_does() {
     assert_eq!(snap.peers.keys().collect::<Vec<_>>(), ["x"]);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+const IPAM: &str = "\
+apiVersion: crd.projectcalico.org/v1
+kind: BlockAffinity
+metadata:
+  name: a-10-60-1-0-26
+spec:
+  node: a
+  cidr: 10.60.1.0/26
+  state: confirmed
+  deleted: 'false'
+---
+apiVersion: crd.projectcalico.org/v1
+kind: BlockAffinity
+metadata:
+  name: broken
+spec:
+  node: a
+  cidr: 10.60.1.0/99
+---
+apiVersion: cilium.io/v2
+kind: CiliumNode
+metadata:
+  name: b
+spec:
+  ipam:
+    podCIDRs: [10.0.2.0/24]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: shop
+spec:
+  nodeName: c
+status:
+  podIPs:
+  - ip: 10.1.3.7
+";
+
+#[test]
+fn ipam_objects_are_read_beside_the_nodes_and_a_malformed_one_is_refused_alone() {
+    let dir = scratch("ipam");
+    fs::write(dir.join("ipam.yaml"), IPAM).unwrap();
+    let backend = FileBackend::open(&dir).unwrap();
+    let snap = backend.subscribe().borrow().clone();
+    let ipam = &snap.ipam;
+    assert_eq!(ipam.affinities.len(), 1, "{:?}", ipam.affinities);
+    assert!(ipam.affinities["a-10-60-1-0-26"].confirmed);
+    assert_eq!(
+        ipam.cilium_nodes["b"].pod_cidrs,
+        vec!["10.0.2.0/24".parse::<ipnet::IpNet>().unwrap()]
+    );
+    assert_eq!(ipam.pods["shop/web"].node, "c");
+    // Removed: the snapshot follows, through the watch's path as through a listing.
+    fs::remove_file(dir.join("ipam.yaml")).unwrap();
+    assert!(backend.scan());
+    assert_eq!(*backend.subscribe().borrow().ipam, Default::default());
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,55 @@
+//! The nodes' pod ranges from the IPAM source `--ipam` names ([`control::ipam`]): taken into
+//! the node table whenever the IPAM objects change, so everything that follows a node's pod
+//! ranges follows them.
+
+use control::ipam::{detect, pod_ranges, IpamObjects, IpamSource};
+
+use super::Reconciler;
+use crate::agent::args::IpamChoice;
+
+/// What the reconciler remembers of the IPAM objects.
+#[derive(Debug, Default)]
+pub(super) struct IpamState {
+    /// The revision of the objects the node table's ranges were last taken from.
+    seen: Option<u64>,
+    /// The source they were read as (`--ipam=auto` decides it from the objects).
+    source: Option<IpamSource>,
+}
+
+impl Reconciler {
+    /// The IPAM source in use: `--ipam`'s, or what `auto` chose last (`None` before it did).
+    pub fn ipam_source(&self) -> Option<IpamSource> {
+        self.s.args.ipam.source().or(self.ipam.source)
+    }
+
+    /// Brings the node table's pod ranges to `objects` (at `revision`) when they changed
+    /// since the last call (with `--ipam=node`, the Nodes keep their own and nothing is
+    /// read). Problems (ranges refused for overlapping) are said once each.
+    pub(super) fn take_ipam(&mut self, objects: &IpamObjects, revision: u64) {
+        let choice = self.s.args.ipam;
+        if choice == IpamChoice::Node || self.ipam.seen == Some(revision) {
+            return;
+        }
+        self.ipam.seen = Some(revision);
+        let source = match choice.source() {
+            Some(source) => source,
+            None => {
+                let (source, why) = detect(objects);
+                if self.ipam.source != Some(source) {
+                    tracing::info!("--ipam=auto: pod ranges from {} ({why})", source.as_str());
+                }
+                source
+            }
+        };
+        self.ipam.source = Some(source);
+        let ranges = pod_ranges(source, objects);
+        let problems = ranges
+            .as_ref()
+            .map(|r| r.problems.clone())
+            .unwrap_or_default();
+        for line in self.problems.fresh_lines("ipam", problems) {
+            tracing::warn!("{line}");
+        }
+        self.table.set_pod_ranges(ranges.map(|r| r.by_node));
+    }
+}
