@@ -36,6 +36,9 @@ pub struct KgctlArgs {
     /// Kubernetes node label used to group nodes into logical locations.
     #[arg(long, default_value = DEFAULT_TOPOLOGY_LABEL, global = true)]
     pub topology_label: String,
+    /// Where each node's pods live, as kg's `--ipam`: node, calico, cilium, pods or auto.
+    #[arg(long, value_enum, default_value = "node", global = true)]
+    pub ipam: crate::agent::args::IpamChoice,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -86,18 +89,50 @@ pub struct View {
     pub leaders: std::collections::BTreeMap<String, String>,
 }
 
-/// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules).
+/// Every Node of `snapshot`, translated, with its pod ranges from the IPAM source `ipam`
+/// names (`--ipam`; `auto` decides from the snapshot's objects).
+pub fn translated(
+    snapshot: &Snapshot,
+    topology_label: &str,
+    ipam: crate::agent::args::IpamChoice,
+) -> Vec<Node> {
+    let mut all: Vec<Node> = snapshot
+        .nodes
+        .values()
+        .map(|n| translate_node(n, topology_label).0)
+        .collect();
+    let source = ipam
+        .source()
+        .unwrap_or_else(|| control::ipam::detect(&snapshot.ipam).0);
+    if let Some(ranges) = control::ipam::pod_ranges(source, &snapshot.ipam) {
+        for node in &mut all {
+            control::ipam::set_pod_ranges(node, &ranges.by_node);
+        }
+    }
+    all
+}
+
+/// Builds the view of `snapshot` at `now_unix` (Kilo's kgctl rules), with the Nodes' own pod
+/// CIDRs.
 pub fn view(
     snapshot: &Snapshot,
     granularity: &str,
     topology_label: &str,
     now_unix: i64,
 ) -> Result<View> {
-    let all: Vec<Node> = snapshot
-        .nodes
-        .values()
-        .map(|n| translate_node(n, topology_label).0)
-        .collect();
+    let node = crate::agent::args::IpamChoice::Node;
+    view_with_ipam(snapshot, granularity, topology_label, now_unix, node)
+}
+
+/// [`view`] with the pod ranges from the IPAM source `ipam` names.
+pub fn view_with_ipam(
+    snapshot: &Snapshot,
+    granularity: &str,
+    topology_label: &str,
+    now_unix: i64,
+    ipam: crate::agent::args::IpamChoice,
+) -> Result<View> {
+    let all = translated(snapshot, topology_label, ipam);
     let granularity = match granularity {
         "auto" => all.first().and_then(|n| n.granularity).unwrap_or_default(),
         other => Granularity::parse(other).with_context(|| {
@@ -280,11 +315,14 @@ pub async fn snapshot(args: &KgctlArgs) -> Result<Snapshot> {
         BackendKind::Kubernetes => {
             let config = crate::backend::kube::client_config(&kubeconfig_path(args), "").await?;
             let backend = crate::backend::kube::KubeBackend::start(config, true)?;
+            let kinds = crate::backend::kube::ipam::kinds(args.ipam.source());
+            let auto = args.ipam == crate::agent::args::IpamChoice::Auto;
+            backend.watch_ipam(&kinds, auto);
             if !backend
                 .wait_listed(std::time::Duration::from_secs(10))
                 .await
             {
-                bail!("the Kubernetes API did not list Nodes within 10 s");
+                bail!("the Kubernetes API did not list Nodes (and the IPAM objects) within 10 s");
             }
             // Give the Peer watch a moment to list too (it may not exist at all).
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;

@@ -133,6 +133,14 @@ pub fn pod_ranges(source: IpamSource, objects: &IpamObjects) -> Option<PodRanges
     Some(ranges)
 }
 
+/// Gives `node` its pod ranges from `by_node` (an IPAM source's; a node missing there has
+/// none): the first as its pod CIDR, the rest beside it.
+pub fn set_pod_ranges(node: &mut crate::Node, by_node: &BTreeMap<String, Vec<IpNet>>) {
+    let own = by_node.get(&node.name).map_or(&[][..], Vec::as_slice);
+    node.subnet = own.first().copied();
+    node.extra_subnets = own.iter().skip(1).copied().collect();
+}
+
 /// Every node's pod ranges, and what was refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodRanges {

@@ -33,13 +33,10 @@ struct Entry {
 /// Puts `ranges` (an IPAM source's map of every node's pod ranges; `None`: the Node's own,
 /// `spec`) into `node`: the first as its pod CIDR, the rest beside it.
 fn overlay(node: &mut Node, spec: &(Option<IpNet>, Vec<IpNet>), ranges: Option<&PodRangeMap>) {
-    let Some(ranges) = ranges else {
-        (node.subnet, node.extra_subnets) = spec.clone();
-        return;
-    };
-    let own = ranges.get(&node.name).map_or(&[][..], Vec::as_slice);
-    node.subnet = own.first().copied();
-    node.extra_subnets = own.iter().skip(1).copied().collect();
+    match ranges {
+        Some(ranges) => crate::ipam::set_pod_ranges(node, ranges),
+        None => (node.subnet, node.extra_subnets) = spec.clone(),
+    }
 }
 
 /// Every node's pod ranges, by node name, from an IPAM source ([`crate::ipam`]).

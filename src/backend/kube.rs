@@ -153,10 +153,11 @@ impl KubeBackend {
         self.tx.subscribe()
     }
 
-    /// Waits (up to `timeout`) until the first full list of Nodes has arrived; false on timeout.
+    /// Waits (up to `timeout`) until the first full list of Nodes (and of the IPAM objects
+    /// watched) has arrived; false on timeout.
     pub async fn wait_listed(&self, timeout: std::time::Duration) -> bool {
         let mut rx = self.tx.subscribe();
-        tokio::time::timeout(timeout, rx.wait_for(|s| s.listed.nodes))
+        tokio::time::timeout(timeout, rx.wait_for(|s| s.listed.nodes && s.listed.ipam))
             .await
             .is_ok_and(|r| r.is_ok())
     }

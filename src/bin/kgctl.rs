@@ -49,11 +49,12 @@ fn main() -> ExitCode {
             Command::Showconf(show) => Some(show),
         };
         let snapshot = kgctl::snapshot(&args).await?;
-        let view = kgctl::view(
+        let view = kgctl::view_with_ipam(
             &snapshot,
             &args.mesh_granularity,
             &args.topology_label,
             kgctl::now_unix(),
+            args.ipam,
         )?;
         let (out, err) = match show {
             None => (kgctl::graph(&view)?, String::new()),

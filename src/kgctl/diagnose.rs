@@ -11,11 +11,10 @@ use control::diagnosis::{
     cluster_findings_with_leases, has_problems, node_findings, remote_findings, Finding, Severity,
 };
 use control::status::NodeStatus;
-use control::translate_node;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{view, KgctlArgs};
+use super::KgctlArgs;
 
 /// How long kgctl waits for kg's `/status` (the probes take a few seconds).
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,12 +69,14 @@ pub async fn run(args: &KgctlArgs, d: &DiagnoseArgs) -> Result<(String, bool)> {
         Err(e) => return render(unreadable_cluster(d, &e), json),
     };
     let now = super::now_unix();
-    let all: Vec<control::Node> = snapshot
-        .nodes
-        .values()
-        .map(|n| translate_node(n, &args.topology_label).0)
-        .collect();
-    let v = view(&snapshot, &args.mesh_granularity, &args.topology_label, now)?;
+    let all = super::translated(&snapshot, &args.topology_label, args.ipam);
+    let v = super::view_with_ipam(
+        &snapshot,
+        &args.mesh_granularity,
+        &args.topology_label,
+        now,
+        args.ipam,
+    )?;
     let topology = v.topology(None, args.port).ok();
     let mut findings =
         cluster_findings_with_leases(&all, &v.peers, topology.as_ref(), &v.leaders, now);

@@ -178,3 +178,44 @@ fn showconf_as_peer_prints_a_peer_object_in_json_or_yaml() {
     let error = showconf(&v, &args, 51820).unwrap_err().to_string();
     assert!(error.contains("--as-peer"), "{error}");
 }
+
+#[test]
+fn showconf_and_the_graph_take_pod_ranges_from_the_ipam_source() {
+    use crate::agent::args::IpamChoice;
+    let mut s = snapshot();
+    let mut ipam = control::ipam::IpamObjects::default();
+    ipam.cilium_nodes.insert(
+        "c".into(),
+        control::ipam::CiliumNode {
+            node: "c".into(),
+            pod_cidrs: vec![
+                "10.70.3.0/24".parse().unwrap(),
+                "10.71.3.0/27".parse().unwrap(),
+            ],
+        },
+    );
+    for (name, cidr) in [("a", "10.70.1.0/24"), ("b", "10.70.2.0/24")] {
+        ipam.cilium_nodes.insert(
+            name.into(),
+            control::ipam::CiliumNode {
+                node: name.into(),
+                pod_cidrs: vec![cidr.parse().unwrap()],
+            },
+        );
+    }
+    s.replace_ipam(ipam);
+    for choice in [IpamChoice::Cilium, IpamChoice::Auto] {
+        let v = view_with_ipam(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW, choice).unwrap();
+        let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+        assert!(
+            conf.contains("10.70.3.0/24") && conf.contains("10.71.3.0/27"),
+            "{conf}"
+        );
+        assert!(!conf.contains("10.42.3.0/24"), "the Node's own: {conf}");
+        assert!(graph(&v).unwrap().contains("10.70.1.0/24"));
+    }
+    // By default, the Nodes' own.
+    let v = view(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+    assert!(conf.contains("10.42.3.0/24"), "{conf}");
+}
