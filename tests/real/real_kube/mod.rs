@@ -6,6 +6,7 @@
 //! No controller-manager, scheduler or kubelet runs: the tests create the Node objects (with
 //! `spec.podCIDR`) that a kubelet and the node IPAM controller would.
 
+mod ipam;
 mod kilo_peer;
 mod leases;
 mod peers;
@@ -174,7 +175,7 @@ fn every_manifest_is_accepted_by_a_real_api_server() {
     let Some(kube) = RealKube::start(test) else {
         return;
     };
-    for manifest in ["crds.yaml", "rbac.yaml"] {
+    for manifest in ["crds.yaml", "rbac.yaml", "ipam-rbac.yaml"] {
         kube.apply_manifest(manifest);
     }
     // The DaemonSets roll out with surge, which Kubernetes 1.20 cannot do: as shipped they are
