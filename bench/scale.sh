@@ -8,13 +8,15 @@
 # time went: the watch and each stage of kg's reconciles (its `kilotun::stages` lines).
 #
 #   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT]
-#                       [--flap=F] [--granularity=location|full] N [KG_BINARY]
+#                       [--flap=F] [--granularity=location|full] [--ipam=node|calico]
+#                       N [KG_BINARY]
 #
 # N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
 #   follower  a node that does not lead its location moves to a new location (the default)
 #   leader    a location's leader moves to a new location, so two locations change leaders
 #   join      a new node joins an existing location
 #   delete    a location's leader is deleted
+#   block     a node takes one more Calico block (--ipam=calico only)
 # LAYOUT is how the nodes' addresses are laid out (bench/scale_driver.py says more):
 #   apart     endpoints in 10/8, internal IPs in 172.16/16 (the default)
 #   internal  each endpoint the node's internal IP, one private network 172.16/12
@@ -27,6 +29,9 @@
 # F (0 by default) is the fraction of the nodes that cross Kilo's 60 s last-seen bound every
 # minute (they skip their check-ins for 75 s, then come back), as in a large cluster with a
 # flaky network; kg's WireGuard configurations per second are printed with the churn.
+# --ipam=calico installs Calico's CRDs (tests/real/crds/calico-ipam.yaml) and gives every node
+# four /26 blocks as confirmed BlockAffinity objects, and runs kg with --ipam=calico: the
+# pods' ranges are the blocks, not the Nodes' spec.podCIDR.
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (30 s, after the
@@ -49,8 +54,10 @@ changes=5
 layout=apart
 flap=0
 granularity=location
+ipam=node
 while [[ ${1:-} == --* ]]; do
 	case $1 in
+	--ipam=node | --ipam=calico) ipam=${1#*=} ;;
 	--locations=*) locations=${1#*=} ;;
 	--change=*) what=${1#*=} ;;
 	--changes=*) changes=${1#*=} ;;
@@ -66,11 +73,19 @@ while [[ ${1:-} == --* ]]; do
 done
 case $what in
 follower | leader | join | delete) ;;
+block) [[ $ipam == calico ]] || {
+	echo "scale.sh: --change=block needs --ipam=calico" >&2
+	exit 2
+} ;;
 *)
-	echo "scale.sh: --change=$what: one of follower, leader, join, delete" >&2
+	echo "scale.sh: --change=$what: one of follower, leader, join, delete, block" >&2
 	exit 2
 	;;
 esac
+[[ $ipam == calico && $what == join ]] && {
+	echo "scale.sh: --change=join with --ipam=calico: use --change=block" >&2
+	exit 2
+}
 [[ $locations =~ ^[1-9][0-9]*$ && $changes =~ ^[1-9][0-9]*$ ]] || {
 	echo "scale.sh: --locations and --changes take a positive number" >&2
 	exit 2
@@ -93,7 +108,7 @@ location | full) ;;
 	exit 2
 	;;
 esac
-export SCALE_LOCATIONS=$locations SCALE_LAYOUT=$layout SCALE_FLAP=$flap SCALE_GRANULARITY=$granularity
+export SCALE_LOCATIONS=$locations SCALE_LAYOUT=$layout SCALE_FLAP=$flap SCALE_GRANULARITY=$granularity SCALE_IPAM=$ipam
 n=${1:-1000}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kg=${2:-${CARGO_TARGET_DIR:-$root/target}/release/kg}
@@ -152,9 +167,16 @@ env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" |
 driver() {
 	${DRIVER_EXEC:-} ip netns exec "$ns" env APISERVER_URL="$APISERVER_URL" ADMIN_TOKEN="$ADMIN_TOKEN" \
 		KUBE_CA_FILE="$KUBE_CA_FILE" SCALE_LOCATIONS="$locations" SCALE_LAYOUT="$layout" SCALE_FLAP="$flap" \
-		SCALE_GRANULARITY="$granularity" \
+		SCALE_GRANULARITY="$granularity" SCALE_IPAM="$ipam" \
 		python3 "$root/bench/scale_driver.py" "$@"
 }
+ipam_args=()
+if [[ $ipam == calico ]]; then
+	in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" apply -f "$root/tests/real/crds/calico-ipam.yaml" >/dev/null
+	in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" wait --for=condition=established --timeout=60s \
+		crd/blockaffinities.crd.projectcalico.org crd/ipamblocks.crd.projectcalico.org >/dev/null
+	ipam_args=(--ipam=calico)
+fi
 
 if [[ $layout == dns ]]; then
 	# A name server in the namespace (dnsmasq, on its loopback) answers for every node's
@@ -180,7 +202,7 @@ churn_pid=$!
 ip netns exec "$ns" env KG_LOG=warn,kilotun::stages=debug "$kg" --backend=kubernetes --kubeconfig="$KUBECONFIG" --hostname=kg-bench \
 	--interface="$iface" --key-file="$work/key" --encapsulate=never --cni=false --mtu=1420 \
 	--mesh-granularity="$granularity" \
-	--listen=127.0.0.1:11070 --log-level=warn ${KG_ARGS:-} >"$work/kg.log" 2>&1 &
+	--listen=127.0.0.1:11070 --log-level=warn "${ipam_args[@]}" ${KG_ARGS:-} >"$work/kg.log" 2>&1 &
 kg_pid=$!
 
 # Wait until kg peers with every location (every node in a full mesh), then let it settle.
@@ -247,7 +269,7 @@ awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0=
 	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v worst="$worst" -v kg="$kg" \
 	-v locations="$locations" -v what="$what" -v c0="$c0" -v c1="$c1" -v flap="$flap" 'BEGIN {
 	cpu = (t1 - t0) / hz; wall = s1 - s0; events = p1 - p0
-	printf "kg %s, %d nodes, %d locations, layout %s%s\n", kg, n, locations, ENVIRON["SCALE_LAYOUT"], ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
+	printf "kg %s, %d nodes, %d locations, layout %s, pods from %s%s\n", kg, n, locations, ENVIRON["SCALE_LAYOUT"], ENVIRON["SCALE_IPAM"], ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
 	printf "WireGuard configurations during the churn: %d in %.1f s (%.2f/s), %s of the nodes flapping a minute\n", \

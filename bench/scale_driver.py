@@ -20,6 +20,9 @@ second), and the change-to-engine latency of a remote Node's location change.
                                                     pod CIDR joins that location's peer)
                                           delete    a location's leader is deleted (the next
                                                     node of the location becomes its peer)
+                                          block     with SCALE_IPAM=calico, a node takes one
+                                                    more Calico block (its location's peer
+                                                    gets it as an allowed IP)
     scale_driver.py stages LOG CHANGES  where each change's time went: the stages of kg's
                                         reconciles (its `kilotun::stages` debug lines in LOG)
                                         that started while the change was on its way, and
@@ -62,6 +65,12 @@ LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
 # The mesh granularity every node announces, as kg's --mesh-granularity (bench/scale.sh).
 GRANULARITY = os.environ.get("SCALE_GRANULARITY", "location")
 LAYOUTS = ("apart", "internal", "ipv6", "dual", "dns", "nat")
+# Where the pods live (bench/scale.sh --ipam): "node" (each Node's spec.podCIDR) or "calico"
+# (BLOCKS Calico BlockAffinity objects per node, /26 blocks out of 10.64.0.0/10; the Nodes'
+# spec.podCIDR is then no pod's).
+IPAM = os.environ.get("SCALE_IPAM", "node")
+BLOCKS = 4
+AFFINITIES = "/apis/crd.projectcalico.org/v1/blockaffinities"
 
 
 def connection():
@@ -187,6 +196,22 @@ def node(i, now):
     }
 
 
+def block(j):
+    """Calico block number j: the j-th /26 of 10.64.0.0/10."""
+    base = (10 << 24) | (64 << 16)
+    addr = base + 64 * j
+    return f"{addr >> 24}.{(addr >> 16) & 255}.{(addr >> 8) & 255}.{addr & 255}/26"
+
+
+def affinity(node_name, cidr):
+    return {
+        "apiVersion": "crd.projectcalico.org/v1",
+        "kind": "BlockAffinity",
+        "metadata": {"name": f"{node_name}-{cidr.replace('.', '-').replace('/', '-')}"},
+        "spec": {"node": node_name, "cidr": cidr, "state": "confirmed", "deleted": "false"},
+    }
+
+
 def create(n):
     now = int(time.time())
     local = {
@@ -201,10 +226,16 @@ def create(n):
     conn = connection()
     request(conn, "POST", "/api/v1/nodes", local)
 
+    if IPAM == "calico":
+        request(conn, "POST", AFFINITIES, affinity(LOCAL, "10.250.0.0/26"))
+
     def worker(start, step):
         c = connection()
         for i in range(start, n, step):
             request(c, "POST", "/api/v1/nodes", node(i, now))
+            if IPAM == "calico":
+                for b in range(BLOCKS):
+                    request(c, "POST", AFFINITIES, affinity(name(i), block(BLOCKS * i + b)))
 
     threads = [threading.Thread(target=worker, args=(s, 4)) for s in range(4)]
     for t in threads:
@@ -311,6 +342,11 @@ def change(n, iface, count, what):
             i = n + k
             wanted = lambda: pod_cidr(i) in wg_show(iface, "allowed-ips")
             act = lambda: request(conn, "POST", "/api/v1/nodes", node(i, int(time.time())))
+        elif what == "block":
+            # A node of location x takes one more Calico block.
+            cidr = block(BLOCKS * (n + LOCATIONS) + k)
+            wanted = lambda: cidr in wg_show(iface, "allowed-ips")
+            act = lambda: request(conn, "POST", AFFINITIES, affinity(name(x + LOCATIONS), cidr))
         elif what == "delete":
             if x + LOCATIONS >= n:
                 raise SystemExit("delete: every location needs a second node")
@@ -321,7 +357,7 @@ def change(n, iface, count, what):
 
             act = lambda: request(conn, "DELETE", f"/api/v1/nodes/{name(x)}", {})
         else:
-            raise SystemExit(f"unknown change {what!r}: follower, leader, join or delete")
+            raise SystemExit(f"unknown change {what!r}: follower, leader, join, delete or block")
         sent_ms = int(time.time() * 1000)
         start = time.monotonic()
         act()

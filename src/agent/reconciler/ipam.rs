@@ -22,12 +22,14 @@ impl Reconciler {
         self.s.args.ipam.source().or(self.ipam.source)
     }
 
-    /// Brings the node table's pod ranges to `objects` (at `revision`) when they changed
-    /// since the last call (with `--ipam=node`, the Nodes keep their own and nothing is
+    /// Brings the node table's pod ranges to `objects` (at `revision`; `listed` once the
+    /// backend listed every IPAM kind it watches) when they changed since the last call (with `--ipam=node`, the Nodes keep their own and nothing is
     /// read). Problems (ranges refused for overlapping) are said once each.
-    pub(super) fn take_ipam(&mut self, objects: &IpamObjects, revision: u64) {
+    pub(super) fn take_ipam(&mut self, objects: &IpamObjects, revision: u64, listed: bool) {
         let choice = self.s.args.ipam;
-        if choice == IpamChoice::Node || self.ipam.seen == Some(revision) {
+        // `auto` decides once every kind it looks for was listed, not on the first to arrive.
+        let undecided = choice == IpamChoice::Auto && !listed;
+        if choice == IpamChoice::Node || undecided || self.ipam.seen == Some(revision) {
             return;
         }
         self.ipam.seen = Some(revision);

@@ -277,7 +277,8 @@ impl Reconciler {
             None => translated = table.sync(&snapshot.nodes),
         }
         self.revision = Some(snapshot.changes.revision());
-        self.take_ipam(&snapshot.ipam, snapshot.changes.ipam_revision());
+        let ipam_revision = snapshot.changes.ipam_revision();
+        self.take_ipam(&snapshot.ipam, ipam_revision, snapshot.listed.ipam);
         for (name, problems) in translated {
             for line in self.problems.fresh(&name, &problems) {
                 tracing::warn!("bad annotation on node {line}");

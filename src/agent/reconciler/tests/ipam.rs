@@ -35,6 +35,11 @@ fn pod_ranges_follow_calicos_blocks_and_the_cni_configuration_is_left_to_calico(
             .insert(format!("{node}-1"), block(node, cidr));
     }
     bench.snapshot.replace_ipam(ipam.clone());
+    // Until every IPAM kind is listed, `auto` decides nothing (and nothing is meshed).
+    bench.snapshot.listed.ipam = false;
+    assert!(bench.pass(Trigger::Resync).waited);
+    assert_eq!(bench.core.ipam_source(), None);
+    bench.snapshot.listed.ipam = true;
     let first = bench.pass(Trigger::Resync);
     assert_eq!(
         bench.core.ipam_source(),
