@@ -191,8 +191,8 @@ fn start_of(net: &IpNet) -> (u8, u128) {
 /// Sorts the claims so that a range comes before every range it contains, then keeps each
 /// node's claims that no other node's contradicts: a range inside another node's range, or
 /// the same range or address claimed twice, is refused for both nodes. A single address
-/// inside another node's block is borrowed, and kept; one inside its own node's range adds
-/// nothing, and goes.
+/// inside another node's block is borrowed, and kept; a claim inside a range of its own node
+/// that stays adds nothing, and goes.
 fn settle(mut claims: Vec<Claim<'_>>) -> PodRanges {
     claims.sort_by(|a, b| {
         (start_of(&a.net), a.net.prefix_len(), a.node).cmp(&(
@@ -203,7 +203,8 @@ fn settle(mut claims: Vec<Claim<'_>>) -> PodRanges {
     });
     claims.dedup_by(|a, b| a.net == b.net && a.node == b.node);
     let mut refused = vec![false; claims.len()];
-    let mut redundant = vec![false; claims.len()];
+    // The same node's claims that contain each claim: it adds nothing if one of them stays.
+    let mut covered_by: Vec<Vec<usize>> = vec![Vec::new(); claims.len()];
     let mut problems = Vec::new();
     // The claims that contain the current one, outermost first.
     let mut open: Vec<usize> = Vec::new();
@@ -219,7 +220,7 @@ fn settle(mut claims: Vec<Claim<'_>>) -> PodRanges {
             let outer = &claims[o];
             let borrowed = c.single && !outer.single && outer.net != c.net;
             if outer.node == c.node {
-                redundant[i] = true;
+                covered_by[i].push(o);
             } else if !borrowed {
                 refused[o] = true;
                 refused[i] = true;
@@ -233,7 +234,8 @@ fn settle(mut claims: Vec<Claim<'_>>) -> PodRanges {
     }
     let mut by_node: BTreeMap<String, Vec<IpNet>> = BTreeMap::new();
     for (i, c) in claims.iter().enumerate() {
-        if !refused[i] && !redundant[i] {
+        let redundant = covered_by[i].iter().any(|&o| !refused[o]);
+        if !refused[i] && !redundant {
             by_node.entry(c.node.to_string()).or_default().push(c.net);
         }
     }

@@ -72,16 +72,27 @@ impl HostRecord {
     }
 
     /// The host's own main-table routes of the last dump, when a pass listing the host after
-    /// `trigger` may keep it instead of dumping again ([`control::pass::dumps_routes`]).
-    pub(super) fn kept_dump(&mut self, trigger: Trigger) -> Option<Vec<Route>> {
+    /// `trigger` may keep it instead of dumping again ([`control::pass::dumps_routes`]). A
+    /// route of kg's since (`owned`) replaced any of the host's with its table and destination
+    /// (the kernel says nothing of a route a replace evicts), so those are left out.
+    pub(super) fn kept_dump(&mut self, trigger: Trigger, owned: &RoutePlan) -> Option<Vec<Route>> {
         let seen = self.routing.as_ref().and_then(RoutingChanges::seen);
         let last = self.last_dump.as_ref();
         let holds = last.is_some() && self.routes_known();
         let quiet = seen.is_some() && seen == last.map(|(count, _)| *count);
         self.dump_kept = !control::pass::dumps_routes(trigger, holds, quiet);
-        self.dump_kept
-            .then(|| last.map(|(_, routes)| routes.clone()))
-            .flatten()
+        if !self.dump_kept {
+            return None;
+        }
+        let replaced: std::collections::BTreeSet<_> =
+            owned.routes.iter().map(|r| (r.table, r.dst)).collect();
+        last.map(|(_, routes)| {
+            routes
+                .iter()
+                .filter(|r| !replaced.contains(&(r.table, r.dst)))
+                .cloned()
+                .collect()
+        })
     }
 
     /// The count to record a dump under, read before the dump: a change during it counts

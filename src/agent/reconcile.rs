@@ -71,7 +71,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                     internal_cidrs: &self.s.internal_cidrs,
                 };
                 let started = Instant::now();
-                let kept = self.record.kept_dump(trigger);
+                let kept = self.record.kept_dump(trigger, &self.owned);
                 let dumped = kept.is_none();
                 let count = self.record.count_before_dump();
                 let host = read_host(&self.netlink, &own, &detection, kept).await?;

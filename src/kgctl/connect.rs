@@ -91,6 +91,9 @@ async fn open_backend(global: &KgctlArgs) -> Result<Backend> {
             let config =
                 crate::backend::kube::client_config(&super::kubeconfig_path(global), "").await?;
             let backend = KubeBackend::start(config, false)?;
+            let kinds = crate::backend::kube::ipam::kinds(global.ipam.source());
+            let auto = global.ipam == crate::agent::args::IpamChoice::Auto;
+            backend.watch_ipam(&kinds, auto);
             if !backend
                 .wait_listed(std::time::Duration::from_secs(10))
                 .await
@@ -131,11 +134,12 @@ struct Connection {
 
 impl Connection {
     async fn reconcile(&mut self, global: &KgctlArgs, snapshot: &Snapshot) -> Result<()> {
-        let mut view = super::view(
+        let mut view = super::view_with_ipam(
             snapshot,
             &global.mesh_granularity,
             &global.topology_label,
             super::now_unix(),
+            global.ipam,
         )?;
         resolve(&mut view).await;
         let topology = view.topology(None, global.port)?;

@@ -324,3 +324,23 @@ fn malformed_objects_are_refused_naming_the_object_and_the_field() {
         Ok(None)
     );
 }
+
+#[test]
+fn a_range_inside_its_own_nodes_refused_range_stays() {
+    // a's /24 holds b's /26 (both refused) and another /26 of a's, which is a's alone.
+    let objects = calico(
+        vec![
+            affinity("a", "10.244.0.0/24", "confirmed", "false"),
+            affinity("b", "10.244.0.0/26", "confirmed", "false"),
+            affinity("a", "10.244.0.128/26", "confirmed", "false"),
+            // Inside a's surviving /24 elsewhere: a /26 of c's own /24 stays redundant.
+            affinity("c", "10.245.0.0/24", "confirmed", "false"),
+            affinity("c", "10.245.0.64/26", "confirmed", "false"),
+        ],
+        vec![],
+    );
+    let ranges = pod_ranges(IpamSource::Calico, &objects).unwrap();
+    assert_eq!(ranges.by_node["a"], nets(&["10.244.0.128/26"]));
+    assert!(!ranges.by_node.contains_key("b"));
+    assert_eq!(ranges.by_node["c"], nets(&["10.245.0.0/24"]));
+}

@@ -90,6 +90,27 @@ fn generation() -> Result<u32> {
     socket
         .connect(&SocketAddr::new(0, 0))
         .context("connecting nfnetlink")?;
+    // The kernel answers at once; a socket that never does must not hold up the firewall.
+    let timeout = libc::timeval {
+        tv_sec: 1,
+        tv_usec: 0,
+    };
+    // SAFETY: the socket is open, and `timeout` lives through the call with its size given.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        bail!(
+            "setting a timeout on nfnetlink: {}",
+            std::io::Error::last_os_error()
+        );
+    }
     let mut request = Vec::with_capacity(20);
     request.extend(20u32.to_ne_bytes());
     request.extend(((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());

@@ -113,6 +113,18 @@ impl IpamKind {
     }
 }
 
+/// True when `error` says the resource does not exist (its CRD is not installed).
+fn not_found(error: &watcher::Error) -> bool {
+    let api = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        watcher::Error::WatchError(status) => return status.code == 404,
+        watcher::Error::NoResourceVersion => return false,
+    };
+    matches!(api, kube::Error::Api(status) if status.code == 404)
+}
+
 /// The object's key: its name, `namespace/name` where it has a namespace.
 fn key_of(object: &DynamicObject) -> String {
     let name = object.metadata.name.clone().unwrap_or_default();
@@ -122,8 +134,8 @@ fn key_of(object: &DynamicObject) -> String {
     }
 }
 
-/// Watches each of `kinds`; once every one has been listed (or failed to), the snapshot says
-/// the IPAM objects are listed. `quiet_when_missing` (`--ipam=auto`, which looks for kinds a
+/// Watches each of `kinds`; once every one has been listed (or, under `auto`, found missing),
+/// the snapshot says the IPAM objects are listed. `quiet_when_missing` (`--ipam=auto`, which looks for kinds a
 /// cluster may not have) says a watch that fails at debug level, not warn.
 pub fn watch(
     client: &Client,
@@ -148,13 +160,24 @@ pub fn watch(
             let mut stream = watcher::watcher(api, watcher::Config::default())
                 .backoff(WatchBackoff::random())
                 .boxed();
-            let take = |ipam: &mut IpamObjects, o: DynamicObject| {
+            // An object that does not parse is dropped (its last good form no longer holds)
+            // and said once until it parses again.
+            let mut refused = std::collections::BTreeSet::new();
+            let mut take = |ipam: &mut IpamObjects, o: DynamicObject| {
                 let key = key_of(&o);
                 let value = serde_json::to_value(&o).unwrap_or(Value::Null);
-                kind.take(ipam, key, &value).unwrap_or_else(|e| {
-                    tracing::warn!("{e}; ignoring it");
-                    false
-                })
+                match kind.take(ipam, key.clone(), &value) {
+                    Ok(changed) => {
+                        refused.remove(&key);
+                        changed
+                    }
+                    Err(e) => {
+                        if refused.insert(key.clone()) {
+                            tracing::warn!("{e}; ignoring it");
+                        }
+                        kind.remove(ipam, &key)
+                    }
+                }
             };
             while let Some(event) = stream.next().await {
                 match event {
@@ -188,8 +211,13 @@ pub fn watch(
                         });
                     }
                     Err(e) => {
-                        // Nothing to wait for: kg goes on with the last good objects.
-                        listed(&tx);
+                        // A kind `auto` looks for that the cluster does not have (no CRD) is
+                        // nothing to wait for. Any other failure before the first list keeps
+                        // kg waiting (on the peers it restored), not meshing on no pod
+                        // ranges; after it, kg goes on with the last good objects.
+                        if quiet_when_missing && not_found(&e) {
+                            listed(&tx);
+                        }
                         if !failing {
                             failing = true;
                             if quiet_when_missing {
