@@ -10,26 +10,8 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::calico::{self, block_affinity, lent_address};
 use common::cluster::Cluster;
-
-/// A confirmed BlockAffinity giving `node` the block `cidr`.
-fn affinity(node: &str, cidr: &str) -> String {
-    format!(
-        "apiVersion: crd.projectcalico.org/v1\nkind: BlockAffinity\nmetadata:\n  name: {node}-{}\nspec:\n  node: {node}\n  cidr: {cidr}\n  state: confirmed\n  deleted: \"false\"\n",
-        cidr.replace(['.', '/'], "-")
-    )
-}
-
-/// An IPAMBlock `cidr` affine to `host`, whose address at `offset` is held by a pod on `node`.
-fn lent(cidr: &str, host: &str, offset: usize, node: &str) -> String {
-    let mut allocations = vec!["null"; 64];
-    allocations[offset] = "0";
-    format!(
-        "apiVersion: crd.projectcalico.org/v1\nkind: IPAMBlock\nmetadata:\n  name: {}\nspec:\n  cidr: {cidr}\n  affinity: host:{host}\n  allocations: [{}]\n  attributes:\n  - handle_id: k8s-pod-network.lent\n    secondary:\n      namespace: default\n      node: {node}\n      pod: lent\n  unallocated: []\n  strictAffinity: false\n",
-        cidr.replace(['.', '/'], "-"),
-        allocations.join(", ")
-    )
-}
 
 /// A ping from `from`'s namespace, from `source`, to `to`: answered or not.
 fn answers(c: &Cluster, from: &str, source: &str, to: &str) -> bool {
@@ -43,12 +25,7 @@ fn answers(c: &Cluster, from: &str, source: &str, to: &str) -> bool {
 
 /// The allowed IPs of `node`'s peer whose allowed IPs include `marker`, on `node`'s device.
 fn allowed_ips_with(c: &Cluster, node: &str, marker: &str) -> String {
-    c.node(node)
-        .wg("allowed-ips")
-        .lines()
-        .find(|l| l.contains(marker))
-        .unwrap_or_default()
-        .to_string()
+    calico::allowed_ips_with(c.node(node), marker)
 }
 
 #[test]
@@ -70,7 +47,7 @@ fn pods_in_calicos_blocks_are_routed_and_each_block_change_touches_one_peer() {
             "dev",
             "pods0",
         ]);
-        let block = affinity(&format!("n{n}"), &format!("10.60.{n}.0/26"));
+        let block = block_affinity(&format!("n{n}"), &format!("10.60.{n}.0/26"));
         std::fs::write(c.dir.join(format!("block-n{n}.yaml")), block).unwrap();
     }
     for i in 0..3 {
@@ -106,7 +83,7 @@ fn pods_in_calicos_blocks_are_routed_and_each_block_change_touches_one_peer() {
         .run(&["ip", "addr", "add", "10.60.3.65/26", "dev", "pods0"]);
     std::fs::write(
         c.dir.join("block-n3-second.yaml"),
-        affinity("n3", "10.60.3.64/26"),
+        block_affinity("n3", "10.60.3.64/26"),
     )
     .unwrap();
     let second = c.wait_for(Duration::from_secs(20), |c| {
@@ -123,7 +100,7 @@ fn pods_in_calicos_blocks_are_routed_and_each_block_change_touches_one_peer() {
         .run(&["ip", "addr", "add", "10.60.1.10/32", "dev", "pods0"]);
     std::fs::write(
         c.dir.join("ipamblock-n1.yaml"),
-        lent("10.60.1.0/26", "n1", 10, "n3"),
+        lent_address("10.60.1.0/26", "n1", 10, "n3"),
     )
     .unwrap();
     let borrowed = c.wait_for(Duration::from_secs(20), |c| {

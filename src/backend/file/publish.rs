@@ -63,25 +63,17 @@ fn all_leases(files: &BTreeMap<PathBuf, FileEntry>) -> BTreeMap<String, LeaseSta
 
 /// Every file's IPAM objects, each name from the first file (by path) that defines it.
 fn all_ipam(files: &BTreeMap<PathBuf, FileEntry>) -> IpamObjects {
+    fn first<T: Clone>(all: &mut BTreeMap<String, T>, more: &BTreeMap<String, T>) {
+        for (name, object) in more {
+            all.entry(name.clone()).or_insert_with(|| object.clone());
+        }
+    }
     let mut all = IpamObjects::default();
-    for entry in files.values() {
-        let o = &entry.ipam;
-        for (name, a) in &o.affinities {
-            all.affinities
-                .entry(name.clone())
-                .or_insert_with(|| a.clone());
-        }
-        for (name, b) in &o.blocks {
-            all.blocks.entry(name.clone()).or_insert_with(|| b.clone());
-        }
-        for (name, n) in &o.cilium_nodes {
-            all.cilium_nodes
-                .entry(name.clone())
-                .or_insert_with(|| n.clone());
-        }
-        for (name, p) in &o.pods {
-            all.pods.entry(name.clone()).or_insert_with(|| p.clone());
-        }
+    for o in files.values().map(|e| &e.ipam) {
+        first(&mut all.affinities, &o.affinities);
+        first(&mut all.blocks, &o.blocks);
+        first(&mut all.cilium_nodes, &o.cilium_nodes);
+        first(&mut all.pods, &o.pods);
     }
     all
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::KubeCluster;
 use crate::common;
+use common::calico::{self, block_affinity, lent_address};
 
 /// Applies the CRDs in `tests/real/crds/<file>` and waits until the API server serves them.
 fn install_crds(k: &KubeCluster, file: &str, plurals: &[&str]) {
@@ -26,31 +27,6 @@ fn install_crds(k: &KubeCluster, file: &str, plurals: &[&str]) {
     }
 }
 
-/// A confirmed BlockAffinity of `node` for `cidr`, as Calico's IPAM writes it.
-fn block_affinity(node: &str, cidr: &str) -> String {
-    format!(
-        "apiVersion: crd.projectcalico.org/v1\nkind: BlockAffinity\nmetadata:\n  name: {node}-{}\nspec:\n  node: {node}\n  cidr: {cidr}\n  state: confirmed\n  deleted: \"false\"\n",
-        cidr.replace(['.', '/'], "-")
-    )
-}
-
-/// An IPAMBlock `cidr` (a /26) affine to `host`, whose address at `offset` a pod on `node`
-/// holds, as Calico's IPAM writes it.
-fn ipam_block(cidr: &str, host: &str, offset: usize, node: &str) -> String {
-    let mut allocations = vec!["null"; 64];
-    allocations[offset] = "0";
-    let unallocated: Vec<String> = (0..64)
-        .filter(|i| *i != offset)
-        .map(|i| i.to_string())
-        .collect();
-    format!(
-        "apiVersion: crd.projectcalico.org/v1\nkind: IPAMBlock\nmetadata:\n  name: {}\nspec:\n  cidr: {cidr}\n  affinity: host:{host}\n  allocations: [{}]\n  unallocated: [{}]\n  attributes:\n  - handle_id: k8s-pod-network.lent\n    secondary:\n      namespace: default\n      node: {node}\n      pod: lent\n  strictAffinity: false\n",
-        cidr.replace(['.', '/'], "-"),
-        allocations.join(", "),
-        unallocated.join(", ")
-    )
-}
-
 /// A ping from node `from`'s namespace, from its address `source`, to `to`.
 fn answers(k: &KubeCluster, from: &str, source: &str, to: &str) -> bool {
     common::ping_from_ok(
@@ -63,12 +39,7 @@ fn answers(k: &KubeCluster, from: &str, source: &str, to: &str) -> bool {
 
 /// The line of `node`'s `wg show allowed-ips` whose peer holds `marker`.
 fn allowed_ips_with(k: &KubeCluster, node: &str, marker: &str) -> String {
-    k.c.node(node)
-        .wg("allowed-ips")
-        .lines()
-        .find(|l| l.contains(marker))
-        .unwrap_or_default()
-        .to_string()
+    calico::allowed_ips_with(k.c.node(node), marker)
 }
 
 #[test]
@@ -152,7 +123,7 @@ fn calicos_blocks_and_lent_addresses_route_pods_through_the_api_server() {
         .run(&["ip", "addr", "add", "10.60.1.10/32", "dev", "pods0"]);
     // kubectl 1.20's own validation does not take the schema's nullable integers (Calico's
     // free slots); the API server validates the object against the CRD's schema itself.
-    let block = ipam_block("10.60.1.0/26", "n1", 10, "n3");
+    let block = lent_address("10.60.1.0/26", "n1", 10, "n3");
     k.kube
         .kubectl_stdin(&["apply", "--validate=false", "-f", "-"], Some(&block));
     let followed = k.c.wait_for(Duration::from_secs(20), |_| {
