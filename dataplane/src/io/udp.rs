@@ -18,7 +18,9 @@ use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::{RecvBatch, SendOutcome, UdpIo};
+mod refusal;
 use crate::outbox::Batch;
+use refusal::{gso_unsupported, segmentation_refused};
 
 /// Socket buffer size asked for (wireguard-go uses the same 7 MiB).
 const SOCKET_BUFFER: usize = 7 << 20;
@@ -40,7 +42,8 @@ const CONTROL_WORDS: usize = 4;
 pub struct UdpSocketIo {
     socket: UdpSocket,
     ipv6: bool,
-    /// Whether sends may use `UDP_SEGMENT`; cleared the first time the kernel refuses one.
+    /// Whether sends may use `UDP_SEGMENT`; cleared when the kernel or the device cannot
+    /// segment (see `refusal::gso_unsupported`).
     gso: AtomicBool,
     /// The send scratch, reused by every [`UdpIo::send_batch`]: building it afresh (some
     /// 30 KiB of names, iovecs and headers) cost more than the sends of a small batch. Each
@@ -273,15 +276,47 @@ impl UdpSocketIo {
                 continue;
             }
             let refused = run.message[start];
-            if refused.iovecs > 1 && self.gso.swap(false, Ordering::Relaxed) {
-                tracing::warn!(error = %error, "the kernel refused a segmented UDP send; sending one datagram per message from now on");
+            if refused.iovecs > 1 && segmentation_refused(&error) {
+                if gso_unsupported(&error) && self.gso.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %error, "the kernel refused a segmented UDP send; sending one datagram per message from now on");
+                }
+                // Segmentation was the trouble, not the destination: the datagrams go out one
+                // by one (the kernel fragments those above a smaller path MTU, as it would
+                // without GSO).
+                self.send_one_by_one(run, start, outcome);
+            } else {
+                // The message was refused (no route, unreachable, buffer full): drop its
+                // datagrams, as a lossy network would, and go on with the rest.
+                outcome.failed += refused.iovecs;
             }
-            // The message was refused (no route, unreachable, buffer full, no GSO): drop its
-            // datagrams, as a lossy network would, and go on with the rest.
-            outcome.failed += refused.iovecs;
             start += 1;
         }
         run.clear();
+    }
+}
+
+impl UdpSocketIo {
+    /// Sends the datagrams of message `m` of `run` one `sendmsg` each, unsegmented.
+    fn send_one_by_one(&self, run: &mut SendRun, m: usize, outcome: &mut SendOutcome) {
+        let message = run.message[m];
+        let name = (&mut run.names[m] as *mut libc::sockaddr_in6).cast::<libc::c_void>();
+        let name_len = run.name_lens[m];
+        for iovec in &mut run.iovecs[message.first_iovec..message.first_iovec + message.iovecs] {
+            // SAFETY: a zeroed msghdr is valid (no name, no iovecs, no control).
+            let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+            header.msg_name = name;
+            header.msg_namelen = name_len;
+            header.msg_iov = iovec;
+            header.msg_iovlen = 1;
+            // SAFETY: the header names the run's address slot and one iovec, both live for
+            // the call.
+            let sent = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &header, 0) };
+            if sent < 0 {
+                outcome.failed += 1;
+            } else {
+                outcome.sent += 1;
+            }
+        }
     }
 }
 

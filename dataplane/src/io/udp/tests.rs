@@ -165,3 +165,82 @@ fn loopback_batch_round_trip() {
     assert_eq!(got[3].1, vec![3u8; 100]);
     assert_eq!(got[0].0.port(), a.local_port().unwrap());
 }
+
+#[test]
+fn a_segment_above_the_path_mtu_goes_out_unsegmented_and_gso_stays_on() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a network namespace with a smaller loopback MTU needs root");
+        return;
+    }
+    // A namespace of this thread's own, whose loopback's MTU (1,300) is below the segments
+    // sent: the kernel refuses the segmented message with EMSGSIZE.
+    std::thread::spawn(|| {
+        // SAFETY: unshare on this thread only, which then exits.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+        let ip = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "mtu", "1300", "up"])
+            .status()
+            .expect("running ip");
+        assert!(ip.success(), "ip link set lo mtu 1300 up: {ip}");
+        let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+        if !a.uses_gso() {
+            eprintln!("skipped: this kernel has no UDP GSO");
+            return;
+        }
+        let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+        let mut out = Outbox::default();
+        for i in 0..8u8 {
+            out.to_network.push_copy(Some(to_b), &[i; 1400]);
+        }
+        let outcome = a.send_batch(&out.to_network).unwrap();
+        assert_eq!(
+            outcome,
+            SendOutcome { sent: 8, failed: 0 },
+            "each datagram went out alone (fragmented by the kernel)"
+        );
+        assert!(
+            a.uses_gso(),
+            "a path MTU below the segment size says nothing about the offload"
+        );
+        let (got, _) = receive(&b, 8);
+        assert_eq!(got.len(), 8);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, (_, p))| p == &vec![i as u8; 1400]));
+
+        // Segments that fit still go out segmented, and arrive coalesced.
+        let mut out = Outbox::default();
+        for i in 0..20u8 {
+            out.to_network.push_copy(Some(to_b), &[i; 1000]);
+        }
+        assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 20);
+        let (got, slots) = receive(&b, 20);
+        assert_eq!(got.len(), 20);
+        assert!(slots < 20, "{slots} receives: the run was not segmented");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn only_errors_of_the_offload_itself_turn_it_off() {
+    let error = |code| io::Error::from_raw_os_error(code);
+    assert!(segmentation_refused(&error(libc::EMSGSIZE)));
+    assert!(!gso_unsupported(&error(libc::EMSGSIZE)));
+    for code in [libc::EIO, libc::EINVAL, libc::ENOPROTOOPT, libc::EOPNOTSUPP] {
+        assert!(gso_unsupported(&error(code)), "{code}");
+    }
+    for code in [
+        libc::ENETUNREACH,
+        libc::EHOSTUNREACH,
+        libc::ECONNREFUSED,
+        libc::EAGAIN,
+        libc::ENOBUFS,
+        libc::EPERM,
+    ] {
+        assert!(!segmentation_refused(&error(code)), "{code}");
+    }
+}
