@@ -2,11 +2,13 @@
 //! YAML, `kind: List`, or JSON), the way `kubectl get -o yaml` prints them.
 //!
 //! The kernel's inotify says which files changed, and only those are read again; the whole
-//! directory is listed every [`RESCAN_INTERVAL`] besides (every [`POLL_INTERVAL`] where it
-//! cannot be watched), and only files whose size, mtime or inode changed are re-read. kg writes its own Node's annotations back into the file that holds the
-//! Node (or `<node>.yaml`), under an exclusive `flock` on `.kilotun.lock` and by rename, so several
-//! kg processes sharing the directory never lose each other's writes and readers never see a
-//! half-written file. A file that does not parse is reported once and its last good content kept.
+//! directory is listed every [`RESCAN_INTERVAL`] besides (every [`POLL_INTERVAL`] where it cannot
+//! be watched), and only files whose size, mtime or inode changed are re-read. Readers are told of
+//! changes at most once per [`pace::NOTIFY_INTERVAL`], as the Node watch does. kg writes its own
+//! Node's annotations back into the file that holds the Node (or `<node>.yaml`), under an exclusive
+//! `flock` on `.kilotun.lock` and by rename, so several kg processes sharing the directory never
+//! lose each other's writes and readers never see a half-written file. A file that does not parse
+//! is reported once and its last good content kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -23,7 +25,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::Snapshot;
+use super::{pace, Snapshot};
 use control::leader::{Expectation, LeaseState};
 use k8s_openapi::api::coordination::v1::Lease;
 
@@ -366,8 +368,10 @@ impl FileBackend {
 
     /// Follows the directory on a thread until the backend is dropped: the files its watch
     /// ([`dir_watch::DirWatch`]) names are read as they change, and the whole directory is listed
-    /// every [`RESCAN_INTERVAL`] besides. Where the kernel cannot watch it (or the directory
-    /// was replaced, until it is back), the whole directory is listed every [`POLL_INTERVAL`].
+    /// every [`RESCAN_INTERVAL`] besides. Readers are told at most once per
+    /// [`pace::NOTIFY_INTERVAL`] (what changes meanwhile is read together after it). Where the
+    /// kernel cannot watch it (or the directory was replaced, until it is back), the whole
+    /// directory is listed every [`POLL_INTERVAL`].
     pub fn spawn_poller(self: &Arc<Self>) {
         let weak: Weak<Self> = Arc::downgrade(self);
         let dir = self.dir.clone();
@@ -375,7 +379,14 @@ impl FileBackend {
             .name("cluster-dir".into())
             .spawn(move || {
                 let mut dir_watch = arm(&dir, &weak);
+                let mut told: Option<std::time::Instant> = None;
                 loop {
+                    // Changes soon after the last told wait in the watch's queue and are read
+                    // together, so readers wake at most once per interval.
+                    let hold = pace::hold(told, std::time::Instant::now());
+                    if !hold.is_zero() {
+                        std::thread::sleep(hold);
+                    }
                     let changed = match &dir_watch {
                         Some(w) => w.wait(RESCAN_INTERVAL).unwrap_or(Changed::Everything),
                         None => {
@@ -386,7 +397,7 @@ impl FileBackend {
                     let Some(backend) = weak.upgrade() else {
                         return;
                     };
-                    match &changed {
+                    let published = match &changed {
                         Changed::Names(names) => backend.scan_names(names),
                         Changed::Nothing => backend.scan(),
                         Changed::Everything => {
@@ -397,6 +408,9 @@ impl FileBackend {
                             continue;
                         }
                     };
+                    if published {
+                        told = Some(std::time::Instant::now());
+                    }
                 }
             })
             .expect("spawning the cluster-dir poller");

@@ -28,18 +28,17 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::backoff::WatchBackoff;
+use super::pace::{self, Pace};
 use super::Snapshot;
 
 pub mod departure;
 pub mod ipam;
 mod lease;
-pub mod pace;
 pub mod slim;
 #[cfg(test)]
 mod tests;
 
 pub use lease::LEASE_NAMESPACE;
-use pace::Pace;
 use slim::SlimNode;
 
 /// A connection to the Kubernetes API.

@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod file;
 pub mod kube;
 pub mod memory;
+pub mod pace;
 
 #[cfg(test)]
 mod tests;

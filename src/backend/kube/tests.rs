@@ -7,9 +7,9 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
-use super::pace::{Pace, NOTIFY_INTERVAL};
 use super::slim::{SlimNode, SlimSpec};
 use super::{NodeWatch, Snapshot};
+use crate::backend::pace::{Pace, NOTIFY_INTERVAL};
 
 fn node(name: &str, resource_version: &str, last_seen: &str) -> SlimNode {
     let mut n = SlimNode::default();

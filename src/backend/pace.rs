@@ -1,20 +1,24 @@
-//! How often the Node watch reads and wakes the snapshot's readers.
+//! How often a backend wakes the snapshot's readers.
 //!
-//! Readers are told of Node changes at most once per interval: the first change after a quiet
+//! Readers are told of changes at most once per interval: the first change after a quiet
 //! interval at once, later ones together when the interval since the last notification has
-//! passed. While a change is held back the watch does not read either: the events of a burst
-//! wait in the socket and are read together when it falls due (until the stream has been quiet
-//! for [`DRAIN_GAP`], for at most [`DRAIN_LIMIT`]). At 5,000 nodes the check-in churn is 167
-//! events a second; paced at [`NOTIFY_INTERVAL`], the watch and the reconcile loop each wake
-//! about 10 times a second instead of 167, and the reconcile loop takes each wake's changes
-//! together (through the snapshot's change log), while a single change (a location, an
-//! endpoint, a new Node) waits at most one interval and the drain limit.
+//! passed. While a change is held back the backend does not read either: the events of a burst
+//! wait in the socket (the Node watch) or the inotify queue (the file backend) and are read
+//! together. At 5,000 nodes the check-in churn is 167 events a second; paced at
+//! [`NOTIFY_INTERVAL`], the watch and the reconcile loop each wake about 10 times a second
+//! instead of 167, and the reconcile loop takes each wake's changes together (through the
+//! snapshot's change log), while a single change (a location, an endpoint, a new Node) waits at
+//! most one interval (and, on the Node watch, the drain limit).
+//!
+//! The Node watch reads held-back events until the stream has been quiet for [`DRAIN_GAP`], for
+//! at most [`DRAIN_LIMIT`] ([`Pace`]); the file backend's thread sleeps out the interval and then
+//! reads everything its watch queued ([`hold`]).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The shortest time between two notifications of Node changes.
+/// The shortest time between two notifications of changes.
 pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// When held-back events are read, the reading stops once no event has come for this long.
@@ -71,6 +75,14 @@ impl Pace {
     }
 }
 
+/// How long a reader that last told of changes at `last` waits at `now` before reading more
+/// (zero once an interval has passed).
+pub fn hold(last: Option<std::time::Instant>, now: std::time::Instant) -> Duration {
+    last.map_or(Duration::ZERO, |last| {
+        (last + NOTIFY_INTERVAL).saturating_duration_since(now)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +124,15 @@ mod tests {
             (10..=11).contains(&told),
             "{told} notifications in a second"
         );
+    }
+
+    #[test]
+    fn a_reader_holds_for_what_is_left_of_the_interval() {
+        let t = std::time::Instant::now();
+        assert_eq!(hold(None, t), Duration::ZERO);
+        assert_eq!(hold(Some(t), t + 30 * MS), 70 * MS);
+        assert_eq!(hold(Some(t), t + 100 * MS), Duration::ZERO);
+        assert_eq!(hold(Some(t), t + 500 * MS), Duration::ZERO);
     }
 
     #[test]
