@@ -219,3 +219,66 @@ fn showconf_and_the_graph_take_pod_ranges_from_the_ipam_source() {
     let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
     assert!(conf.contains("10.42.3.0/24"), "{conf}");
 }
+
+#[test]
+fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
+    use crate::agent::args::IpamChoice;
+    use control::ipam::{BlockAffinity, IpamBlock};
+    let mut s = snapshot();
+    let mut ipam = control::ipam::IpamObjects::default();
+    for (name, ip) in [("a", 1), ("b", 2), ("c", 3)] {
+        for cidr in [format!("10.70.{ip}.0/26"), format!("fd00:70::{ip}:0/122")] {
+            ipam.affinities.insert(
+                format!("{name}-{cidr}"),
+                BlockAffinity {
+                    node: name.into(),
+                    cidr: cidr.parse().unwrap(),
+                    confirmed: true,
+                },
+            );
+        }
+    }
+    // c's IPv6 block lent an address to a pod on a.
+    ipam.blocks.insert(
+        "c6".into(),
+        IpamBlock {
+            cidr: "fd00:70::3:0/122".parse().unwrap(),
+            host: Some("c".into()),
+            allocated: vec![(7, "a".into())],
+        },
+    );
+    s.replace_ipam(ipam);
+    let v = view_with_ipam(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW, IpamChoice::Calico).unwrap();
+
+    // The multi-cluster output: location east as a Peer for another cluster.
+    let mut args = showconf_args("node", "a", true);
+    args.output = "yaml".into();
+    let (east, _) = showconf(&v, &args, 51820).unwrap();
+    for range in [
+        "10.70.1.0/26",
+        "10.70.2.0/26",
+        "fd00:70::1:0/122",
+        "fd00:70::2:0/122",
+        "fd00:70::3:7/128",
+    ] {
+        assert!(
+            east.contains(range),
+            "{range} missing from east as a Peer:\n{east}"
+        );
+    }
+    assert!(!east.contains("10.70.3.0/26"), "west's block:\n{east}");
+    assert!(!east.contains("10.42."), "the Nodes' own ranges:\n{east}");
+
+    // An external Peer's configuration reaches every block through the leaders.
+    let (laptop, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820).unwrap();
+    for ip in 1..=3 {
+        assert!(
+            laptop.contains(&format!("10.70.{ip}.0/26"))
+                && laptop.contains(&format!("fd00:70::{ip}:0/122")),
+            "node {ip}'s blocks missing from the Peer's configuration:\n{laptop}"
+        );
+    }
+    assert!(laptop.contains("fd00:70::3:7/128"), "{laptop}");
+    assert!(!laptop.contains("10.42."), "{laptop}");
+    assert!(graph(&v).unwrap().contains("fd00:70::2:0/122"));
+}
