@@ -29,8 +29,8 @@ pub struct DeviceChange {
     pub peers: Vec<PeerChange>,
 }
 
-/// One peer to add or update. Every field but the preshared key and the endpoint is sent in
-/// full: the keepalive interval, and the allowed IPs replacing the device's.
+/// One peer to add or update. Every field but the preshared key, the endpoint and (for a device
+/// that takes removals) the allowed IPs is sent in full.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerChange {
     /// The peer's public key.
@@ -45,6 +45,29 @@ pub struct PeerChange {
     pub persistent_keepalive: u16,
     /// The allowed IPs, replacing the device's list for this peer.
     pub allowed_ips: Vec<IpNet>,
+    /// For a peer the device has, how its allowed IPs differ from the device's: a device that
+    /// takes removals (`allowed_ip=-`) is sent only these ([`AllowedIpsStyle::Edit`]).
+    pub allowed_ips_edit: Option<AllowedIpsEdit>,
+}
+
+/// How an existing peer's allowed IPs differ from the device's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowedIpsEdit {
+    /// Wanted and not on the device.
+    pub added: Vec<IpNet>,
+    /// On the device and no longer wanted.
+    pub removed: Vec<IpNet>,
+}
+
+/// How a request changes an existing peer's allowed IPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllowedIpsStyle {
+    /// `replace_allowed_ips=true` and the whole list: every device takes it.
+    Replace,
+    /// Only what changed, `allowed_ip=` to add and `allowed_ip=-` to remove (kilotun,
+    /// wireguard-go from 0.0.20250522, wireguard-tools' UAPI from 1.0.20250521); the other
+    /// entries are never absent from the device, not even for the length of the request.
+    Edit,
 }
 
 /// The change that turns `current` into `desired`, or `None` when they already agree.
@@ -81,12 +104,17 @@ pub fn change(current: &DeviceConfig, desired: &DeviceConfig) -> Option<DeviceCh
 
 /// The body of a `set=1` request (without the `set=1` line and final blank line) that turns
 /// `current` into `desired`, or `None` when they already agree.
-pub fn set_request(current: &DeviceConfig, desired: &DeviceConfig) -> Option<String> {
-    change(current, desired).map(|change| render_set(&change))
+pub fn set_request(
+    current: &DeviceConfig,
+    desired: &DeviceConfig,
+    style: AllowedIpsStyle,
+) -> Option<String> {
+    change(current, desired).map(|change| render_set(&change, style))
 }
 
-/// `change` as the body of a UAPI `set=1` request.
-pub fn render_set(change: &DeviceChange) -> String {
+/// `change` as the body of a UAPI `set=1` request, existing peers' allowed IPs changed as
+/// `style` says.
+pub fn render_set(change: &DeviceChange, style: AllowedIpsStyle) -> String {
     let mut out = String::new();
     match &change.private_key {
         Some(Some(key)) => {
@@ -126,12 +154,31 @@ pub fn render_set(change: &DeviceChange) -> String {
             "persistent_keepalive_interval={}",
             peer.persistent_keepalive
         );
-        out.push_str("replace_allowed_ips=true\n");
-        for ip in &peer.allowed_ips {
-            let _ = writeln!(out, "allowed_ip={ip}");
+        match (&peer.allowed_ips_edit, style) {
+            (Some(edit), AllowedIpsStyle::Edit) => {
+                // Additions first: an address moving to a narrower range is never unrouted.
+                for ip in &edit.added {
+                    let _ = writeln!(out, "allowed_ip={ip}");
+                }
+                for ip in &edit.removed {
+                    let _ = writeln!(out, "allowed_ip=-{ip}");
+                }
+            }
+            _ => {
+                out.push_str("replace_allowed_ips=true\n");
+                for ip in &peer.allowed_ips {
+                    let _ = writeln!(out, "allowed_ip={ip}");
+                }
+            }
         }
     }
     out
+}
+
+/// Whether the body of a request removes an allowed IP (`allowed_ip=-`), which devices
+/// before the removal existed refuse.
+pub fn removes_allowed_ips(body: &str) -> bool {
+    body.lines().any(|l| l.starts_with("allowed_ip=-"))
 }
 
 fn same_peer(a: &PeerConfig, b: &PeerConfig) -> bool {
@@ -156,7 +203,17 @@ fn peer_change(current: Option<&PeerConfig>, peer: &PeerConfig) -> PeerChange {
             .filter(|e| current.and_then(|c| c.endpoint) != Some(*e)),
         persistent_keepalive: peer.persistent_keepalive,
         allowed_ips: peer.allowed_ips.clone(),
+        allowed_ips_edit: current.map(|now| AllowedIpsEdit {
+            added: missing(&peer.allowed_ips, &now.allowed_ips),
+            removed: missing(&now.allowed_ips, &peer.allowed_ips),
+        }),
     }
+}
+
+/// The ranges of `from` that `of` lacks, in `from`'s order.
+fn missing(from: &[IpNet], of: &[IpNet]) -> Vec<IpNet> {
+    let of: std::collections::BTreeSet<&IpNet> = of.iter().collect();
+    from.iter().filter(|ip| !of.contains(ip)).copied().collect()
 }
 
 #[cfg(test)]
@@ -195,11 +252,60 @@ mod tests {
             .peers
             .push(peer(3, &["10.0.3.0/24"], Some("3.3.3.3:3")));
         desired.peers[1].persistent_keepalive = 25;
-        let body = set_request(&current, &desired).unwrap();
-        assert!(body.contains("remove=true"));
-        let applied = apply_set(&current, &body).unwrap();
-        assert_eq!(applied, desired);
-        assert_eq!(set_request(&applied, &desired), None);
+        for style in [AllowedIpsStyle::Replace, AllowedIpsStyle::Edit] {
+            let body = set_request(&current, &desired, style).unwrap();
+            assert!(body.contains("remove=true"));
+            let applied = apply_set(&current, &body).unwrap();
+            assert_eq!(applied, desired, "{style:?}");
+            assert_eq!(set_request(&applied, &desired, style), None);
+        }
+    }
+
+    #[test]
+    fn an_edit_names_only_the_ranges_that_changed() {
+        let current = DeviceConfig {
+            peers: vec![peer(
+                1,
+                &["10.0.1.0/24", "10.0.2.0/24", "10.0.3.0/24"],
+                None,
+            )],
+            ..Default::default()
+        };
+        let mut desired = current.clone();
+        desired.peers[0].allowed_ips = vec![
+            "10.0.1.0/24".parse().unwrap(),
+            "10.0.3.0/24".parse().unwrap(),
+            "fd00::/64".parse().unwrap(),
+        ];
+        let body = set_request(&current, &desired, AllowedIpsStyle::Edit).unwrap();
+        let lines: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("allowed_ip"))
+            .collect();
+        assert_eq!(
+            lines,
+            ["allowed_ip=fd00::/64", "allowed_ip=-10.0.2.0/24"],
+            "{body}"
+        );
+        assert!(!body.contains("replace_allowed_ips"), "{body}");
+        assert!(removes_allowed_ips(&body));
+        assert_eq!(apply_set(&current, &body).unwrap(), desired);
+        // A new peer has nothing to edit: its list is sent whole, either way.
+        let mut grown = desired.clone();
+        grown.peers.push(peer(2, &["10.0.9.0/24"], None));
+        let body = set_request(&desired, &grown, AllowedIpsStyle::Edit).unwrap();
+        assert!(
+            body.contains("replace_allowed_ips=true\nallowed_ip=10.0.9.0/24"),
+            "{body}"
+        );
+        assert!(!removes_allowed_ips(&body));
+        // Only additions: nothing for an older device to refuse.
+        let mut wider = current.clone();
+        wider.peers[0]
+            .allowed_ips
+            .push("10.0.4.0/24".parse().unwrap());
+        let body = set_request(&current, &wider, AllowedIpsStyle::Edit).unwrap();
+        assert!(!removes_allowed_ips(&body), "{body}");
     }
 
     #[test]
@@ -215,7 +321,7 @@ mod tests {
         desired.peers[1]
             .allowed_ips
             .push("10.8.0.0/16".parse().unwrap());
-        let body = set_request(&current, &desired).unwrap();
+        let body = set_request(&current, &desired, AllowedIpsStyle::Replace).unwrap();
         assert!(
             !body.contains(&current.peers[0].public_key.to_hex()),
             "{body}"
@@ -234,7 +340,10 @@ mod tests {
         current.interface.private_key = Some(SecretKey::from_bytes(clamped));
         let mut desired = current.clone();
         desired.interface.private_key = Some(SecretKey::from_bytes(raw));
-        assert_eq!(set_request(&current, &desired), None);
+        assert_eq!(
+            set_request(&current, &desired, AllowedIpsStyle::Replace),
+            None
+        );
     }
 
     #[test]
@@ -245,6 +354,9 @@ mod tests {
         };
         let mut desired = current.clone();
         desired.peers[0].endpoint = None;
-        assert_eq!(set_request(&current, &desired), None);
+        assert_eq!(
+            set_request(&current, &desired, AllowedIpsStyle::Replace),
+            None
+        );
     }
 }

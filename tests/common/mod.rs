@@ -218,6 +218,9 @@ pub enum Impl {
     /// wireguard-go 0.0.20231211 (TUN TSO/GRO, UDP GSO/GRO), Debian's bookworm-backports build,
     /// from [`engine_bin`].
     WireguardGo2023,
+    /// wireguard-go 0.0.20260522, the newest release (it takes `allowed_ip=-`), Debian's sid
+    /// build, from [`engine_bin`].
+    WireguardGo2026,
     /// Mullvad's gotatun 0.10.2 (boringtun's successor), from [`engine_bin`].
     Gotatun,
     /// kilotun cross-built for another architecture (`KILOTUN_CROSS_KILOTUN`, see
@@ -308,6 +311,11 @@ fn engine_location(engine: Impl) -> Option<(&'static str, &'static str, String)>
             "KILOTUN_WIREGUARD_GO_2023",
             "wireguard-go-0.0.20231211/usr/bin/wireguard-go",
         ),
+        Impl::WireguardGo2026 => (
+            "wireguard-go 0.0.20260522",
+            "KILOTUN_WIREGUARD_GO_2026",
+            "wireguard-go-0.0.20260522/usr/bin/wireguard-go",
+        ),
         Impl::Gotatun => (
             "gotatun 0.10.2",
             "KILOTUN_GOTATUN",
@@ -362,7 +370,7 @@ pub fn engine_available(engine: Impl, test: &str) -> bool {
             }
             found
         }
-        Impl::WireguardGo2023 | Impl::Gotatun => {
+        Impl::WireguardGo2023 | Impl::WireguardGo2026 | Impl::Gotatun => {
             if engine_bin(engine).is_some() {
                 return true;
             }
@@ -414,8 +422,8 @@ impl WgDevice {
                     &[("QEMU_LD_PREFIX", &foreign.ld_prefix)],
                 )
             }
-            Impl::WireguardGo2023 => {
-                let bin = engine_bin(which).expect("wireguard-go 0.0.20231211 (engine_available)");
+            Impl::WireguardGo2023 | Impl::WireguardGo2026 => {
+                let bin = engine_bin(which).expect("wireguard-go (engine_available)");
                 ns.spawn(&[&bin, "-f", &name])
             }
             // gotatun drops privileges to the login user unless told not to, and getlogin()

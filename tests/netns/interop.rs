@@ -1,6 +1,6 @@
 //! kilotun against itself, against Debian bookworm's wireguard-go (0.0.20220316), and against the
-//! engines users pick today: wireguard-go 0.0.20231211 (bookworm-backports) and gotatun 0.10.2,
-//! fetched by `scripts/engines.sh`. Each end in its own network namespace over veth: pings and a
+//! engines users pick today: wireguard-go 0.0.20231211 (bookworm-backports), wireguard-go
+//! 0.0.20260522 (sid, the newest release) and gotatun 0.10.2, fetched by `scripts/engines.sh`. Each end in its own network namespace over veth: pings and a
 //! checked 100 MB TCP transfer each way, IPv4 and IPv6 inside the tunnel, over an IPv4 or an IPv6
 //! underlay. Root only (skipped otherwise); an engine that is not installed skips its tests, or
 //! fails them when `CI` is set.
@@ -60,9 +60,11 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
         let header = match which {
             Impl::Kilotun => "vnet_hdr on",
             Impl::KilotunWithoutOffload => "vnet_hdr off",
-            Impl::WireguardGo | Impl::WireguardGo2023 | Impl::Gotatun | Impl::ForeignKilotun => {
-                continue
-            }
+            Impl::WireguardGo
+            | Impl::WireguardGo2023
+            | Impl::WireguardGo2026
+            | Impl::Gotatun
+            | Impl::ForeignKilotun => continue,
         };
         let details = device.ip(&["-d", "link", "show", &device.name]);
         assert!(details.contains(header), "{side}: {details}");
@@ -151,6 +153,16 @@ fn kilotun_with_wireguard_go_2023_over_ipv6() {
         Impl::WireguardGo2023,
         Underlay::V6,
         "kilotun_with_wireguard_go_2023_over_ipv6",
+    );
+}
+
+#[test]
+fn kilotun_with_wireguard_go_2026_over_ipv4() {
+    interop(
+        Impl::Kilotun,
+        Impl::WireguardGo2026,
+        Underlay::V4,
+        "kilotun_with_wireguard_go_2026_over_ipv4",
     );
 }
 

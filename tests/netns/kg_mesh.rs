@@ -373,6 +373,85 @@ fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
 }
 
 #[test]
+fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refuses_removals() {
+    let test =
+        "kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refuses_removals";
+    if !common::can_run(test)
+        || !common::which("wireguard-go")
+        || !common::engine_available(common::Impl::WireguardGo2026, test)
+    {
+        eprintln!("(needs Debian's wireguard-go and wireguard-go 0.0.20260522)");
+        return;
+    }
+    let newest = common::engine_bin(common::Impl::WireguardGo2026).expect("engine_available");
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
+    // n1 drives Debian bookworm's wireguard-go (0.0.20220316, no `allowed_ip=-`), n2 the
+    // newest; each kg only drives the device it finds.
+    let (iface1, iface2) = (c.nodes[0].iface.clone(), c.nodes[1].iface.clone());
+    c.nodes[0].ns.run(&["wireguard-go", &iface1]);
+    c.nodes[1].ns.run(&[&newest, &iface2]);
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never", "--create-interface=false"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let handshakes = |c: &Cluster| {
+        (
+            c.node("n1").wg("latest-handshakes"),
+            c.node("n2").wg("latest-handshakes"),
+        )
+    };
+    let before = handshakes(&c);
+
+    // Each location routes one more range, then another in its place: the other node's peer
+    // gains a range and loses one.
+    const RANGES: &str = "kilo.squat.ai/allowed-location-ips";
+    c.annotate("n1", &[(RANGES, Some("10.77.1.0/24"))]);
+    c.annotate("n2", &[(RANGES, Some("10.78.1.0/24"))]);
+    let added = c.wait_for(Duration::from_secs(15), |c| {
+        c.node("n2").wg("allowed-ips").contains("10.77.1.0/24")
+            && c.node("n1").wg("allowed-ips").contains("10.78.1.0/24")
+    });
+    assert!(added, "{}", c.logs());
+    c.annotate("n1", &[(RANGES, Some("10.77.2.0/24"))]);
+    c.annotate("n2", &[(RANGES, Some("10.78.2.0/24"))]);
+    let moved = c.wait_for(Duration::from_secs(15), |c| {
+        let (on1, on2) = (
+            c.node("n1").wg("allowed-ips"),
+            c.node("n2").wg("allowed-ips"),
+        );
+        on2.contains("10.77.2.0/24")
+            && !on2.contains("10.77.1.0/24")
+            && on1.contains("10.78.2.0/24")
+            && !on1.contains("10.78.1.0/24")
+    });
+    assert!(
+        moved,
+        "n1: {}\nn2: {}\n{}",
+        c.node("n1").wg("allowed-ips"),
+        c.node("n2").wg("allowed-ips"),
+        c.logs()
+    );
+    // The pods' own ranges stayed on both.
+    assert!(c.node("n1").wg("allowed-ips").contains("10.42.2.0/24"));
+    assert!(c.node("n2").wg("allowed-ips").contains("10.42.1.0/24"));
+    let refused = "refused the removal of one allowed IP";
+    assert_eq!(
+        c.node("n1").log_text().matches(refused).count(),
+        1,
+        "the older device's refusal is said once: {}",
+        c.node("n1").log_text()
+    );
+    assert!(
+        !c.node("n2").log_text().contains(refused),
+        "{}",
+        c.node("n2").log_text()
+    );
+    assert_eq!(handshakes(&c), before, "no session ended");
+    c.all_pods_reachable().unwrap();
+}
+
+#[test]
 fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
     if !common::can_run("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders") {
         return;

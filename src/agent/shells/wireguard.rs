@@ -42,6 +42,10 @@ pub enum WireGuard {
         path: PathBuf,
         /// The interface name.
         interface: String,
+        /// False once the device refused a removal of one allowed IP (`allowed_ip=-`, which
+        /// wireguard-go before 0.0.20250522 does not know): changed peers' allowed IPs are
+        /// then replaced whole.
+        edits: std::sync::atomic::AtomicBool,
     },
 }
 
@@ -145,6 +149,7 @@ impl WireGuard {
         Ok(Self::Uapi {
             path,
             interface: name.to_string(),
+            edits: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -200,27 +205,44 @@ impl WireGuard {
                 Ok(true)
             }
             Self::Kernel(device) => device.apply(desired),
-            Self::Uapi { path, .. } => {
+            Self::Uapi { path, edits, .. } => {
+                use dataplane::uapi_diff::AllowedIpsStyle;
+                use std::sync::atomic::Ordering;
                 let (current, _) = self.read()?;
-                let Some(body) = dataplane::uapi_diff::set_request(&current, desired) else {
+                let style = if edits.load(Ordering::Relaxed) {
+                    AllowedIpsStyle::Edit
+                } else {
+                    AllowedIpsStyle::Replace
+                };
+                let Some(body) = dataplane::uapi_diff::set_request(&current, desired, style) else {
                     return Ok(false);
                 };
-                let redacted: Vec<&str> = body
-                    .lines()
-                    .map(|l| {
-                        if l.starts_with("private_key=") || l.starts_with("preshared_key=") {
-                            "(key redacted)"
-                        } else {
-                            l
-                        }
-                    })
-                    .collect();
-                tracing::debug!(request = redacted.join(" "), "UAPI set");
-                let answer = exchange(path, &format!("set=1\n{body}\n"))?;
-                if answer.trim() != "errno=0" {
-                    bail!("{} answered {:?}", path.display(), answer.trim());
+                let answer = uapi_set(path, &body)?;
+                if answer == "errno=0" {
+                    return Ok(true);
                 }
-                Ok(true)
+                if style == AllowedIpsStyle::Edit
+                    && dataplane::uapi_diff::removes_allowed_ips(&body)
+                {
+                    // The lines before the refused one were applied: read the device again
+                    // and replace what still differs.
+                    edits.store(false, Ordering::Relaxed);
+                    tracing::warn!(device = %path.display(), answer, "the device refused the removal of one allowed IP (allowed_ip=-; wireguard-go takes it from 0.0.20250522): replacing changed peers' allowed IPs whole from now on");
+                    let (current, _) = self.read()?;
+                    let Some(body) = dataplane::uapi_diff::set_request(
+                        &current,
+                        desired,
+                        AllowedIpsStyle::Replace,
+                    ) else {
+                        return Ok(true);
+                    };
+                    let answer = uapi_set(path, &body)?;
+                    if answer == "errno=0" {
+                        return Ok(true);
+                    }
+                    bail!("{} answered {answer:?}", path.display());
+                }
+                bail!("{} answered {answer:?}", path.display())
             }
         }
     }
@@ -274,6 +296,24 @@ impl WireGuard {
             Self::Uapi { .. } => false,
         }
     }
+}
+
+/// Sends the `set=1` request `body` to the UAPI socket at `path` (keys redacted in the debug
+/// line) and returns the device's answer, trimmed.
+fn uapi_set(path: &Path, body: &str) -> Result<String> {
+    let redacted: Vec<&str> = body
+        .lines()
+        .map(|l| {
+            if l.starts_with("private_key=") || l.starts_with("preshared_key=") {
+                "(key redacted)"
+            } else {
+                l
+            }
+        })
+        .collect();
+    tracing::debug!(request = redacted.join(" "), "UAPI set");
+    let answer = exchange(path, &format!("set=1\n{body}\n"))?;
+    Ok(answer.trim().to_string())
 }
 
 /// One UAPI request/answer over a Unix socket, with a timeout.
