@@ -11,7 +11,8 @@
 # "4") with it measures only those TCP runs.
 #
 # Engines: kilotun (built here in release mode, in ${CARGO_TARGET_DIR:-target}); wireguard-go
-# 0.0.20231211 (Debian bookworm-backports) and gotatun 0.10.2, fetched and cached by
+# 0.0.20260522 (Debian sid, the newest release), wireguard-go 0.0.20231211 (Debian
+# bookworm-backports) and gotatun 0.10.2, fetched and cached by
 # scripts/engines.sh on first use (gotatun is compiled: minutes); wireguard-go on PATH (Debian
 # bookworm's 0.0.20220316), when there is one; boringtun-cli when BORINGTUN_CLI=/path/to/it is set
 # (`scripts/engines.sh boringtun-cli` fetches 0.7.1 and prints its path); other kilotun builds
@@ -48,11 +49,12 @@ wanted() {
   return 1
 }
 
-# KILOTUN_WIREGUARD_GO_2023=… and KILOTUN_GOTATUN=…
-if wanted wireguard-go-2023 || wanted gotatun; then
-  engine_paths=$("$root/scripts/engines.sh" wireguard-go-2023 gotatun)
+# KILOTUN_WIREGUARD_GO_2026=…, KILOTUN_WIREGUARD_GO_2023=… and KILOTUN_GOTATUN=…
+if wanted wireguard-go-2026 || wanted wireguard-go-2023 || wanted gotatun; then
+  engine_paths=$("$root/scripts/engines.sh" wireguard-go-2026 wireguard-go-2023 gotatun)
   while IFS='=' read -r name path; do
     case "$name" in
+      KILOTUN_WIREGUARD_GO_2026) wireguard_go_2026=$path ;;
       KILOTUN_WIREGUARD_GO_2023) wireguard_go_2023=$path ;;
       KILOTUN_GOTATUN) gotatun=$path ;;
     esac
@@ -60,9 +62,10 @@ if wanted wireguard-go-2023 || wanted gotatun; then
 fi
 
 # Engines in the order each round measures them, and their labels (with versions).
-engines=(kilotun wireguard-go-2023 gotatun)
+engines=(kilotun wireguard-go-2026 wireguard-go-2023 gotatun)
 declare -A label=(
   [kilotun]=kilotun
+  [wireguard-go-2026]="wireguard-go 0.0.20260522"
   [wireguard-go-2023]="wireguard-go 0.0.20231211"
   [gotatun]="gotatun 0.10.2"
 )
@@ -117,6 +120,7 @@ start() {
     kilotun) ip netns exec "$2" "$kilotun" "$3" ;;
     kilotun-*) ip netns exec "$2" "${build[$1]}" "$3" ;;
     wireguard-go) ip netns exec "$2" wireguard-go "$3" ;;
+    wireguard-go-2026) ip netns exec "$2" "$wireguard_go_2026" "$3" ;;
     wireguard-go-2023) ip netns exec "$2" "$wireguard_go_2023" "$3" ;;
     gotatun) ip netns exec "$2" "$gotatun" --disable-drop-privileges --log "$work/$3.log" "$3" >/dev/null ;;
     boringtun-cli) ip netns exec "$2" env WG_SUDO=1 "$BORINGTUN_CLI" --disable-drop-privileges "$3" ;;
