@@ -2,7 +2,8 @@
 //! (`tests/real/crds/`, their published schemas): the API server validates every object the
 //! tests create as it would in a cluster running those CNIs, and kg reads them through the
 //! `kilo` ServiceAccount with `manifests/ipam-rbac.yaml`. Addresses on the nodes' pod bridges
-//! stand in for pods in the blocks.
+//! stand in for pods in the blocks; with `--ipam=pods`, Pods whose status a test writes as a
+//! kubelet would.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -198,4 +199,110 @@ fn cilium_node_ranges_of_both_ipam_modes_route_pods_and_auto_finds_them() {
     );
     let peer = allowed_ips_with(&k, "n1", "10.70.2.0/27");
     assert!(!peer.contains("10.42."), "the Node's own pod CIDR: {peer}");
+}
+
+/// Pod `name` in kube-system on `node`, running with `ips` (the API server clears a new Pod's
+/// status, so the status is written through its subresource, as a kubelet writes it).
+fn run_pod(k: &KubeCluster, name: &str, node: &str, host_network: bool, ips: &[&str]) {
+    k.kube.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: kube-system\nspec:\n  nodeName: {node}\n  hostNetwork: {host_network}\n  serviceAccountName: kilo\n  automountServiceAccountToken: false\n  containers:\n  - name: c\n    image: pause\n"
+    ));
+    set_pod_status(k, name, "Running", ips);
+}
+
+/// Replaces Pod `name`'s status with `phase` and `ips`.
+fn set_pod_status(k: &KubeCluster, name: &str, phase: &str, ips: &[&str]) {
+    let mut pod = k.kube.get(&["pod", "-n", "kube-system", name]);
+    pod["status"] = serde_json::json!({
+        "phase": phase,
+        "podIP": ips.first(),
+        "podIPs": ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect::<Vec<_>>(),
+    });
+    k.kube.kubectl_stdin(
+        &[
+            "replace",
+            "--raw",
+            &format!("/api/v1/namespaces/kube-system/pods/{name}/status"),
+            "-f",
+            "-",
+        ],
+        Some(&pod.to_string()),
+    );
+}
+
+#[test]
+fn the_pods_own_addresses_route_them_through_the_api_server() {
+    let test = "the_pods_own_addresses_route_them_through_the_api_server";
+    let nodes = [("n1", "east"), ("n2", "west")];
+    let Some(mut k) = KubeCluster::new(test, "", &["east", "west"], &nodes) else {
+        return;
+    };
+    k.kube.apply_manifest("ipam-rbac.yaml");
+    // Two pods on n1 side by side (one range, 10.80.1.2/31), one on n2; a host-network pod on
+    // n2, whose address is the node's and never a pod range.
+    run_pod(&k, "a1", "n1", false, &["10.80.1.2"]);
+    run_pod(&k, "a2", "n1", false, &["10.80.1.3"]);
+    run_pod(&k, "b1", "n2", false, &["10.80.2.2"]);
+    run_pod(&k, "h2", "n2", true, &["10.80.9.9"]);
+    for (i, ip) in [
+        (0, "10.80.1.2/32"),
+        (0, "10.80.1.3/32"),
+        (1, "10.80.2.2/32"),
+    ] {
+        k.c.nodes[i]
+            .ns
+            .run(&["ip", "addr", "add", ip, "dev", "pods0"]);
+    }
+    for i in 0..2 {
+        k.start(i, &["--ipam=pods"]);
+    }
+    let meshed = k.c.wait_for(Duration::from_secs(60), |_| {
+        answers(&k, "n1", "10.80.1.3", "10.80.2.2") && answers(&k, "n2", "10.80.2.2", "10.80.1.2")
+    });
+    assert!(meshed, "{}", k.c.logs());
+    let east = allowed_ips_with(&k, "n2", "10.80.1.2/31");
+    assert!(!east.contains("10.42."), "the Node's own pod CIDR: {east}");
+    let west = allowed_ips_with(&k, "n1", "10.80.2.2/32");
+    assert!(!west.contains("10.80.9.9"), "a host-network pod: {west}");
+    let handshakes = k.c.node("n2").wg("latest-handshakes");
+
+    // a2 ends: only a1's address stays east's; a pod scheduled later on n2 joins west's.
+    set_pod_status(&k, "a2", "Succeeded", &["10.80.1.3"]);
+    run_pod(&k, "b2", "n2", false, &["10.80.2.7"]);
+    k.c.nodes[1]
+        .ns
+        .run(&["ip", "addr", "add", "10.80.2.7/32", "dev", "pods0"]);
+    let followed = k.c.wait_for(Duration::from_secs(20), |_| {
+        let east = allowed_ips_with(&k, "n2", "10.80.1.2/32");
+        let west = allowed_ips_with(&k, "n1", "10.80.2.2/32");
+        !east.contains("10.80.1.3") && !east.contains("/31") && west.contains("10.80.2.7/32")
+    });
+    assert!(
+        followed,
+        "n1: {}\nn2: {}\n{}",
+        k.c.node("n1").wg("allowed-ips"),
+        k.c.node("n2").wg("allowed-ips"),
+        k.c.logs()
+    );
+    // b1 deleted (at once: no kubelet here confirms a graceful deletion): its address leaves
+    // the mesh.
+    k.kube.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        "kube-system",
+        "b1",
+        "--force",
+        "--grace-period=0",
+    ]);
+    let gone = k.c.wait_for(Duration::from_secs(20), |_| {
+        !k.c.node("n1").wg("allowed-ips").contains("10.80.2.2/32")
+    });
+    assert!(gone, "{}", k.c.logs());
+    assert_eq!(
+        k.c.node("n2").wg("latest-handshakes"),
+        handshakes,
+        "no pod change replaced a peer"
+    );
+    assert!(answers(&k, "n2", "10.80.2.7", "10.80.1.2"));
 }
