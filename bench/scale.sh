@@ -8,7 +8,7 @@
 # time went: the watch and each stage of kg's reconciles (its `kilotun::stages` lines).
 #
 #   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT]
-#                       [--flap=F] [--granularity=location|full] [--ipam=node|calico]
+#                       [--flap=F] [--granularity=location|full] [--ipam=node|calico|pods]
 #                       N [KG_BINARY]
 #
 # N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
@@ -17,6 +17,7 @@
 #   join      a new node joins an existing location
 #   delete    a location's leader is deleted
 #   block     a node takes one more Calico block (--ipam=calico only)
+#   pod       a pod starts on a node (--ipam=pods only)
 # LAYOUT is how the nodes' addresses are laid out (bench/scale_driver.py says more):
 #   apart     endpoints in 10/8, internal IPs in 172.16/16 (the default)
 #   internal  each endpoint the node's internal IP, one private network 172.16/12
@@ -31,7 +32,10 @@
 # flaky network; kg's WireGuard configurations per second are printed with the churn.
 # --ipam=calico installs Calico's CRDs (tests/real/crds/calico-ipam.yaml) and gives every node
 # four /26 blocks as confirmed BlockAffinity objects, and runs kg with --ipam=calico: the
-# pods' ranges are the blocks, not the Nodes' spec.podCIDR.
+# pods' ranges are the blocks, not the Nodes' spec.podCIDR. --ipam=pods gives every node
+# SCALE_PODS pods (100) with addresses in its /24, replaces SCALE_POD_CHURN of them a second (10;
+# three watch events each) beside the check-ins, and runs kg with --ipam=pods: the events per
+# second and CPU per event then count the pod events with the check-ins.
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (30 s, after the
@@ -57,7 +61,7 @@ granularity=location
 ipam=node
 while [[ ${1:-} == --* ]]; do
 	case $1 in
-	--ipam=node | --ipam=calico) ipam=${1#*=} ;;
+	--ipam=node | --ipam=calico | --ipam=pods) ipam=${1#*=} ;;
 	--locations=*) locations=${1#*=} ;;
 	--change=*) what=${1#*=} ;;
 	--changes=*) changes=${1#*=} ;;
@@ -77,13 +81,21 @@ block) [[ $ipam == calico ]] || {
 	echo "scale.sh: --change=block needs --ipam=calico" >&2
 	exit 2
 } ;;
+pod) [[ $ipam == pods ]] || {
+	echo "scale.sh: --change=pod needs --ipam=pods" >&2
+	exit 2
+} ;;
 *)
-	echo "scale.sh: --change=$what: one of follower, leader, join, delete, block" >&2
+	echo "scale.sh: --change=$what: one of follower, leader, join, delete, block, pod" >&2
 	exit 2
 	;;
 esac
 [[ $ipam == calico && $what == join ]] && {
 	echo "scale.sh: --change=join with --ipam=calico: use --change=block" >&2
+	exit 2
+}
+[[ $ipam == pods && $what == join ]] && {
+	echo "scale.sh: --change=join with --ipam=pods: use --change=pod" >&2
 	exit 2
 }
 [[ $locations =~ ^[1-9][0-9]*$ && $changes =~ ^[1-9][0-9]*$ ]] || {
@@ -123,11 +135,13 @@ churn_window=${CHURN_WINDOW:-30}
 idle_window=${IDLE_WINDOW:-30}
 kg_pid=
 churn_pid=
+pod_churn_pid=
 dnsmasq_pid=
 
 cleanup() {
 	set +e
 	[[ -n $churn_pid ]] && kill "$churn_pid" 2>/dev/null && wait "$churn_pid" 2>/dev/null
+	[[ -n $pod_churn_pid ]] && kill "$pod_churn_pid" 2>/dev/null && wait "$pod_churn_pid" 2>/dev/null
 	[[ -n $kg_pid ]] && kill "$kg_pid" 2>/dev/null && wait "$kg_pid" 2>/dev/null
 	[[ -n $dnsmasq_pid ]] && kill "$dnsmasq_pid" 2>/dev/null && wait "$dnsmasq_pid" 2>/dev/null
 	ip netns exec "$ns" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
@@ -176,6 +190,8 @@ if [[ $ipam == calico ]]; then
 	in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" wait --for=condition=established --timeout=60s \
 		crd/blockaffinities.crd.projectcalico.org crd/ipamblocks.crd.projectcalico.org >/dev/null
 	ipam_args=(--ipam=calico)
+elif [[ $ipam == pods ]]; then
+	ipam_args=(--ipam=pods)
 fi
 
 if [[ $layout == dns ]]; then
@@ -195,6 +211,11 @@ echo "created $n Nodes in $((SECONDS - start)) s" >&2
 
 (DRIVER_EXEC=exec driver churn "$n" "$work/patches") &
 churn_pid=$!
+echo 0 >"$work/pod-events"
+if [[ $ipam == pods ]]; then
+	(DRIVER_EXEC=exec driver podchurn "$n" "$work/pod-events") &
+	pod_churn_pid=$!
+fi
 
 # Warnings, and the stage times of each reconcile that computed a topology. KG_ARGS is split
 # into words on purpose.
@@ -234,7 +255,8 @@ sleep "${SETTLE:-95}"
 # kg's CPU time, its own threads and the children it waited for (iptables), in clock ticks.
 ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat"; }
 hz=$(getconf CLK_TCK)
-patches() { cat "$work/patches"; }
+# Events in kg's way: check-in patches and, with --ipam=pods, the pod churn's watch events.
+patches() { echo $(($(cat "$work/patches") + $(cat "$work/pod-events"))); }
 
 # The WireGuard configurations kg applied that changed its device.
 configurations() {
@@ -243,11 +265,13 @@ configurations() {
 t0=$(ticks)
 c0=$(configurations)
 p0=$(patches)
+q0=$(cat "$work/pod-events")
 s0=$(date +%s.%N)
 sleep "$churn_window"
 t1=$(ticks)
 c1=$(configurations)
 p1=$(patches)
+q1=$(cat "$work/pod-events")
 s1=$(date +%s.%N)
 
 driver change "$n" "$iface" "$changes" "$what" >"$work/changes"
@@ -259,12 +283,17 @@ rss_churn=$(rss)
 kill "$churn_pid"
 wait "$churn_pid" 2>/dev/null || true
 churn_pid=
+if [[ -n $pod_churn_pid ]]; then
+	kill "$pod_churn_pid"
+	wait "$pod_churn_pid" 2>/dev/null || true
+	pod_churn_pid=
+fi
 sleep 2
 i0=$(ticks)
 sleep "$idle_window"
 i1=$(ticks)
 
-awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" \
+awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" -v q0="$q0" -v q1="$q1" \
 	-v i0="$i0" -v i1="$i1" -v idle="$idle_window" -v r0="$rss_start" -v r1="$rss_churn" \
 	-v lat="$(echo $latencies | tr ' ' ,)" -v med="$median" -v worst="$worst" -v kg="$kg" \
 	-v locations="$locations" -v what="$what" -v c0="$c0" -v c1="$c1" -v flap="$flap" 'BEGIN {
@@ -272,6 +301,7 @@ awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0=
 	printf "kg %s, %d nodes, %d locations, layout %s, pods from %s%s\n", kg, n, locations, ENVIRON["SCALE_LAYOUT"], ENVIRON["SCALE_IPAM"], ENVIRON["KUBELET_STATUS"] == "1" ? ", kubelet status" : ""
 	printf "churn: %d patches in %.1f s (%.1f/s); kg CPU %.2f s = %.1f%% of a core, %.3f ms per event\n", \
 		events, wall, events / wall, cpu, 100 * cpu / wall, events ? 1000 * cpu / events : 0
+	if (q1 > q0) printf "of those, pod watch events (--ipam=pods): %d (%.1f/s)\n", q1 - q0, (q1 - q0) / wall
 	printf "WireGuard configurations during the churn: %d in %.1f s (%.2f/s), %s of the nodes flapping a minute\n", \
 		c1 - c0, wall, (c1 - c0) / wall, flap
 	idle_rate = (i1 - i0) / hz / idle

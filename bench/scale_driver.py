@@ -6,6 +6,9 @@ second), and the change-to-engine latency of a remote Node's location change.
                                         by default), plus kg's own
     scale_driver.py churn N COUNTER     patch last-seen at N/30 a second until killed; the
                                         number of patches done is rewritten into COUNTER
+    scale_driver.py podchurn N COUNTER  with SCALE_IPAM=pods, replace SCALE_POD_CHURN pods a second
+                                        until killed; the pod watch events caused are
+                                        rewritten into COUNTER
     scale_driver.py change N IFACE K WHAT
                                         make K changes of kind WHAT, one at a time, and print
                                         for each its latency until kg's engine (`wg show
@@ -23,6 +26,9 @@ second), and the change-to-engine latency of a remote Node's location change.
                                           block     with SCALE_IPAM=calico, a node takes one
                                                     more Calico block (its location's peer
                                                     gets it as an allowed IP)
+                                          pod       with SCALE_IPAM=pods, a pod starts on a
+                                                    node (its address joins its location's
+                                                    peer)
     scale_driver.py stages LOG CHANGES  where each change's time went: the stages of kg's
                                         reconciles (its `kilotun::stages` debug lines in LOG)
                                         that started while the change was on its way, and
@@ -65,12 +71,18 @@ LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
 # The mesh granularity every node announces, as kg's --mesh-granularity (bench/scale.sh).
 GRANULARITY = os.environ.get("SCALE_GRANULARITY", "location")
 LAYOUTS = ("apart", "internal", "ipv6", "dual", "dns", "nat")
-# Where the pods live (bench/scale.sh --ipam): "node" (each Node's spec.podCIDR) or "calico"
+# Where the pods live (bench/scale.sh --ipam): "node" (each Node's spec.podCIDR), "calico"
 # (BLOCKS Calico BlockAffinity objects per node, /26 blocks out of 10.64.0.0/10; the Nodes'
-# spec.podCIDR is then no pod's).
+# spec.podCIDR is then no pod's) or "pods" (the pods' own addresses, below).
 IPAM = os.environ.get("SCALE_IPAM", "node")
 BLOCKS = 4
 AFFINITIES = "/apis/crd.projectcalico.org/v1/blockaffinities"
+# With SCALE_IPAM=pods: SCALE_PODS pods per node (100 by default), running with addresses in the
+# node's /24, in namespace POD_NAMESPACE; `podchurn` replaces SCALE_POD_CHURN of them a second
+# (10 by default): deleted, created again, given an address (three watch events each).
+PODS = int(os.environ.get("SCALE_PODS", "100"))
+POD_NAMESPACE = "bench-pods"
+PODS_PATH = f"/api/v1/namespaces/{POD_NAMESPACE}/pods"
 
 
 def connection():
@@ -212,6 +224,89 @@ def affinity(node_name, cidr):
     }
 
 
+def pod_ip(i, p, generation=0):
+    """The address of node i's pod p: in the node's /24, .2 to .101 and, in odd generations
+    (a replaced pod), .130 to .229."""
+    base = pod_cidr(i).rsplit(".", 1)[0]
+    return f"{base}.{p + 2 + 128 * (generation % 2)}"
+
+
+def pod_name(i, p):
+    return f"p-{i:05d}-{p:03d}"
+
+
+def run_pod(conn, i, p, ip, node_name=None):
+    """Creates pod p of node i and writes the status a kubelet would (Running, its address)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name(i, p)},
+        "spec": {
+            "nodeName": node_name or name(i),
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "pause"}],
+        },
+    }
+    request(conn, "POST", PODS_PATH, body)
+    status = {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
+    request(conn, "PATCH", f"{PODS_PATH}/{pod_name(i, p)}/status", status,
+            "application/merge-patch+json")
+
+
+def create_pods(n):
+    conn = connection()
+    request(conn, "POST", "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": POD_NAMESPACE}})
+    # No controller manager here makes the namespace's default ServiceAccount, which the
+    # ServiceAccount admission plugin wants for every pod.
+    request(conn, "POST", f"/api/v1/namespaces/{POD_NAMESPACE}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+
+    def worker(start, step):
+        c = connection()
+        for i in range(start, n, step):
+            for p in range(PODS):
+                run_pod(c, i, p, pod_ip(i, p))
+
+    threads = [threading.Thread(target=worker, args=(s, 4)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run_pod(conn, 0, 999, "10.250.0.2", LOCAL)
+
+
+def pod_churn(n, counter):
+    """Replaces SCALE_POD_CHURN pods a second (each deleted, created again, given the address
+    of its next generation) until killed; the watch events caused (three per pod) are
+    rewritten into COUNTER."""
+    rate = float(os.environ.get("SCALE_POD_CHURN", "10"))
+    conn = connection()
+    rng = random.Random(11)
+    generation = {}
+    events = 0
+    start = time.monotonic()
+    k = 0
+    while True:
+        delay = start + k / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        k += 1
+        # Nodes past the first two of each location, which the changes move.
+        i = rng.randrange(2 * LOCATIONS, n) if n > 2 * LOCATIONS else rng.randrange(n)
+        p = rng.randrange(PODS)
+        g = generation.get((i, p), 0) + 1
+        generation[(i, p)] = g
+        conn.request("DELETE", f"{PODS_PATH}/{pod_name(i, p)}?gracePeriodSeconds=0",
+                     headers={"Authorization": "Bearer " + os.environ["ADMIN_TOKEN"]})
+        conn.getresponse().read()
+        run_pod(conn, i, p, pod_ip(i, p, g))
+        events += 3
+        with open(counter + ".tmp", "w") as f:
+            f.write(f"{events}\n")
+        os.replace(counter + ".tmp", counter)
+
+
 def create(n):
     now = int(time.time())
     local = {
@@ -242,6 +337,8 @@ def create(n):
         t.start()
     for t in threads:
         t.join()
+    if IPAM == "pods":
+        create_pods(n)
 
 
 def patch_annotation(conn, i, key_name, value):
@@ -347,6 +444,11 @@ def change(n, iface, count, what):
             cidr = block(BLOCKS * (n + LOCATIONS) + k)
             wanted = lambda: cidr in wg_show(iface, "allowed-ips")
             act = lambda: request(conn, "POST", AFFINITIES, affinity(name(x + LOCATIONS), cidr))
+        elif what == "pod":
+            # A pod starts on a node of location x, with an address outside every node's range.
+            ip = f"10.251.{k // 250}.{k % 250 + 2}"
+            wanted = lambda: f"{ip}/32" in wg_show(iface, "allowed-ips")
+            act = lambda: run_pod(conn, x + LOCATIONS, 500 + k, ip)
         elif what == "delete":
             if x + LOCATIONS >= n:
                 raise SystemExit("delete: every location needs a second node")
@@ -357,7 +459,7 @@ def change(n, iface, count, what):
 
             act = lambda: request(conn, "DELETE", f"/api/v1/nodes/{name(x)}", {})
         else:
-            raise SystemExit(f"unknown change {what!r}: follower, leader, join, delete or block")
+            raise SystemExit(f"unknown change {what!r}: follower, leader, join, delete, block or pod")
         sent_ms = int(time.time() * 1000)
         start = time.monotonic()
         act()
@@ -429,6 +531,8 @@ def main():
         create(n)
     elif what == "churn":
         churn(n, sys.argv[3])
+    elif what == "podchurn":
+        pod_churn(n, sys.argv[3])
     elif what == "change":
         change(n, sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:

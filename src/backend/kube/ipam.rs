@@ -16,9 +16,11 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::mark_listed;
 use crate::backend::backoff::WatchBackoff;
+use crate::backend::pace::{self, Pace};
 use crate::backend::Snapshot;
 
 /// An IPAM kind kg can watch.
@@ -179,7 +181,24 @@ pub fn watch(
                     }
                 }
             };
-            while let Some(event) = stream.next().await {
+            // Readers are told of changes at most once per interval, as of the Nodes' (with
+            // 100 pods a node, the pods' own churn is tens of events a second).
+            let mut pace = Pace::new(pace::NOTIFY_INTERVAL);
+            loop {
+                let event = match pace.due() {
+                    Some(due) => tokio::select! {
+                        () = tokio::time::sleep_until(due) => {
+                            pace.notified(Instant::now());
+                            tx.send_modify(|_| {});
+                            continue;
+                        }
+                        event = stream.next() => event,
+                    },
+                    None => stream.next().await,
+                };
+                let Some(event) = event else {
+                    return;
+                };
                 match event {
                     Ok(Event::Init) => relist = Some(IpamObjects::default()),
                     Ok(Event::InitApply(o)) => {
@@ -193,21 +212,30 @@ pub fn watch(
                             failing = false;
                         }
                         if let Some(r) = relist.take() {
-                            tx.send_if_modified(|s| {
+                            // A re-list is told at once, with whatever was held back.
+                            let held = pace.due().is_some();
+                            let changed = tx.send_if_modified(|s| {
                                 let mut ipam = (*s.ipam).clone();
                                 kind.replace_all(&mut ipam, r);
-                                *s.ipam != ipam && Arc::make_mut(s).replace_ipam(ipam)
+                                (*s.ipam != ipam && Arc::make_mut(s).replace_ipam(ipam)) || held
                             });
+                            if changed {
+                                pace.notified(Instant::now());
+                            }
                         }
                         listed(&tx);
                     }
                     Ok(Event::Apply(o)) => {
-                        tx.send_if_modified(|s| Arc::make_mut(s).edit_ipam(|ipam| take(ipam, o)));
+                        tx.send_if_modified(|s| {
+                            Arc::make_mut(s).edit_ipam(|ipam| take(ipam, o))
+                                && pace.changed(Instant::now())
+                        });
                     }
                     Ok(Event::Delete(o)) => {
                         let key = key_of(&o);
                         tx.send_if_modified(|s| {
                             Arc::make_mut(s).edit_ipam(|ipam| kind.remove(ipam, &key))
+                                && pace.changed(Instant::now())
                         });
                     }
                     Err(e) => {
