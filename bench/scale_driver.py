@@ -81,6 +81,9 @@ AFFINITIES = "/apis/crd.projectcalico.org/v1/blockaffinities"
 # node's /24, in namespace POD_NAMESPACE; `podchurn` replaces SCALE_POD_CHURN of them a second
 # (10 by default): deleted, created again, given an address (three watch events each).
 PODS = int(os.environ.get("SCALE_PODS", "100"))
+if not 1 <= PODS <= 126:
+    raise SystemExit(f"SCALE_PODS={PODS}: from 1 to 126 (each generation of a node's pods takes "
+                     "half of its /24)")
 POD_NAMESPACE = "bench-pods"
 PODS_PATH = f"/api/v1/namespaces/{POD_NAMESPACE}/pods"
 
@@ -413,7 +416,7 @@ def change(n, iface, count, what):
     node X + LOCATIONS is that location's next."""
     conn = connection()
     results = []
-    if what in ("leader", "delete") and count > LOCATIONS:
+    if count > LOCATIONS:
         raise SystemExit(f"{what}: {count} changes need as many locations (there are {LOCATIONS})")
     used = set()
     for k in range(count):

@@ -9,7 +9,8 @@
 #                      bookworm-backports package, unpacked (dpkg -x), not installed, into
 #                      CACHE/wireguard-go-0.0.20231211/usr/bin/wireguard-go
 #   wireguard-go-2026  wireguard-go 0.0.20260522, the newest release, Debian's sid package,
-#                      likewise in CACHE/wireguard-go-0.0.20260522/usr/bin/wireguard-go
+#                      likewise in CACHE/wireguard-go-0.0.20260522/usr/bin/wireguard-go (sid's
+#                      newer upload when sid has moved on; its VERSION file says which)
 #   gotatun            Mullvad's gotatun 0.10.2 (`cargo install gotatun-cli`), in
 #                      CACHE/gotatun-0.10.2/bin/gotatun
 #   boringtun-cli      boringtun-cli 0.7.1 (`cargo install boringtun-cli`), in
@@ -93,6 +94,16 @@ wireguard_go() {
 		local version
 		version=$(apt-cache "${apt_opts[@]}" madison wireguard-go |
 			awk -v v="$want" '$3 ~ "^" v "-" { print $3; exit }')
+		if [[ -z $version && $suite == sid ]]; then
+			# sid keeps only its current upload: once it moves past the pinned release, take
+			# that newer one (it stands in the pinned one's directory, VERSION says which).
+			version=$(apt-cache "${apt_opts[@]}" madison wireguard-go | awk '{ print $3; exit }')
+			if [[ -n $version ]] && dpkg --compare-versions "$version" ge "$want"; then
+				log "sid no longer has wireguard-go $want; taking its $version instead"
+			else
+				version=
+			fi
+		fi
 		[[ -n $version ]] || die "$suite on $mirror has no wireguard-go $want"
 		(cd "$work" && apt-get "${apt_opts[@]}" download "wireguard-go=$version" >&2) ||
 			die "cannot download wireguard-go=$version"

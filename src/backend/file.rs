@@ -4,11 +4,11 @@
 //! The kernel's inotify says which files changed, and only those are read again; the whole
 //! directory is listed every [`RESCAN_INTERVAL`] besides (every [`POLL_INTERVAL`] where it cannot
 //! be watched), and only files whose size, mtime or inode changed are re-read. Readers are told of
-//! changes at most once per [`pace::NOTIFY_INTERVAL`], as the Node watch does. kg writes its own
-//! Node's annotations back into the file that holds the Node (or `<node>.yaml`), under an exclusive
-//! `flock` on `.kilotun.lock` and by rename, so several kg processes sharing the directory never
-//! lose each other's writes and readers never see a half-written file. A file that does not parse
-//! is reported once and its last good content kept.
+//! other writers' changes at most once per [`pace::NOTIFY_INTERVAL`], as the Node watch does. kg
+//! writes its own Node's annotations back into the file that holds the Node (or `<node>.yaml`),
+//! under an exclusive `flock` on `.kilotun.lock` and by rename, so several kg processes sharing the
+//! directory never lose each other's writes and readers never see a half-written file. A file that
+//! does not parse is reported once and its last good content kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

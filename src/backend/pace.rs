@@ -2,17 +2,18 @@
 //!
 //! Readers are told of changes at most once per interval: the first change after a quiet
 //! interval at once, later ones together when the interval since the last notification has
-//! passed. While a change is held back the backend does not read either: the events of a burst
-//! wait in the socket (the Node watch) or the inotify queue (the file backend) and are read
-//! together. At 5,000 nodes the check-in churn is 167 events a second; paced at
-//! [`NOTIFY_INTERVAL`], the watch and the reconcile loop each wake about 10 times a second
-//! instead of 167, and the reconcile loop takes each wake's changes together (through the
-//! snapshot's change log), while a single change (a location, an endpoint, a new Node) waits at
-//! most one interval (and, on the Node watch, the drain limit).
+//! passed. At 5,000 nodes the check-in churn is 167 events a second; paced at
+//! [`NOTIFY_INTERVAL`], the reconcile loop wakes about 10 times a second instead of 167 and takes
+//! each wake's changes together (through the snapshot's change log), while a single change (a
+//! location, an endpoint, a new Node) waits at most one interval (and, on the Node watch, the
+//! drain limit).
 //!
-//! The Node watch reads held-back events until the stream has been quiet for [`DRAIN_GAP`], for
-//! at most [`DRAIN_LIMIT`] ([`Pace`]); the file backend's thread sleeps out the interval and then
-//! reads everything its watch queued ([`hold`]).
+//! How the backends read meanwhile differs. The Node watch leaves held-back events in its
+//! socket and reads them together when they fall due, until the stream has been quiet for
+//! [`DRAIN_GAP`], for at most [`DRAIN_LIMIT`] ([`Pace`]). The IPAM watches ([`Pace`] too) read and
+//! apply each event as it comes and only tell readers per interval. The file backend's thread
+//! sleeps out the interval ([`hold`]) and then reads everything its inotify queue gathered; its
+//! own writes (kg's annotations, leases) are read back and told at once.
 
 use std::time::Duration;
 

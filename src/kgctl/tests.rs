@@ -266,7 +266,10 @@ fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
             "{range} missing from east as a Peer:\n{east}"
         );
     }
-    assert!(!east.contains("10.70.3.0/26"), "west's block:\n{east}");
+    assert!(
+        !east.contains("10.70.3.0/26") && !east.contains("fd00:70::3:0/122"),
+        "west's blocks:\n{east}"
+    );
     assert!(!east.contains("10.42."), "the Nodes' own ranges:\n{east}");
 
     // An external Peer's configuration reaches every block through the leaders.

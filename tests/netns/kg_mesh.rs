@@ -447,6 +447,12 @@ fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refus
         "{}",
         c.node("n2").log_text()
     );
+    // The newest device was sent the removal itself (kg's debug line of each UAPI request).
+    assert!(
+        c.node("n2").log_text().contains("allowed_ip=-10.77.1.0/24"),
+        "{}",
+        c.node("n2").log_text()
+    );
     assert_eq!(handshakes(&c), before, "no session ended");
     c.all_pods_reachable().unwrap();
 }

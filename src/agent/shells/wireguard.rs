@@ -225,22 +225,22 @@ impl WireGuard {
                     && dataplane::uapi_diff::removes_allowed_ips(&body)
                 {
                     // The lines before the refused one were applied: read the device again
-                    // and replace what still differs.
-                    edits.store(false, Ordering::Relaxed);
-                    tracing::warn!(device = %path.display(), answer, "the device refused the removal of one allowed IP (allowed_ip=-; wireguard-go takes it from 0.0.20250522): replacing changed peers' allowed IPs whole from now on");
+                    // and replace what still differs. Only when that succeeds was the removal
+                    // the trouble (and not, say, a port in use).
                     let (current, _) = self.read()?;
-                    let Some(body) = dataplane::uapi_diff::set_request(
+                    let replaced = match dataplane::uapi_diff::set_request(
                         &current,
                         desired,
                         AllowedIpsStyle::Replace,
-                    ) else {
-                        return Ok(true);
+                    ) {
+                        Some(body) => uapi_set(path, &body)? == "errno=0",
+                        None => true,
                     };
-                    let answer = uapi_set(path, &body)?;
-                    if answer == "errno=0" {
+                    if replaced {
+                        edits.store(false, Ordering::Relaxed);
+                        tracing::warn!(device = %path.display(), answer, "the device refused the removal of one allowed IP (allowed_ip=-; wireguard-go takes it from 0.0.20250522): replacing changed peers' allowed IPs whole from now on");
                         return Ok(true);
                     }
-                    bail!("{} answered {answer:?}", path.display());
                 }
                 bail!("{} answered {answer:?}", path.display())
             }

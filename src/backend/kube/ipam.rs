@@ -197,6 +197,9 @@ pub fn watch(
                     None => stream.next().await,
                 };
                 let Some(event) = event else {
+                    if pace.due().is_some() {
+                        tx.send_modify(|_| {});
+                    }
                     return;
                 };
                 match event {
