@@ -31,20 +31,34 @@ fn receive(socket: &UdpSocketIo, want: usize) -> (Vec<(SocketAddr, Vec<u8>)>, us
     (got, slots)
 }
 
-#[test]
-fn runs_to_one_destination_go_out_segmented_and_come_back_split() {
+/// Two loopback sockets and the second's address, or `None` (said) where the kernel has no GSO.
+fn gso_pair() -> Option<(UdpSocketIo, UdpSocketIo, SocketAddr)> {
     let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
     let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
     if !a.uses_gso() {
         eprintln!("skipped: this kernel has no UDP GSO");
-        return;
+        return None;
     }
     let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    Some((a, b, to_b))
+}
+
+/// `count` datagrams of `size` bytes to `to`, the i-th filled with byte i.
+fn numbered(to: SocketAddr, count: u8, size: usize) -> Outbox {
     let mut out = Outbox::default();
-    // 20 full-size datagrams and a short last one: one GSO message.
-    for i in 0..20u8 {
-        out.to_network.push_copy(Some(to_b), &[i; 1200]);
+    for i in 0..count {
+        out.to_network.push_copy(Some(to), &vec![i; size]);
     }
+    out
+}
+
+#[test]
+fn runs_to_one_destination_go_out_segmented_and_come_back_split() {
+    let Some((a, b, to_b)) = gso_pair() else {
+        return;
+    };
+    // 20 full-size datagrams and a short last one: one GSO message.
+    let mut out = numbered(to_b, 20, 1200);
     out.to_network.push_copy(Some(to_b), &[99; 300]);
     let outcome = a.send_batch(&out.to_network).unwrap();
     assert_eq!(
@@ -180,18 +194,10 @@ fn a_segment_above_the_path_mtu_goes_out_unsegmented_and_gso_stays_on() {
         // SAFETY: unshare on this thread only, which then exits.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
         loopback_up_with_mtu(1300).expect("setting the namespace's loopback MTU and bringing it up");
-        let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
-        let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
-        if !a.uses_gso() {
-            eprintln!("skipped: this kernel has no UDP GSO");
+        let Some((a, b, to_b)) = gso_pair() else {
             return;
-        }
-        let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
-        let mut out = Outbox::default();
-        for i in 0..8u8 {
-            out.to_network.push_copy(Some(to_b), &[i; 1400]);
-        }
-        let outcome = a.send_batch(&out.to_network).unwrap();
+        };
+        let outcome = a.send_batch(&numbered(to_b, 8, 1400).to_network).unwrap();
         assert_eq!(
             outcome,
             SendOutcome { sent: 8, failed: 0 },
@@ -217,10 +223,7 @@ fn a_segment_above_the_path_mtu_goes_out_unsegmented_and_gso_stays_on() {
         );
 
         // Segments that fit still go out segmented, and arrive coalesced.
-        let mut out = Outbox::default();
-        for i in 0..20u8 {
-            out.to_network.push_copy(Some(to_b), &[i; 1000]);
-        }
+        let out = numbered(to_b, 20, 1000);
         assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 20);
         let (got, slots) = receive(&b, 20);
         assert_eq!(got.len(), 20);
