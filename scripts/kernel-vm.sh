@@ -2,18 +2,20 @@
 # Run a command as root under one of Debian's own x86-64 kernels, booted in a virtual machine whose
 # root file system is this machine's own (read-only, with writable tmpfs overlays):
 #
-#   scripts/kernel-vm.sh --kernel 6.1|5.10 [--timeout SECS] -- COMMAND...
-#   scripts/kernel-vm.sh --kernel 6.1|5.10 --prepare   # only fill the cache
+#   scripts/kernel-vm.sh --kernel 6.1|5.10|sid [--timeout SECS] -- COMMAND...
+#   scripts/kernel-vm.sh --kernel 6.1|5.10|sid --prepare   # only fill the cache
 #
 # Why: the machines CI runs on have a kernel of their own (Linux 6.18 here) built without the
 # wireguard, ipip and dummy modules, so kg's kernel paths (the kernel's WireGuard device, IPIP
 # encapsulation) and kilotun's interoperability with the kernel's WireGuard cannot be tested on
 # them directly. Debian's kernels have all of those as modules: 6.1 is bookworm's, 5.10 bullseye's
-# (an older long-term kernel: a second data point for the kernel interfaces kilotun and kg use).
-# tests/real/kernel_vm.rs runs tests/kernel_vm_interop.sh under both.
+# (an older long-term kernel: a second data point for the kernel interfaces kilotun and kg use),
+# sid unstable's newest (7.2 when written: interfaces added since, such as WireGuard's removal of
+# one allowed IP from 6.16). tests/real/kernel_vm.rs runs tests/kernel_vm_interop.sh under 6.1
+# and 5.10, and netns tests under 5.10 and sid.
 #
 # The kernel is Debian's linux-image-<release>-amd64 package, the one linux-image-amd64 depends on
-# in the suite (bookworm for 6.1, bullseye for 5.10), fetched with `apt-get download` through a
+# in the suite (bookworm for 6.1, bullseye for 5.10, sid), fetched with `apt-get download` through a
 # private apt configuration (its own sources list and package lists under the cache: the
 # machine's apt sources and lists are neither read nor changed; the Debian mirror is the one this
 # machine's apt uses for bookworm, KILOTUN_DEBIAN_MIRROR overrides it; scripts/debian-mirror.sh)
@@ -104,8 +106,9 @@ done
 case "$kernel" in
 6.1) suite=bookworm ;;
 5.10) suite=bullseye ;;
+sid) suite=sid ;;
 '') log "--kernel is required"; usage 2 ;;
-*) log "--kernel $kernel: 6.1 (bookworm) or 5.10 (bullseye)"; usage 2 ;;
+*) log "--kernel $kernel: 6.1 (bookworm), 5.10 (bullseye) or sid (unstable's newest)"; usage 2 ;;
 esac
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout needs a whole number of seconds (not $timeout)"
 [[ -n $prepare ]] || ((${#command[@]})) || { log "no COMMAND (after --)"; usage 2; }
@@ -151,7 +154,7 @@ prepare_venv() {
 }
 
 prepare_kernel() {
-	local t0 mirror apt_dir work package kver version deb m
+	local t0 mirror apt_dir work package kver version deb m packages
 	t0=$(now_ms)
 	for tool in apt-get apt-cache dpkg dpkg-deb; do need "$tool" dpkg; done
 	[[ -r $KEYRING ]] || die "$KEYRING missing (package debian-archive-keyring)"
@@ -170,17 +173,33 @@ prepare_kernel() {
 		awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9].*-amd64$/ { print $2; exit }')
 	[[ -n $package ]] || die "$mirror $suite: linux-image-amd64 depends on no linux-image-<release>-amd64"
 	kver=${package#linux-image-}
-	[[ $kver == "$kernel".* ]] || die "$suite's kernel is $kver, not $kernel"
+	[[ $kernel == sid || $kver == "$kernel".* ]] || die "$suite's kernel is $kver, not $kernel"
 
 	work=$(mktemp -d "$vm_root/.tmp.$suite.XXXXXX")
 	# shellcheck disable=SC2064 # expand $work now.
 	trap "rm -rf '$work'" EXIT
-	(cd "$work" && step "apt-get download $package" quietly "$work/download.log" apt-get "${apt_opts[@]}" download "$package") ||
-		die "cannot download $package: $(tail -5 "$work/download.log")"
+	# Newer suites split the kernel: linux-image-<release> then only depends on linux-binary-<release>
+	# (the image), linux-modules-<release> and linux-base-<release> (modules.builtin); those come too.
+	packages=("$package")
+	for m in $(apt-cache "${apt_opts[@]}" depends "$package" |
+		awk -v k="$kver" '$1 == "Depends:" && ($2 == "linux-binary-" k || $2 == "linux-modules-" k || $2 == "linux-base-" k) { print $2 }'); do
+		packages+=("$m")
+	done
+	(cd "$work" && step "apt-get download ${packages[*]}" quietly "$work/download.log" apt-get "${apt_opts[@]}" download "${packages[@]}") ||
+		die "cannot download ${packages[*]}: $(tail -5 "$work/download.log")"
 	deb=$(echo "$work"/linux-image-*.deb)
 	[[ -f $deb ]] || die "apt-get download left no .deb in $work"
 	version=$(dpkg-deb -f "$deb" Version)
-	step "dpkg -x $(basename "$deb")" dpkg -x "$deb" "$work/root" || die "dpkg -x $deb failed"
+	for m in "$work"/*.deb; do
+		step "dpkg -x $(basename "$m")" dpkg -x "$m" "$work/root" || die "dpkg -x $m failed"
+	done
+	# ... and keep the modules under usr/lib/modules, the image beside them: into the usual places.
+	if [[ -d $work/root/usr/lib/modules/$kver && ! -e $work/root/lib/modules ]]; then
+		mkdir -p "$work/root/lib" && mv "$work/root/usr/lib/modules" "$work/root/lib/modules"
+	fi
+	if [[ ! -e $work/root/boot/vmlinuz-$kver && -s $work/root/lib/modules/$kver/vmlinuz ]]; then
+		mkdir -p "$work/root/boot" && mv "$work/root/lib/modules/$kver/vmlinuz" "$work/root/boot/vmlinuz-$kver"
+	fi
 	[[ -s $work/root/boot/vmlinuz-$kver && -d $work/root/lib/modules/$kver ]] ||
 		die "$deb holds no boot/vmlinuz-$kver or lib/modules/$kver"
 	for m in $PRUNE_MODULES; do rm -rf "${work:?}/root/lib/modules/$kver/$m"; done

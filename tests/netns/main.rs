@@ -24,6 +24,7 @@ mod kg_guard;
 mod kg_ipam;
 mod kg_ipip;
 mod kg_ipv6;
+mod kg_kernel;
 mod kg_kube;
 mod kg_mesh;
 mod kg_migration;

@@ -247,9 +247,36 @@ fn netns_binary() -> Option<std::path::PathBuf> {
 /// clusters, nftables, routes and TUN devices as on this machine's kernel, on an older one.
 #[test]
 fn the_core_of_the_mesh_suite_on_linux_5_10() {
-    let test = "the_core_of_the_mesh_suite_on_linux_5_10";
+    netns_tests_in_vm(
+        "the_core_of_the_mesh_suite_on_linux_5_10",
+        "5.10",
+        &CORE_ON_5_10,
+        |release| release.starts_with("5.10."),
+    );
+}
+
+/// The tests of `tests/netns/kg_kernel.rs`, which need a kernel with WireGuard.
+const KERNEL_WIREGUARD_TESTS: [&str; 1] =
+    ["kg_kernel::kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16"];
+
+/// [`KERNEL_WIREGUARD_TESTS`] in a machine booted from Debian unstable's kernel, the newest
+/// Debian has (7.2 when written): kg changes the kernel's WireGuard peers' allowed IPs entry by
+/// entry there (`WGALLOWEDIP_F_REMOVE_ME`, Linux 6.16 on).
+#[test]
+fn kg_on_the_kernels_wireguard_under_debians_newest_kernel() {
+    netns_tests_in_vm(
+        "kg_on_the_kernels_wireguard_under_debians_newest_kernel",
+        "sid",
+        &KERNEL_WIREGUARD_TESTS,
+        kilotun::agent::shells::kernel_wireguard::removes_allowed_ips,
+    );
+}
+
+/// Runs the `netns` test binary's tests `names` (by their exact names) in a machine booted from
+/// `kernel`, whose release must satisfy `release_ok`, and checks that each passed there.
+fn netns_tests_in_vm(test: &str, kernel: &str, names: &[&str], release_ok: fn(&str) -> bool) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !can_run(test, "5.10") {
+    if !can_run(test, kernel) {
         return;
     }
     let Some(binary) = netns_binary() else {
@@ -267,31 +294,35 @@ fn the_core_of_the_mesh_suite_on_linux_5_10() {
         "-c",
         // The cluster's waits for a mesh are four times as long: kg starts many times slower
         // under TCG, on a host that is busy with the rest of the suite.
-        "cd \"$1\" && shift && uname -r && CI=1 KILOTUN_WAIT_SCALE=4 exec \"$@\"",
+        "cd \"$1\" && shift && echo \"release=$(uname -r)\" && CI=1 KILOTUN_WAIT_SCALE=4 exec \"$@\"",
         "kernel-vm",
         REPO,
         &binary,
         "--test-threads=1",
         "--exact",
     ];
-    args.extend(CORE_ON_5_10);
-    let out = kernel_vm("5.10", &args);
+    args.extend(names);
+    let out = kernel_vm(kernel, &args);
     let stdout = guest_stdout(test, &out);
+    let release = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("release="))
+        .unwrap_or_else(|| panic!("{test}: the guest did not say its release:\n{stdout}"));
     assert!(
-        stdout.lines().any(|l| l.starts_with("5.10.")),
-        "{test}: the guest did not run 5.10:\n{stdout}"
+        release_ok(release),
+        "{test}: the guest ran {release}:\n{stdout}"
     );
-    for name in CORE_ON_5_10 {
+    for name in names {
         assert!(
             stdout.contains(&format!("test {name} ... ok")),
             "{test}: {name} did not pass in the guest:\n{stdout}"
         );
     }
     assert!(
-        stdout.contains(&format!("test result: ok. {} passed", CORE_ON_5_10.len())),
+        stdout.contains(&format!("test result: ok. {} passed", names.len())),
         "{test}: {stdout}"
     );
     for line in stdout.lines().filter(|l| l.starts_with("test ")) {
-        eprintln!("{test}: under 5.10: {line}");
+        eprintln!("{test}: under {release}: {line}");
     }
 }

@@ -8,19 +8,20 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Context, Result};
-use dataplane::uapi_diff::{self, DeviceChange, PeerChange};
+use anyhow::{Context, Result};
+use dataplane::uapi_diff::{self, AllowedIpsStyle, DeviceChange, PeerChange};
 use dataplane::{DeviceConfig, PeerConfig, PeerStats, PublicKey, SecretKey};
 use ipnet::IpNet;
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
-use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
-use netlink_packet_generic::GenlMessage;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_wireguard::{
-    WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAttribute,
-    WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute, WireguardPeerFlags,
+    WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAllowedIpFlags,
+    WireguardAttribute, WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute,
+    WireguardPeerFlags,
 };
-use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+mod genl;
+use genl::GenlSocket;
 
 /// The largest `WG_CMD_SET_DEVICE` message kg sends: a change bigger than this (hundreds of
 /// peers, thousands of allowed IPs) is split as `wg setconf` splits it.
@@ -30,6 +31,20 @@ const MAX_SET_MESSAGE: usize = 32 * 1024;
 pub struct KernelWireGuard {
     interface: String,
     netlink: parking_lot::Mutex<GenlSocket>,
+    /// Whether an existing peer's allowed IPs change entry by entry
+    /// ([`AllowedIpsStyle::Edit`]); off on kernels before 6.16 and after a refusal.
+    edits: AtomicBool,
+}
+
+/// Whether a kernel of `release` (`uname -r`) takes `WGALLOWEDIP_F_REMOVE_ME`, the removal of
+/// one allowed IP: Linux 6.16 and later. Older kernels are sent an existing peer's whole list.
+pub fn removes_allowed_ips(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let major = numbers.next().unwrap_or(0);
+    let minor = numbers.next().unwrap_or(0);
+    (major, minor) >= (6, 16)
 }
 
 impl KernelWireGuard {
@@ -38,9 +53,11 @@ impl KernelWireGuard {
     pub fn open(interface: &str) -> Result<Self> {
         let netlink = GenlSocket::open("wireguard")
             .context("the kernel has no WireGuard (no generic netlink family \"wireguard\")")?;
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let device = Self {
             interface: interface.to_string(),
             netlink: parking_lot::Mutex::new(netlink),
+            edits: AtomicBool::new(removes_allowed_ips(release.trim())),
         };
         device
             .read()
@@ -76,20 +93,86 @@ impl KernelWireGuard {
     }
 
     /// Makes the device's configuration `desired`, changing only what differs. True when
-    /// something changed.
+    /// something changed. An existing peer's allowed IPs change entry by entry where the kernel
+    /// takes removals; a kernel that refuses one gets whole lists from then on.
     pub fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         let (current, _) = self.read()?;
         let Some(change) = uapi_diff::change(&current, desired) else {
             return Ok(false);
         };
+        let style = if self.edits.load(Ordering::Relaxed) {
+            AllowedIpsStyle::Edit
+        } else {
+            AllowedIpsStyle::Replace
+        };
+        let refused = match self.send(&change, style) {
+            Ok(()) => return Ok(true),
+            Err(e) if style == AllowedIpsStyle::Edit && removes_any(&change) => e,
+            Err(e) => return Err(e),
+        };
+        // The messages before the refused one were applied: read the device again and replace
+        // what still differs. Only when that succeeds was the removal the trouble.
+        let (current, _) = self.read()?;
+        if let Some(change) = uapi_diff::change(&current, desired) {
+            self.send(&change, AllowedIpsStyle::Replace)?;
+        }
+        self.edits.store(false, Ordering::Relaxed);
+        tracing::warn!(device = %self.interface, error = format!("{refused:#}"), "the kernel refused the removal of one allowed IP (WGALLOWEDIP_F_REMOVE_ME): replacing changed peers' allowed IPs whole from now on");
+        Ok(true)
+    }
+
+    /// Whether an existing peer's allowed IPs are changed entry by entry.
+    pub fn edits_allowed_ips(&self) -> bool {
+        self.edits.load(Ordering::Relaxed)
+    }
+
+    fn send(&self, change: &DeviceChange, style: AllowedIpsStyle) -> Result<()> {
+        tracing::debug!(device = %self.interface, change = describe(change, style), "WireGuard netlink set");
         let mut netlink = self.netlink.lock();
-        for message in set_messages(&self.interface, &change) {
+        for message in set_messages(&self.interface, change, style) {
             netlink
                 .request(message, NLM_F_REQUEST | NLM_F_ACK)
                 .with_context(|| format!("configuring WireGuard device {}", self.interface))?;
         }
-        Ok(true)
+        Ok(())
     }
+}
+
+/// What `change` does to peers, for the debug log: `peer=<key> +net -net` for an edit,
+/// `peer=<key> replace N` for a whole list, `remove=<key>`; never a key of the device's own.
+fn describe(change: &DeviceChange, style: AllowedIpsStyle) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for key in &change.removed {
+        let _ = write!(out, "remove={key} ");
+    }
+    for peer in &change.peers {
+        let _ = write!(out, "peer={}", peer.public_key);
+        match (&peer.allowed_ips_edit, style) {
+            (Some(edit), AllowedIpsStyle::Edit) => {
+                for net in &edit.added {
+                    let _ = write!(out, " +{net}");
+                }
+                for net in &edit.removed {
+                    let _ = write!(out, " -{net}");
+                }
+            }
+            _ => {
+                let _ = write!(out, " replace {}", peer.allowed_ips.len());
+            }
+        }
+        out.push(' ');
+    }
+    out.trim_end().to_string()
+}
+
+/// Whether `change`, sent as edits, removes an allowed IP of an existing peer.
+fn removes_any(change: &DeviceChange) -> bool {
+    change.peers.iter().any(|p| {
+        p.allowed_ips_edit
+            .as_ref()
+            .is_some_and(|e| !e.removed.is_empty())
+    })
 }
 
 impl KernelWireGuard {
@@ -234,11 +317,15 @@ fn allowed_ip(ip: &WireguardAllowedIp) -> Option<IpNet> {
     IpNet::new(address?, prefix?).ok()
 }
 
-/// `change` as `WG_CMD_SET_DEVICE` messages for `interface`: one unless it exceeds
-/// [`MAX_SET_MESSAGE`], in which case later messages carry the remaining peers and a peer's
-/// remaining allowed IPs (added to the ones the earlier message replaced), as `wg setconf`
-/// does.
-pub fn set_messages(interface: &str, change: &DeviceChange) -> Vec<WireguardMessage> {
+/// `change` as `WG_CMD_SET_DEVICE` messages for `interface`, existing peers' allowed IPs
+/// changed as `style` says: one message unless it exceeds [`MAX_SET_MESSAGE`], in which case
+/// later messages carry the remaining peers and a peer's remaining allowed IPs (added to the
+/// ones the earlier message replaced), as `wg setconf` does.
+pub fn set_messages(
+    interface: &str,
+    change: &DeviceChange,
+    style: AllowedIpsStyle,
+) -> Vec<WireguardMessage> {
     let mut first = vec![WireguardAttribute::IfName(interface.to_string())];
     if let Some(key) = &change.private_key {
         first.push(WireguardAttribute::PrivateKey(
@@ -262,7 +349,7 @@ pub fn set_messages(interface: &str, change: &DeviceChange) -> Vec<WireguardMess
         })
         .collect();
     for peer in &change.peers {
-        peers.extend(peer_parts(peer));
+        peers.extend(peer_parts(peer, style));
     }
     let mut messages = Vec::new();
     let mut attributes = first;
@@ -287,13 +374,30 @@ pub fn set_messages(interface: &str, change: &DeviceChange) -> Vec<WireguardMess
 }
 
 /// Allowed IPs per peer part: a peer with more is sent as several parts, the first replacing
-/// the device's list and the rest adding to it.
+/// the device's list (or editing it) and the rest adding to it.
 const ALLOWED_IPS_PER_PART: usize = 512;
 
-fn peer_parts(peer: &PeerChange) -> Vec<WireguardPeer> {
+fn peer_parts(peer: &PeerChange, style: AllowedIpsStyle) -> Vec<WireguardPeer> {
     let key = WireguardPeerAttribute::PublicKey(*peer.public_key.as_bytes());
     let mut head = vec![key.clone()];
-    let mut flags = WireguardPeerFlags::ReplaceAllowedIps;
+    let (mut flags, entries) = match (&peer.allowed_ips_edit, style) {
+        // Additions first: an address moving to a narrower range is never unrouted.
+        (Some(edit), AllowedIpsStyle::Edit) => (
+            WireguardPeerFlags::empty(),
+            edit.added
+                .iter()
+                .map(|net| allowed_ip_entry(net, false))
+                .chain(edit.removed.iter().map(|net| allowed_ip_entry(net, true)))
+                .collect::<Vec<_>>(),
+        ),
+        _ => (
+            WireguardPeerFlags::ReplaceAllowedIps,
+            peer.allowed_ips
+                .iter()
+                .map(|net| allowed_ip_entry(net, false))
+                .collect(),
+        ),
+    };
     if peer.update_only {
         flags |= WireguardPeerFlags::UpdateOnly;
     }
@@ -309,35 +413,38 @@ fn peer_parts(peer: &PeerChange) -> Vec<WireguardPeer> {
     head.push(WireguardPeerAttribute::PersistentKeepalive(
         peer.persistent_keepalive,
     ));
-    let mut chunks = peer.allowed_ips.chunks(ALLOWED_IPS_PER_PART);
+    let mut chunks = entries.chunks(ALLOWED_IPS_PER_PART);
     head.push(WireguardPeerAttribute::AllowedIps(
-        chunks.next().map(allowed_ips).unwrap_or_default(),
+        chunks.next().map(<[_]>::to_vec).unwrap_or_default(),
     ));
     let mut parts = vec![WireguardPeer(head)];
     for chunk in chunks {
         parts.push(WireguardPeer(vec![
             key.clone(),
             WireguardPeerAttribute::Flags(WireguardPeerFlags::UpdateOnly),
-            WireguardPeerAttribute::AllowedIps(allowed_ips(chunk)),
+            WireguardPeerAttribute::AllowedIps(chunk.to_vec()),
         ]));
     }
     parts
 }
 
-fn allowed_ips(nets: &[IpNet]) -> Vec<WireguardAllowedIp> {
-    nets.iter()
-        .map(|net| {
-            let family = match net.addr() {
-                IpAddr::V4(_) => WireguardAddressFamily::Ipv4,
-                IpAddr::V6(_) => WireguardAddressFamily::Ipv6,
-            };
-            WireguardAllowedIp(vec![
-                WireguardAllowedIpAttr::Family(family),
-                WireguardAllowedIpAttr::IpAddr(net.addr()),
-                WireguardAllowedIpAttr::Cidr(net.prefix_len()),
-            ])
-        })
-        .collect()
+/// One allowed IP, to add or (`remove`, Linux 6.16 on) to remove.
+fn allowed_ip_entry(net: &IpNet, remove: bool) -> WireguardAllowedIp {
+    let family = match net.addr() {
+        IpAddr::V4(_) => WireguardAddressFamily::Ipv4,
+        IpAddr::V6(_) => WireguardAddressFamily::Ipv6,
+    };
+    let mut attributes = vec![
+        WireguardAllowedIpAttr::Family(family),
+        WireguardAllowedIpAttr::IpAddr(net.addr()),
+        WireguardAllowedIpAttr::Cidr(net.prefix_len()),
+    ];
+    if remove {
+        attributes.push(WireguardAllowedIpAttr::Flags(
+            WireguardAllowedIpFlags::RemoveMe,
+        ));
+    }
+    WireguardAllowedIp(attributes)
 }
 
 fn peer_len(peer: &WireguardPeer) -> usize {
@@ -349,107 +456,6 @@ fn set_device(attributes: Vec<WireguardAttribute>) -> WireguardMessage {
     WireguardMessage {
         cmd: WireguardCmd::SetDevice,
         attributes,
-    }
-}
-
-/// A generic netlink socket bound to one family.
-struct GenlSocket {
-    socket: Socket,
-    family: u16,
-    sequence: u32,
-}
-
-impl GenlSocket {
-    /// Opens a socket and resolves `family`'s id.
-    fn open(family: &str) -> Result<Self> {
-        let mut socket =
-            Socket::new(NETLINK_GENERIC).context("opening a generic netlink socket")?;
-        socket
-            .bind_auto()
-            .context("binding a generic netlink socket")?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .context("connecting a generic netlink socket")?;
-        let mut this = Self {
-            socket,
-            family: 0,
-            sequence: 0,
-        };
-        let request = GenlMessage::from_payload(GenlCtrl {
-            cmd: GenlCtrlCmd::GetFamily,
-            nlas: vec![GenlCtrlAttrs::FamilyName(family.to_string())],
-        });
-        let answers = this.exchange(request, NLM_F_REQUEST | NLM_F_ACK)?;
-        this.family = answers
-            .iter()
-            .flat_map(|a| &a.payload.nlas)
-            .find_map(|nla| match nla {
-                GenlCtrlAttrs::FamilyId(id) => Some(*id),
-                _ => None,
-            })
-            .with_context(|| format!("no id for generic netlink family {family}"))?;
-        Ok(this)
-    }
-
-    /// Sends a WireGuard request and collects the answers.
-    fn request(&mut self, message: WireguardMessage, flags: u16) -> Result<Vec<WireguardMessage>> {
-        let mut message = GenlMessage::from_payload(message);
-        message.set_resolved_family_id(self.family);
-        Ok(self
-            .exchange(message, flags)?
-            .into_iter()
-            .map(|m| m.payload)
-            .collect())
-    }
-
-    /// Sends `message` and reads answers until the kernel's acknowledgement or the end of a
-    /// dump. A negative acknowledgement is the kernel's errno.
-    fn exchange<F>(&mut self, message: GenlMessage<F>, flags: u16) -> Result<Vec<GenlMessage<F>>>
-    where
-        F: netlink_packet_generic::GenlFamily
-            + netlink_packet_core::Emitable
-            + netlink_packet_core::ParseableParametrized<[u8], netlink_packet_generic::GenlHeader>
-            + std::fmt::Debug,
-    {
-        self.sequence = self.sequence.wrapping_add(1);
-        let mut message = NetlinkMessage::from(message);
-        message.header.flags = flags;
-        message.header.sequence_number = self.sequence;
-        message.finalize();
-        let mut buffer = vec![0; message.buffer_len()];
-        message.serialize(&mut buffer);
-        self.socket
-            .send(&buffer, 0)
-            .context("sending a generic netlink request")?;
-        let mut answers = Vec::new();
-        loop {
-            let (bytes, _) = self
-                .socket
-                .recv_from_full()
-                .context("reading a generic netlink answer")?;
-            let mut offset = 0;
-            while offset < bytes.len() {
-                let answer = NetlinkMessage::<GenlMessage<F>>::deserialize(&bytes[offset..])
-                    .context("parsing a generic netlink answer")?;
-                let length = answer.header.length as usize;
-                if length == 0 {
-                    bail!("a generic netlink answer of length 0");
-                }
-                offset += (length + 3) & !3;
-                if answer.header.sequence_number != self.sequence {
-                    continue;
-                }
-                match answer.payload {
-                    NetlinkPayload::InnerMessage(inner) => answers.push(inner),
-                    NetlinkPayload::Done(_) => return Ok(answers),
-                    NetlinkPayload::Error(e) => match e.code {
-                        None => return Ok(answers),
-                        Some(_) => return Err(e.to_io().into()),
-                    },
-                    _ => {}
-                }
-            }
-        }
     }
 }
 

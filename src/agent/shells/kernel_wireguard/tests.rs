@@ -2,6 +2,8 @@
 //! against a twin of the kernel's side.
 
 use super::*;
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_generic::GenlMessage;
 
 fn key(seed: u8) -> PublicKey {
     SecretKey::from_bytes([seed; 32]).public_key()
@@ -71,7 +73,15 @@ fn kernel_set_peer(device: &mut DeviceConfig, peer: &WireguardPeer) {
             WireguardPeerAttribute::PersistentKeepalive(s) => target.persistent_keepalive = *s,
             WireguardPeerAttribute::AllowedIps(ips) => {
                 for ip in ips {
-                    target.add_allowed_ip(allowed_ip(ip).unwrap());
+                    let net = allowed_ip(ip).unwrap();
+                    let remove = ip.0.iter().any(|a| {
+                        matches!(a, WireguardAllowedIpAttr::Flags(f) if f.contains(WireguardAllowedIpFlags::RemoveMe))
+                    });
+                    if remove {
+                        target.allowed_ips.retain(|n| *n != net);
+                    } else {
+                        target.add_allowed_ip(net);
+                    }
                 }
             }
             _ => {}
@@ -97,9 +107,17 @@ fn over_the_wire(message: &WireguardMessage) -> WireguardMessage {
 }
 
 fn apply(current: &DeviceConfig, desired: &DeviceConfig) -> (DeviceConfig, usize) {
+    apply_as(current, desired, AllowedIpsStyle::Replace)
+}
+
+fn apply_as(
+    current: &DeviceConfig,
+    desired: &DeviceConfig,
+    style: AllowedIpsStyle,
+) -> (DeviceConfig, usize) {
     let mut device = current.clone();
     let change = uapi_diff::change(current, desired).unwrap();
-    let messages = set_messages("kilo0", &change);
+    let messages = set_messages("kilo0", &change, style);
     for m in &messages {
         kernel_set(&mut device, &over_the_wire(m));
     }
@@ -159,6 +177,7 @@ fn a_dump_split_over_messages_reads_as_one_device() {
     let whole = set_messages(
         "kilo0",
         &uapi_diff::change(&DeviceConfig::default(), &desired).unwrap(),
+        AllowedIpsStyle::Edit,
     );
     // The kernel continues peer 2's allowed IPs in a second message under its key.
     let mut first = whole[0].clone();
@@ -186,4 +205,75 @@ fn a_dump_split_over_messages_reads_as_one_device() {
     assert_eq!(config, desired);
     assert_eq!(stats.len(), 2);
     assert!(stats.iter().all(|s| s.last_handshake.is_none()));
+}
+
+/// The allowed-IP entries a set of messages carries, and how many of them are removals.
+fn entries(
+    current: &DeviceConfig,
+    desired: &DeviceConfig,
+    style: AllowedIpsStyle,
+) -> (usize, usize) {
+    let change = uapi_diff::change(current, desired).unwrap();
+    let mut sent = (0, 0);
+    for message in set_messages("kilo0", &change, style) {
+        for attribute in &message.attributes {
+            let WireguardAttribute::Peers(peers) = attribute else {
+                continue;
+            };
+            for ips in peers.iter().flat_map(|p| &p.0) {
+                let WireguardPeerAttribute::AllowedIps(ips) = ips else {
+                    continue;
+                };
+                sent.0 += ips.len();
+                sent.1 += ips
+                    .iter()
+                    .filter(|ip| {
+                        ip.0.iter()
+                            .any(|a| matches!(a, WireguardAllowedIpAttr::Flags(_)))
+                    })
+                    .count();
+            }
+        }
+    }
+    sent
+}
+
+#[test]
+fn an_edit_names_only_the_changed_ranges_and_still_makes_the_device_exact() {
+    let many: Vec<String> = (0..700u32)
+        .map(|i| format!("10.{}.{}.0/26", 16 + i / 256, i % 256))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let current = DeviceConfig {
+        peers: vec![peer(1, &many), peer(2, &["10.0.2.0/24"])],
+        ..DeviceConfig::default()
+    };
+    let mut desired = current.clone();
+    desired.peers[0]
+        .allowed_ips
+        .retain(|n| n.to_string() != "10.16.7.0/26");
+    desired.peers[0].add_allowed_ip("10.200.0.5/32".parse().unwrap());
+    desired.peers[1].add_allowed_ip("fd00:2::/64".parse().unwrap());
+
+    assert_eq!(entries(&current, &desired, AllowedIpsStyle::Edit), (3, 1));
+    let (device, _) = apply_as(&current, &desired, AllowedIpsStyle::Edit);
+    assert_eq!(uapi_diff::change(&device, &desired), None);
+
+    // Whole lists: 700 for the first peer (in two parts), two for the second.
+    assert_eq!(
+        entries(&current, &desired, AllowedIpsStyle::Replace),
+        (702, 0)
+    );
+    let (device, _) = apply_as(&current, &desired, AllowedIpsStyle::Replace);
+    assert_eq!(uapi_diff::change(&device, &desired), None);
+}
+
+#[test]
+fn removals_go_to_kernels_from_6_16_only() {
+    for release in ["6.16.0-1-amd64", "6.17.3", "7.2.13+deb14-amd64", "10.0"] {
+        assert!(removes_allowed_ips(release), "{release}");
+    }
+    for release in ["6.15.9-arch1", "6.1.0-50-amd64", "5.10.0-32-amd64", "6", ""] {
+        assert!(!removes_allowed_ips(release), "{release}");
+    }
 }
