@@ -7,11 +7,11 @@ use super::cluster::KgNode;
 pub fn block_affinity(node: &str, cidr: &str) -> String {
     format!(
         "apiVersion: crd.projectcalico.org/v1\nkind: BlockAffinity\nmetadata:\n  name: {node}-{}\nspec:\n  node: {node}\n  cidr: {cidr}\n  state: confirmed\n  deleted: \"false\"\n",
-        cidr.replace(['.', '/'], "-")
+        cidr.replace(['.', ':', '/'], "-")
     )
 }
 
-/// An IPAMBlock `cidr` (a /26) affine to `host`, whose address at `offset` a pod on `node`
+/// An IPAMBlock `cidr` (a /26, or an IPv6 /122) affine to `host`, whose address at `offset` a pod on `node`
 /// holds.
 pub fn lent_address(cidr: &str, host: &str, offset: usize, node: &str) -> String {
     let mut allocations = vec!["null"; 64];
@@ -22,7 +22,7 @@ pub fn lent_address(cidr: &str, host: &str, offset: usize, node: &str) -> String
         .collect();
     format!(
         "apiVersion: crd.projectcalico.org/v1\nkind: IPAMBlock\nmetadata:\n  name: {}\nspec:\n  cidr: {cidr}\n  affinity: host:{host}\n  allocations: [{}]\n  unallocated: [{}]\n  attributes:\n  - handle_id: k8s-pod-network.lent\n    secondary:\n      namespace: default\n      node: {node}\n      pod: lent\n  strictAffinity: false\n",
-        cidr.replace(['.', '/'], "-"),
+        cidr.replace(['.', ':', '/'], "-"),
         allocations.join(", "),
         unallocated.join(", ")
     )

@@ -10,6 +10,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::calico;
 use common::cluster::{Cluster, Laptop, NodeSpec};
 
 /// Which pod CIDRs the Nodes list.
@@ -316,4 +317,108 @@ fn a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works() {
         );
         assert!(reached, "{} → {}\n{}", node.name, ipv6_pod(to), c.logs());
     }
+}
+
+/// Calico's IPAM on a dual-stack cluster (`--ipam=calico`): each node's pods live in an IPv4
+/// /26 of `10.60.0.0/16` and an IPv6 /122 of `fd60::/48`, not in the Nodes' `spec.podCIDRs`.
+/// Every pod reaches every pod in both families, the leaders' peers carry both blocks and none
+/// of the Nodes' ranges, and an IPv6 address Calico lent out of a1's block to a pod on b1 is
+/// routed to b1.
+#[test]
+fn dual_stack_pods_in_calicos_blocks() {
+    if !common::can_run("dual_stack_pods_in_calicos_blocks") {
+        return;
+    }
+    let c = pod_mesh(Pods::DualStack, &["--encapsulate=never", "--ipam=calico"]);
+    let pod = |n: usize| (format!("10.60.{n}.1"), format!("fd60:{n}::1"));
+    for n in 1..=4 {
+        let node = &c.nodes[n - 1];
+        let (ipv4, ipv6) = pod(n);
+        node.ns
+            .run(&["ip", "addr", "add", &format!("{ipv4}/26"), "dev", "pods0"]);
+        node.ns.run(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{ipv6}/122"),
+            "dev",
+            "pods0",
+            "nodad",
+        ]);
+        for block in [format!("10.60.{n}.0/26"), format!("fd60:{n}::/122")] {
+            let file = c.dir.join(format!(
+                "block-{}-{}.yaml",
+                node.name,
+                block.replace(['.', ':', '/'], "-")
+            ));
+            std::fs::write(file, calico::block_affinity(&node.name, &block)).unwrap();
+        }
+    }
+    let answers = |c: &Cluster, from: usize, source: &str, to: &str| {
+        common::ping_from_ok(
+            &c.nodes[from - 1].ns.name,
+            Some(source),
+            to,
+            Duration::from_secs(2),
+        )
+    };
+    let unreachable = |c: &Cluster| {
+        let mut failed = Vec::new();
+        for a in 1..=4 {
+            for b in (1..=4).filter(|b| *b != a) {
+                for (source, target) in [(pod(a).0, pod(b).0), (pod(a).1, pod(b).1)] {
+                    if !answers(c, a, &source, &target) {
+                        failed.push(format!("{source} → {target}"));
+                    }
+                }
+            }
+        }
+        failed
+    };
+    let meshed = c.wait_for(Duration::from_secs(60), |c| unreachable(c).is_empty());
+    assert!(meshed, "{:?}\n{}", unreachable(&c), c.logs());
+    // The leaders' peers carry the other location's blocks of both families, no Node range.
+    let leader = if calico::allowed_ips_with(c.node("a1"), "fd60:3::/122").is_empty() {
+        "a2"
+    } else {
+        "a1"
+    };
+    let peer = calico::allowed_ips_with(c.node(leader), "fd60:3::/122");
+    for block in ["10.60.3.0/26", "10.60.4.0/26", "fd60:4::/122"] {
+        assert!(peer.contains(block), "{leader}: {peer}");
+    }
+    assert!(
+        !peer.contains("10.42.") && !peer.contains("fd42:"),
+        "{leader}: {peer}"
+    );
+    let handshakes = c.node(leader).wg("latest-handshakes");
+
+    // A pod on b1 holds fd60:1::a, lent out of a1's block: a2 (in a1's location) reaches it.
+    c.node("b1").ns.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd60:1::a/128",
+        "dev",
+        "pods0",
+        "nodad",
+    ]);
+    std::fs::write(
+        c.dir.join("ipamblock-a1-v6.yaml"),
+        calico::lent_address("fd60:1::/122", "a1", 10, "b1"),
+    )
+    .unwrap();
+    let lent = c.wait_for(Duration::from_secs(30), |c| {
+        answers(c, 2, "fd60:2::1", "fd60:1::a")
+    });
+    assert!(lent, "the lent IPv6 address is routed to b1\n{}", c.logs());
+    let peer = calico::allowed_ips_with(c.node(leader), "fd60:3::/122");
+    assert!(peer.contains("fd60:1::a/128"), "{leader}: {peer}");
+    assert_eq!(
+        c.node(leader).wg("latest-handshakes"),
+        handshakes,
+        "the lent address changed the peer's allowed IPs, not its session"
+    );
 }
