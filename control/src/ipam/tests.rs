@@ -344,3 +344,27 @@ fn a_range_inside_its_own_nodes_refused_range_stays() {
     assert!(!ranges.by_node.contains_key("b"));
     assert_eq!(ranges.by_node["c"], nets(&["10.245.0.0/24"]));
 }
+
+#[test]
+fn nodes_run_by_kilos_kg_are_named_when_the_pods_come_from_elsewhere() {
+    let node = |name: &str, lease: bool| crate::Node {
+        name: name.to_string(),
+        location: "east".to_string(),
+        lease_election: lease,
+        ..Default::default()
+    };
+    let nodes = [node("kilo1", false), node("kilotun1", true)];
+    let lines = kilo_agents_under(IpamSource::Calico, &nodes);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("node kilo1 (location east) runs Kilo's kg"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("not the calico pod ranges"),
+        "{}",
+        lines[0]
+    );
+    assert!(kilo_agents_under(IpamSource::Node, &nodes).is_empty());
+}

@@ -2,7 +2,7 @@
 //! the node table whenever the IPAM objects change, so everything that follows a node's pod
 //! ranges follows them.
 
-use control::ipam::{detect, pod_ranges, IpamObjects, IpamSource};
+use control::ipam::{detect, kilo_agents_under, pod_ranges, IpamObjects, IpamSource};
 
 use super::Reconciler;
 use crate::agent::args::IpamChoice;
@@ -53,5 +53,23 @@ impl Reconciler {
             tracing::warn!("{line}");
         }
         self.table.set_pod_ranges(ranges.map(|r| r.by_node));
+    }
+
+    /// Names once each node run by Kilo's kg while the pods' ranges come from elsewhere than
+    /// the Nodes (only when this kg elects by lease: then kilotun's agents say so, and the
+    /// others are Kilo's).
+    pub(super) fn say_which_agents_route_node_cidrs(&mut self, nodes: &[control::Node]) {
+        let Some(source) = self.ipam_source() else {
+            return;
+        };
+        if !self.leases_on() {
+            return;
+        }
+        for line in self
+            .problems
+            .fresh_lines("ipam kilo agents", kilo_agents_under(source, nodes))
+        {
+            tracing::warn!("{line}");
+        }
     }
 }

@@ -119,6 +119,7 @@ impl Reconciler {
         let changed = self.topology.as_deref() != Some(&t);
         if changed {
             self.say_what_the_topology_drops(&t);
+            self.say_which_agents_route_node_cidrs(&nodes);
         }
         let firewall_due = self.firewall_hold.due(now.instant);
         let t = Arc::new(t);

@@ -13,7 +13,7 @@ use crate::common;
 use common::calico::{self, block_affinity, lent_address};
 
 /// Applies the CRDs in `tests/real/crds/<file>` and waits until the API server serves them.
-fn install_crds(k: &KubeCluster, file: &str, plurals: &[&str]) {
+pub(super) fn install_crds(k: &KubeCluster, file: &str, plurals: &[&str]) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/real/crds")
         .join(file);

@@ -131,6 +131,14 @@ impl Mixed {
 
     /// [`Mixed::start`] with Kilo's agents run with `--clean-up=kilo_clean_up`.
     fn start_cleaning_up(test: &str, agents: &[Agent], kilo_clean_up: bool) -> Option<Self> {
+        let mut m = Self::new(test, kilo_clean_up)?;
+        m.start_agents(agents, KILOTUN_FLAGS);
+        m.assert_meshed_or_dump(90);
+        Some(m)
+    }
+
+    /// The cluster of [`NODES`] on the API server, no agent started yet.
+    fn new(test: &str, kilo_clean_up: bool) -> Option<Self> {
         let kilo = kilo_build(test)?;
         let k = KubeCluster::new(test, "", &["east", "west"], NODES)?;
         let mut m = Self {
@@ -145,14 +153,17 @@ impl Mixed {
         for node in &mut m.k.c.nodes {
             node.resolve_own_name();
         }
+        Some(m)
+    }
+
+    /// Starts node `i`'s agent `agents[i]`, kilotun's with `kilotun_flags`.
+    fn start_agents(&mut self, agents: &[Agent], kilotun_flags: &[&str]) {
         for (i, agent) in agents.iter().enumerate() {
             match agent {
-                Agent::Kilo => m.start_kilo(i),
-                Agent::Kilotun => m.k.start(i, KILOTUN_FLAGS),
+                Agent::Kilo => self.start_kilo(i),
+                Agent::Kilotun => self.k.start(i, kilotun_flags),
             }
         }
-        m.assert_meshed_or_dump(90);
-        Some(m)
     }
 
     fn assert_meshed_or_dump(&self, secs: u64) {
@@ -587,6 +598,81 @@ fn kilo_alone_recovers_from_a_follower_restarting_with_clean_up() {
         eprintln!(
             "{test}: n2 restarted as Kilo with clean-up: {pair} longest gap {:.2} s",
             p.longest_gap_after(step).as_secs_f64()
+        );
+    }
+}
+
+/// Kilo's kg runs east, kilotun's west with `--ipam=calico`, Calico's CRDs installed and each
+/// node's pods in a Calico block (`10.60.<n>.0/26`), not in its `spec.podCIDR`
+/// (`10.42.<n>.0/24`). Kilo's kg keeps its own behaviour: its leader's peer for west allows the
+/// west Nodes' pod CIDRs, nothing of Calico's. kilotun's leader allows east's blocks, none of
+/// the Nodes' ranges, and names each node Kilo's kg runs, once: pod traffic between the two is
+/// refused on Kilo's side.
+#[test]
+fn kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam() {
+    let test = "kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam";
+    let Some(mut m) = Mixed::new(test, false) else {
+        return;
+    };
+    super::ipam::install_crds(
+        &m.k,
+        "calico-ipam.yaml",
+        &[
+            "blockaffinities.crd.projectcalico.org",
+            "ipamblocks.crd.projectcalico.org",
+        ],
+    );
+    m.k.kube.apply_manifest("ipam-rbac.yaml");
+    for n in 1..=NODES.len() {
+        m.k.kube.apply(&crate::common::calico::block_affinity(
+            &format!("n{n}"),
+            &format!("10.60.{n}.0/26"),
+        ));
+    }
+    let mut flags = KILOTUN_FLAGS.to_vec();
+    flags.push("--ipam=calico");
+    m.start_agents(
+        &[Agent::Kilo, Agent::Kilo, Agent::Kilotun, Agent::Kilotun],
+        &flags,
+    );
+    let allowed = |node: &str, marker: &str| {
+        crate::common::calico::allowed_ips_with(m.k.c.node(node), marker)
+    };
+    // East's leader is n1 (Kilo), west's n3 (kilotun), by Kilo's rule.
+    let configured = m.k.c.wait_for(Duration::from_secs(90), |_| {
+        allowed("n1", "10.4.0.2/32").contains("10.42.4.0/24")
+            && allowed("n3", "10.4.0.1/32").contains("10.60.2.0/26")
+    });
+    assert!(
+        configured,
+        "n1: {}\nn3: {}\n{}\n{}",
+        m.k.c.node("n1").wg("allowed-ips"),
+        m.k.c.node("n3").wg("allowed-ips"),
+        m.k.c.logs(),
+        m.wireguard_go_logs()
+    );
+    let kilos = allowed("n1", "10.4.0.2/32");
+    assert!(
+        kilos.contains("10.42.3.0/24") && !kilos.contains("10.60."),
+        "Kilo's peer for west: {kilos}"
+    );
+    let kilotuns = allowed("n3", "10.4.0.1/32");
+    assert!(
+        kilotuns.contains("10.60.1.0/26") && !kilotuns.contains("10.42."),
+        "kilotun's peer for east: {kilotuns}"
+    );
+    for kilo_node in ["n1", "n2"] {
+        let line = format!("node {kilo_node} (location east) runs Kilo's kg");
+        for kilotun_node in ["n3", "n4"] {
+            let log = m.k.c.node(kilotun_node).log_text();
+            assert_eq!(log.matches(&line).count(), 1, "{kilotun_node}: {log}");
+        }
+    }
+    for kilotun_node in ["n3", "n4"] {
+        let log = m.k.c.node(kilotun_node).log_text();
+        assert!(
+            !log.contains("node n3 (location") && !log.contains("node n4 (location"),
+            "{log}"
         );
     }
 }
