@@ -177,6 +177,14 @@ impl View {
             port,
             subnet: self.subnet,
             persistent_keepalive: 0,
+            // As the agents compute it: the smallest any node publishes (1 when one publishes
+            // none).
+            leaders_per_location: self
+                .nodes
+                .iter()
+                .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
+                .min()
+                .unwrap_or(1),
         };
         Ok(Topology::with_leaders(
             &self.nodes,

@@ -37,6 +37,7 @@ mod tests {
         let params = TopologyParams {
             port: 51821,
             persistent_keepalive: 25,
+            leaders_per_location: 1,
             ..f1_params("a", Granularity::Full)
         };
         let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();

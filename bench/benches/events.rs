@@ -156,6 +156,7 @@ fn before(c: &mut Criterion, count: usize) {
         port: 51820,
         subnet: "10.4.0.0/16".parse().expect("subnet"),
         persistent_keepalive: 0,
+        leaders_per_location: 1,
     };
     let options = RouteOptions {
         kilo_name: "kilo0".into(),

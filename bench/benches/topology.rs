@@ -22,6 +22,7 @@ fn params(granularity: Granularity) -> TopologyParams {
         port: 51820,
         subnet: "10.4.0.0/16".parse().expect("subnet"),
         persistent_keepalive: 0,
+        leaders_per_location: 1,
     }
 }
 

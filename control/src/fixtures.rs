@@ -46,6 +46,7 @@ pub fn f1_params(hostname: &str, granularity: Granularity) -> TopologyParams {
         port: 51820,
         subnet: net("10.4.0.0/16"),
         persistent_keepalive: 0,
+        leaders_per_location: 1,
     }
 }
 

@@ -110,6 +110,9 @@ pub struct Node {
     pub lease_election: bool,
     /// Annotated `kilotun.io/relay`: its location may relay between locations behind NAT.
     pub relay: bool,
+    /// The leaders per location its agent runs with (`kilotun.io/leaders-per-location`), when
+    /// it publishes a number above 1.
+    pub leaders_per_location: Option<u16>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

@@ -59,6 +59,9 @@ pub struct Segment {
     pub location: String,
     /// A member is annotated `kilotun.io/relay`.
     pub relay: bool,
+    /// One of the shares of a location that has several leaders ([`shares`]): the location's
+    /// other shares are reached without WireGuard.
+    pub shared: bool,
 }
 
 impl Segment {
@@ -103,6 +106,10 @@ pub struct TopologyParams {
     pub subnet: IpNet,
     /// The local node's persistent keepalive, applied to all its peers.
     pub persistent_keepalive: u16,
+    /// Leaders per location in location granularity (`--leaders-per-location`, as every node
+    /// runs it): 1 is Kilo's single leader; more split each location into shares
+    /// ([`shares`]).
+    pub leaders_per_location: usize,
 }
 
 /// Why a topology could not be computed.
@@ -256,7 +263,6 @@ impl Topology {
             .iter()
             .find(|n| n.name == params.hostname)
             .ok_or_else(|| TopologyError::NoLocalNode(params.hostname.clone()))?;
-        let location = segment_key(local, params.granularity);
 
         let mut groups: BTreeMap<String, Vec<&Node>> = BTreeMap::new();
         for node in nodes.iter().filter(|n| n.subnet.is_some()) {
@@ -265,8 +271,65 @@ impl Topology {
                 .or_default()
                 .push(node);
         }
+        // Each group is a segment, or with several leaders per location, a segment per share.
+        let mut plans: Vec<SegmentPlan> = Vec::with_capacity(groups.len());
+        for (key, mut group) in groups {
+            group.sort_by(|a, b| a.name.cmp(&b.name));
+            let location_wide =
+                params.granularity == Granularity::Location && key.starts_with("location:");
+            let chosen = location_wide
+                .then(|| leaders.get(&group[0].location))
+                .flatten();
+            let heads = if location_wide && params.leaders_per_location > 1 {
+                shares::share_leaders(
+                    &group,
+                    params.leaders_per_location,
+                    chosen.map(String::as_str),
+                )
+            } else {
+                let leader = chosen
+                    .and_then(|name| group.iter().position(|n| n.name == *name))
+                    .unwrap_or_else(|| find_leader(&group));
+                vec![leader]
+            };
+            if heads.len() == 1 {
+                let leader = heads[0];
+                plans.push(SegmentPlan {
+                    key,
+                    group,
+                    leader,
+                    shared: false,
+                });
+                continue;
+            }
+            let share_of = shares::assign(&group, &heads);
+            for (s, &head) in heads.iter().enumerate() {
+                let members: Vec<&Node> = group
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| share_of[*i] == s)
+                    .map(|(_, n)| *n)
+                    .collect();
+                let leader = members
+                    .iter()
+                    .position(|n| n.name == group[head].name)
+                    .expect("a leader is in its own share");
+                plans.push(SegmentPlan {
+                    key: shares::share_key(&key, &group[head].name),
+                    group: members,
+                    leader,
+                    shared: true,
+                });
+            }
+        }
+        plans.sort_by(|a, b| a.key.cmp(&b.key));
+        let location = plans
+            .iter()
+            .find(|p| p.group.iter().any(|n| n.name == params.hostname))
+            .map_or_else(|| segment_key(local, params.granularity), |p| p.key.clone());
+
         let mut t = Topology {
-            segments: Vec::with_capacity(groups.len()),
+            segments: Vec::with_capacity(plans.len()),
             peers: Vec::new(),
             hostname: params.hostname.clone(),
             location: location.clone(),
@@ -286,13 +349,13 @@ impl Topology {
         };
 
         let mut allocator = Allocator::new(params.subnet);
-        for (key, mut group) in groups {
-            group.sort_by(|a, b| a.name.cmp(&b.name));
-            let chosen = (params.granularity == Granularity::Location)
-                .then(|| leaders.get(&group[0].location))
-                .flatten()
-                .and_then(|name| group.iter().position(|n| n.name == *name));
-            let leader = chosen.unwrap_or_else(|| find_leader(&group));
+        for SegmentPlan {
+            key,
+            group,
+            leader,
+            shared,
+        } in plans
+        {
             let wireguard_ip = allocator
                 .next_ip()
                 .ok_or_else(|| TopologyError::SubnetExhausted {
@@ -344,6 +407,7 @@ impl Topology {
                 allowed_location_ips,
                 location: head.location.clone(),
                 relay: group.iter().any(|n| n.relay),
+                shared,
             });
         }
 
@@ -409,11 +473,14 @@ impl Topology {
         kept
     }
 
-    /// True when `s` is reached without WireGuard: the local segment, and in `cross`
-    /// granularity every node of the local node's location.
+    /// True when `s` is reached without WireGuard: the local segment, in `cross` granularity
+    /// every node of the local node's location, and the other shares of a location that has
+    /// several leaders.
     pub fn in_local_location(&self, s: &Segment) -> bool {
         s.key == self.location
-            || (self.granularity == Granularity::Cross && s.location == self.local_location)
+            || (s.location == self.local_location
+                && (self.granularity == Granularity::Cross
+                    || (s.shared && self.local_segment().is_some_and(|l| l.shared))))
     }
 
     /// The segment that carries traffic between segments `a` and `b` when both are behind NAT
@@ -469,6 +536,14 @@ impl Topology {
     }
 }
 
+/// A segment to be: its key, its nodes in name order and its leader's position among them.
+struct SegmentPlan<'a> {
+    key: String,
+    group: Vec<&'a Node>,
+    leader: usize,
+    shared: bool,
+}
+
 /// A WireGuard peer with no allowed IPs, kept for its handshakes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StandbyPeer {
@@ -483,5 +558,6 @@ pub struct StandbyPeer {
     pub persistent_keepalive: u16,
 }
 
+pub mod shares;
 #[cfg(test)]
 mod tests;

@@ -294,6 +294,7 @@ mod tests {
     fn topology(host: &str, granularity: Granularity, keepalive: u16) -> Topology {
         let params = TopologyParams {
             persistent_keepalive: keepalive,
+            leaders_per_location: 1,
             ..f1_params(host, granularity)
         };
         Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap()

@@ -99,6 +99,12 @@ pub struct KgArgs {
     /// lease per location, renewed by its healthy holder: failover in seconds).
     #[arg(long, value_enum, default_value = "kilo")]
     pub leader_election: LeaderElection,
+    /// Active leaders per location (location granularity), each carrying a share of the
+    /// location's nodes; 1 is Kilo's single leader. More take effect once every node runs with
+    /// at least as many (published as kilotun.io/leaders-per-location): a node that publishes
+    /// fewer, Kilo's kg among them, holds the cluster at its number.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub leaders_per_location: u16,
     /// Path to kubeconfig.
     #[arg(long, default_value = "")]
     pub kubeconfig: String,

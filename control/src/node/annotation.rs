@@ -40,8 +40,13 @@ pub const RELAY: &str = "kilotun.io/relay";
 /// cannot take a gateway of the other family).
 pub const SECOND_INTERNAL_IP: &str = "kilotun.io/second-internal-ip";
 
+/// Written by kilotun's kg (not Kilo's) run with `--leaders-per-location` above 1: that number.
+/// The cluster has as many leaders per location as the smallest number any node publishes, 1
+/// for a node that publishes none (Kilo's kg among them).
+pub const LEADERS_PER_LOCATION: &str = "kilotun.io/leaders-per-location";
+
 /// Every annotation kg writes, in the order it writes them.
-pub const WRITTEN: [&str; 10] = [
+pub const WRITTEN: [&str; 11] = [
     ENDPOINT,
     INTERNAL_IP,
     KEY,
@@ -52,4 +57,5 @@ pub const WRITTEN: [&str; 10] = [
     CNI_COMPATIBILITY_IP,
     LEADER_ELECTION,
     SECOND_INTERNAL_IP,
+    LEADERS_PER_LOCATION,
 ];

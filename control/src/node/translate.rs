@@ -222,6 +222,20 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     let leader = r.get(a::LEADER).is_some();
     let lease_election = r.get(a::LEADER_ELECTION) == Some("lease");
     let relay = r.get(a::RELAY).is_some_and(|v| v != "false");
+    let leaders_per_location = match r.get(a::LEADERS_PER_LOCATION).map(str::to_string) {
+        Some(text) if !text.is_empty() => match text.parse::<u16>() {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                r.problem(
+                    a::LEADERS_PER_LOCATION,
+                    &text,
+                    "not a whole number from 1; counted as 1",
+                );
+                Some(1)
+            }
+        },
+        _ => None,
+    };
     let cordoned = node.spec.as_ref().is_some_and(|s| {
         s.unschedulable.unwrap_or(false)
             || s.taints
@@ -270,6 +284,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             cordoned,
             lease_election,
             relay,
+            leaders_per_location,
         },
         problems,
     )

@@ -82,6 +82,8 @@ pub struct WrittenAnnotations {
     pub second_internal_ip: Option<IpNet>,
     /// True when this agent takes part in lease-based leader election (written only then).
     pub leader_election: bool,
+    /// `--leaders-per-location` (written only above 1).
+    pub leaders_per_location: u16,
 }
 
 impl WrittenAnnotations {
@@ -126,6 +128,12 @@ impl WrittenAnnotations {
             self.leader_election
                 .then(|| (a::LEADER_ELECTION.to_string(), "lease".to_string())),
         )
+        .chain((self.leaders_per_location > 1).then(|| {
+            (
+                a::LEADERS_PER_LOCATION.to_string(),
+                self.leaders_per_location.to_string(),
+            )
+        }))
         .collect()
     }
 }

@@ -245,7 +245,8 @@ impl Planner<'_> {
         let gw = own.leader_member();
         for s in &t.segments {
             self.private_route(host_net(s.wireguard_ip), gw);
-            if s.key == t.location {
+            if t.in_local_location(s) {
+                // Its own segment, or another share of its location: reached directly.
                 if self.o.local {
                     self.local_members(&s.members, false);
                 }

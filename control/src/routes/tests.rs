@@ -10,6 +10,7 @@ mod diffing;
 mod guard;
 mod ipv6;
 mod plans;
+mod shares;
 
 const KILO: u32 = 1;
 const PRIV: u32 = 2;

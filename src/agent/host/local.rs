@@ -221,6 +221,7 @@ mod tests {
             cni_compatibility_ip: None,
             second_internal_ip: None,
             leader_election: false,
+            leaders_per_location: 1,
         }
     }
 

@@ -113,6 +113,7 @@ impl Reconciler {
             port: local.endpoint.as_ref().map_or(self.s.args.port, |e| e.port),
             subnet: self.s.subnet,
             persistent_keepalive: local.persistent_keepalive,
+            leaders_per_location: self.leaders_per_location(&nodes),
         };
         let t = Topology::with_leaders(&nodes, &peers, &params, &self.leases.leader_names())?
             .with_standby(&nodes, &self.leases.verifiers());

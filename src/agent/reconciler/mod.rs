@@ -41,6 +41,7 @@ use crate::backend::Snapshot;
 mod ipam;
 mod mesh;
 mod publish;
+mod shares;
 #[cfg(test)]
 mod tests;
 

@@ -68,6 +68,7 @@ impl Reconciler {
             cni_compatibility_ip,
             second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
+            leaders_per_location: self.s.args.leaders_per_location,
         };
         local::patch_due(annotations, &written, self.last_patch.as_ref())
     }

@@ -34,6 +34,7 @@ fn written_annotations_use_kilos_formats() {
         cni_compatibility_ip: None,
         second_internal_ip: None,
         leader_election: false,
+        leaders_per_location: 1,
     };
     let map = written.to_map();
     assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
@@ -46,14 +47,21 @@ fn written_annotations_use_kilos_formats() {
     assert_eq!(map[a::CNI_COMPATIBILITY_IP], "");
     assert_eq!(map[a::SECOND_INTERNAL_IP], "");
     // Kilo's eight and the second internal IP; the lease one only when it takes part in lease
-    // election.
-    assert_eq!(map.len(), annotation::WRITTEN.len() - 1);
+    // election, the number of leaders per location only above 1.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 2);
     let with_lease = WrittenAnnotations {
         leader_election: true,
-        ..written
+        leaders_per_location: 1,
+        ..written.clone()
     }
     .to_map();
     assert_eq!(with_lease[a::LEADER_ELECTION], "lease");
+    let with_shares = WrittenAnnotations {
+        leaders_per_location: 2,
+        ..written
+    }
+    .to_map();
+    assert_eq!(with_shares[a::LEADERS_PER_LOCATION], "2");
 }
 
 #[test]
@@ -69,6 +77,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
         cni_compatibility_ip: None,
         second_internal_ip: Some(net("fd00::1/64")),
         leader_election: true,
+        leaders_per_location: 1,
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

@@ -1,0 +1,139 @@
+//! Several active leaders per location (`--leaders-per-location`): a location's nodes are split
+//! into shares, one per leader, each a segment of its own that the other locations reach
+//! through that leader. A location with k leaders and one with m are joined by k × m tunnels.
+//!
+//! Which nodes lead and which share each node joins are functions of the node set every agent
+//! sees, so no two agents can disagree while they see the same nodes:
+//! - the leaders are the lease holder (when the location has one), then the candidates in Kilo's
+//!   order of preference ([`leader_ranking`]): the nodes annotated `kilo.squat.ai/leader` when
+//!   any is, else all of them;
+//! - every other node joins the leader it scores highest with ([`score`], rendezvous hashing),
+//!   unless that leader's share is full: shares differ by at most one node. A leader's loss or
+//!   arrival moves the nodes whose best leader changed, and the few that balance needs.
+//!
+//! Pure: no I/O.
+
+use crate::ip::{is_public, Endpoint};
+use crate::node::Node;
+
+/// Kilo's order of preference among `nodes` (given in name order), as positions: nodes
+/// annotated `kilo.squat.ai/leader` with a public endpoint, then the other annotated ones, then
+/// those with a public endpoint, then the rest, each group in the given order. Its first entry
+/// is Kilo's leader ([`super::find_leader`]).
+pub fn leader_ranking(nodes: &[&Node]) -> Vec<usize> {
+    let public = |n: &Node| {
+        n.endpoint
+            .as_ref()
+            .and_then(Endpoint::ip)
+            .is_some_and(is_public)
+    };
+    let mut ranked: Vec<usize> = (0..nodes.len()).collect();
+    ranked.sort_by_key(|&i| {
+        let n = nodes[i];
+        match (n.leader, public(n)) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, true) => 2,
+            (false, false) => 3,
+        }
+    });
+    ranked
+}
+
+/// The leaders of a location of `nodes` (in name order), as positions, at most `count`:
+/// `chosen` first when it names one of them (the lease holder), then the candidates by
+/// [`leader_ranking`]. The candidates are the nodes annotated `kilo.squat.ai/leader` when any
+/// is (the operator picked them), else all of them.
+pub fn share_leaders(nodes: &[&Node], count: usize, chosen: Option<&str>) -> Vec<usize> {
+    let annotated = nodes.iter().any(|n| n.leader);
+    let first = chosen.and_then(|name| nodes.iter().position(|n| n.name == name));
+    let mut leaders: Vec<usize> = first.into_iter().collect();
+    for i in leader_ranking(nodes) {
+        if leaders.len() >= count.max(1) {
+            break;
+        }
+        if (nodes[i].leader || !annotated) && Some(i) != first {
+            leaders.push(i);
+        }
+    }
+    if leaders.is_empty() && !nodes.is_empty() {
+        // No candidate at all (cannot happen: an annotated node is a candidate): Kilo's leader.
+        leaders.push(leader_ranking(nodes)[0]);
+    }
+    leaders
+}
+
+/// Each of `nodes`' share, as a position in `leaders`: a leader is in its own share; every
+/// other node joins the leader it scores highest with whose share is not yet full (shares
+/// differ by at most one follower), the nodes placed in the order of their best score, highest
+/// first, so that the nodes most attached to a leader keep it.
+pub fn assign(nodes: &[&Node], leaders: &[usize]) -> Vec<usize> {
+    let mut share = vec![0; nodes.len()];
+    for (s, &l) in leaders.iter().enumerate() {
+        share[l] = s;
+    }
+    if leaders.len() <= 1 {
+        return share;
+    }
+    let followers: Vec<usize> = (0..nodes.len()).filter(|i| !leaders.contains(i)).collect();
+    // Shares of `base` followers, `larger` of them one more.
+    let (base, mut larger) = (
+        followers.len() / leaders.len(),
+        followers.len() % leaders.len(),
+    );
+    // Each follower's leaders, best first.
+    let mut preferences: Vec<(usize, Vec<(u64, usize)>)> = followers
+        .iter()
+        .map(|&f| {
+            let mut scores: Vec<(u64, usize)> = leaders
+                .iter()
+                .enumerate()
+                .map(|(s, &l)| (score(&nodes[f].name, &nodes[l].name), s))
+                .collect();
+            scores.sort_by(|a, b| b.cmp(a));
+            (f, scores)
+        })
+        .collect();
+    preferences.sort_by(|a, b| b.1[0].cmp(&a.1[0]).then(a.0.cmp(&b.0)));
+    let mut load = vec![0; leaders.len()];
+    for (f, scores) in preferences {
+        let s = scores
+            .iter()
+            .map(|&(_, s)| s)
+            .find(|&s| load[s] < base || (load[s] == base && larger > 0))
+            .expect("the shares hold every follower");
+        if load[s] == base {
+            larger -= 1;
+        }
+        load[s] += 1;
+        share[f] = s;
+    }
+    share
+}
+
+/// How much `follower` prefers `leader`: a 64-bit hash of both names (FNV-1a, then
+/// SplitMix64's finaliser), the same on every agent, architecture and version.
+pub fn score(follower: &str, leader: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in follower
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(leader.bytes())
+    {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The key of the share led by `leader` in the location whose segment key is `location_key`.
+pub fn share_key(location_key: &str, leader: &str) -> String {
+    format!("{location_key}#{leader}")
+}
+
+#[cfg(test)]
+mod tests;

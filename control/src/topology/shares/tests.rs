@@ -1,0 +1,219 @@
+//! Shares: who leads, who follows whom, and the mesh they make.
+
+use super::*;
+use crate::fixtures::{f1_params, node};
+use crate::node::Granularity;
+use crate::topology::{find_leader, Topology, TopologyParams};
+
+/// Nodes `<prefix>1..=count` of location `location`, on 192.168.<subnet>.0/24, all private.
+fn location(prefix: &str, location: &str, subnet: u8, count: u8) -> Vec<Node> {
+    (1..=count)
+        .map(|i| {
+            node(
+                &format!("{prefix}{i}"),
+                &format!("192.168.{subnet}.{i}:51820"),
+                Some(&format!("192.168.{subnet}.{i}/24")),
+                location,
+                &format!("10.{subnet}.{i}.0/24"),
+                &format!("k{prefix}{i}"),
+            )
+        })
+        .collect()
+}
+
+fn names(count: usize) -> Vec<Node> {
+    (0..count)
+        .map(|i| Node {
+            name: format!("node-{i:03}"),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn refs(nodes: &[Node]) -> Vec<&Node> {
+    nodes.iter().collect()
+}
+
+#[test]
+fn the_first_of_the_ranking_is_kilos_leader() {
+    let mut nodes = location("e", "east", 1, 5);
+    for variant in 0..4 {
+        match variant {
+            1 => nodes[3].endpoint = Some(crate::ip::Endpoint::parse("203.0.113.4:51820").unwrap()),
+            2 => nodes[4].leader = true,
+            3 => nodes[1].leader = true,
+            _ => {}
+        }
+        let group = refs(&nodes);
+        assert_eq!(
+            leader_ranking(&group)[0],
+            find_leader(&group),
+            "variant {variant}"
+        );
+    }
+    // Annotated and public first, then annotated, then public, then the rest, in name order.
+    assert_eq!(leader_ranking(&refs(&nodes)), [1, 4, 3, 0, 2]);
+}
+
+#[test]
+fn leaders_are_the_lease_holder_then_the_candidates_by_preference() {
+    let mut nodes = location("e", "east", 1, 5);
+    let group = refs(&nodes);
+    assert_eq!(share_leaders(&group, 2, None), [0, 1]);
+    assert_eq!(share_leaders(&group, 3, Some("e4")), [3, 0, 1]);
+    assert_eq!(share_leaders(&group, 9, None).len(), 5);
+    assert_eq!(share_leaders(&group, 2, Some("gone")), [0, 1]);
+    // Annotated nodes are the only candidates once any is annotated.
+    nodes[2].leader = true;
+    nodes[4].leader = true;
+    let group = refs(&nodes);
+    assert_eq!(share_leaders(&group, 3, None), [2, 4]);
+    assert_eq!(share_leaders(&group, 3, Some("e1")), [0, 2, 4]);
+}
+
+#[test]
+fn shares_differ_by_at_most_one_node() {
+    for count in [3, 9, 10, 41, 100] {
+        let nodes = names(count);
+        let group = refs(&nodes);
+        for leaders in 2..=4.min(count - 1) {
+            let heads: Vec<usize> = (0..leaders).collect();
+            let share = assign(&group, &heads);
+            let mut load = vec![0; leaders];
+            for (i, s) in share.iter().enumerate() {
+                if !heads.contains(&i) {
+                    load[*s] += 1;
+                }
+            }
+            for (s, &h) in heads.iter().enumerate() {
+                assert_eq!(share[h], s, "a leader leads its own share");
+            }
+            let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+            assert!(max - min <= 1, "{count} nodes, {leaders} leaders: {load:?}");
+        }
+    }
+}
+
+#[test]
+fn a_leader_lost_or_added_moves_its_own_nodes_and_few_others() {
+    let nodes = names(60);
+    let group = refs(&nodes);
+    let four: Vec<usize> = vec![0, 1, 2, 3];
+    let before = assign(&group, &four);
+    // Leader 3 goes (its node stays, as a follower now): its followers move, and only a few of
+    // the others do, for balance.
+    let three: Vec<usize> = vec![0, 1, 2];
+    let after = assign(&group, &three);
+    let lead = |share: &[usize], heads: &[usize], i: usize| heads[share[i]];
+    let (mut others, mut moved_others) = (0, 0);
+    for i in 4..60 {
+        let (was, is) = (lead(&before, &four, i), lead(&after, &three, i));
+        if was != 3 {
+            others += 1;
+            moved_others += usize::from(was != is);
+        }
+    }
+    assert!(
+        moved_others * 10 <= others,
+        "{moved_others} of the other shares' {others} nodes moved"
+    );
+    // A fifth leader arrives: it takes about a fifth of the followers, and few others move.
+    let five: Vec<usize> = vec![0, 1, 2, 3, 4];
+    let grown = assign(&group, &five);
+    let (mut stayed, mut moved) = (0, 0);
+    for i in 5..60 {
+        let (was, is) = (lead(&before, &four, i), lead(&grown, &five, i));
+        if is != 4 {
+            stayed += 1;
+            moved += usize::from(was != is);
+        }
+    }
+    assert!(
+        moved * 10 <= stayed,
+        "{moved} of {stayed} nodes moved between the old shares"
+    );
+}
+
+#[test]
+fn the_score_is_fixed_across_builds() {
+    // Every agent, of any version or architecture, must place nodes alike.
+    assert_eq!(score("a", "b"), score("a", "b"));
+    assert_ne!(score("a", "b"), score("b", "a"));
+    // FNV-1a 64 of "node-001\0node-000", then SplitMix64's finaliser (computed apart).
+    assert_eq!(score("node-001", "node-000"), 0xdcf1_9505_2a41_262e);
+}
+
+fn two_by_two(host: &str, leaders_per_location: usize) -> Topology {
+    let mut nodes = location("e", "east", 1, 4);
+    nodes.extend(location("w", "west", 2, 5));
+    let params = TopologyParams {
+        leaders_per_location,
+        ..f1_params(host, Granularity::Location)
+    };
+    Topology::new(&nodes, &[], &params).unwrap()
+}
+
+#[test]
+fn two_locations_of_two_leaders_are_joined_by_four_tunnels() {
+    let t = two_by_two("e1", 2);
+    let keys: Vec<&str> = t.segments.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "location:east#e1",
+            "location:east#e2",
+            "location:west#w1",
+            "location:west#w2"
+        ]
+    );
+    // One WireGuard IP per share.
+    let ips: Vec<String> = t
+        .segments
+        .iter()
+        .map(|s| s.wireguard_ip.to_string())
+        .collect();
+    assert_eq!(ips, ["10.4.0.1", "10.4.0.2", "10.4.0.3", "10.4.0.4"]);
+    // Every node is in exactly one share, the shares of a location differ by at most one.
+    let members: Vec<usize> = t.segments.iter().map(|s| s.members.len()).collect();
+    assert_eq!(members.iter().sum::<usize>(), 9);
+    assert!(members[0].abs_diff(members[1]) <= 1 && members[2].abs_diff(members[3]) <= 1);
+    // Each leader has a peer per leader of the other location, with that leader's share.
+    for host in ["e1", "e2", "w1", "w2"] {
+        let t = two_by_two(host, 2);
+        assert!(t.leader, "{host} leads");
+        let conf = t.conf(None);
+        assert_eq!(conf.peers.len(), 2, "{host}: {conf:?}");
+        for peer in &conf.peers {
+            let s = t
+                .segments
+                .iter()
+                .find(|s| s.public_key == peer.public_key)
+                .unwrap();
+            assert_ne!(s.location, t.local_location, "{host}");
+            for m in &s.members {
+                assert!(peer.allowed_ips.contains(&m.pod_cidr), "{host}: {}", m.name);
+            }
+        }
+    }
+    // A follower leads nothing and peers with no one.
+    let follower = t.segments[0]
+        .members
+        .iter()
+        .find(|m| m.name != "e1")
+        .unwrap();
+    let t = two_by_two(&follower.name, 2);
+    assert!(!t.leader);
+    assert_eq!(t.location, "location:east#e1");
+}
+
+#[test]
+fn one_leader_per_location_is_kilos_topology() {
+    let t = two_by_two("e1", 1);
+    let keys: Vec<&str> = t.segments.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["location:east", "location:west"]);
+    assert!(t.segments.iter().all(|s| !s.shared));
+    // More leaders than nodes: a share per node, never an empty one.
+    let t = two_by_two("e1", 16);
+    assert_eq!(t.segments.len(), 9);
+    assert!(t.segments.iter().all(|s| s.members.len() == 1));
+}

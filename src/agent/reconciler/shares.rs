@@ -1,0 +1,59 @@
+//! How many leaders each location has (`--leaders-per-location`): the smallest number any
+//! node runs with, so that every agent computes the same shares, and one while any node runs
+//! Kilo's kg (which publishes none) or an agent without the flag.
+
+use control::Node;
+
+use super::Reconciler;
+
+impl Reconciler {
+    /// The leaders per location of the topology made of `nodes`: this kg's
+    /// `--leaders-per-location`, lowered to the smallest any other node publishes (1 for a node
+    /// that publishes none). While that holds it below the flag, says once which nodes do.
+    pub(super) fn leaders_per_location(&mut self, nodes: &[Node]) -> usize {
+        let wanted = self.s.args.leaders_per_location;
+        if wanted <= 1 {
+            return 1;
+        }
+        let hostname = &self.s.hostname;
+        let published = |n: &Node| n.leaders_per_location.unwrap_or(1);
+        let effective = nodes
+            .iter()
+            .filter(|n| n.name != *hostname)
+            .map(published)
+            .min()
+            .unwrap_or(wanted)
+            .min(wanted);
+        let holding: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.name != *hostname && published(n) < wanted)
+            .map(|n| format!("{} ({})", n.name, published(n)))
+            .collect();
+        let lines = if holding.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!(
+                "--leaders-per-location={wanted}: {effective} per location until every node runs with {wanted} (kilotun.io/leaders-per-location; Kilo's kg publishes none, which counts as 1); below it: {}",
+                abbreviated(&holding)
+            )]
+        };
+        for line in self.problems.fresh_lines("leaders-per-location", lines) {
+            tracing::warn!("{line}");
+        }
+        usize::from(effective)
+    }
+}
+
+/// `names` joined, the first ten and how many more.
+fn abbreviated(names: &[String]) -> String {
+    let mut text = names
+        .iter()
+        .take(10)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 10 {
+        text.push_str(&format!(" and {} more", names.len() - 10));
+    }
+    text
+}
