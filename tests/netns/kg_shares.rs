@@ -34,22 +34,43 @@ fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
     if !common::can_run("two_leaders_per_location_carry_a_share_each_over_four_tunnels") {
         return;
     }
+    two_by_two(&[]);
+}
+
+/// The same with lease election: each location's lease holder is one of its leaders, the
+/// next candidate by Kilo's preference the other.
+#[test]
+fn two_leaders_per_location_with_lease_election() {
+    if !common::can_run("two_leaders_per_location_with_lease_election") {
+        return;
+    }
+    let c = two_by_two(&["--leader-election=lease"]);
+    for location in ["east", "west"] {
+        let holder = c.lease_holder(location).expect("a lease holder");
+        assert!(
+            c.leading(&[&holder]).len() == 1,
+            "{location}'s lease holder {holder} leads"
+        );
+    }
+}
+
+/// Eight nodes in two locations with `--leaders-per-location=2` and `extra`: meshed, two
+/// leaders a side, each with the other side's two leaders as its peers, shares of two nodes.
+fn two_by_two(extra: &[&str]) -> Cluster {
     let mut c = Cluster::with_nodes(&["east", "west"], &NODES);
+    let mut flags = vec!["--encapsulate=never", "--leaders-per-location=2"];
+    flags.extend(extra);
     for i in 0..NODES.len() {
-        c.start_kg(i, &["--encapsulate=never", "--leaders-per-location=2"]);
+        c.start_kg(i, &flags);
     }
     let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
-    // By Kilo's order of preference (all private: by name), e1 and e2 lead east, w1 and w2 west.
     let names: Vec<&str> = NODES.iter().map(|(n, _)| *n).collect();
-    assert_eq!(c.leading(&names), ["e1", "e2", "w1", "w2"]);
+    let leading = c.leading(&names);
+    assert_eq!(leading.len(), 4, "{leading:?}");
     let key = |node: &str| c.node(node).wg("public-key").trim().to_string();
-    for (leader, remote) in [
-        ("e1", ["w1", "w2"]),
-        ("e2", ["w1", "w2"]),
-        ("w1", ["e1", "e2"]),
-        ("w2", ["e1", "e2"]),
-    ] {
+    for leader in &leading {
+        let remote: Vec<&String> = leading.iter().filter(|l| l[..1] != leader[..1]).collect();
         let want: BTreeSet<String> = remote.iter().map(|r| key(r)).collect();
         assert_eq!(
             peers(&c, leader),
@@ -57,9 +78,9 @@ fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
             "{leader}'s peers are the other location's leaders"
         );
     }
-    // Each west share's pod CIDRs are the allowed IPs of exactly one of e1's peers: every west
-    // node is in one share, and the shares are two of two nodes.
-    let allowed = c.node("e1").wg("allowed-ips");
+    // Each west share's pod CIDRs are the allowed IPs of exactly one of an east leader's peers:
+    // every west node is in one share, and the shares are two of two nodes.
+    let allowed = c.node(&leading[0]).wg("allowed-ips");
     let mut shares: Vec<usize> = Vec::new();
     for line in allowed.lines() {
         shares.push(
@@ -69,7 +90,7 @@ fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
         );
     }
     assert_eq!(shares, [2, 2], "{allowed}");
-    for follower in ["e3", "e4", "w3", "w4"] {
+    for follower in names.iter().filter(|n| !leading.iter().any(|l| l == *n)) {
         assert!(
             peers(&c, follower).is_empty(),
             "{follower} peers with no one"
@@ -86,6 +107,7 @@ fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
         );
     }
     assert_eq!(c.annotations("e3")["kilotun.io/leaders-per-location"], "2");
+    c
 }
 
 /// A node run without the flag (as Kilo's kg, which publishes none) holds the cluster at one
