@@ -73,8 +73,11 @@ impl Topology {
         }
         for (i, a) in self.segments.iter().enumerate() {
             for b in &self.segments[i + 1..] {
-                // `cross`: no tunnel between the nodes of one location.
-                if self.granularity == Granularity::Cross && a.location == b.location {
+                // `cross`: no tunnel between the nodes of one location, nor between the shares
+                // of a location with several leaders.
+                if a.location == b.location
+                    && (self.granularity == Granularity::Cross || (a.shared && b.shared))
+                {
                     continue;
                 }
                 if let Some(relay) = self.relay_between(a, b) {

@@ -217,3 +217,80 @@ fn one_leader_per_location_is_kilos_topology() {
     assert_eq!(t.segments.len(), 9);
     assert!(t.segments.iter().all(|s| s.members.len() == 1));
 }
+
+#[test]
+fn a_peer_outside_the_cluster_gets_every_share_of_every_location() {
+    let mut nodes = location("e", "east", 1, 4);
+    nodes.extend(location("w", "west", 2, 5));
+    let laptop = crate::Peer {
+        name: "laptop".into(),
+        allowed_ips: vec!["10.5.0.1/32".parse().unwrap()],
+        public_key: Some(crate::Key::padded("laptop")),
+        endpoint: None,
+        persistent_keepalive: 25,
+        preshared_key: None,
+    };
+    let params = TopologyParams {
+        leaders_per_location: 2,
+        ..f1_params("e3", Granularity::Location)
+    };
+    let t = Topology::new(&nodes, &[laptop], &params).unwrap();
+    let conf = t.peer_conf("laptop");
+    assert_eq!(conf.peers.len(), 4, "{conf:?}");
+    for (peer, share) in conf.peers.iter().zip(&t.segments) {
+        assert_eq!(peer.public_key, share.public_key);
+        for m in &share.members {
+            assert!(
+                peer.allowed_ips.contains(&m.pod_cidr),
+                "{}: {peer:?}",
+                m.name
+            );
+        }
+        assert_eq!(peer.persistent_keepalive, 25);
+    }
+    // The leaders give the laptop a peer of their own; the followers none.
+    let leaders: Vec<&str> = t
+        .segments
+        .iter()
+        .map(|s| s.leader_member().name.as_str())
+        .collect();
+    assert_eq!(leaders, ["e1", "e2", "w1", "w2"]);
+    for host in ["e1", "w2"] {
+        let params = TopologyParams {
+            hostname: host.into(),
+            ..params.clone()
+        };
+        let t = Topology::new(&nodes, &t.peers, &params).unwrap();
+        let conf = t.conf(None);
+        assert!(
+            conf.peers
+                .iter()
+                .any(|p| p.public_key == crate::Key::padded("laptop")),
+            "{host}"
+        );
+    }
+}
+
+#[test]
+fn the_graph_draws_the_tunnels_between_locations_not_between_shares() {
+    let t = two_by_two("e1", 2);
+    let dot = t.dot();
+    for share in [
+        "location:east#e1",
+        "location:east#e2",
+        "location:west#w1",
+        "location:west#w2",
+    ] {
+        assert!(
+            dot.contains(&format!("label=\"{share}\"")),
+            "{share}: {dot}"
+        );
+    }
+    let tunnels: Vec<&str> = dot
+        .lines()
+        .filter(|l| l.starts_with("\t\"") && l.contains("->"))
+        .collect();
+    assert_eq!(tunnels.len(), 4, "{tunnels:?}");
+    assert!(!dot.contains("\"e1\" -> \"e2\""), "{dot}");
+    assert!(!dot.contains("\"w1\" -> \"w2\""), "{dot}");
+}
