@@ -271,57 +271,7 @@ impl Topology {
                 .or_default()
                 .push(node);
         }
-        // Each group is a segment, or with several leaders per location, a segment per share.
-        let mut plans: Vec<SegmentPlan> = Vec::with_capacity(groups.len());
-        for (key, mut group) in groups {
-            group.sort_by(|a, b| a.name.cmp(&b.name));
-            let location_wide =
-                params.granularity == Granularity::Location && key.starts_with("location:");
-            let chosen = location_wide
-                .then(|| leaders.get(&group[0].location))
-                .flatten();
-            let heads = if location_wide && params.leaders_per_location > 1 {
-                shares::share_leaders(
-                    &group,
-                    params.leaders_per_location,
-                    chosen.map(String::as_str),
-                )
-            } else {
-                let leader = chosen
-                    .and_then(|name| group.iter().position(|n| n.name == *name))
-                    .unwrap_or_else(|| find_leader(&group));
-                vec![leader]
-            };
-            if heads.len() == 1 {
-                let leader = heads[0];
-                plans.push(SegmentPlan {
-                    key,
-                    group,
-                    leader,
-                    shared: false,
-                });
-                continue;
-            }
-            let share_of = shares::assign(&group, &heads);
-            for (s, &head) in heads.iter().enumerate() {
-                let members: Vec<&Node> = group
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| share_of[*i] == s)
-                    .map(|(_, n)| *n)
-                    .collect();
-                let leader = members
-                    .iter()
-                    .position(|n| n.name == group[head].name)
-                    .expect("a leader is in its own share");
-                plans.push(SegmentPlan {
-                    key: shares::share_key(&key, &group[head].name),
-                    group: members,
-                    leader,
-                    shared: true,
-                });
-            }
-        }
+        let mut plans = shares::plan_segments(groups, params, leaders);
         plans.sort_by(|a, b| a.key.cmp(&b.key));
         let location = plans
             .iter()
@@ -349,7 +299,7 @@ impl Topology {
         };
 
         let mut allocator = Allocator::new(params.subnet);
-        for SegmentPlan {
+        for shares::SegmentPlan {
             key,
             group,
             leader,
@@ -534,14 +484,6 @@ impl Topology {
         }
         endpoint.cloned()
     }
-}
-
-/// A segment to be: its key, its nodes in name order and its leader's position among them.
-struct SegmentPlan<'a> {
-    key: String,
-    group: Vec<&'a Node>,
-    leader: usize,
-    shared: bool,
 }
 
 /// A WireGuard peer with no allowed IPs, kept for its handshakes.

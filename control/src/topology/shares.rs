@@ -13,8 +13,11 @@
 //!
 //! Pure: no I/O.
 
+use std::collections::BTreeMap;
+
+use super::{find_leader, TopologyParams};
 use crate::ip::{is_public, Endpoint};
-use crate::node::Node;
+use crate::node::{Granularity, Node};
 
 /// Kilo's order of preference among `nodes` (given in name order), as positions: nodes
 /// annotated `kilo.squat.ai/leader` with a public endpoint, then the other annotated ones, then
@@ -133,6 +136,75 @@ pub fn score(follower: &str, leader: &str) -> u64 {
 /// The key of the share led by `leader` in the location whose segment key is `location_key`.
 pub fn share_key(location_key: &str, leader: &str) -> String {
     format!("{location_key}#{leader}")
+}
+
+/// A segment to be: its key, its nodes in name order and its leader's position among them.
+pub(super) struct SegmentPlan<'a> {
+    pub key: String,
+    pub group: Vec<&'a Node>,
+    pub leader: usize,
+    pub shared: bool,
+}
+
+/// The segments `groups` (nodes by segment key) make: a segment per group with its leader
+/// (`leaders`' choice for its location, else Kilo's), or in location granularity with several
+/// leaders per location, a segment per share.
+pub(super) fn plan_segments<'a>(
+    groups: BTreeMap<String, Vec<&'a Node>>,
+    params: &TopologyParams,
+    leaders: &BTreeMap<String, String>,
+) -> Vec<SegmentPlan<'a>> {
+    let mut plans: Vec<SegmentPlan> = Vec::with_capacity(groups.len());
+    for (key, mut group) in groups {
+        group.sort_by(|a, b| a.name.cmp(&b.name));
+        let location_wide =
+            params.granularity == Granularity::Location && key.starts_with("location:");
+        let chosen = location_wide
+            .then(|| leaders.get(&group[0].location))
+            .flatten();
+        let heads = if location_wide && params.leaders_per_location > 1 {
+            share_leaders(
+                &group,
+                params.leaders_per_location,
+                chosen.map(String::as_str),
+            )
+        } else {
+            let leader = chosen
+                .and_then(|name| group.iter().position(|n| n.name == *name))
+                .unwrap_or_else(|| find_leader(&group));
+            vec![leader]
+        };
+        if heads.len() == 1 {
+            let leader = heads[0];
+            plans.push(SegmentPlan {
+                key,
+                group,
+                leader,
+                shared: false,
+            });
+            continue;
+        }
+        let share_of = assign(&group, &heads);
+        for (s, &head) in heads.iter().enumerate() {
+            let members: Vec<&Node> = group
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| share_of[*i] == s)
+                .map(|(_, n)| *n)
+                .collect();
+            let leader = members
+                .iter()
+                .position(|n| n.name == group[head].name)
+                .expect("a leader is in its own share");
+            plans.push(SegmentPlan {
+                key: share_key(&key, &group[head].name),
+                group: members,
+                leader,
+                shared: true,
+            });
+        }
+    }
+    plans
 }
 
 #[cfg(test)]
