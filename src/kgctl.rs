@@ -87,6 +87,8 @@ pub struct View {
     pub granularity: Granularity,
     /// Leaders chosen by lease (`--leader-election=lease`), by location.
     pub leaders: std::collections::BTreeMap<String, String>,
+    /// The nodes the leases keep from leading (see `control::leader::Election::kept_out`).
+    pub kept_out: std::collections::BTreeSet<String>,
 }
 
 /// Every Node of `snapshot`, translated, with its pod ranges from the IPAM source `ipam`
@@ -152,7 +154,12 @@ pub fn view_with_ipam(
         .filter(Peer::is_ready)
         .collect();
     // Leases are judged by this machine's clock against their renewal time.
-    let leaders = control::leader::lease_leaders(&nodes, &snapshot.leases, now_unix * 1000)
+    let elections = control::leader::lease_leaders(&nodes, &snapshot.leases, now_unix * 1000);
+    let kept_out = elections
+        .values()
+        .flat_map(|e| e.kept_out.iter().cloned())
+        .collect();
+    let leaders = elections
         .into_iter()
         .map(|(location, e)| (location, e.leader))
         .collect();
@@ -162,6 +169,7 @@ pub fn view_with_ipam(
         subnet,
         granularity,
         leaders,
+        kept_out,
     })
 }
 
@@ -185,6 +193,7 @@ impl View {
                 .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
                 .min()
                 .unwrap_or(1),
+            kept_out: self.kept_out.clone(),
         };
         Ok(Topology::with_leaders(
             &self.nodes,

@@ -38,6 +38,7 @@ mod tests {
             port: 51821,
             persistent_keepalive: 25,
             leaders_per_location: 1,
+            kept_out: Default::default(),
             ..f1_params("a", Granularity::Full)
         };
         let t = Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap();

@@ -121,8 +121,10 @@ gap() {
 }
 
 pods=(10.42.1.1 10.42.2.1 10.42.3.1 10.42.4.1)
-meshed() { # within 60 s
-  local deadline=$((SECONDS + 60))
+# Within 120 s: four kg start under TCG, on a host busy with the rest of the suite, and under
+# 5.10 that can take more than a minute.
+meshed() {
+  local deadline=$((SECONDS + 120))
   while [ "$SECONDS" -lt "$deadline" ]; do
     local ok=true
     for n in "${nodes[@]}"; do for p in "${pods[@]}"; do reaches "$n" "$p" || { ok=false; break 2; }; done; done
@@ -136,7 +138,7 @@ meshed() { # within 60 s
   return 1
 }
 start n1 kernel; start n2 embedded; start n3 auto; start n4 embedded
-meshed || fail "the mesh did not form within 60 s"
+meshed || fail "the mesh did not form within 120 s"
 # Whether $1 routes $2 (a pod CIDR) over link $3. (Not `| grep -q`: with pipefail, ip's
 # SIGPIPE after an early match fails it.)
 routes_over() {
@@ -200,7 +202,7 @@ for n in "${nodes[@]}"; do stop "$n"; done
 # Each kg finds the routes of its last run, with the other granularity, over its WireGuard link
 # and its tunnel (--clean-up=false): those it no longer wants go, the rest are replaced.
 start n1 embedded; start n2 kernel; start n3 auto; start n4 embedded
-meshed || fail "the full mesh did not form within 60 s"
+meshed || fail "the full mesh did not form within 120 s"
 for n in "${nodes[@]}"; do
   peers=$(ip netns exec "$(ns "$n")" wg show "kilo-$n" peers | grep -c . || true)
   [ "$peers" = 3 ] || fail "$n has $peers peers in the full mesh, not 3"

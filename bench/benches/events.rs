@@ -157,6 +157,7 @@ fn before(c: &mut Criterion, count: usize) {
         subnet: "10.4.0.0/16".parse().expect("subnet"),
         persistent_keepalive: 0,
         leaders_per_location: 1,
+        kept_out: Default::default(),
     };
     let options = RouteOptions {
         kilo_name: "kilo0".into(),

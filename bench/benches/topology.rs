@@ -23,6 +23,7 @@ fn params(granularity: Granularity) -> TopologyParams {
         subnet: "10.4.0.0/16".parse().expect("subnet"),
         persistent_keepalive: 0,
         leaders_per_location: 1,
+        kept_out: Default::default(),
     }
 }
 

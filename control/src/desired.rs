@@ -307,9 +307,7 @@ fn tunnel_spec(t: &Topology, host: &HostNet) -> TunnelSpec {
             .filter(|_| private_link != 0)
             .map(|l| l.mtu),
         private_ipv6: t.private_ip.is_some_and(|n| n.addr().is_ipv6()),
-        ipv6_members: t
-            .local_segment()
-            .is_some_and(|s| s.private_ips().any(|ip| ip.is_ipv6())),
+        ipv6_members: t.local_location_private_ips().iter().any(|ip| ip.is_ipv6()),
     }
 }
 

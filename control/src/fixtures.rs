@@ -47,6 +47,7 @@ pub fn f1_params(hostname: &str, granularity: Granularity) -> TopologyParams {
         subnet: net("10.4.0.0/16"),
         persistent_keepalive: 0,
         leaders_per_location: 1,
+        kept_out: Default::default(),
     }
 }
 

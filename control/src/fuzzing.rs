@@ -156,6 +156,7 @@ pub fn topology(data: &[u8]) {
             subnet: "10.4.0.0/16".parse().expect("subnet"),
             persistent_keepalive: 0,
             leaders_per_location: 1,
+            kept_out: Default::default(),
         };
         let Ok(t) = Topology::new(&nodes, &peers, &params) else {
             continue;

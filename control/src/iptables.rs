@@ -226,10 +226,9 @@ impl Topology {
                 ),
             ];
         }
-        let Some(segment) = self.local_segment() else {
-            return;
-        };
-        for ip in segment.private_ips() {
+        // Every node of the location may send IPIP: its own segment's, and the location's
+        // other shares' (or, in `cross`, every node of the location).
+        for ip in self.local_location_private_ips() {
             let net = IpNet::from(ip);
             let spec = format!("-s {net} {} -j ACCEPT", comment("Kilo: allow IPIP traffic"));
             let chain = r.family(&net).kilo_ipip.get_or_insert_with(Vec::new);

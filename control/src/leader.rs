@@ -191,6 +191,9 @@ pub struct Election {
     /// The candidates asked to check whether they reach the other locations' leaders, in the
     /// order they would lead: empty unless the holder marked its lease cut off.
     pub verifiers: Vec<String>,
+    /// Members the lease keeps from leading (deposed, replaced while cut off, or the holder of
+    /// an expired lease): with several leaders per location, no share's leader either.
+    pub kept_out: Vec<String>,
 }
 
 /// The lease's name for `location` (a DNS-1123 name: lower-case letters, digits and `-`).
@@ -230,6 +233,16 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         return None;
     }
     let valid = lease.filter(|l| l.is_valid(now_ms));
+    let expired_holder = lease
+        .filter(|l| !l.is_valid(now_ms))
+        .and_then(|l| l.holder.as_deref());
+    let kept_out_names: Vec<String> = candidates
+        .iter()
+        .filter(|n| {
+            Some(n.name.as_str()) == expired_holder || lease.is_some_and(|l| l.keeps_out(n, now_ms))
+        })
+        .map(|n| n.name.clone())
+        .collect();
     if let Some(holder) = valid.and_then(|l| l.holder.as_deref()) {
         if let Some(node) = candidates.iter().find(|n| n.name == holder) {
             let kept_out = |n: &Node| valid.is_some_and(|l| l.keeps_out(n, now_ms));
@@ -244,13 +257,11 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
                     leader: holder.to_string(),
                     basis: Basis::Lease,
                     verifiers,
+                    kept_out: kept_out_names,
                 });
             }
         }
     }
-    let expired_holder = lease
-        .filter(|l| !l.is_valid(now_ms))
-        .and_then(|l| l.holder.as_deref());
     let alive: Vec<&Node> = candidates
         .iter()
         .copied()
@@ -265,6 +276,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         leader: candidates[i].name.clone(),
         basis: Basis::KiloRule,
         verifiers: Vec::new(),
+        kept_out: kept_out_names,
     })
 }
 

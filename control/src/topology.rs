@@ -37,7 +37,7 @@ pub struct Member {
 /// A group of nodes reached through one WireGuard peer: its leader.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
-    /// `location:<name>` or `node:<name>`.
+    /// `location:<name>`, `location:<name>#<leader>` (a share, see [`shares`]) or `node:<name>`.
     pub key: String,
     /// Members sorted by name.
     pub members: Vec<Member>,
@@ -110,6 +110,9 @@ pub struct TopologyParams {
     /// runs it): 1 is Kilo's single leader; more split each location into shares
     /// ([`shares`]).
     pub leaders_per_location: usize,
+    /// Nodes that may lead no share: the ones the leases keep out
+    /// ([`crate::leader::Election::kept_out`]).
+    pub kept_out: BTreeSet<String>,
 }
 
 /// Why a topology could not be computed.
@@ -442,9 +445,13 @@ impl Topology {
             return None;
         }
         let pinned = self.segments.iter().any(|s| s.relay);
+        // Shares of one location have no tunnel between them: none relays for a sibling.
+        let sibling = |r: &Segment, s: &Segment| r.shared && s.shared && r.location == s.location;
         self.segments.iter().find(|r| {
             r.key != a.key
                 && r.key != b.key
+                && !sibling(r, a)
+                && !sibling(r, b)
                 && !r.behind_nat()
                 && r.endpoint.is_some()
                 && (r.relay || !pinned)
@@ -462,6 +469,21 @@ impl Topology {
     /// The local node's pod CIDRs: `spec.podCIDR` first, then the other family's.
     pub fn local_pod_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
         std::iter::once(self.subnet).chain(self.extra_subnets.iter().copied())
+    }
+
+    /// The private IPs of the nodes reached without WireGuard (see
+    /// [`Topology::in_local_location`]): the local segment's members, the location's other
+    /// shares' and, in `cross` granularity, every node of the location; in segment order.
+    pub fn local_location_private_ips(&self) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = Vec::new();
+        for s in self.segments.iter().filter(|s| self.in_local_location(s)) {
+            for ip in s.private_ips() {
+                if !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+        ips
     }
 
     /// The local segment.

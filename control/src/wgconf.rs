@@ -295,6 +295,7 @@ mod tests {
         let params = TopologyParams {
             persistent_keepalive: keepalive,
             leaders_per_location: 1,
+            kept_out: Default::default(),
             ..f1_params(host, granularity)
         };
         Topology::new(&f1_nodes(), &f1_peers(), &params).unwrap()

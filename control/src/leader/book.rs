@@ -183,10 +183,13 @@ impl LeaseBook {
         let agreement_changed = self.agreement.as_ref() != Some(&agreement);
         self.agreement = Some(agreement.clone());
         let leaders = lease_leaders(nodes, &self.observed(), now_ms);
-        let names = |m: &BTreeMap<String, Election>| -> Vec<(String, String, Vec<String>)> {
+        let names = |m: &BTreeMap<String, Election>| {
             m.iter()
-                .map(|(l, e)| (l.clone(), e.leader.clone(), e.verifiers.clone()))
-                .collect()
+                .map(|(l, e)| {
+                    let who = (e.leader.clone(), e.verifiers.clone(), e.kept_out.clone());
+                    (l.clone(), who)
+                })
+                .collect::<Vec<_>>()
         };
         let leaders_changed = names(&leaders) != names(&self.leaders);
         self.leaders = leaders;
@@ -201,6 +204,14 @@ impl LeaseBook {
         self.leaders
             .iter()
             .map(|(l, e)| (l.clone(), e.leader.clone()))
+            .collect()
+    }
+
+    /// The nodes no share may be led by (see [`Election::kept_out`]), for the topology.
+    pub fn kept_out(&self) -> std::collections::BTreeSet<String> {
+        self.leaders
+            .values()
+            .flat_map(|e| e.kept_out.iter().cloned())
             .collect()
     }
 
@@ -237,6 +248,7 @@ impl LeaseBook {
                 leader: self.kilo_rule.get(&location)?.clone(),
                 basis: Basis::KiloRule,
                 verifiers: Vec::new(),
+                kept_out: Vec::new(),
             },
         };
         let name = lease_name(&location);

@@ -13,7 +13,7 @@
 //!
 //! Pure: no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{find_leader, TopologyParams};
 use crate::ip::{is_public, Endpoint};
@@ -45,17 +45,30 @@ pub fn leader_ranking(nodes: &[&Node]) -> Vec<usize> {
 
 /// The leaders of a location of `nodes` (in name order), as positions, at most `count`:
 /// `chosen` first when it names one of them (the lease holder), then the candidates by
-/// [`leader_ranking`]. The candidates are the nodes annotated `kilo.squat.ai/leader` when any
-/// is (the operator picked them), else all of them.
-pub fn share_leaders(nodes: &[&Node], count: usize, chosen: Option<&str>) -> Vec<usize> {
-    let annotated = nodes.iter().any(|n| n.leader);
+/// [`leader_ranking`]. The candidates are the nodes neither cordoned nor `kept_out` by the
+/// lease (all of them when that leaves none), and of those the ones annotated
+/// `kilo.squat.ai/leader` when any is (the operator picked them).
+pub fn share_leaders(
+    nodes: &[&Node],
+    count: usize,
+    chosen: Option<&str>,
+    kept_out: &BTreeSet<String>,
+) -> Vec<usize> {
+    // Cordoned nodes and the ones the lease keeps out lead no share, unless nothing else can.
+    let fit = |n: &Node| !n.cordoned && !kept_out.contains(&n.name);
+    let eligible: Vec<bool> = if nodes.iter().any(|n| fit(n)) {
+        nodes.iter().map(|n| fit(n)).collect()
+    } else {
+        vec![true; nodes.len()]
+    };
+    let annotated = nodes.iter().zip(&eligible).any(|(n, e)| *e && n.leader);
     let first = chosen.and_then(|name| nodes.iter().position(|n| n.name == name));
     let mut leaders: Vec<usize> = first.into_iter().collect();
     for i in leader_ranking(nodes) {
         if leaders.len() >= count.max(1) {
             break;
         }
-        if (nodes[i].leader || !annotated) && Some(i) != first {
+        if eligible[i] && (nodes[i].leader || !annotated) && Some(i) != first {
             leaders.push(i);
         }
     }
@@ -167,6 +180,7 @@ pub(super) fn plan_segments<'a>(
                 &group,
                 params.leaders_per_location,
                 chosen.map(String::as_str),
+                &params.kept_out,
             )
         } else {
             let leader = chosen

@@ -277,10 +277,7 @@ impl Tunnel {
                     .or_else(|| plan.tunnel_gateways.get(&r.dst).copied())?;
                 Some((r.dst, gateway))
             });
-        let sources: Vec<IpAddr> = topology
-            .local_segment()
-            .map(|s| s.private_ips().collect())
-            .unwrap_or_default();
+        let sources: Vec<IpAddr> = topology.local_location_private_ips();
         device.set_table(IpipTable::new(routes, sources));
     }
 }

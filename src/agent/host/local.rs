@@ -136,11 +136,18 @@ pub fn annotation_changes(
     current: &BTreeMap<String, String>,
     written: &WrittenAnnotations,
 ) -> BTreeMap<String, Option<String>> {
-    written
-        .to_map()
-        .into_iter()
-        .filter(|(k, v)| current.get(k) != Some(v))
-        .map(|(k, v)| (k, Some(v)))
+    let map = written.to_map();
+    // An annotation kg writes only in some runs (`kilotun.io/leader-election`,
+    // `kilotun.io/leaders-per-location`) goes when this run does not write it: a run left on
+    // the Node by another configuration would speak for this one.
+    let gone = control::node::annotation::WRITTEN
+        .iter()
+        .filter(|k| !map.contains_key(**k) && current.contains_key(**k))
+        .map(|k| (k.to_string(), None));
+    map.iter()
+        .filter(|(k, v)| current.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .chain(gone)
         .collect()
 }
 
@@ -388,6 +395,19 @@ mod tests {
         assert_eq!(
             changes,
             BTreeMap::from([(annotation::LAST_SEEN.to_string(), Some("7".to_string()))])
+        );
+        // What an earlier run wrote and this one does not goes; a foreign annotation stays.
+        current.insert(annotation::LAST_SEEN.into(), "7".into());
+        current.insert(annotation::LEADERS_PER_LOCATION.into(), "2".into());
+        current.insert(annotation::LEADER_ELECTION.into(), "lease".into());
+        current.insert("example.com/other".into(), "x".into());
+        let changes = annotation_changes(&current, &written);
+        assert_eq!(
+            changes,
+            BTreeMap::from([
+                (annotation::LEADER_ELECTION.to_string(), None),
+                (annotation::LEADERS_PER_LOCATION.to_string(), None),
+            ])
         );
     }
 

@@ -114,6 +114,7 @@ impl Reconciler {
             subnet: self.s.subnet,
             persistent_keepalive: local.persistent_keepalive,
             leaders_per_location: self.leaders_per_location(&nodes),
+            kept_out: self.leases.kept_out(),
         };
         let t = Topology::with_leaders(&nodes, &peers, &params, &self.leases.leader_names())?
             .with_standby(&nodes, &self.leases.verifiers());

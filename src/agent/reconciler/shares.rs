@@ -7,9 +7,10 @@ use control::Node;
 use super::Reconciler;
 
 impl Reconciler {
-    /// The leaders per location of the topology made of `nodes`: this kg's
-    /// `--leaders-per-location`, lowered to the smallest any other node publishes (1 for a node
-    /// that publishes none). While that holds it below the flag, says once which nodes do.
+    /// The leaders per location of the topology made of `nodes`: the smallest number any node
+    /// publishes (1 for a node that publishes none), this one's as the backend holds it
+    /// included, so that every agent and kgctl compute the same; never above this kg's
+    /// `--leaders-per-location`. While another node holds it below the flag, says once which.
     pub(super) fn leaders_per_location(&mut self, nodes: &[Node]) -> usize {
         let wanted = self.s.args.leaders_per_location;
         if wanted <= 1 {
@@ -17,13 +18,7 @@ impl Reconciler {
         }
         let hostname = &self.s.hostname;
         let published = |n: &Node| n.leaders_per_location.unwrap_or(1);
-        let effective = nodes
-            .iter()
-            .filter(|n| n.name != *hostname)
-            .map(published)
-            .min()
-            .unwrap_or(wanted)
-            .min(wanted);
+        let effective = nodes.iter().map(published).min().unwrap_or(1).min(wanted);
         let holding: Vec<String> = nodes
             .iter()
             .filter(|n| n.name != *hostname && published(n) < wanted)

@@ -51,7 +51,8 @@ fn stage_histogram() -> Histogram {
 /// The `location` label of the `kilotun_location` info metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LocationLabel {
-    /// The node's location as Kilo's topology names it (`node:<name>` when it has none).
+    /// The node's segment as the topology names it (`node:<name>` when it has no location,
+    /// `location:<name>#<leader>` for a share of a location with several leaders).
     pub location: String,
 }
 

@@ -34,6 +34,10 @@ fn refs(nodes: &[Node]) -> Vec<&Node> {
     nodes.iter().collect()
 }
 
+fn none() -> std::collections::BTreeSet<String> {
+    Default::default()
+}
+
 #[test]
 fn the_first_of_the_ranking_is_kilos_leader() {
     let mut nodes = location("e", "east", 1, 5);
@@ -59,16 +63,31 @@ fn the_first_of_the_ranking_is_kilos_leader() {
 fn leaders_are_the_lease_holder_then_the_candidates_by_preference() {
     let mut nodes = location("e", "east", 1, 5);
     let group = refs(&nodes);
-    assert_eq!(share_leaders(&group, 2, None), [0, 1]);
-    assert_eq!(share_leaders(&group, 3, Some("e4")), [3, 0, 1]);
-    assert_eq!(share_leaders(&group, 9, None).len(), 5);
-    assert_eq!(share_leaders(&group, 2, Some("gone")), [0, 1]);
+    assert_eq!(share_leaders(&group, 2, None, &none()), [0, 1]);
+    assert_eq!(share_leaders(&group, 3, Some("e4"), &none()), [3, 0, 1]);
+    assert_eq!(share_leaders(&group, 9, None, &none()).len(), 5);
+    assert_eq!(share_leaders(&group, 2, Some("gone"), &none()), [0, 1]);
     // Annotated nodes are the only candidates once any is annotated.
     nodes[2].leader = true;
     nodes[4].leader = true;
     let group = refs(&nodes);
-    assert_eq!(share_leaders(&group, 3, None), [2, 4]);
-    assert_eq!(share_leaders(&group, 3, Some("e1")), [0, 2, 4]);
+    assert_eq!(share_leaders(&group, 3, None, &none()), [2, 4]);
+    assert_eq!(share_leaders(&group, 3, Some("e1"), &none()), [0, 2, 4]);
+}
+
+#[test]
+fn cordoned_nodes_and_those_the_lease_keeps_out_lead_no_share() {
+    let mut nodes = location("e", "east", 1, 5);
+    nodes[1].cordoned = true;
+    let kept_out = std::collections::BTreeSet::from(["e1".to_string()]);
+    // The verifier e3 took the lease from e1, which was cut off: e1 leads no share either.
+    assert_eq!(
+        share_leaders(&refs(&nodes), 2, Some("e3"), &kept_out),
+        [2, 3]
+    );
+    // With nothing else left, they may.
+    let all: std::collections::BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(share_leaders(&refs(&nodes), 2, None, &all), [0, 1]);
 }
 
 #[test]
