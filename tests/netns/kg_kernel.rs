@@ -54,7 +54,7 @@ fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
         );
         return;
     }
-    let edits = kilotun::agent::shells::kernel_wireguard::removes_allowed_ips(&release());
+    let edits = kilotun::agent::shells::kernel_wireguard::kernel_takes_removals(&release());
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
     for i in 0..2 {
         c.start_kg(i, &["--encapsulate=never", "--wireguard=kernel"]);

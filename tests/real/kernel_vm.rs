@@ -268,7 +268,7 @@ fn kg_on_the_kernels_wireguard_under_debians_newest_kernel() {
         "kg_on_the_kernels_wireguard_under_debians_newest_kernel",
         "sid",
         &KERNEL_WIREGUARD_TESTS,
-        kilotun::agent::shells::kernel_wireguard::removes_allowed_ips,
+        kilotun::agent::shells::kernel_wireguard::kernel_takes_removals,
     );
 }
 

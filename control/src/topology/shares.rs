@@ -153,9 +153,13 @@ pub fn share_key(location_key: &str, leader: &str) -> String {
 
 /// A segment to be: its key, its nodes in name order and its leader's position among them.
 pub(super) struct SegmentPlan<'a> {
+    /// The segment's key (a share's: `location:<name>#<leader>`).
     pub key: String,
+    /// Its nodes, in name order.
     pub group: Vec<&'a Node>,
+    /// Its leader's position in `group`.
     pub leader: usize,
+    /// One of several shares of its location.
     pub shared: bool,
 }
 

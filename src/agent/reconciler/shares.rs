@@ -16,6 +16,19 @@ impl Reconciler {
         if wanted <= 1 {
             return 1;
         }
+        if self.s.granularity != control::node::Granularity::Location {
+            let line = format!(
+                "--leaders-per-location={wanted} applies to --mesh-granularity=location; with {} every node leads itself",
+                self.s.granularity.as_str()
+            );
+            for line in self
+                .problems
+                .fresh_lines("leaders-per-location granularity", vec![line])
+            {
+                tracing::warn!("{line}");
+            }
+            return 1;
+        }
         let hostname = &self.s.hostname;
         let published = |n: &Node| n.leaders_per_location.unwrap_or(1);
         let effective = nodes.iter().map(published).min().unwrap_or(1).min(wanted);

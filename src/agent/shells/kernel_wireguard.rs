@@ -6,6 +6,7 @@
 //! not mentioned and keep their sessions, as with the embedded engine.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
@@ -18,7 +19,6 @@ use netlink_packet_wireguard::{
     WireguardAttribute, WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute,
     WireguardPeerFlags,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
 
 mod genl;
 use genl::GenlSocket;
@@ -38,7 +38,7 @@ pub struct KernelWireGuard {
 
 /// Whether a kernel of `release` (`uname -r`) takes `WGALLOWEDIP_F_REMOVE_ME`, the removal of
 /// one allowed IP: Linux 6.16 and later. Older kernels are sent an existing peer's whole list.
-pub fn removes_allowed_ips(release: &str) -> bool {
+pub fn kernel_takes_removals(release: &str) -> bool {
     let mut numbers = release
         .split(|c: char| !c.is_ascii_digit())
         .map(|n| n.parse::<u32>().unwrap_or(0));
@@ -57,7 +57,7 @@ impl KernelWireGuard {
         let device = Self {
             interface: interface.to_string(),
             netlink: parking_lot::Mutex::new(netlink),
-            edits: AtomicBool::new(removes_allowed_ips(release.trim())),
+            edits: AtomicBool::new(kernel_takes_removals(release.trim())),
         };
         device
             .read()
@@ -119,11 +119,6 @@ impl KernelWireGuard {
         self.edits.store(false, Ordering::Relaxed);
         tracing::warn!(device = %self.interface, error = format!("{refused:#}"), "the kernel refused the removal of one allowed IP (WGALLOWEDIP_F_REMOVE_ME): replacing changed peers' allowed IPs whole from now on");
         Ok(true)
-    }
-
-    /// Whether an existing peer's allowed IPs are changed entry by entry.
-    pub fn edits_allowed_ips(&self) -> bool {
-        self.edits.load(Ordering::Relaxed)
     }
 
     fn send(&self, change: &DeviceChange, style: AllowedIpsStyle) -> Result<()> {

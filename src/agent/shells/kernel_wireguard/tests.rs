@@ -271,9 +271,9 @@ fn an_edit_names_only_the_changed_ranges_and_still_makes_the_device_exact() {
 #[test]
 fn removals_go_to_kernels_from_6_16_only() {
     for release in ["6.16.0-1-amd64", "6.17.3", "7.2.13+deb14-amd64", "10.0"] {
-        assert!(removes_allowed_ips(release), "{release}");
+        assert!(kernel_takes_removals(release), "{release}");
     }
     for release in ["6.15.9-arch1", "6.1.0-50-amd64", "5.10.0-32-amd64", "6", ""] {
-        assert!(!removes_allowed_ips(release), "{release}");
+        assert!(!kernel_takes_removals(release), "{release}");
     }
 }
