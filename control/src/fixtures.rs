@@ -37,6 +37,24 @@ pub fn node(
     }
 }
 
+/// Nodes `<prefix>1..=count` of `location`, all private: node `i` at `192.168.<subnet>.<i>`
+/// (its endpoint on port 51820 and its internal IP, /24) with pods in `10.<subnet>.<i>.0/24`
+/// and the key `k<prefix><i>`.
+pub fn location_nodes(prefix: &str, location: &str, subnet: u8, count: u8) -> Vec<Node> {
+    (1..=count)
+        .map(|i| {
+            node(
+                &format!("{prefix}{i}"),
+                &format!("192.168.{subnet}.{i}:51820"),
+                Some(&format!("192.168.{subnet}.{i}/24")),
+                location,
+                &format!("10.{subnet}.{i}.0/24"),
+                &format!("k{prefix}{i}"),
+            )
+        })
+        .collect()
+}
+
 /// Fixture F1's parameters (Kilo subnet 10.4.0.0/16, port 51820, no keepalive) seen from
 /// `hostname`.
 pub fn f1_params(hostname: &str, granularity: Granularity) -> TopologyParams {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod calico;
 pub mod cluster;
+pub mod edits;
 pub mod fake_kube;
 pub mod image;
 pub mod old_clusters;

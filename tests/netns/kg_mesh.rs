@@ -403,38 +403,7 @@ fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refus
     };
     let before = handshakes(&c);
 
-    // Each location routes one more range, then another in its place: the other node's peer
-    // gains a range and loses one.
-    const RANGES: &str = "kilo.squat.ai/allowed-location-ips";
-    c.annotate("n1", &[(RANGES, Some("10.77.1.0/24"))]);
-    c.annotate("n2", &[(RANGES, Some("10.78.1.0/24"))]);
-    let added = c.wait_for(Duration::from_secs(15), |c| {
-        c.node("n2").wg("allowed-ips").contains("10.77.1.0/24")
-            && c.node("n1").wg("allowed-ips").contains("10.78.1.0/24")
-    });
-    assert!(added, "{}", c.logs());
-    c.annotate("n1", &[(RANGES, Some("10.77.2.0/24"))]);
-    c.annotate("n2", &[(RANGES, Some("10.78.2.0/24"))]);
-    let moved = c.wait_for(Duration::from_secs(15), |c| {
-        let (on1, on2) = (
-            c.node("n1").wg("allowed-ips"),
-            c.node("n2").wg("allowed-ips"),
-        );
-        on2.contains("10.77.2.0/24")
-            && !on2.contains("10.77.1.0/24")
-            && on1.contains("10.78.2.0/24")
-            && !on1.contains("10.78.1.0/24")
-    });
-    assert!(
-        moved,
-        "n1: {}\nn2: {}\n{}",
-        c.node("n1").wg("allowed-ips"),
-        c.node("n2").wg("allowed-ips"),
-        c.logs()
-    );
-    // The pods' own ranges stayed on both.
-    assert!(c.node("n1").wg("allowed-ips").contains("10.42.2.0/24"));
-    assert!(c.node("n2").wg("allowed-ips").contains("10.42.1.0/24"));
+    common::edits::add_then_move_location_ranges(&c, Duration::from_secs(15));
     let refused = "refused the removal of one allowed IP";
     assert_eq!(
         c.node("n1").log_text().matches(refused).count(),

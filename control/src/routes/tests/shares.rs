@@ -3,24 +3,13 @@
 //! locations' shares over WireGuard, each at its own leader's WireGuard IP.
 
 use super::*;
-use crate::fixtures::node;
+use crate::fixtures::location_nodes;
 use crate::topology::TopologyParams;
 
 /// e1..e4 in east (192.168.1.0/24), w1..w4 in west (192.168.2.0/24), two leaders each.
 fn shared(host: &str) -> Topology {
-    let mut nodes = Vec::new();
-    for (prefix, location, subnet) in [("e", "east", 1), ("w", "west", 2)] {
-        for i in 1..=4 {
-            nodes.push(node(
-                &format!("{prefix}{i}"),
-                &format!("192.168.{subnet}.{i}:51820"),
-                Some(&format!("192.168.{subnet}.{i}/24")),
-                location,
-                &format!("10.{subnet}.{i}.0/24"),
-                &format!("k{prefix}{i}"),
-            ));
-        }
-    }
+    let mut nodes = location_nodes("e", "east", 1, 4);
+    nodes.extend(location_nodes("w", "west", 2, 4));
     let params = TopologyParams {
         leaders_per_location: 2,
         ..f1_params(host, Granularity::Location)

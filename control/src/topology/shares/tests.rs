@@ -1,25 +1,9 @@
 //! Shares: who leads, who follows whom, and the mesh they make.
 
 use super::*;
-use crate::fixtures::{f1_params, node};
+use crate::fixtures::{f1_params, location_nodes};
 use crate::node::Granularity;
 use crate::topology::{find_leader, Topology, TopologyParams};
-
-/// Nodes `<prefix>1..=count` of location `location`, on 192.168.<subnet>.0/24, all private.
-fn location(prefix: &str, location: &str, subnet: u8, count: u8) -> Vec<Node> {
-    (1..=count)
-        .map(|i| {
-            node(
-                &format!("{prefix}{i}"),
-                &format!("192.168.{subnet}.{i}:51820"),
-                Some(&format!("192.168.{subnet}.{i}/24")),
-                location,
-                &format!("10.{subnet}.{i}.0/24"),
-                &format!("k{prefix}{i}"),
-            )
-        })
-        .collect()
-}
 
 fn names(count: usize) -> Vec<Node> {
     (0..count)
@@ -40,7 +24,7 @@ fn none() -> std::collections::BTreeSet<String> {
 
 #[test]
 fn the_first_of_the_ranking_is_kilos_leader() {
-    let mut nodes = location("e", "east", 1, 5);
+    let mut nodes = location_nodes("e", "east", 1, 5);
     for variant in 0..4 {
         match variant {
             1 => nodes[3].endpoint = Some(crate::ip::Endpoint::parse("203.0.113.4:51820").unwrap()),
@@ -61,7 +45,7 @@ fn the_first_of_the_ranking_is_kilos_leader() {
 
 #[test]
 fn leaders_are_the_lease_holder_then_the_candidates_by_preference() {
-    let mut nodes = location("e", "east", 1, 5);
+    let mut nodes = location_nodes("e", "east", 1, 5);
     let group = refs(&nodes);
     assert_eq!(share_leaders(&group, 2, None, &none()), [0, 1]);
     assert_eq!(share_leaders(&group, 3, Some("e4"), &none()), [3, 0, 1]);
@@ -77,7 +61,7 @@ fn leaders_are_the_lease_holder_then_the_candidates_by_preference() {
 
 #[test]
 fn cordoned_nodes_and_those_the_lease_keeps_out_lead_no_share() {
-    let mut nodes = location("e", "east", 1, 5);
+    let mut nodes = location_nodes("e", "east", 1, 5);
     nodes[1].cordoned = true;
     let kept_out = std::collections::BTreeSet::from(["e1".to_string()]);
     // The verifier e3 took the lease from e1, which was cut off: e1 leads no share either.
@@ -163,8 +147,8 @@ fn the_score_is_fixed_across_builds() {
 }
 
 fn two_by_two(host: &str, leaders_per_location: usize) -> Topology {
-    let mut nodes = location("e", "east", 1, 4);
-    nodes.extend(location("w", "west", 2, 5));
+    let mut nodes = location_nodes("e", "east", 1, 4);
+    nodes.extend(location_nodes("w", "west", 2, 5));
     let params = TopologyParams {
         leaders_per_location,
         ..f1_params(host, Granularity::Location)
@@ -239,8 +223,8 @@ fn one_leader_per_location_is_kilos_topology() {
 
 #[test]
 fn a_peer_outside_the_cluster_gets_every_share_of_every_location() {
-    let mut nodes = location("e", "east", 1, 4);
-    nodes.extend(location("w", "west", 2, 5));
+    let mut nodes = location_nodes("e", "east", 1, 4);
+    nodes.extend(location_nodes("w", "west", 2, 5));
     let laptop = crate::Peer {
         name: "laptop".into(),
         allowed_ips: vec!["10.5.0.1/32".parse().unwrap()],
