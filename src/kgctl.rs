@@ -86,7 +86,7 @@ pub struct View {
     /// The granularity.
     pub granularity: Granularity,
     /// Leaders chosen by lease (`--leader-election=lease`), by location.
-    pub leaders: std::collections::BTreeMap<String, String>,
+    pub leaders: std::collections::BTreeMap<String, Vec<control::topology::ShareLeader>>,
     /// The nodes the leases keep from leading (see `control::leader::Election::kept_out`).
     pub kept_out: std::collections::BTreeSet<String>,
 }
@@ -154,14 +154,26 @@ pub fn view_with_ipam(
         .filter(Peer::is_ready)
         .collect();
     // Leases are judged by this machine's clock against their renewal time.
-    let elections = control::leader::lease_leaders(&nodes, &snapshot.leases, now_unix * 1000);
+    let shares = leaders_per_location(&nodes);
+    let elections =
+        control::leader::lease_leaders(&nodes, &snapshot.leases, shares, now_unix * 1000);
     let kept_out = elections
         .values()
+        .flatten()
         .flat_map(|e| e.kept_out.iter().cloned())
         .collect();
     let leaders = elections
         .into_iter()
-        .map(|(location, e)| (location, e.leader))
+        .map(|(location, shares)| {
+            let leaders = shares
+                .into_iter()
+                .map(|e| control::topology::ShareLeader {
+                    share: e.share,
+                    name: e.leader,
+                })
+                .collect();
+            (location, leaders)
+        })
         .collect();
     Ok(View {
         nodes,
@@ -171,6 +183,16 @@ pub fn view_with_ipam(
         leaders,
         kept_out,
     })
+}
+
+/// The leaders per location as the agents compute them: the smallest number any ready node
+/// publishes (1 when one publishes none).
+fn leaders_per_location(nodes: &[Node]) -> usize {
+    nodes
+        .iter()
+        .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
+        .min()
+        .unwrap_or(1)
 }
 
 impl View {
@@ -185,14 +207,7 @@ impl View {
             port,
             subnet: self.subnet,
             persistent_keepalive: 0,
-            // As the agents compute it: the smallest any node publishes (1 when one publishes
-            // none).
-            leaders_per_location: self
-                .nodes
-                .iter()
-                .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
-                .min()
-                .unwrap_or(1),
+            leaders_per_location: leaders_per_location(&self.nodes),
             kept_out: self.kept_out.clone(),
         };
         Ok(Topology::with_leaders(

@@ -30,6 +30,7 @@
 //! [`VERIFY_WINDOW_MS`], the holder withdraws the mark and keeps the lead.
 
 pub mod book;
+pub mod shares;
 
 use std::collections::BTreeMap;
 
@@ -194,6 +195,9 @@ pub struct Election {
     /// Members the lease keeps from leading (deposed, replaced while cut off, or the holder of
     /// an expired lease): with several leaders per location, no share's leader either.
     pub kept_out: Vec<String>,
+    /// Which of the location's shares it leads (0 for the location's lease, see
+    /// [`shares::elect_shares`]).
+    pub share: usize,
 }
 
 /// The lease's name for `location` (a DNS-1123 name: lower-case letters, digits and `-`).
@@ -258,6 +262,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
                     basis: Basis::Lease,
                     verifiers,
                     kept_out: kept_out_names,
+                    share: 0,
                 });
             }
         }
@@ -277,6 +282,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         basis: Basis::KiloRule,
         verifiers: Vec::new(),
         kept_out: kept_out_names,
+        share: 0,
     })
 }
 
@@ -304,15 +310,24 @@ pub fn successor(members: &[&Node], holder: &str) -> Option<String> {
 
 /// Who leads `node`'s location by a valid lease at `now_ms`, when that is another node that
 /// `node` cannot displace (it is not annotated `kilo.squat.ai/leader`, or the lease keeps it
-/// out): a restarted agent's saved
-/// peers are then stale if it led before it died, and bringing them back, even until its first
+/// out) and `node` leads no share of its own by lease: a restarted agent's saved peers are
+/// then stale if it led before it died, and bringing them back, even until its first
 /// reconcile, would make it act as a leader it no longer is. `None` when `node` holds the
-/// lease, no valid lease names anyone, or the annotation may give `node` the lead.
+/// location's lease or a share's, no valid lease names anyone, or the annotation may give
+/// `node` the lead.
 pub fn led_by_another<'l>(
     node: &Node,
     leases: &'l BTreeMap<String, LeaseState>,
     now_ms: i64,
 ) -> Option<&'l str> {
+    let holds_a_share = (1..shares::MAX_SHARES).any(|s| {
+        leases
+            .get(&shares::share_lease_name(&node.location, s))
+            .is_some_and(|l| l.is_valid(now_ms) && l.holder.as_deref() == Some(&node.name))
+    });
+    if holds_a_share {
+        return None;
+    }
     let lease = leases
         .get(&lease_name(&node.location))
         .filter(|l| l.is_valid(now_ms))?;
@@ -327,11 +342,14 @@ pub fn led_by_another<'l>(
 
 /// The leaders chosen by lease, by location name, when every one of the ready `nodes` takes
 /// part in lease election (see [`lease_agreement`]); otherwise none: Kilo's rule everywhere.
+/// Each location has one [`Election`] per share with a leader, up to `shares` of them (see
+/// [`shares::elect_shares`]), the location's lease's first.
 pub fn lease_leaders<'n>(
     nodes: impl IntoIterator<Item = &'n Node> + Clone,
     leases: &BTreeMap<String, LeaseState>,
+    shares: usize,
     now_ms: i64,
-) -> BTreeMap<String, Election> {
+) -> BTreeMap<String, Vec<Election>> {
     if lease_agreement(nodes.clone()) != Agreement::Leases {
         return BTreeMap::new();
     }
@@ -341,10 +359,11 @@ pub fn lease_leaders<'n>(
     }
     by_location
         .into_iter()
-        .filter_map(|(location, members)| {
-            let lease = leases.get(&lease_name(location));
-            elect(&members, lease, now_ms).map(|e| (location.to_string(), e))
+        .map(|(location, members)| {
+            let elected = shares::elect_shares(&members, location, leases, shares, now_ms);
+            (location.to_string(), elected)
         })
+        .filter(|(_, elected)| !elected.is_empty())
         .collect()
 }
 

@@ -115,6 +115,26 @@ pub struct TopologyParams {
     pub kept_out: BTreeSet<String>,
 }
 
+/// A leader chosen by lease: which share of its location it leads (0 with one leader per
+/// location), and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareLeader {
+    /// The share, as numbered by its lease ([`crate::leader::shares::share_lease_name`]).
+    pub share: usize,
+    /// The leader's node name.
+    pub name: String,
+}
+
+impl ShareLeader {
+    /// The first share's leader `name`, as one leader per location has it.
+    pub fn only(name: impl Into<String>) -> Vec<Self> {
+        vec![ShareLeader {
+            share: 0,
+            name: name.into(),
+        }]
+    }
+}
+
 /// Why a topology could not be computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
@@ -254,13 +274,14 @@ impl Topology {
     }
 
     /// [`Topology::new`], with the leaders of some locations already chosen (by lease, see
-    /// [`crate::leader`]): `leaders` maps a location's name to its leader's name. Applies in
-    /// location granularity; a named leader that is not a ready member is ignored.
+    /// [`crate::leader`]): `leaders` maps a location's name to its shares' leaders, the first
+    /// share's first. Applies in location granularity; a named leader that is not a ready
+    /// member is ignored.
     pub fn with_leaders(
         nodes: &[Node],
         peers: &[Peer],
         params: &TopologyParams,
-        leaders: &BTreeMap<String, String>,
+        leaders: &BTreeMap<String, Vec<ShareLeader>>,
     ) -> Result<Self, TopologyError> {
         let local = nodes
             .iter()

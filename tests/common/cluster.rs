@@ -570,9 +570,12 @@ impl Cluster {
 
     /// The holder of `location`'s lease in the cluster directory, if any.
     pub fn lease_holder(&self, location: &str) -> Option<String> {
-        let path = self
-            .dir
-            .join(format!("lease-kilotun-leader-{location}.yaml"));
+        self.holder_of(&format!("kilotun-leader-{location}"))
+    }
+
+    /// The holder of the lease `name` in the cluster directory, if any.
+    pub fn holder_of(&self, name: &str) -> Option<String> {
+        let path = self.dir.join(format!("lease-{name}.yaml"));
         let value: serde_yaml::Value =
             serde_yaml::from_str(&fs::read_to_string(path).ok()?).ok()?;
         value["spec"]["holderIdentity"].as_str().map(str::to_string)

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub struct Pinger {
     child: Child,
     replies: Arc<Mutex<Vec<Instant>>>,
+    /// The `icmp_seq` of every reply, with its arrival.
+    sequence: Arc<Mutex<Vec<(Instant, u32)>>>,
 }
 
 impl Pinger {
@@ -38,15 +40,28 @@ impl Pinger {
             .expect("spawning ping");
         let stdout = child.stdout.take().unwrap();
         let replies = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&replies);
+        let sequence = Arc::new(Mutex::new(Vec::new()));
+        let (sink, seq_sink) = (Arc::clone(&replies), Arc::clone(&sequence));
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.contains("bytes from") {
-                    sink.lock().unwrap().push(Instant::now());
+                    let now = Instant::now();
+                    sink.lock().unwrap().push(now);
+                    let seq = line
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("icmp_seq="))
+                        .and_then(|n| n.parse::<u32>().ok());
+                    if let Some(seq) = seq {
+                        seq_sink.lock().unwrap().push((now, seq));
+                    }
                 }
             }
         });
-        Self { child, replies }
+        Self {
+            child,
+            replies,
+            sequence,
+        }
     }
 
     pub fn replies_since(&self, since: Instant) -> usize {
@@ -56,6 +71,24 @@ impl Pinger {
             .iter()
             .filter(|t| **t >= since)
             .count()
+    }
+
+    /// How many echoes sent after `since` went unanswered, up to the last reply: the gaps in
+    /// the replies' sequence numbers (a ping every 100 ms, so 10 a second).
+    #[allow(dead_code)]
+    pub fn lost_after(&self, since: Instant) -> usize {
+        let sequence = self.sequence.lock().unwrap();
+        let mut seqs: Vec<u32> = sequence
+            .iter()
+            .filter(|(t, _)| *t >= since)
+            .map(|(_, s)| *s)
+            .collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        match (seqs.first(), seqs.last()) {
+            (Some(first), Some(last)) => (last - first + 1) as usize - seqs.len(),
+            _ => 0,
+        }
     }
 
     /// The longest time without a reply after `since`, up to the last reply.

@@ -30,6 +30,7 @@ mod kg_mesh;
 mod kg_migration;
 mod kg_relay;
 mod kg_shares;
+mod kg_shares_failover;
 mod lifecycle;
 mod memory;
 mod ordering;

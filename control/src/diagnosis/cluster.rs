@@ -60,7 +60,7 @@ pub fn cluster_findings_with_leases(
     nodes: &[Node],
     peers: &[Peer],
     topology: Option<&Topology>,
-    lease_leaders: &BTreeMap<String, String>,
+    lease_leaders: &BTreeMap<String, Vec<crate::topology::ShareLeader>>,
     now_unix: i64,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -172,12 +172,20 @@ pub fn cluster_findings_with_leases(
             let Some(node) = nodes.iter().find(|n| n.name == leader.name) else {
                 continue;
             };
-            let by_lease = lease_leaders.get(&s.location) == Some(&leader.name)
-                && s.key.starts_with("location:");
-            let reason = if by_lease && s.members.len() > 1 {
-                "it holds the location's lease (--leader-election=lease)".to_string()
-            } else {
-                leader_reason(node, s.members.len())
+            let by_lease = lease_leaders
+                .get(&s.location)
+                .and_then(|shares| shares.iter().find(|c| c.name == leader.name))
+                .filter(|_| s.key.starts_with("location:"));
+            let reason = match by_lease {
+                Some(c) if s.shared => format!(
+                    "it holds the lease of share {} of its location (--leaders-per-location, --leader-election=lease)",
+                    c.share + 1
+                ),
+                Some(_) if s.members.len() > 1 => {
+                    "it holds the location's lease (--leader-election=lease)".to_string()
+                }
+                _ if s.shared => "one of its location's leaders (--leaders-per-location), in Kilo's order of preference".to_string(),
+                _ => leader_reason(node, s.members.len()),
             };
             out.push(Finding::new(
                 Severity::Info,

@@ -10,11 +10,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::shares::{share_lease_name, MAX_SHARES};
 use super::{
-    cut_off, hears_any, kilo_rule_leaders, lease_agreement, lease_leaders, lease_name, successor,
-    Agreement, Basis, Election, Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS,
-    LEASE_DURATION_MS, VERIFY_WINDOW_MS,
+    cut_off, hears_any, kilo_rule_leaders, lease_agreement, lease_leaders, successor, Agreement,
+    Basis, Election, Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS,
+    VERIFY_WINDOW_MS,
 };
+use crate::topology::ShareLeader;
 use crate::{Key, Node};
 
 /// A lease as last seen, and when this node saw it change.
@@ -30,8 +32,9 @@ pub struct LeaseBook {
     seen: BTreeMap<String, Seen>,
     /// True when a lease changed since the leaders were last computed.
     changed: bool,
-    /// The leaders last computed, by location.
-    leaders: BTreeMap<String, Election>,
+    /// The leaders last computed, by location: one election per share, the location's lease's
+    /// first.
+    leaders: BTreeMap<String, Vec<Election>>,
     /// Whether the ready nodes agreed to leases at the last election.
     agreement: Option<Agreement>,
     /// While Kilo's rule governs: its leader of every location, who keeps the lease current.
@@ -168,10 +171,12 @@ impl LeaseBook {
             .collect()
     }
 
-    /// Elects every lease-capable location's leader among the ready `nodes` at `now_ms`.
+    /// Elects every lease-capable location's leaders, up to `shares` each, among the ready
+    /// `nodes` at `now_ms`.
     pub fn elect<'n>(
         &mut self,
         nodes: impl IntoIterator<Item = &'n Node> + Clone,
+        shares: usize,
         now_ms: i64,
     ) -> Elected {
         self.changed = false;
@@ -182,12 +187,14 @@ impl LeaseBook {
         };
         let agreement_changed = self.agreement.as_ref() != Some(&agreement);
         self.agreement = Some(agreement.clone());
-        let leaders = lease_leaders(nodes, &self.observed(), now_ms);
-        let names = |m: &BTreeMap<String, Election>| {
+        let leaders = lease_leaders(nodes, &self.observed(), shares, now_ms);
+        let names = |m: &BTreeMap<String, Vec<Election>>| {
             m.iter()
-                .map(|(l, e)| {
-                    let who = (e.leader.clone(), e.verifiers.clone(), e.kept_out.clone());
-                    (l.clone(), who)
+                .flat_map(|(l, shares)| {
+                    shares.iter().map(move |e| {
+                        let who = (e.leader.clone(), e.verifiers.clone(), e.kept_out.clone());
+                        (l.clone(), e.share, who)
+                    })
                 })
                 .collect::<Vec<_>>()
         };
@@ -199,11 +206,21 @@ impl LeaseBook {
         }
     }
 
-    /// The chosen leaders by location name, for the topology.
-    pub fn leader_names(&self) -> BTreeMap<String, String> {
+    /// The chosen leaders by location name, for the topology: each share's leader, the
+    /// location's lease's first.
+    pub fn leader_names(&self) -> BTreeMap<String, Vec<ShareLeader>> {
         self.leaders
             .iter()
-            .map(|(l, e)| (l.clone(), e.leader.clone()))
+            .map(|(l, shares)| {
+                let leaders = shares
+                    .iter()
+                    .map(|e| ShareLeader {
+                        share: e.share,
+                        name: e.leader.clone(),
+                    })
+                    .collect();
+                (l.clone(), leaders)
+            })
             .collect()
     }
 
@@ -211,17 +228,25 @@ impl LeaseBook {
     pub fn kept_out(&self) -> std::collections::BTreeSet<String> {
         self.leaders
             .values()
+            .flatten()
             .flat_map(|e| e.kept_out.iter().cloned())
             .collect()
     }
 
-    /// The verifiers of every location whose holder is cut off, by location name, for the
+    /// The verifiers of every location with a cut-off holder, by location name, for the
     /// topology's standby tunnels.
     pub fn verifiers(&self) -> BTreeMap<String, Vec<String>> {
         self.leaders
             .iter()
-            .filter(|(_, e)| !e.verifiers.is_empty())
-            .map(|(l, e)| (l.clone(), e.verifiers.clone()))
+            .filter_map(|(l, shares)| {
+                let mut verifiers: Vec<String> = Vec::new();
+                for v in shares.iter().flat_map(|e| &e.verifiers) {
+                    if !verifiers.contains(v) {
+                        verifiers.push(v.clone());
+                    }
+                }
+                (!verifiers.is_empty()).then(|| (l.clone(), verifiers))
+            })
             .collect()
     }
 
@@ -242,20 +267,46 @@ impl LeaseBook {
         if mirroring {
             self.samples.clear();
         }
-        let election = match self.leaders.get(&location) {
+        let elections: Vec<Election> = match self.leaders.get(&location) {
             Some(e) => e.clone(),
-            None => Election {
+            None => vec![Election {
                 leader: self.kilo_rule.get(&location)?.clone(),
                 basis: Basis::KiloRule,
                 verifiers: Vec::new(),
                 kept_out: Vec::new(),
-            },
+                share: 0,
+            }],
         };
-        let name = lease_name(&location);
+        let holds = |share: usize| {
+            self.seen
+                .get(&share_lease_name(&location, share))
+                .is_some_and(|s| s.state.holder.as_deref() == Some(hostname))
+        };
+        // This node's share: the one it leads, else one whose lease it still holds, else a
+        // cut-off one it verifies.
+        let role = elections
+            .iter()
+            .find(|e| e.leader == hostname)
+            .or_else(|| elections.iter().find(|e| holds(e.share)))
+            .or_else(|| {
+                elections
+                    .iter()
+                    .find(|e| e.verifiers.iter().any(|v| v == hostname))
+            });
+        let Some(election) = role.cloned() else {
+            self.samples.clear();
+            self.standby_confirmed = false;
+            // A share lease that elects nobody any more (the location has fewer shares): it is
+            // released, so that it never counts against this node as an expired holder.
+            let share = (1..MAX_SHARES).find(|&s| holds(s))?;
+            return Some(self.release(&location, share, now_ms));
+        };
+        let name = share_lease_name(&location, election.share);
         let seen = self.seen.get(&name);
         let current = seen.map(|s| s.state.clone()).unwrap_or_default();
         let expired = seen.is_some_and(|s| now_ms >= s.observed_ms + s.state.duration_ms);
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
+        let location = share_label(&location, election.share);
         // Handing over deposes nobody; a verifier's takeover deposes the cut-off holder and
         // keeps it out while the verifier holds the lease.
         let handing = |to: &str, cut_off_takeover: bool| LeaseState {
@@ -321,6 +372,7 @@ impl LeaseBook {
             );
             (handing(&election.leader, false), Some(why), false)
         } else if current.cut_off && election.verifiers.iter().any(|v| v == hostname) {
+            // (Verifiers are named only while the share's holder marks its lease cut off.)
             let reached = &tunnels.standby_reached;
             let confirmed = std::mem::replace(&mut self.standby_confirmed, !reached.is_empty());
             if reached.is_empty() || !confirmed {
@@ -350,6 +402,34 @@ impl LeaseBook {
             next,
             why,
         })
+    }
+
+    /// The write that releases this node's lease of `share` of `location`, as last seen.
+    fn release(&self, location: &str, share: usize, now_ms: i64) -> LeaseWrite {
+        let name = share_lease_name(location, share);
+        let current = self
+            .seen
+            .get(&name)
+            .map(|s| s.state.clone())
+            .unwrap_or_default();
+        LeaseWrite {
+            expected: Expectation {
+                holder: current.holder.clone(),
+                cut_off: false,
+            },
+            next: LeaseState {
+                holder: None,
+                renewed_ms: now_ms,
+                duration_ms: LEASE_DURATION_MS,
+                transitions: current.transitions + 1,
+                ..LeaseState::default()
+            },
+            why: Some(format!(
+                "releasing the lead of {}: the location has fewer leaders now",
+                share_label(location, share)
+            )),
+            name,
+        }
     }
 
     /// Samples the tunnels' `traffic` at `now_ms` and says whether this leader is cut off
@@ -411,6 +491,15 @@ impl LeaseBook {
     }
 }
 
+/// How the logs name share `share` of `location`: the location alone for its first share.
+fn share_label(location: &str, share: usize) -> String {
+    if share == 0 {
+        location.to_string()
+    } else {
+        format!("{location} (share {})", share + 1)
+    }
+}
+
 /// What a leader's tunnels say of its lease's cut-off mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mark {
@@ -426,3 +515,7 @@ enum Mark {
 #[cfg(test)]
 #[path = "book_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "book_shares_tests.rs"]
+mod share_tests;

@@ -1,5 +1,6 @@
 use super::*;
 use crate::fixtures::node;
+use crate::leader::lease_name;
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -86,7 +87,7 @@ fn step(
     now: i64,
 ) -> Option<LeaseWrite> {
     book.ingest(leases, now);
-    book.elect(nodes, now);
+    book.elect(nodes, 1, now);
     book.tend(hostname, nodes, tunnels, now)
 }
 
@@ -329,7 +330,7 @@ fn a_verifier_with_a_standby_handshake_takes_a_cut_off_lease_on_the_second_step_
     leases.insert(lease_name("east"), cut.clone());
     let mut book = LeaseBook::default();
     book.ingest(&leases, T0);
-    let elected = book.elect(&nodes, T0);
+    let elected = book.elect(&nodes, 1, T0);
     assert!(elected.leaders_changed);
     assert_eq!(
         book.verifiers()["east"],
@@ -401,9 +402,9 @@ fn while_the_backend_is_unreachable_leases_are_judged_as_of_the_last_contact() {
     book.observe_backend(false, T0 + 1_000);
     let late = T0 + 60_000;
     assert_eq!(book.judged_at(late), T0, "frozen at the last contact");
-    book.elect(&nodes, book.judged_at(late));
+    book.elect(&nodes, 1, book.judged_at(late));
     assert_eq!(
-        book.leader_names()["east"],
+        book.leader_names()["east"][0].name,
         "e2",
         "no renewal could be seen: the holder keeps it"
     );
@@ -411,11 +412,11 @@ fn while_the_backend_is_unreachable_leases_are_judged_as_of_the_last_contact() {
     book.observe_backend(true, late);
     assert!(book.changed());
     assert_eq!(book.judged_at(late), late);
-    book.elect(&nodes, late + LEASE_DURATION_MS - 1);
-    assert_eq!(book.leader_names()["east"], "e2");
-    book.elect(&nodes, late + LEASE_DURATION_MS);
+    book.elect(&nodes, 1, late + LEASE_DURATION_MS - 1);
+    assert_eq!(book.leader_names()["east"][0].name, "e2");
+    book.elect(&nodes, 1, late + LEASE_DURATION_MS);
     assert_eq!(
-        book.leader_names()["east"],
+        book.leader_names()["east"][0].name,
         "e1",
         "expired: Kilo's rule among the others"
     );
@@ -426,7 +427,7 @@ fn a_node_without_lease_election_puts_everyone_on_kilos_rule_said_once() {
     let mut nodes = cluster();
     nodes[3].lease_election = false;
     let mut book = LeaseBook::default();
-    let first = book.elect(&nodes, T0);
+    let first = book.elect(&nodes, 1, T0);
     assert_eq!(
         first.agreement,
         Some(Agreement::KiloRule {
@@ -435,7 +436,7 @@ fn a_node_without_lease_election_puts_everyone_on_kilos_rule_said_once() {
         })
     );
     assert!(book.leader_names().is_empty(), "no leader by lease");
-    assert_eq!(book.elect(&nodes, T0 + 1).agreement, None, "said once");
+    assert_eq!(book.elect(&nodes, 1, T0 + 1).agreement, None, "said once");
     // Kilo's rule's leader still keeps its location's lease current.
     let mirror = book
         .tend("e1", &nodes, &leading(0, 1_000), T0)
@@ -462,7 +463,7 @@ fn a_node_without_lease_election_puts_everyone_on_kilos_rule_said_once() {
     west.push(w0);
     let mut book = LeaseBook::default();
     book.ingest(&leases, T0);
-    book.elect(&west, T0);
+    book.elect(&west, 1, T0);
     assert_eq!(book.kilo_rule.get("west").map(String::as_str), Some("w"));
     assert_eq!(book.tend("w0", &west, &quiet(), T0), None);
 }

@@ -128,7 +128,7 @@ fn only_locations_that_all_take_part_use_leases() {
         (lease_name("west"), lease("w1", NOW)),
     ]);
     // West's Kilo agent follows Kilo's rule for east too: east by lease would disagree with it.
-    assert!(lease_leaders(&nodes, &leases, NOW).is_empty());
+    assert!(lease_leaders(&nodes, &leases, 1, NOW).is_empty());
     assert_eq!(
         lease_agreement(&nodes),
         Agreement::KiloRule {
@@ -142,13 +142,13 @@ fn only_locations_that_all_take_part_use_leases() {
         BTreeMap::from([("east".into(), "n1".into()), ("west".into(), "w1".into())])
     );
     nodes[3].lease_election = true; // w1 migrated
-    let leaders = lease_leaders(&nodes, &leases, NOW);
+    let leaders = lease_leaders(&nodes, &leases, 1, NOW);
     assert_eq!(leaders.keys().collect::<Vec<_>>(), ["east", "west"]);
-    assert_eq!(leaders["east"].leader, "n3");
+    assert_eq!(leaders["east"][0].leader, "n3");
     assert_eq!(lease_agreement(&nodes), Agreement::Leases);
     // One Kilo agent anywhere takes the whole cluster back to Kilo's rule.
     nodes[1].lease_election = false;
-    assert!(lease_leaders(&nodes, &leases, NOW).is_empty());
+    assert!(lease_leaders(&nodes, &leases, 1, NOW).is_empty());
 }
 
 #[test]
@@ -368,11 +368,11 @@ fn agreed_leaders(
     context: &str,
 ) -> BTreeMap<String, String> {
     let kilo = kilo_rule_leaders(nodes);
-    let by_lease = lease_leaders(nodes, leases, now);
+    let by_lease = lease_leaders(nodes, leases, 1, now);
     let kilotun: BTreeMap<String, String> = kilo
         .iter()
         .map(|(loc, leader)| {
-            let chosen = by_lease.get(loc).map_or(leader, |e| &e.leader);
+            let chosen = by_lease.get(loc).map_or(leader, |e| &e[0].leader);
             (loc.clone(), chosen.clone())
         })
         .collect();

@@ -4,6 +4,7 @@ use super::*;
 use crate::fixtures::{f1_params, node};
 use crate::ip::Endpoint;
 use crate::leader::{lease_leaders, lease_name, LeaseState, LEASE_DURATION_MS};
+use crate::topology::ShareLeader;
 
 const NOW: i64 = 1_700_000_000_000;
 
@@ -64,14 +65,14 @@ fn topology(host: &str, cut_off: bool) -> Topology {
             cut_off_predecessor: None,
         },
     )]);
-    let elections = lease_leaders(&nodes, &leases, NOW);
+    let elections = lease_leaders(&nodes, &leases, 1, NOW);
     let leaders = elections
         .iter()
-        .map(|(l, e)| (l.clone(), e.leader.clone()))
+        .map(|(l, e)| (l.clone(), ShareLeader::only(&e[0].leader)))
         .collect();
     let verifiers = elections
         .iter()
-        .map(|(l, e)| (l.clone(), e.verifiers.clone()))
+        .map(|(l, e)| (l.clone(), e[0].verifiers.clone()))
         .collect();
     let params = f1_params(host, Granularity::Location);
     Topology::with_leaders(&nodes, &[], &params, &leaders)

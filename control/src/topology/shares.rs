@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{find_leader, TopologyParams};
+use super::{find_leader, ShareLeader, TopologyParams};
 use crate::ip::{is_public, Endpoint};
 use crate::node::{Granularity, Node};
 
@@ -44,14 +44,14 @@ pub fn leader_ranking(nodes: &[&Node]) -> Vec<usize> {
 }
 
 /// The leaders of a location of `nodes` (in name order), as positions, at most `count`:
-/// `chosen` first when it names one of them (the lease holder), then the candidates by
-/// [`leader_ranking`]. The candidates are the nodes neither cordoned nor `kept_out` by the
-/// lease (all of them when that leaves none), and of those the ones annotated
-/// `kilo.squat.ai/leader` when any is (the operator picked them).
+/// the `chosen` ones first (the leases' holders, in share order) when they name some of them,
+/// then the candidates by [`leader_ranking`]. The candidates are the nodes neither cordoned nor
+/// `kept_out` by the leases (all of them when that leaves none), and of those the ones
+/// annotated `kilo.squat.ai/leader` when any is (the operator picked them).
 pub fn share_leaders(
     nodes: &[&Node],
     count: usize,
-    chosen: Option<&str>,
+    chosen: &[&str],
     kept_out: &BTreeSet<String>,
 ) -> Vec<usize> {
     // Cordoned nodes and the ones the lease keeps out lead no share, unless nothing else can.
@@ -62,13 +62,20 @@ pub fn share_leaders(
         vec![true; nodes.len()]
     };
     let annotated = nodes.iter().zip(&eligible).any(|(n, e)| *e && n.leader);
-    let first = chosen.and_then(|name| nodes.iter().position(|n| n.name == name));
-    let mut leaders: Vec<usize> = first.into_iter().collect();
+    let count = count.max(1);
+    let mut leaders: Vec<usize> = Vec::with_capacity(count);
+    for name in chosen {
+        if let Some(i) = nodes.iter().position(|n| n.name == *name) {
+            if leaders.len() < count && !leaders.contains(&i) {
+                leaders.push(i);
+            }
+        }
+    }
     for i in leader_ranking(nodes) {
-        if leaders.len() >= count.max(1) {
+        if leaders.len() >= count {
             break;
         }
-        if eligible[i] && (nodes[i].leader || !annotated) && Some(i) != first {
+        if eligible[i] && (nodes[i].leader || !annotated) && !leaders.contains(&i) {
             leaders.push(i);
         }
     }
@@ -80,10 +87,19 @@ pub fn share_leaders(
 }
 
 /// Each of `nodes`' share, as a position in `leaders`: a leader is in its own share; every
-/// other node joins the leader it scores highest with whose share is not yet full (shares
-/// differ by at most one follower), the nodes placed in the order of their best score, highest
-/// first, so that the nodes most attached to a leader keep it.
-pub fn assign(nodes: &[&Node], leaders: &[usize]) -> Vec<usize> {
+/// other node joins the share it scores highest with (by the share's entry in `labels`, one
+/// per leader) whose share is not yet full (shares differ by at most one follower), the nodes
+/// placed in the order of their best score, highest first, so that the nodes most attached to
+/// a share keep it. A share labelled by its lease's number keeps its followers when another
+/// node takes its lease over; one labelled by its leader's name, when the others change. The
+/// `kept_out` nodes (a dead or deposed leader among them) join their best share last and count
+/// for no share's load, so that a leader's loss moves no live node to make room for it.
+pub fn assign(
+    nodes: &[&Node],
+    leaders: &[usize],
+    labels: &[String],
+    kept_out: &BTreeSet<String>,
+) -> Vec<usize> {
     let mut share = vec![0; nodes.len()];
     for (s, &l) in leaders.iter().enumerate() {
         share[l] = s;
@@ -91,7 +107,17 @@ pub fn assign(nodes: &[&Node], leaders: &[usize]) -> Vec<usize> {
     if leaders.len() <= 1 {
         return share;
     }
-    let followers: Vec<usize> = (0..nodes.len()).filter(|i| !leaders.contains(i)).collect();
+    let (outside, followers): (Vec<usize>, Vec<usize>) = (0..nodes.len())
+        .filter(|i| !leaders.contains(i))
+        .partition(|&i| kept_out.contains(&nodes[i].name));
+    let best = |f: usize| {
+        (0..leaders.len())
+            .max_by_key(|&s| (score(&nodes[f].name, &labels[s]), s))
+            .unwrap_or(0)
+    };
+    for f in outside {
+        share[f] = best(f);
+    }
     // Shares of `base` followers, `larger` of them one more.
     let (base, mut larger) = (
         followers.len() / leaders.len(),
@@ -104,7 +130,7 @@ pub fn assign(nodes: &[&Node], leaders: &[usize]) -> Vec<usize> {
             let mut scores: Vec<(u64, usize)> = leaders
                 .iter()
                 .enumerate()
-                .map(|(s, &l)| (score(&nodes[f].name, &nodes[l].name), s))
+                .map(|(s, _)| (score(&nodes[f].name, &labels[s]), s))
                 .collect();
             scores.sort_by(|a, b| b.cmp(a));
             (f, scores)
@@ -127,14 +153,14 @@ pub fn assign(nodes: &[&Node], leaders: &[usize]) -> Vec<usize> {
     share
 }
 
-/// How much `follower` prefers `leader`: a 64-bit hash of both names (FNV-1a, then
-/// SplitMix64's finaliser), the same on every agent, architecture and version.
-pub fn score(follower: &str, leader: &str) -> u64 {
+/// How much `follower` prefers the share labelled `label`: a 64-bit hash of both (FNV-1a,
+/// then SplitMix64's finaliser), the same on every agent, architecture and version.
+pub fn score(follower: &str, label: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in follower
         .bytes()
         .chain(std::iter::once(0))
-        .chain(leader.bytes())
+        .chain(label.bytes())
     {
         h ^= u64::from(byte);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -146,9 +172,20 @@ pub fn score(follower: &str, leader: &str) -> u64 {
     h ^ (h >> 31)
 }
 
-/// The key of the share led by `leader` in the location whose segment key is `location_key`.
-pub fn share_key(location_key: &str, leader: &str) -> String {
-    format!("{location_key}#{leader}")
+/// The key of a share of the location whose segment key is `location_key`:
+/// `location:<name>#share:<n>` for share `n` (counting from 1) when its leader holds that
+/// share's lease, so that the share keeps its key, and with it its place in the WireGuard IP
+/// order and its followers, when another node takes its lease over; `location:<name>#<leader>`
+/// without a lease. `label` is the part after `#` ([`share_label`]).
+pub fn share_key(location_key: &str, label: &str) -> String {
+    format!("{location_key}#{label}")
+}
+
+/// What a share is known by in its key and in the followers' scores: `share:<n>` for a share
+/// led by its lease's holder (`share` counting from 0), else its leader's name (a node name
+/// has no `:`).
+pub fn share_label(share: Option<usize>, leader: &str) -> String {
+    share.map_or_else(|| leader.to_string(), |s| format!("share:{}", s + 1))
 }
 
 /// A segment to be: its key, its nodes in name order and its leader's position among them.
@@ -169,26 +206,31 @@ pub(super) struct SegmentPlan<'a> {
 pub(super) fn plan_segments<'a>(
     groups: BTreeMap<String, Vec<&'a Node>>,
     params: &TopologyParams,
-    leaders: &BTreeMap<String, String>,
+    leaders: &BTreeMap<String, Vec<ShareLeader>>,
 ) -> Vec<SegmentPlan<'a>> {
     let mut plans: Vec<SegmentPlan> = Vec::with_capacity(groups.len());
+    let none = Vec::new();
     for (key, mut group) in groups {
         group.sort_by(|a, b| a.name.cmp(&b.name));
         let location_wide =
             params.granularity == Granularity::Location && key.starts_with("location:");
-        let chosen = location_wide
-            .then(|| leaders.get(&group[0].location))
-            .flatten();
+        let chosen = if location_wide {
+            leaders.get(&group[0].location).unwrap_or(&none)
+        } else {
+            &none
+        };
         let heads = if location_wide && params.leaders_per_location > 1 {
+            let names: Vec<&str> = chosen.iter().map(|c| c.name.as_str()).collect();
             share_leaders(
                 &group,
                 params.leaders_per_location,
-                chosen.map(String::as_str),
+                &names,
                 &params.kept_out,
             )
         } else {
             let leader = chosen
-                .and_then(|name| group.iter().position(|n| n.name == *name))
+                .first()
+                .and_then(|c| group.iter().position(|n| n.name == c.name))
                 .unwrap_or_else(|| find_leader(&group));
             vec![leader]
         };
@@ -202,7 +244,15 @@ pub(super) fn plan_segments<'a>(
             });
             continue;
         }
-        let share_of = assign(&group, &heads);
+        let labels: Vec<String> = heads
+            .iter()
+            .map(|&h| {
+                let name = &group[h].name;
+                let share = chosen.iter().find(|c| c.name == *name).map(|c| c.share);
+                share_label(share, name)
+            })
+            .collect();
+        let share_of = assign(&group, &heads, &labels, &params.kept_out);
         for (s, &head) in heads.iter().enumerate() {
             let members: Vec<&Node> = group
                 .iter()
@@ -215,7 +265,7 @@ pub(super) fn plan_segments<'a>(
                 .position(|n| n.name == group[head].name)
                 .expect("a leader is in its own share");
             plans.push(SegmentPlan {
-                key: share_key(&key, &group[head].name),
+                key: share_key(&key, &labels[s]),
                 group: members,
                 leader,
                 shared: true,

@@ -425,11 +425,13 @@ impl Reconciler {
         let local = pass.local.as_ref().expect("elect follows observe");
         let readiness_now = pass.readiness_now;
         let nodes = self.ready_nodes(local);
+        let local_name = local.name.clone();
+        let shares = self.leaders_per_location(&nodes);
         let electors = nodes
             .iter()
-            .filter(|n| n.name != local.name || n.is_ready(readiness_now));
+            .filter(|n| n.name != local_name || n.is_ready(readiness_now));
         let judged_at = self.leases.judged_at(now.unix_ms);
-        let elected = self.leases.elect(electors, judged_at);
+        let elected = self.leases.elect(electors, shares, judged_at);
         match elected.agreement {
             Some(control::leader::Agreement::Leases) => tracing::info!(
                 "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease"

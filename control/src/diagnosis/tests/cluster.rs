@@ -7,7 +7,7 @@ use super::*;
 use crate::fixtures::{f1_nodes, f1_params, node};
 use crate::node::{Granularity, Node};
 use crate::peer::Peer;
-use crate::topology::Topology;
+use crate::topology::{ShareLeader, Topology};
 
 #[test]
 fn a_healthy_fixture_has_only_information() {
@@ -164,7 +164,7 @@ fn a_leader_by_lease_is_said_to_hold_it() {
     let t = Topology::new(&nodes, &[], &f1_params("a", Granularity::Location)).unwrap();
     let two = t.segments.iter().find(|s| s.members.len() > 1).unwrap();
     let leader = two.leader_member().name.clone();
-    let leases = BTreeMap::from([(two.location.clone(), leader)]);
+    let leases = BTreeMap::from([(two.location.clone(), ShareLeader::only(leader))]);
     let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &leases, NOW);
     let f = findings
         .iter()

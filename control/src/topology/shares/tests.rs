@@ -47,16 +47,16 @@ fn the_first_of_the_ranking_is_kilos_leader() {
 fn leaders_are_the_lease_holder_then_the_candidates_by_preference() {
     let mut nodes = location_nodes("e", "east", 1, 5);
     let group = refs(&nodes);
-    assert_eq!(share_leaders(&group, 2, None, &none()), [0, 1]);
-    assert_eq!(share_leaders(&group, 3, Some("e4"), &none()), [3, 0, 1]);
-    assert_eq!(share_leaders(&group, 9, None, &none()).len(), 5);
-    assert_eq!(share_leaders(&group, 2, Some("gone"), &none()), [0, 1]);
+    assert_eq!(share_leaders(&group, 2, &[], &none()), [0, 1]);
+    assert_eq!(share_leaders(&group, 3, &["e4"], &none()), [3, 0, 1]);
+    assert_eq!(share_leaders(&group, 9, &[], &none()).len(), 5);
+    assert_eq!(share_leaders(&group, 2, &["gone"], &none()), [0, 1]);
     // Annotated nodes are the only candidates once any is annotated.
     nodes[2].leader = true;
     nodes[4].leader = true;
     let group = refs(&nodes);
-    assert_eq!(share_leaders(&group, 3, None, &none()), [2, 4]);
-    assert_eq!(share_leaders(&group, 3, Some("e1"), &none()), [0, 2, 4]);
+    assert_eq!(share_leaders(&group, 3, &[], &none()), [2, 4]);
+    assert_eq!(share_leaders(&group, 3, &["e1"], &none()), [0, 2, 4]);
 }
 
 #[test]
@@ -65,13 +65,37 @@ fn cordoned_nodes_and_those_the_lease_keeps_out_lead_no_share() {
     nodes[1].cordoned = true;
     let kept_out = std::collections::BTreeSet::from(["e1".to_string()]);
     // The verifier e3 took the lease from e1, which was cut off: e1 leads no share either.
-    assert_eq!(
-        share_leaders(&refs(&nodes), 2, Some("e3"), &kept_out),
-        [2, 3]
-    );
+    assert_eq!(share_leaders(&refs(&nodes), 2, &["e3"], &kept_out), [2, 3]);
     // With nothing else left, they may.
     let all: std::collections::BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    assert_eq!(share_leaders(&refs(&nodes), 2, None, &all), [0, 1]);
+    assert_eq!(share_leaders(&refs(&nodes), 2, &[], &all), [0, 1]);
+}
+
+/// Each of `heads`' share labelled by its leader's name, as without leases.
+fn labels(group: &[&Node], heads: &[usize]) -> Vec<String> {
+    heads.iter().map(|&h| group[h].name.clone()).collect()
+}
+
+#[test]
+fn a_share_labelled_by_its_lease_keeps_its_followers_under_a_new_leader() {
+    let nodes = names(60);
+    let group = refs(&nodes);
+    let by_lease: Vec<String> = (0..4).map(|s| share_label(Some(s), "unused")).collect();
+    let before = assign(&group, &[0, 1, 2, 3], &by_lease, &none());
+    // Share 2's leader (node 2) dies and node 4 (a follower until now) takes its lease over;
+    // the lease keeps node 2 out.
+    let dead = std::collections::BTreeSet::from([nodes[2].name.clone()]);
+    let after = assign(&group, &[0, 1, 4, 3], &by_lease, &dead);
+    // Only the new leader and the few followers that balance needs change shares.
+    let others = |a: &[usize], b: &[usize]| (5..60).filter(|&i| a[i] != b[i]).count();
+    let by_lease_moved = others(&before, &after);
+    // Labelled by leader name, the same change moves many more followers.
+    let named = |heads: &[usize]| assign(&group, heads, &labels(&group, heads), &dead);
+    let by_name_moved = others(&named(&[0, 1, 2, 3]), &named(&[0, 1, 4, 3]));
+    assert!(
+        by_lease_moved <= 3 && by_name_moved > 3 * by_lease_moved.max(1),
+        "followers moved: {by_lease_moved} by lease, {by_name_moved} by name"
+    );
 }
 
 #[test]
@@ -81,7 +105,7 @@ fn shares_differ_by_at_most_one_node() {
         let group = refs(&nodes);
         for leaders in 2..=4.min(count - 1) {
             let heads: Vec<usize> = (0..leaders).collect();
-            let share = assign(&group, &heads);
+            let share = assign(&group, &heads, &labels(&group, &heads), &none());
             let mut load = vec![0; leaders];
             for (i, s) in share.iter().enumerate() {
                 if !heads.contains(&i) {
@@ -102,11 +126,11 @@ fn a_leader_lost_or_added_moves_its_own_nodes_and_few_others() {
     let nodes = names(60);
     let group = refs(&nodes);
     let four: Vec<usize> = vec![0, 1, 2, 3];
-    let before = assign(&group, &four);
+    let before = assign(&group, &four, &labels(&group, &four), &none());
     // Leader 3 goes (its node stays, as a follower now): its followers move, and only a few of
     // the others do, for balance.
     let three: Vec<usize> = vec![0, 1, 2];
-    let after = assign(&group, &three);
+    let after = assign(&group, &three, &labels(&group, &three), &none());
     let lead = |share: &[usize], heads: &[usize], i: usize| heads[share[i]];
     let (mut others, mut moved_others) = (0, 0);
     for i in 4..60 {
@@ -122,7 +146,7 @@ fn a_leader_lost_or_added_moves_its_own_nodes_and_few_others() {
     );
     // A fifth leader arrives: it takes about a fifth of the followers, and few others move.
     let five: Vec<usize> = vec![0, 1, 2, 3, 4];
-    let grown = assign(&group, &five);
+    let grown = assign(&group, &five, &labels(&group, &five), &none());
     let (mut stayed, mut moved) = (0, 0);
     for i in 5..60 {
         let (was, is) = (lead(&before, &four, i), lead(&grown, &five, i));

@@ -1,0 +1,151 @@
+//! The lease step with several leaders per location: each share's leader keeps its own lease.
+
+use super::*;
+use crate::fixtures::location_nodes;
+use crate::leader::shares::share_lease_name;
+use crate::leader::LEASE_RENEW_MS;
+
+const T0: i64 = 1_700_000_000_000;
+
+/// A cluster of east (e1..e4) and west (w1), every node running its own lease book.
+struct Cluster {
+    nodes: Vec<Node>,
+    books: BTreeMap<String, LeaseBook>,
+    leases: BTreeMap<String, LeaseState>,
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let mut nodes = location_nodes("e", "east", 10, 4);
+        nodes.extend(location_nodes("w", "west", 20, 1));
+        for n in &mut nodes {
+            n.lease_election = true;
+        }
+        let books = nodes
+            .iter()
+            .map(|n| (n.name.clone(), LeaseBook::default()))
+            .collect();
+        Cluster {
+            nodes,
+            books,
+            leases: BTreeMap::new(),
+        }
+    }
+
+    /// One lease step of every node in `alive` at `now` with `shares` leaders per location:
+    /// the writes the backend took, with what they say.
+    fn step(&mut self, alive: &[&str], shares: usize, now: i64) -> Vec<LeaseWrite> {
+        let quiet = TunnelReadings {
+            traffic: TunnelTraffic::NotLeading,
+            standby_reached: Vec::new(),
+        };
+        let mut taken = Vec::new();
+        for name in alive {
+            let book = self.books.get_mut(*name).unwrap();
+            book.ingest(&self.leases, now);
+            book.elect(&self.nodes, shares, now);
+            let Some(w) = book.tend(name, &self.nodes, &quiet, now) else {
+                continue;
+            };
+            let current = self.leases.get(&w.name).cloned().unwrap_or_default();
+            if w.next.may_replace(&current, &w.expected) {
+                self.leases.insert(w.name.clone(), w.next.clone());
+                taken.push(w);
+            }
+        }
+        taken
+    }
+
+    fn holder(&self, share: usize) -> Option<&str> {
+        self.leases
+            .get(&share_lease_name("east", share))?
+            .holder
+            .as_deref()
+    }
+
+    /// East's leaders as `name`'s book has them.
+    fn leaders_seen_by(&self, name: &str) -> Vec<String> {
+        self.books[name].leader_names()["east"]
+            .iter()
+            .map(|l| l.name.clone())
+            .collect()
+    }
+}
+
+const ALL: [&str; 5] = ["e1", "e2", "e3", "e4", "w1"];
+
+#[test]
+fn each_shares_leader_takes_and_renews_its_own_lease() {
+    let mut c = Cluster::new();
+    let taken = c.step(&ALL, 2, T0);
+    let names: Vec<&str> = taken.iter().map(|w| w.name.as_str()).collect();
+    assert!(names.contains(&"kilotun-leader-east"));
+    assert!(names.contains(&"kilotun-leader-east.share2"));
+    assert_eq!((c.holder(0), c.holder(1)), (Some("e1"), Some("e2")));
+    let share2 = taken.iter().find(|w| w.name.ends_with("share2")).unwrap();
+    assert_eq!(
+        share2.why.as_deref(),
+        Some("taking the lead of east (share 2)")
+    );
+    let renewals = c.step(&ALL, 2, T0 + 2_000);
+    assert!(renewals.iter().all(|w| w.why.is_none()), "{renewals:?}");
+    assert_eq!(c.leaders_seen_by("w1"), ["e1", "e2"]);
+}
+
+#[test]
+fn a_dead_second_leader_is_replaced_within_the_lease_and_the_first_is_untouched() {
+    let mut c = Cluster::new();
+    c.step(&ALL, 2, T0);
+    let mut now = T0;
+    // e2 dies: the others step on, e1 renewing share 1's lease the whole time.
+    let alive = ["e1", "e3", "e4", "w1"];
+    let mut replaced_at = None;
+    while now < T0 + 20_000 {
+        now += 2_000;
+        for w in c.step(&alive, 2, now) {
+            if w.name == "kilotun-leader-east" {
+                assert_eq!(w.next.holder.as_deref(), Some("e1"), "{w:?}");
+                assert_eq!(w.why, None, "share 1 never changes hands: {w:?}");
+            }
+        }
+        if replaced_at.is_none() && c.holder(1) == Some("e3") {
+            replaced_at = Some(now);
+        }
+    }
+    let replaced_at = replaced_at.expect("share 2 taken over");
+    assert!(
+        replaced_at - T0 <= LEASE_DURATION_MS + LEASE_RENEW_MS,
+        "taken over after {} ms",
+        replaced_at - T0
+    );
+    let lease = &c.leases[&share_lease_name("east", 1)];
+    assert!(lease.deposed.contains_key("e2"), "{lease:?}");
+    assert_eq!(c.leaders_seen_by("w1"), ["e1", "e3"]);
+    // e2 comes back and checks in: it leads nothing while e1 and e3 hold their shares.
+    c.nodes[1].last_seen += 60;
+    for _ in 0..3 {
+        now += 2_000;
+        c.step(&ALL, 2, now);
+    }
+    assert_eq!((c.holder(0), c.holder(1)), (Some("e1"), Some("e3")));
+}
+
+#[test]
+fn fewer_shares_release_the_leases_that_elect_nobody() {
+    let mut c = Cluster::new();
+    c.step(&ALL, 3, T0);
+    assert_eq!(c.holder(2), Some("e3"));
+    let taken = c.step(&ALL, 2, T0 + 2_000);
+    let release = taken
+        .iter()
+        .find(|w| w.name == share_lease_name("east", 2))
+        .expect("share 3's lease released");
+    assert_eq!(release.next.holder, None);
+    assert_eq!(
+        release.why.as_deref(),
+        Some("releasing the lead of east (share 3): the location has fewer leaders now")
+    );
+    // A released lease keeps nobody out: back to three shares, e3 may lead again.
+    c.step(&ALL, 3, T0 + 4_000);
+    assert_eq!(c.holder(2), Some("e3"));
+}

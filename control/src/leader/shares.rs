@@ -1,0 +1,104 @@
+//! Leases for several leaders per location (`--leaders-per-location`): a lease per share, so
+//! that every leader, not only the first, fails over within the lease's bounds.
+//!
+//! Share 0's lease is the location's lease ([`lease_name`]); share `s` > 0 has its own
+//! ([`share_lease_name`]). Each share elects its leader as a location elects one
+//! ([`elect`]), among the location's members that lead no other share: a node holding another
+//! share's valid lease is never a candidate, so one share's failover never moves another's
+//! leader. The other shares' candidates are further the fit ones only: neither cordoned nor
+//! kept out by any share's lease (an expired holder, a deposed one, one replaced while cut off),
+//! and the nodes annotated `kilo.squat.ai/leader` when any fit node is. A share with no such
+//! candidate has no leader, and the location has fewer shares.
+//!
+//! Pure: no I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{elect, lease_name, Election, LeaseState};
+use crate::node::Node;
+
+/// The most leaders a location may have.
+pub const MAX_SHARES: usize = 16;
+
+/// The lease of share `share` of `location`: the location's lease for share 0, and for the
+/// others the location's lease name with `.share<n>` after it (`n` counting from 1 for share
+/// 0). Lease names are DNS-1123 subdomains: the dot keeps them apart from every location's
+/// lease name, which has none.
+pub fn share_lease_name(location: &str, share: usize) -> String {
+    let name = lease_name(location);
+    if share == 0 {
+        name
+    } else {
+        format!("{name}.share{}", share + 1)
+    }
+}
+
+/// Elects up to `count` leaders of one location among its ready `members` (any order), given
+/// the backend's `leases` at `now_ms`: one [`Election`] per share that has a leader, in share
+/// order, each naming its share ([`Election::share`]). With `count` 1 this is [`elect`] over
+/// the location's lease.
+pub fn elect_shares(
+    members: &[&Node],
+    location: &str,
+    leases: &BTreeMap<String, LeaseState>,
+    count: usize,
+    now_ms: i64,
+) -> Vec<Election> {
+    let count = count.clamp(1, MAX_SHARES);
+    let slot_leases: Vec<Option<&LeaseState>> = (0..count)
+        .map(|s| leases.get(&share_lease_name(location, s)))
+        .collect();
+    if count == 1 {
+        return elect(members, slot_leases[0], now_ms).into_iter().collect();
+    }
+    let holder = |s: usize| {
+        slot_leases[s]
+            .filter(|l| l.is_valid(now_ms))
+            .and_then(|l| l.holder.as_deref())
+    };
+    // Kept out by any share's lease: it stopped renewing, was deposed, or was cut off.
+    let kept_out: BTreeSet<&str> = members
+        .iter()
+        .filter(|n| {
+            slot_leases.iter().flatten().any(|l| {
+                l.keeps_out(n, now_ms)
+                    || (!l.is_valid(now_ms) && l.holder.as_deref() == Some(n.name.as_str()))
+            })
+        })
+        .map(|n| n.name.as_str())
+        .collect();
+    let fit = |n: &Node| !n.cordoned && !kept_out.contains(n.name.as_str());
+    let annotated = members.iter().any(|n| fit(n) && n.leader);
+    let mut elected: Vec<Election> = Vec::with_capacity(count);
+    for (share, lease) in slot_leases.iter().enumerate() {
+        let free = |n: &&&Node| {
+            !elected.iter().any(|e| e.leader == n.name)
+                && !(0..count).any(|o| o != share && holder(o) == Some(n.name.as_str()))
+        };
+        let mut pool: Vec<&Node> = members.iter().filter(free).copied().collect();
+        if share == 0 {
+            // The first share always has a leader; another share's kept-out nodes lead it only
+            // when nothing else can (its own lease's are left to `elect`).
+            if pool.iter().any(|n| !kept_out.contains(n.name.as_str())) {
+                pool.retain(|n| {
+                    !kept_out.contains(n.name.as_str())
+                        || lease.is_some_and(|l| l.holder.as_deref() == Some(n.name.as_str()))
+                });
+            }
+        } else {
+            pool.retain(|n| fit(n) && (n.leader || !annotated));
+        }
+        if let Some(mut e) = elect(&pool, *lease, now_ms) {
+            e.share = share;
+            // The pool leaves out the nodes kept out by other shares' leases: they are kept
+            // out of every share.
+            e.kept_out = kept_out.iter().map(|n| n.to_string()).collect();
+            elected.push(e);
+        }
+    }
+    elected
+}
+
+#[cfg(test)]
+#[path = "shares_tests.rs"]
+mod tests;

@@ -1,0 +1,172 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::fixtures::location_nodes;
+use crate::leader::{Basis, LEASE_DURATION_MS};
+
+const NOW: i64 = 1_700_000_000_000;
+
+/// Five nodes of `east` (e1..e5), all with lease election.
+fn east() -> Vec<Node> {
+    let mut nodes = location_nodes("e", "east", 10, 5);
+    for n in &mut nodes {
+        n.lease_election = true;
+    }
+    nodes
+}
+
+fn held(holder: &str, renewed_ms: i64) -> LeaseState {
+    LeaseState {
+        holder: Some(holder.into()),
+        renewed_ms,
+        duration_ms: LEASE_DURATION_MS,
+        ..LeaseState::default()
+    }
+}
+
+/// Each share's leader, in share order, as (share, leader).
+fn leaders(
+    nodes: &[Node],
+    leases: &BTreeMap<String, LeaseState>,
+    count: usize,
+) -> Vec<(usize, String)> {
+    let refs: Vec<&Node> = nodes.iter().collect();
+    elect_shares(&refs, "east", leases, count, NOW)
+        .into_iter()
+        .map(|e| (e.share, e.leader))
+        .collect()
+}
+
+fn names(pairs: &[(usize, &str)]) -> Vec<(usize, String)> {
+    pairs.iter().map(|(s, n)| (*s, n.to_string())).collect()
+}
+
+#[test]
+fn share_leases_are_named_apart_from_every_locations_lease() {
+    assert_eq!(share_lease_name("east", 0), lease_name("east"));
+    assert_eq!(share_lease_name("east", 1), "kilotun-leader-east.share2");
+    // A location whose name looks like another's share still has a lease of its own.
+    assert_ne!(
+        share_lease_name("east.share2", 0),
+        share_lease_name("east", 1)
+    );
+    let all: std::collections::BTreeSet<String> = (0..MAX_SHARES)
+        .map(|s| share_lease_name("east", s))
+        .collect();
+    assert_eq!(all.len(), MAX_SHARES);
+}
+
+#[test]
+fn one_share_is_the_locations_election() {
+    let nodes = east();
+    let leases = BTreeMap::from([(lease_name("east"), held("e3", NOW))]);
+    assert_eq!(leaders(&nodes, &leases, 1), names(&[(0, "e3")]));
+}
+
+#[test]
+fn without_leases_each_share_takes_the_next_node_in_kilos_order() {
+    let nodes = east();
+    assert_eq!(
+        leaders(&nodes, &BTreeMap::new(), 3),
+        names(&[(0, "e1"), (1, "e2"), (2, "e3")])
+    );
+    // Never more shares than nodes.
+    assert_eq!(leaders(&nodes, &BTreeMap::new(), 9).len(), 5);
+}
+
+#[test]
+fn a_shares_holder_keeps_it_when_the_first_share_fails_over() {
+    let nodes = east();
+    // e1 held share 0 and stopped renewing; e4 holds share 1.
+    let leases = BTreeMap::from([
+        (
+            share_lease_name("east", 0),
+            held("e1", NOW - LEASE_DURATION_MS),
+        ),
+        (share_lease_name("east", 1), held("e4", NOW)),
+    ]);
+    let elected = leaders(&nodes, &leases, 2);
+    // Kilo's rule would pick e1 (expired) then e2: share 0 goes to e2, and e4 keeps share 1
+    // rather than being promoted, so its followers see no change.
+    assert_eq!(elected, names(&[(0, "e2"), (1, "e4")]));
+}
+
+#[test]
+fn a_lost_secondary_leader_is_replaced_by_a_node_leading_nothing() {
+    let nodes = east();
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (
+            share_lease_name("east", 1),
+            held("e2", NOW - LEASE_DURATION_MS),
+        ),
+        (share_lease_name("east", 2), held("e3", NOW)),
+    ]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
+    let pairs: Vec<(usize, &str)> = elected
+        .iter()
+        .map(|e| (e.share, e.leader.as_str()))
+        .collect();
+    assert_eq!(pairs, [(0, "e1"), (1, "e4"), (2, "e3")]);
+    assert_eq!(elected[1].basis, Basis::KiloRule);
+    assert!(elected[1].kept_out.contains(&"e2".to_string()));
+}
+
+#[test]
+fn a_returning_leader_does_not_take_its_share_back() {
+    let mut nodes = east();
+    // e4 took share 1 over from e2, whose lease expired; e2 has checked in since.
+    let mut share1 = held("e4", NOW);
+    share1.deposed = BTreeMap::from([("e2".to_string(), nodes[1].last_seen)]);
+    nodes[1].last_seen += 30;
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (share_lease_name("east", 1), share1),
+    ]);
+    assert_eq!(leaders(&nodes, &leases, 2), names(&[(0, "e1"), (1, "e4")]));
+    // It is a candidate again: a third share would be its.
+    assert_eq!(
+        leaders(&nodes, &leases, 3),
+        names(&[(0, "e1"), (1, "e4"), (2, "e2")])
+    );
+}
+
+#[test]
+fn a_cordoned_secondary_holder_gives_its_share_to_a_free_node() {
+    let mut nodes = east();
+    nodes[1].cordoned = true;
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (share_lease_name("east", 1), held("e2", NOW)),
+    ]);
+    assert_eq!(leaders(&nodes, &leases, 2), names(&[(0, "e1"), (1, "e3")]));
+}
+
+#[test]
+fn a_cut_off_share_is_verified_by_nodes_that_lead_nothing() {
+    let nodes = east();
+    let mut share1 = held("e2", NOW);
+    share1.cut_off = true;
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (share_lease_name("east", 1), share1),
+        (share_lease_name("east", 2), held("e3", NOW)),
+    ]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
+    assert_eq!(elected[1].leader, "e2");
+    assert_eq!(elected[1].verifiers, ["e4", "e5"]);
+    assert!(elected[0].verifiers.is_empty());
+}
+
+#[test]
+fn with_annotated_nodes_only_they_lead_the_other_shares() {
+    let mut nodes = east();
+    nodes[2].leader = true;
+    nodes[4].leader = true;
+    assert_eq!(
+        leaders(&nodes, &BTreeMap::new(), 4),
+        names(&[(0, "e3"), (1, "e5")])
+    );
+}
