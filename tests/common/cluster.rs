@@ -568,6 +568,26 @@ impl Cluster {
             .collect()
     }
 
+    /// The nodes whose pod range is among the allowed IPs of `viewer`'s WireGuard peer for
+    /// `leader`: the share `leader` leads, as `viewer` routes it.
+    #[allow(dead_code)]
+    pub fn routed_through(&self, viewer: &str, leader: &str) -> Vec<String> {
+        let key = self.node(leader).wg("public-key").trim().to_string();
+        let allowed = self.node(viewer).wg("allowed-ips");
+        let Some(line) = allowed.lines().find(|l| l.starts_with(&key)) else {
+            return Vec::new();
+        };
+        let ranges: Vec<&str> = line.split_whitespace().skip(1).collect();
+        self.nodes
+            .iter()
+            .filter(|n| {
+                let prefix = n.pod_ip.rsplit_once('.').map_or("", |(p, _)| p);
+                ranges.contains(&format!("{prefix}.0/24").as_str())
+            })
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
     /// The holder of `location`'s lease in the cluster directory, if any.
     pub fn lease_holder(&self, location: &str) -> Option<String> {
         self.holder_of(&format!("kilotun-leader-{location}"))

@@ -29,20 +29,13 @@ const FLAGS: [&str; 3] = [
 const FIRST: &str = "kilotun-leader-east";
 const SECOND: &str = "kilotun-leader-east.share2";
 
-/// The east nodes of the share whose leader is `leader`, as w1 routes them: the nodes whose
-/// pod range is among the allowed IPs of w1's peer for `leader`.
+/// The east nodes of the share whose leader is `leader`, as w1 routes them.
 fn share_of(c: &Cluster, leader: &str) -> Vec<&'static str> {
-    let key = c.node(leader).wg("public-key").trim().to_string();
-    let allowed = c.node("w1").wg("allowed-ips");
-    let line = allowed
-        .lines()
-        .find(|l| l.starts_with(&key))
-        .unwrap_or_else(|| panic!("w1 has no peer for {leader}: {allowed}"));
+    let routed = c.routed_through("w1", leader);
     NODES
         .iter()
-        .enumerate()
-        .filter(|(i, (_, loc))| *loc == "east" && line.contains(&format!("10.42.{}.0/24", i + 1)))
-        .map(|(_, (n, _))| *n)
+        .map(|(n, _)| *n)
+        .filter(|n| routed.iter().any(|r| r == n))
         .collect()
 }
 

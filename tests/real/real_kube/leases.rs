@@ -324,3 +324,83 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
     let annotations = k.annotations(&leader);
     assert!(annotations["kilo.squat.ai/key"].is_null(), "{annotations}");
 }
+
+/// The holder of the `kube-system` Lease `name`, read with kubectl.
+fn lease_holder(k: &KubeCluster, name: &str) -> Option<String> {
+    let out = k.kube.kubectl_output(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "lease",
+            name,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// Two leaders in east (`--leaders-per-location=2`), each holding a Lease of its own on the
+/// real API server; the second dies, and its Lease, with its share, passes to a node that led
+/// nothing, while the first keeps its Lease and its share.
+#[test]
+fn a_second_leader_hands_its_share_over_through_its_own_kubernetes_lease() {
+    let test = "a_second_leader_hands_its_share_over_through_its_own_kubernetes_lease";
+    let nodes = [
+        ("n1", "east"),
+        ("n2", "east"),
+        ("n3", "east"),
+        ("n4", "east"),
+        ("n5", "west"),
+    ];
+    let flags = ["--leader-election=lease", "--leaders-per-location=2"];
+    let Some(mut k) = KubeCluster::meshed_with(test, "", &nodes, &flags) else {
+        return;
+    };
+    let (first_lease, second_lease) = ("kilotun-leader-east", "kilotun-leader-east.share2");
+    let held = k.c.wait_for(Duration::from_secs(20), |_| {
+        lease_holder(&k, first_lease).is_some() && lease_holder(&k, second_lease).is_some()
+    });
+    assert!(held, "no leases\n{}", k.c.logs());
+    let first = lease_holder(&k, first_lease).unwrap();
+    let second = lease_holder(&k, second_lease).unwrap();
+    assert_ne!(first, second);
+    let follower =
+        k.c.routed_through("n5", &second)
+            .into_iter()
+            .find(|n| *n != second)
+            .expect("the second share has a follower");
+    let pod = k.c.node(&follower).pod_ip.clone();
+    let pinger = Pinger::start(&k.c.node("n5").ns.name, &pod);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let killed = Instant::now();
+    let index = nodes.iter().position(|(n, _)| *n == second).unwrap();
+    k.c.nodes[index].kill();
+    k.c.node(&second)
+        .ns
+        .run(&["ip", "link", "set", "eth0", "down"]);
+    let back = pinger.wait_flowing(killed, Duration::from_secs(30));
+    let gap = pinger.longest_gap_after(killed);
+    eprintln!(
+        "second leader {second} dead on the Kubernetes backend: its share ({follower}) back after {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(back, "the share never came back\n{}", k.c.logs());
+    assert!(gap < Duration::from_secs(12), "gap {gap:?}\n{}", k.c.logs());
+    let moved = k.c.wait_for(Duration::from_secs(10), |_| {
+        lease_holder(&k, second_lease).is_some_and(|h| h != second && h != first)
+    });
+    assert!(
+        moved,
+        "{:?}\n{}",
+        lease_holder(&k, second_lease),
+        k.c.logs()
+    );
+    assert_eq!(lease_holder(&k, first_lease), Some(first));
+}
