@@ -17,6 +17,7 @@ use control::node::Granularity;
 use ipnet::IpNet;
 
 pub mod check;
+pub mod check_shares;
 pub mod events;
 pub mod report;
 pub mod settings;
@@ -377,5 +378,7 @@ fn base64_key(key: &dataplane::PublicKey) -> String {
     base64::engine::general_purpose::STANDARD.encode(key.as_bytes())
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;

@@ -24,14 +24,15 @@ pub enum Family {
     V6,
 }
 
-/// The flags every model agent runs with: Kilo's defaults but the leader election and the
-/// granularity asked for, no CNI file and no encapsulation inside a location (the twins have
-/// no tunnel).
+/// The flags every model agent runs with: Kilo's defaults but the leader election, the
+/// granularity and the leaders per location asked for, no CNI file and no encapsulation inside
+/// a location (the twins have no tunnel).
 pub(super) fn agent_args(
     name: &str,
     key_file: &std::path::Path,
     election: Election,
     granularity: Granularity,
+    leaders_per_location: u16,
 ) -> Vec<String> {
     vec![
         // (The backend is given to the agent directly; the flags must only parse.)
@@ -51,5 +52,6 @@ pub(super) fn agent_args(
         format!("--mesh-granularity={}", granularity.as_str()),
         "--encapsulate=never".to_string(),
         format!("--resync-period={}s", RESYNC.as_secs()),
+        format!("--leaders-per-location={leaders_per_location}"),
     ]
 }

@@ -119,6 +119,8 @@ pub struct Sim {
     pub granularity: Granularity,
     /// The family of the addresses and pod CIDRs of nodes joining from now on.
     pub family: Family,
+    /// Every agent's `--leaders-per-location` (agents started from now on).
+    pub leaders_per_location: u16,
     /// Bytes received and sent so far by each node's device, per peer.
     traffic: BTreeMap<(String, control::Key), (u64, u64)>,
     /// When the traffic was last brought up to date.
@@ -161,6 +163,7 @@ impl Sim {
             election,
             granularity,
             family: Family::V4,
+            leaders_per_location: 1,
             traffic: BTreeMap::new(),
             flowed: start,
         })
@@ -253,7 +256,13 @@ impl Sim {
             let _ = std::fs::remove_file(state::path(&key_file));
         }
         let restored = state::load(&key_file, &node.key)?;
-        let args = agent_args(name, &key_file, self.election, self.granularity);
+        let args = agent_args(
+            name,
+            &key_file,
+            self.election,
+            self.granularity,
+            self.leaders_per_location,
+        );
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let start = Start {
             key: node.key.clone(),

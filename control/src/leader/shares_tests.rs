@@ -170,3 +170,29 @@ fn with_annotated_nodes_only_they_lead_the_other_shares() {
         names(&[(0, "e3"), (1, "e5")])
     );
 }
+
+#[test]
+fn a_restarted_node_holding_a_shares_lease_is_led_by_nobody_else() {
+    let nodes = east();
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW - 1_000)),
+        (share_lease_name("east", 1), held("e2", NOW - 1_000)),
+    ]);
+    // e2 leads the second share: its saved peers are a leader's, and still its own.
+    assert_eq!(crate::leader::led_by_another(&nodes[1], &leases, NOW), None);
+    // e3 leads nothing: the location's holder leads it.
+    assert_eq!(
+        crate::leader::led_by_another(&nodes[2], &leases, NOW),
+        Some("e1")
+    );
+    // Once the second share's lease expired, e2 is led by another too.
+    let later = NOW + LEASE_DURATION_MS;
+    let renewed = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", later - 1_000)),
+        (share_lease_name("east", 1), held("e2", NOW - 1_000)),
+    ]);
+    assert_eq!(
+        crate::leader::led_by_another(&nodes[1], &renewed, later),
+        Some("e1")
+    );
+}

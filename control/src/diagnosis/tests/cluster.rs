@@ -176,3 +176,40 @@ fn a_leader_by_lease_is_said_to_hold_it() {
         f.message
     );
 }
+
+#[test]
+fn a_shares_leader_by_lease_is_said_to_hold_its_shares_lease() {
+    let mut nodes = crate::fixtures::location_nodes("e", "east", 10, 4);
+    nodes.extend(crate::fixtures::location_nodes("w", "west", 20, 1));
+    let chosen = vec![
+        ShareLeader {
+            share: 0,
+            name: "e3".into(),
+        },
+        ShareLeader {
+            share: 1,
+            name: "e1".into(),
+        },
+    ];
+    let leases = BTreeMap::from([("east".to_string(), chosen)]);
+    let mut params = f1_params("w1", Granularity::Location);
+    params.leaders_per_location = 2;
+    let t = Topology::with_leaders(&nodes, &[], &params, &leases).unwrap();
+    let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &leases, NOW);
+    let message = |key: &str| {
+        findings
+            .iter()
+            .find(|f| f.check == "leader" && f.subject == key)
+            .map(|f| f.message.clone())
+            .unwrap_or_else(|| panic!("no leader finding for {key}: {findings:#?}"))
+    };
+    assert!(message("location:east#share:1").starts_with("e3 leads"));
+    assert!(message("location:east#share:2")
+        .contains("e1 leads (1 of 2 ready nodes): it holds the lease of share 2 of its location"));
+    // Without leases the shares are their leaders' own, by Kilo's order of preference.
+    let t = Topology::new(&nodes, &[], &params).unwrap();
+    let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &BTreeMap::new(), NOW);
+    assert!(findings.iter().any(|f| f.subject == "location:east#e1"
+        && f.message
+            .contains("one of its location's leaders (--leaders-per-location)")));
+}

@@ -1,0 +1,158 @@
+//! The converged state with several leaders per location (`--leaders-per-location`), judged,
+//! as [`super::check::converged`] judges one leader, on what the agents did to their hosts:
+//! the devices' peers and allowed IPs, the kernels' routes, the leases written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use control::leader::shares::share_lease_name;
+use control::routes::MAIN_TABLE;
+use ipnet::IpNet;
+
+use super::check::always;
+use super::sim::{Sim, SimNode};
+
+/// Once the faults have stopped (no cordon, annotation, NAT or Peer in these scenarios) and
+/// enough model time has passed, with `shares` leaders per location and leases:
+/// - each location has min(`shares`, its running nodes) leaders, each holding one share's
+///   lease of its location, no two the same;
+/// - every leader's device has exactly the other locations' leaders as peers, and routes each
+///   of their nodes' pods to one of them, the same one as every other leader does (the node's
+///   share is agreed);
+/// - every follower routes the other locations' pods via one leader of its own location, the
+///   one the other locations route its own pods to (it is in that leader's share), and every
+///   node is in exactly one share.
+pub fn converged_shares(sim: &Sim, shares: usize) -> Result<(), String> {
+    always(sim)?;
+    let snapshot = sim.cluster.snapshot();
+    let mut by_location: BTreeMap<&str, Vec<(&String, &SimNode)>> = BTreeMap::new();
+    for (name, node) in sim.nodes.iter().filter(|(_, n)| n.running.is_some()) {
+        by_location
+            .entry(&node.location)
+            .or_default()
+            .push((name, node));
+    }
+    let mut leaders: BTreeMap<&str, Vec<(&String, &SimNode)>> = BTreeMap::new();
+    for (location, nodes) in &by_location {
+        let leading: Vec<(&String, &SimNode)> =
+            nodes.iter().filter(|(_, n)| n.leads()).copied().collect();
+        let want = shares.min(nodes.len());
+        if leading.len() != want {
+            return Err(format!(
+                "location {location} has {} leaders ({:?}), not {want}",
+                leading.len(),
+                leading.iter().map(|(n, _)| n).collect::<Vec<_>>()
+            ));
+        }
+        let mut held = BTreeSet::new();
+        for (name, _) in &leading {
+            let share = (0..shares).find(|&s| {
+                snapshot
+                    .leases
+                    .get(&share_lease_name(location, s))
+                    .and_then(|l| l.holder.as_deref())
+                    == Some(name.as_str())
+            });
+            let Some(share) = share else {
+                return Err(format!(
+                    "{name} leads in {location} but holds none of its {shares} shares' leases"
+                ));
+            };
+            held.insert(share);
+        }
+        if held.len() != leading.len() {
+            return Err(format!("two leaders of {location} hold one share's lease"));
+        }
+        leaders.insert(location, leading);
+    }
+
+    // Which leader each node's pods are routed to, as the first remote leader to route them
+    // says; every other remote leader must agree.
+    let mut share_of: BTreeMap<&str, control::Key> = BTreeMap::new();
+    for (location, leading) in &leaders {
+        let remote: BTreeSet<control::Key> = leaders
+            .iter()
+            .filter(|(other, _)| *other != location)
+            .flat_map(|(_, l)| l.iter().map(|(_, n)| n.public_key()))
+            .collect();
+        for (name, node) in leading {
+            let device = node.device_peers().unwrap_or_default();
+            let have: BTreeSet<control::Key> = device.iter().map(|(k, _)| *k).collect();
+            if have != remote {
+                return Err(format!(
+                    "leader {name} of {location} has {} peers, not the {} leaders of the other locations",
+                    have.len(),
+                    remote.len()
+                ));
+            }
+            for (other, members) in by_location.iter().filter(|(o, _)| *o != location) {
+                for (member, m) in members {
+                    let carriers: Vec<control::Key> = device
+                        .iter()
+                        .filter(|(_, ips)| ips.iter().any(|ip| ip.contains(&m.pod_cidr)))
+                        .map(|(k, _)| *k)
+                        .collect();
+                    let [carrier] = carriers[..] else {
+                        return Err(format!(
+                            "leader {name} of {location} routes {member}'s pods to {} peers",
+                            carriers.len()
+                        ));
+                    };
+                    let theirs = leaders[other]
+                        .iter()
+                        .any(|(_, l)| l.public_key() == carrier);
+                    if !theirs {
+                        return Err(format!(
+                            "leader {name} of {location} routes {member}'s pods to a peer that leads no share of {other}"
+                        ));
+                    }
+                    let agreed = *share_of.entry(member.as_str()).or_insert(carrier);
+                    if agreed != carrier {
+                        return Err(format!(
+                            "the leaders of the other locations disagree on {member}'s share"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    for (location, nodes) in &by_location {
+        let own: &[(&String, &SimNode)] = &leaders[location];
+        let remote_cidrs: Vec<IpNet> = by_location
+            .iter()
+            .filter(|(o, _)| *o != location)
+            .flat_map(|(_, m)| m.iter().map(|(_, n)| n.pod_cidr))
+            .collect();
+        for (name, node) in nodes {
+            if own.iter().any(|(l, _)| l == name) {
+                continue;
+            }
+            let routes = node.kernel.routes();
+            let gateways: BTreeSet<Option<IpAddr>> = remote_cidrs
+                .iter()
+                .flat_map(|cidr| {
+                    routes
+                        .routes
+                        .iter()
+                        .filter(move |r| r.table == MAIN_TABLE && r.dst.contains(cidr))
+                        .map(|r| r.gateway)
+                })
+                .collect();
+            let leader = own
+                .iter()
+                .find(|(_, l)| gateways == BTreeSet::from([Some(l.address.addr())]));
+            let Some((leader_name, leader)) = leader else {
+                return Err(format!(
+                    "follower {name} of {location} routes the other locations' pods via {gateways:?}, not via one leader of its own location"
+                ));
+            };
+            if share_of.get(name.as_str()) != Some(&leader.public_key()) && leaders.len() > 1 {
+                return Err(format!(
+                    "follower {name} of {location} routes through {leader_name}, but the other locations route its pods to another leader"
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! The model with two leaders per location: a share's leader killed, restarted, cut off, and
+//! the location's lease holder killed; each time the other share keeps its leader and the
+//! mesh converges on shares every agent agrees on.
+
+use std::time::Duration;
+
+use control::leader::shares::share_lease_name;
+
+use super::check_shares::converged_shares;
+use super::sim::{Election, Sim};
+
+/// Four nodes in l0 and three in l1, two leaders a side by lease, converged.
+fn two_a_side() -> Sim {
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    sim.leaders_per_location = 2;
+    for location in [0, 0, 0, 0, 1, 1, 1] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(20)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+    sim
+}
+
+/// The holder of l0's share `share` (counting from 0).
+fn holder(sim: &Sim, share: usize) -> Option<String> {
+    sim.cluster
+        .snapshot()
+        .leases
+        .get(&share_lease_name("l0", share))?
+        .holder
+        .clone()
+}
+
+/// Advances a second at a time until l0's `share` is held by a running node other than `was`,
+/// for at most `bound`: how long it took.
+fn taken_over(sim: &mut Sim, share: usize, was: &str, bound: Duration) -> Duration {
+    let mut waited = Duration::ZERO;
+    loop {
+        let by = holder(sim, share);
+        let running = by
+            .as_deref()
+            .is_some_and(|h| h != was && sim.nodes[h].running.is_some());
+        if running {
+            return waited;
+        }
+        assert!(
+            waited < bound,
+            "l0's share {share} still with {by:?} after {waited:?}"
+        );
+        sim.advance(Duration::from_secs(1)).unwrap();
+        waited += Duration::from_secs(1);
+    }
+}
+
+#[test]
+fn a_killed_second_leader_is_replaced_within_the_lease_and_keeps_out_when_back() {
+    let mut sim = two_a_side();
+    let (first, second) = (holder(&sim, 0).unwrap(), holder(&sim, 1).unwrap());
+    sim.kill(&second);
+    let waited = taken_over(&mut sim, 1, &second, Duration::from_secs(10));
+    println!("l0's second leader {second} killed: its share's lease taken over after {waited:?}");
+    assert_eq!(holder(&sim, 0).as_deref(), Some(first.as_str()));
+    sim.advance(Duration::from_secs(10)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+    let successor = holder(&sim, 1).unwrap();
+    for with_saved_state in [true, false] {
+        sim.start(&second, with_saved_state).unwrap();
+        sim.advance(Duration::from_secs(30)).unwrap();
+        converged_shares(&sim, 2).unwrap();
+        assert_eq!(holder(&sim, 1).as_deref(), Some(successor.as_str()));
+        assert_eq!(holder(&sim, 0).as_deref(), Some(first.as_str()));
+    }
+}
+
+#[test]
+fn a_killed_first_leader_leaves_the_second_share_alone() {
+    let mut sim = two_a_side();
+    let (first, second) = (holder(&sim, 0).unwrap(), holder(&sim, 1).unwrap());
+    sim.kill(&first);
+    taken_over(&mut sim, 0, &first, Duration::from_secs(10));
+    assert_eq!(holder(&sim, 1).as_deref(), Some(second.as_str()));
+    assert_ne!(holder(&sim, 0).as_deref(), Some(second.as_str()));
+    sim.advance(Duration::from_secs(10)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+}
+
+#[test]
+fn a_second_leader_cut_off_hands_its_share_to_a_verifier() {
+    let mut sim = two_a_side();
+    let (first, second) = (holder(&sim, 0).unwrap(), holder(&sim, 1).unwrap());
+    sim.set_blocked(&second, true);
+    let waited = taken_over(&mut sim, 1, &second, Duration::from_secs(40));
+    println!("l0's second leader {second} cut off: its share's lease taken over after {waited:?}");
+    assert_eq!(holder(&sim, 0).as_deref(), Some(first.as_str()));
+    sim.set_blocked(&second, false);
+    sim.advance(Duration::from_secs(20)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+}
+
+#[test]
+fn the_share_check_catches_a_location_with_too_few_leaders() {
+    let sim = two_a_side();
+    let error = converged_shares(&sim, 3).unwrap_err();
+    assert!(error.contains("has 2 leaders"), "{error}");
+}
