@@ -460,14 +460,16 @@ impl Topology {
     /// The segment that carries traffic between segments `a` and `b` when both are behind NAT
     /// (neither can reach the other first): the first by key that is not behind NAT and has an
     /// endpoint, among those annotated `kilotun.io/relay` when any is. `None` when they can
-    /// talk directly, or when no segment can relay (they are then peered directly, as Kilo does).
+    /// talk directly (or are shares of one location), or when no segment can relay (they are
+    /// then peered directly, as Kilo does).
     pub fn relay_between(&self, a: &Segment, b: &Segment) -> Option<&Segment> {
-        if a.key == b.key || !a.behind_nat() || !b.behind_nat() {
+        // Shares of one location have no tunnel between them (they reach each other inside
+        // the location), and none relays for a sibling.
+        let sibling = |r: &Segment, s: &Segment| r.shared && s.shared && r.location == s.location;
+        if a.key == b.key || !a.behind_nat() || !b.behind_nat() || sibling(a, b) {
             return None;
         }
         let pinned = self.segments.iter().any(|s| s.relay);
-        // Shares of one location have no tunnel between them: none relays for a sibling.
-        let sibling = |r: &Segment, s: &Segment| r.shared && s.shared && r.location == s.location;
         self.segments.iter().find(|r| {
             r.key != a.key
                 && r.key != b.key

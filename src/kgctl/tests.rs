@@ -1,5 +1,5 @@
 use super::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use control::node::annotation as a;
 use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
@@ -284,4 +284,65 @@ fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
     assert!(laptop.contains("fd00:70::3:7/128"), "{laptop}");
     assert!(!laptop.contains("10.42."), "{laptop}");
     assert!(graph(&v).unwrap().contains("fd00:70::2:0/122"));
+}
+
+/// Two leaders per location, each holding its share's lease: every node's `--as-peer` is its
+/// share (its leader's key, the share's pod ranges), so registering every node, as Kilo's
+/// multi-cluster recipe does, registers every share, each range once.
+#[test]
+fn showconf_as_peer_gives_each_node_its_share() {
+    let mut s = Snapshot::default();
+    let flags = [
+        (a::LEADER_ELECTION, "lease"),
+        (a::LEADERS_PER_LOCATION, "2"),
+    ];
+    for (name, loc, ip) in [
+        ("e1", "east", 1),
+        ("e2", "east", 2),
+        ("e3", "east", 3),
+        ("e4", "east", 4),
+        ("w1", "west", 5),
+    ] {
+        s.put_node(name, kube_node(name, loc, ip, &flags));
+    }
+    let held = |holder: &str| control::leader::LeaseState {
+        holder: Some(holder.into()),
+        renewed_ms: NOW * 1000,
+        duration_ms: control::leader::LEASE_DURATION_MS,
+        ..Default::default()
+    };
+    s.leases
+        .insert(control::leader::lease_name("east"), held("e3"));
+    s.leases.insert(
+        control::leader::shares::share_lease_name("east", 1),
+        held("e1"),
+    );
+    let v = view(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let mut by_key: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for node in ["e1", "e2", "e3", "e4"] {
+        let mut args = showconf_args("node", node, true);
+        args.allowed_ips.clear();
+        let (out, _) = showconf(&v, &args, 51820).unwrap();
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} = ")))
+                .unwrap()
+                .to_string()
+        };
+        let ranges = field("AllowedIPs");
+        let ranges = ranges.split(", ").filter(|r| r.starts_with("10.42."));
+        by_key
+            .entry(field("PublicKey"))
+            .or_default()
+            .extend(ranges.map(str::to_string));
+    }
+    let key = |n: &str| control::Key::padded(n).to_base64();
+    assert_eq!(
+        by_key.keys().cloned().collect::<BTreeSet<_>>(),
+        BTreeSet::from([key("e1"), key("e3")]),
+        "{by_key:?}"
+    );
+    let all: Vec<&String> = by_key.values().flatten().collect();
+    assert_eq!(all.len(), 4, "each east range in one share: {by_key:?}");
+    assert!(by_key.values().all(|r| r.len() == 2), "{by_key:?}");
 }

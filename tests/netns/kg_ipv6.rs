@@ -477,3 +477,46 @@ fn an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips() {
         c.logs()
     );
 }
+
+/// Two leaders per location over an IPv6-only underlay: each node of a location leads a share
+/// of its own, each has the other location's two nodes as its peers over IPv6 endpoints, and
+/// every address reaches every other of its family.
+#[test]
+fn two_leaders_per_location_over_an_ipv6_only_underlay() {
+    if !common::can_run("two_leaders_per_location_over_an_ipv6_only_underlay") {
+        return;
+    }
+    let underlay = Underlay::Ipv6Only;
+    let c = ipv6_mesh(
+        underlay,
+        &["--encapsulate=never", "--leaders-per-location=2"],
+    );
+    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    assert_eq!(
+        c.leading(&["a1", "a2", "b1", "b2"]),
+        ["a1", "a2", "b1", "b2"],
+        "{}",
+        c.logs()
+    );
+    for (node, others) in [
+        ("a1", ["fd50::3", "fd50::4"]),
+        ("b2", ["fd50::1", "fd50::2"]),
+    ] {
+        let endpoints = c.node(node).wg("endpoints");
+        for other in others {
+            assert!(
+                endpoints.contains(&format!("[{other}]:51820")),
+                "{endpoints}"
+            );
+        }
+        assert_eq!(endpoints.lines().count(), 2, "{endpoints}");
+    }
+    assert_eq!(
+        unreachable_pairs(&c, underlay),
+        Vec::<String>::new(),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(c.mixed_routes(), Vec::<String>::new(), "{}", c.logs());
+}

@@ -321,3 +321,82 @@ fn the_graph_draws_the_tunnels_between_locations_not_between_shares() {
     assert!(!dot.contains("\"e1\" -> \"e2\""), "{dot}");
     assert!(!dot.contains("\"w1\" -> \"w2\""), "{dot}");
 }
+
+/// Two home locations behind NAT (keepalive on every node) and a cloud location, each of two
+/// shares: the homes' shares reach each other through a share of the cloud, never through a
+/// share of their own location, and a home leader's peers are the cloud's two leaders alone.
+#[test]
+fn shares_behind_nat_are_relayed_by_another_locations_share() {
+    let topology = |host: &str| {
+        let mut nodes = location_nodes("c", "cloud", 1, 2);
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.endpoint =
+                Some(crate::ip::Endpoint::parse(&format!("51.0.0.{}:51820", i + 1)).unwrap());
+        }
+        for (prefix, location, subnet) in [("h", "home", 2), ("g", "garage", 3)] {
+            let mut home = location_nodes(prefix, location, subnet, 2);
+            for n in &mut home {
+                n.persistent_keepalive = 5;
+            }
+            nodes.extend(home);
+        }
+        let params = TopologyParams {
+            leaders_per_location: 2,
+            ..f1_params(host, Granularity::Location)
+        };
+        Topology::new(&nodes, &[], &params).unwrap()
+    };
+    let t = topology("h1");
+    assert_eq!(t.segments.len(), 6);
+    for a in t.segments.iter().filter(|s| s.behind_nat()) {
+        for b in t
+            .segments
+            .iter()
+            .filter(|s| s.behind_nat() && s.location != a.location)
+        {
+            let relay = t.relay_between(a, b).expect("a relay");
+            assert_eq!(relay.location, "cloud", "{} ↔ {}", a.key, b.key);
+        }
+        for b in t
+            .segments
+            .iter()
+            .filter(|s| s.location == a.location && s.key != a.key)
+        {
+            assert!(
+                t.relay_between(a, b).is_none(),
+                "no tunnel between siblings"
+            );
+        }
+    }
+    for host in ["h1", "h2", "g1", "g2"] {
+        let t = topology(host);
+        assert!(t.leader, "{host} leads its share");
+        let conf = t.conf(None);
+        let locations: Vec<&str> = conf
+            .peers
+            .iter()
+            .map(|p| {
+                let s = t
+                    .segments
+                    .iter()
+                    .find(|s| s.public_key == p.public_key)
+                    .unwrap();
+                s.location.as_str()
+            })
+            .collect();
+        assert_eq!(locations, ["cloud", "cloud"], "{host}: {conf:?}");
+        // The other home's ranges travel through the cloud's peers.
+        let other = if host.starts_with('h') {
+            "10.3."
+        } else {
+            "10.2."
+        };
+        let relayed = conf
+            .peers
+            .iter()
+            .flat_map(|p| &p.allowed_ips)
+            .filter(|ip| ip.to_string().starts_with(other))
+            .count();
+        assert_eq!(relayed, 2, "{host}: {conf:?}");
+    }
+}
