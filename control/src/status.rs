@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 pub struct NodeStatus {
     /// The node's name.
     pub node: String,
-    /// Its segment key (`location:<name>`, `location:<name>#<leader>` for a share of a location
-    /// with several leaders, or `node:<name>`); empty while it is not ready.
+    /// Its segment key (`location:<name>`; for a share of a location with several leaders
+    /// `location:<name>#share:<n>`, or `location:<name>#<leader>` without leases; or
+    /// `node:<name>`); empty while it is not ready.
     pub location: String,
     /// True when it leads its segment.
     pub leader: bool,

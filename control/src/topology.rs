@@ -37,7 +37,8 @@ pub struct Member {
 /// A group of nodes reached through one WireGuard peer: its leader.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
-    /// `location:<name>`, `location:<name>#<leader>` (a share, see [`shares`]) or `node:<name>`.
+    /// `location:<name>`, `location:<name>#share:<n>` or `location:<name>#<leader>` (a share,
+    /// see [`shares`]) or `node:<name>`.
     pub key: String,
     /// Members sorted by name.
     pub members: Vec<Member>,

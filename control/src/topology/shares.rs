@@ -190,7 +190,7 @@ pub fn share_label(share: Option<usize>, leader: &str) -> String {
 
 /// A segment to be: its key, its nodes in name order and its leader's position among them.
 pub(super) struct SegmentPlan<'a> {
-    /// The segment's key (a share's: `location:<name>#<leader>`).
+    /// The segment's key (a share's: see [`share_key`]).
     pub key: String,
     /// Its nodes, in name order.
     pub group: Vec<&'a Node>,

@@ -52,7 +52,8 @@ fn stage_histogram() -> Histogram {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LocationLabel {
     /// The node's segment as the topology names it (`node:<name>` when it has no location,
-    /// `location:<name>#<leader>` for a share of a location with several leaders).
+    /// `location:<name>#share:<n>` or `location:<name>#<leader>` for a share of a location with
+    /// several leaders).
     pub location: String,
 }
 
