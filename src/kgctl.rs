@@ -154,7 +154,7 @@ pub fn view_with_ipam(
         .filter(Peer::is_ready)
         .collect();
     // Leases are judged by this machine's clock against their renewal time.
-    let shares = leaders_per_location(&nodes);
+    let shares = leaders_per_location(&nodes, granularity);
     let elections =
         control::leader::lease_leaders(&nodes, &snapshot.leases, shares, now_unix * 1000);
     let kept_out = elections
@@ -186,8 +186,11 @@ pub fn view_with_ipam(
 }
 
 /// The leaders per location as the agents compute them: the smallest number any ready node
-/// publishes (1 when one publishes none).
-fn leaders_per_location(nodes: &[Node]) -> usize {
+/// publishes (1 when one publishes none), and 1 outside location granularity.
+fn leaders_per_location(nodes: &[Node], granularity: Granularity) -> usize {
+    if granularity != Granularity::Location {
+        return 1;
+    }
     nodes
         .iter()
         .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
@@ -207,7 +210,7 @@ impl View {
             port,
             subnet: self.subnet,
             persistent_keepalive: 0,
-            leaders_per_location: leaders_per_location(&self.nodes),
+            leaders_per_location: leaders_per_location(&self.nodes, self.granularity),
             kept_out: self.kept_out.clone(),
         };
         Ok(Topology::with_leaders(

@@ -106,11 +106,15 @@ impl LeaseState {
     /// location with no candidate but itself).
     pub fn keeps_out(&self, node: &Node, now_ms: i64) -> bool {
         let replaced = self.cut_off_predecessor.as_deref() == Some(node.name.as_str());
-        (replaced && self.is_valid(now_ms))
-            || self
-                .deposed
-                .get(&node.name)
-                .is_some_and(|&last_seen| node.last_seen <= last_seen)
+        (replaced && self.is_valid(now_ms)) || self.deposes(node)
+    }
+
+    /// True when `node` was deposed (its lease expired, or a verifier found it cut off) and
+    /// has not checked in since.
+    pub fn deposes(&self, node: &Node) -> bool {
+        self.deposed
+            .get(&node.name)
+            .is_some_and(|&last_seen| node.last_seen <= last_seen)
     }
 
     /// The deposed record `holder` writes, among the location's `members`: the entries of
@@ -193,7 +197,9 @@ pub struct Election {
     /// order they would lead: empty unless the holder marked its lease cut off.
     pub verifiers: Vec<String>,
     /// Members the lease keeps from leading (deposed, replaced while cut off, or the holder of
-    /// an expired lease): with several leaders per location, no share's leader either.
+    /// an expired lease). With several leaders per location, the members gone from any share
+    /// instead (deposed, or the holder of an expired share lease): they lead no share and count
+    /// for no share's load (see [`shares::elect_shares`]).
     pub kept_out: Vec<String>,
     /// Which of the location's shares it leads (0 for the location's lease, see
     /// [`shares::elect_shares`]).

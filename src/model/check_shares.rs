@@ -14,8 +14,8 @@ use super::sim::{Sim, SimNode};
 
 /// Once the faults have stopped (no cordon, annotation, NAT or Peer in these scenarios) and
 /// enough model time has passed, with `shares` leaders per location and leases:
-/// - each location has min(`shares`, its running nodes) leaders, each holding one share's
-///   lease of its location, no two the same;
+/// - each location has min(`shares`, its running nodes) leaders, each holding exactly one of
+///   its location's valid share leases (a lease names one holder, so no two hold the same);
 /// - every leader's device has exactly the other locations' leaders as peers, and routes each
 ///   of their nodes' pods to one of them, the same one as every other leader does (the node's
 ///   share is agreed);
@@ -44,24 +44,24 @@ pub fn converged_shares(sim: &Sim, shares: usize) -> Result<(), String> {
                 leading.iter().map(|(n, _)| n).collect::<Vec<_>>()
             ));
         }
-        let mut held = BTreeSet::new();
         for (name, _) in &leading {
-            let share = (0..shares).find(|&s| {
-                snapshot
-                    .leases
-                    .get(&share_lease_name(location, s))
-                    .and_then(|l| l.holder.as_deref())
-                    == Some(name.as_str())
-            });
-            let Some(share) = share else {
+            let held: Vec<usize> = (0..shares)
+                .filter(|&s| {
+                    snapshot
+                        .leases
+                        .get(&share_lease_name(location, s))
+                        .is_some_and(|l| {
+                            l.holder.as_deref() == Some(name.as_str())
+                                && l.is_valid(sim.now.unix_ms)
+                        })
+                })
+                .collect();
+            if held.len() != 1 {
                 return Err(format!(
-                    "{name} leads in {location} but holds none of its {shares} shares' leases"
+                    "{name} leads in {location} and holds {} of its {shares} shares' valid leases ({held:?}), not one",
+                    held.len()
                 ));
-            };
-            held.insert(share);
-        }
-        if held.len() != leading.len() {
-            return Err(format!("two leaders of {location} hold one share's lease"));
+            }
         }
         leaders.insert(location, leading);
     }

@@ -177,7 +177,7 @@ pub fn cluster_findings_with_leases(
                 .and_then(|shares| shares.iter().find(|c| c.name == leader.name))
                 .filter(|_| s.key.starts_with("location:"));
             let reason = match by_lease {
-                Some(c) if s.shared => format!(
+                Some(c) if s.shared || c.share > 0 => format!(
                     "it holds the lease of share {} of its location (--leaders-per-location, --leader-election=lease)",
                     c.share + 1
                 ),

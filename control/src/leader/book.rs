@@ -282,6 +282,15 @@ impl LeaseBook {
                 .get(&share_lease_name(&location, share))
                 .is_some_and(|s| s.state.holder.as_deref() == Some(hostname))
         };
+        // A share lease that elects nobody any more (the location has fewer shares, or none of
+        // its nodes may lead that share): released first, so that it never counts against this
+        // node as an expired holder.
+        if let Some(share) =
+            (1..MAX_SHARES).find(|&s| holds(s) && !elections.iter().any(|e| e.share == s))
+        {
+            self.samples.clear();
+            return Some(self.release(&location, share, now_ms));
+        }
         // This node's share: the one it leads, else one whose lease it still holds, else a
         // cut-off one it verifies.
         let role = elections
@@ -296,10 +305,7 @@ impl LeaseBook {
         let Some(election) = role.cloned() else {
             self.samples.clear();
             self.standby_confirmed = false;
-            // A share lease that elects nobody any more (the location has fewer shares): it is
-            // released, so that it never counts against this node as an expired holder.
-            let share = (1..MAX_SHARES).find(|&s| holds(s))?;
-            return Some(self.release(&location, share, now_ms));
+            return None;
         };
         let name = share_lease_name(&location, election.share);
         let seen = self.seen.get(&name);
@@ -329,7 +335,17 @@ impl LeaseBook {
             } else {
                 self.cut_off_now(&tunnels.traffic, now_ms, current.cut_off)
             };
-            let cut_off = mark == Mark::CutOff && successor(&members, hostname).is_some();
+            // The share's candidates: the members that lead no other share.
+            let candidates: Vec<&Node> = members
+                .iter()
+                .copied()
+                .filter(|n| {
+                    !elections
+                        .iter()
+                        .any(|e| e.leader == n.name && e.share != election.share)
+                })
+                .collect();
+            let cut_off = mark == Mark::CutOff && successor(&candidates, hostname).is_some();
             let taking = current.holder.as_deref() != Some(hostname);
             let state = LeaseState {
                 holder: Some(hostname.to_string()),

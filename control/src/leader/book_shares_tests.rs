@@ -149,3 +149,56 @@ fn fewer_shares_release_the_leases_that_elect_nobody() {
     c.step(&ALL, 3, T0 + 4_000);
     assert_eq!(c.holder(2), Some("e3"));
 }
+
+#[test]
+fn a_holder_of_a_share_gone_releases_it_before_leading_another() {
+    let mut c = Cluster::new();
+    c.step(&ALL, 3, T0);
+    assert_eq!(
+        (c.holder(0), c.holder(1), c.holder(2)),
+        (Some("e1"), Some("e2"), Some("e3"))
+    );
+    // Down to two shares, with e2 cordoned: e3 is elected for the second share while it still
+    // holds the third's lease. It lets that go first, then takes the second.
+    c.nodes[1].cordoned = true;
+    let taken = c.step(&["e3"], 2, T0 + 2_000);
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert_eq!(taken[0].name, share_lease_name("east", 2));
+    assert_eq!(taken[0].next.holder, None);
+    c.step(&["e2"], 2, T0 + 2_000);
+    c.step(&["e3"], 2, T0 + 4_000);
+    assert_eq!((c.holder(1), c.holder(2)), (Some("e3"), None));
+}
+
+#[test]
+fn a_share_leader_with_no_other_candidate_never_marks_itself_cut_off() {
+    let mut nodes = location_nodes("e", "east", 10, 2);
+    nodes.extend(location_nodes("w", "west", 20, 1));
+    for n in &mut nodes {
+        n.lease_election = true;
+    }
+    let west = Key::padded("kw1");
+    let silent = |tx: u64| TunnelReadings {
+        traffic: TunnelTraffic::Read {
+            watched: vec![west],
+            peers: BTreeMap::from([(west, (100, tx))]),
+        },
+        standby_reached: Vec::new(),
+    };
+    let mut leases = BTreeMap::new();
+    let mut books = [LeaseBook::default(), LeaseBook::default()];
+    for step in 0..12_i64 {
+        let now = T0 + step * 2_000;
+        for (book, name) in books.iter_mut().zip(["e1", "e2"]) {
+            book.ingest(&leases, now);
+            book.elect(&nodes, 2, now);
+            let tx = 100 + 50 * step as u64;
+            if let Some(w) = book.tend(name, &nodes, &silent(tx), now) {
+                assert!(!w.next.cut_off, "{name} has nobody to ask: {w:?}");
+                leases.insert(w.name.clone(), w.next.clone());
+            }
+        }
+    }
+    let second = &leases[&share_lease_name("east", 1)];
+    assert_eq!(second.holder.as_deref(), Some("e2"));
+}

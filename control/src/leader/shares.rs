@@ -5,10 +5,13 @@
 //! ([`share_lease_name`]). Each share elects its leader as a location elects one
 //! ([`elect`]), among the location's members that lead no other share: a node holding another
 //! share's valid lease is never a candidate, so one share's failover never moves another's
-//! leader. The other shares' candidates are further the fit ones only: neither cordoned nor
-//! kept out by any share's lease (an expired holder, a deposed one, one replaced while cut off),
-//! and the nodes annotated `kilo.squat.ai/leader` when any fit node is. A share with no such
-//! candidate has no leader, and the location has fewer shares.
+//! leader. A node gone from any share (the holder of an expired share lease, or one a share's
+//! lease records as deposed, until it checks in again) leads no share while another node can
+//! lead the first, and leads no other share at all; a holder a verifier replaced while it was
+//! cut off is kept out of that share only, as [`elect`] keeps it out of a location's lease. The
+//! other shares' candidates are further neither cordoned nor gone, and the nodes annotated
+//! `kilo.squat.ai/leader` when any such node is. A share with no such candidate has no leader,
+//! and the location has fewer shares.
 //!
 //! Pure: no I/O.
 
@@ -56,12 +59,12 @@ pub fn elect_shares(
             .filter(|l| l.is_valid(now_ms))
             .and_then(|l| l.holder.as_deref())
     };
-    // Kept out by any share's lease: it stopped renewing, was deposed, or was cut off.
+    // Gone, by any share's lease: it stopped renewing, or was deposed.
     let kept_out: BTreeSet<&str> = members
         .iter()
         .filter(|n| {
             slot_leases.iter().flatten().any(|l| {
-                l.keeps_out(n, now_ms)
+                l.deposes(n)
                     || (!l.is_valid(now_ms) && l.holder.as_deref() == Some(n.name.as_str()))
             })
         })
@@ -77,8 +80,8 @@ pub fn elect_shares(
         };
         let mut pool: Vec<&Node> = members.iter().filter(free).copied().collect();
         if share == 0 {
-            // The first share always has a leader; another share's kept-out nodes lead it only
-            // when nothing else can (its own lease's are left to `elect`).
+            // The first share has a leader while any member is free; another share's gone
+            // nodes lead it only when nothing else can (its own lease's are left to `elect`).
             if pool.iter().any(|n| !kept_out.contains(n.name.as_str())) {
                 pool.retain(|n| {
                     !kept_out.contains(n.name.as_str())
@@ -90,8 +93,7 @@ pub fn elect_shares(
         }
         if let Some(mut e) = elect(&pool, *lease, now_ms) {
             e.share = share;
-            // The pool leaves out the nodes kept out by other shares' leases: they are kept
-            // out of every share.
+            // The nodes gone from any share lead none and count for no share's load.
             e.kept_out = kept_out.iter().map(|n| n.to_string()).collect();
             elected.push(e);
         }

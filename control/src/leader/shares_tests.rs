@@ -196,3 +196,24 @@ fn a_restarted_node_holding_a_shares_lease_is_led_by_nobody_else() {
         Some("e1")
     );
 }
+
+#[test]
+fn a_holder_replaced_while_cut_off_is_kept_out_of_that_share_only() {
+    let nodes = east();
+    // e4 took share 1 over from e2, found cut off; share 2 has no holder yet.
+    let mut share1 = held("e4", NOW);
+    share1.cut_off_predecessor = Some("e2".into());
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (share_lease_name("east", 1), share1),
+    ]);
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
+    let pairs: Vec<(usize, &str)> = elected
+        .iter()
+        .map(|e| (e.share, e.leader.as_str()))
+        .collect();
+    assert_eq!(pairs, [(0, "e1"), (1, "e4"), (2, "e2")]);
+    // Nor does it sit outside the shares' balance.
+    assert!(elected.iter().all(|e| e.kept_out.is_empty()), "{elected:?}");
+}

@@ -4,12 +4,13 @@
 //!
 //! Which nodes lead and which share each node joins are functions of the node set every agent
 //! sees, so no two agents can disagree while they see the same nodes:
-//! - the leaders are the lease holder (when the location has one), then the candidates in Kilo's
-//!   order of preference ([`leader_ranking`]): the nodes annotated `kilo.squat.ai/leader` when
-//!   any is, else all of them;
-//! - every other node joins the leader it scores highest with ([`score`], rendezvous hashing),
-//!   unless that leader's share is full: shares differ by at most one node. A leader's loss or
-//!   arrival moves the nodes whose best leader changed, and the few that balance needs.
+//! - the leaders are the ones elected by the shares' leases (with lease election, see
+//!   [`crate::leader::shares`]), then, up to the number asked, the candidates in Kilo's order of
+//!   preference ([`leader_ranking`]): the nodes annotated `kilo.squat.ai/leader` when any is,
+//!   else all of them;
+//! - every other node joins the share it scores highest with ([`score`], rendezvous hashing),
+//!   unless that share is full: shares differ by at most one node. A leader's loss or arrival
+//!   moves the nodes whose best share changed, and the few that balance needs.
 //!
 //! Pure: no I/O.
 
@@ -173,17 +174,18 @@ pub fn score(follower: &str, label: &str) -> u64 {
 }
 
 /// The key of a share of the location whose segment key is `location_key`:
-/// `location:<name>#share:<n>` for share `n` (counting from 1) when its leader holds that
-/// share's lease, so that the share keeps its key, and with it its place in the WireGuard IP
-/// order and its followers, when another node takes its lease over; `location:<name>#<leader>`
-/// without a lease. `label` is the part after `#` ([`share_label`]).
+/// `location:<name>#share:<n>` for share `n` (counting from 1) when its leader is elected by
+/// that share's lease (every node takes part in lease election), so that the share keeps its
+/// key, and with it its place in the WireGuard IP order and its followers, when another node
+/// takes its lease over; `location:<name>#<leader>` otherwise. `label` is the part after `#`
+/// ([`share_label`]).
 pub fn share_key(location_key: &str, label: &str) -> String {
     format!("{location_key}#{label}")
 }
 
 /// What a share is known by in its key and in the followers' scores: `share:<n>` for a share
-/// led by its lease's holder (`share` counting from 0), else its leader's name (a node name
-/// has no `:`).
+/// whose leader its lease elects (`share` counting from 0), else its leader's name (a node
+/// name has no `:`).
 pub fn share_label(share: Option<usize>, leader: &str) -> String {
     share.map_or_else(|| leader.to_string(), |s| format!("share:{}", s + 1))
 }

@@ -191,7 +191,7 @@ fn a_shares_leader_by_lease_is_said_to_hold_its_shares_lease() {
             name: "e1".into(),
         },
     ];
-    let leases = BTreeMap::from([("east".to_string(), chosen)]);
+    let leases = BTreeMap::from([("east".to_string(), chosen.clone())]);
     let mut params = f1_params("w1", Granularity::Location);
     params.leaders_per_location = 2;
     let t = Topology::with_leaders(&nodes, &[], &params, &leases).unwrap();
