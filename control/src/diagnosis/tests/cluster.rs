@@ -212,4 +212,12 @@ fn a_shares_leader_by_lease_is_said_to_hold_its_shares_lease() {
     assert!(findings.iter().any(|f| f.subject == "location:east#e1"
         && f.message
             .contains("one of its location's leaders (--leaders-per-location)")));
+    // Down to one share, led by the second share's lease: named as that lease.
+    params.leaders_per_location = 1;
+    let second = BTreeMap::from([("east".to_string(), vec![chosen[1].clone()])]);
+    let t = Topology::with_leaders(&nodes, &[], &params, &second).unwrap();
+    let findings = cluster_findings_with_leases(&nodes, &[], Some(&t), &second, NOW);
+    assert!(findings.iter().any(|f| f.subject == "location:east"
+        && f.message
+            .contains("e1 leads (1 of 4 ready nodes): it holds the lease of share 2")));
 }
