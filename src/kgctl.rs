@@ -191,11 +191,9 @@ fn leaders_per_location(nodes: &[Node], granularity: Granularity) -> usize {
     if granularity != Granularity::Location {
         return 1;
     }
-    nodes
-        .iter()
-        .map(|n| usize::from(n.leaders_per_location.unwrap_or(1)))
-        .min()
-        .unwrap_or(1)
+    usize::from(control::topology::shares::agreed_leaders_per_location(
+        nodes,
+    ))
 }
 
 impl View {

@@ -24,14 +24,19 @@ fn held(holder: &str, renewed_ms: i64) -> LeaseState {
     }
 }
 
+/// East's elections among `nodes` with `count` shares.
+fn elected(nodes: &[Node], leases: &BTreeMap<String, LeaseState>, count: usize) -> Vec<Election> {
+    let refs: Vec<&Node> = nodes.iter().collect();
+    elect_shares(&refs, "east", leases, count, NOW)
+}
+
 /// Each share's leader, in share order, as (share, leader).
 fn leaders(
     nodes: &[Node],
     leases: &BTreeMap<String, LeaseState>,
     count: usize,
 ) -> Vec<(usize, String)> {
-    let refs: Vec<&Node> = nodes.iter().collect();
-    elect_shares(&refs, "east", leases, count, NOW)
+    elected(nodes, leases, count)
         .into_iter()
         .map(|e| (e.share, e.leader))
         .collect()
@@ -102,13 +107,11 @@ fn a_lost_secondary_leader_is_replaced_by_a_node_leading_nothing() {
         ),
         (share_lease_name("east", 2), held("e3", NOW)),
     ]);
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
-    let pairs: Vec<(usize, &str)> = elected
-        .iter()
-        .map(|e| (e.share, e.leader.as_str()))
-        .collect();
-    assert_eq!(pairs, [(0, "e1"), (1, "e4"), (2, "e3")]);
+    let elected = elected(&nodes, &leases, 3);
+    assert_eq!(
+        leaders(&nodes, &leases, 3),
+        names(&[(0, "e1"), (1, "e4"), (2, "e3")])
+    );
     assert_eq!(elected[1].basis, Basis::KiloRule);
     assert!(elected[1].kept_out.contains(&"e2".to_string()));
 }
@@ -153,8 +156,7 @@ fn a_cut_off_share_is_verified_by_nodes_that_lead_nothing() {
         (share_lease_name("east", 1), share1),
         (share_lease_name("east", 2), held("e3", NOW)),
     ]);
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
+    let elected = elected(&nodes, &leases, 3);
     assert_eq!(elected[1].leader, "e2");
     assert_eq!(elected[1].verifiers, ["e4", "e5"]);
     assert!(elected[0].verifiers.is_empty());
@@ -207,13 +209,11 @@ fn a_holder_replaced_while_cut_off_is_kept_out_of_that_share_only() {
         (share_lease_name("east", 0), held("e1", NOW)),
         (share_lease_name("east", 1), share1),
     ]);
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let elected = elect_shares(&refs, "east", &leases, 3, NOW);
-    let pairs: Vec<(usize, &str)> = elected
-        .iter()
-        .map(|e| (e.share, e.leader.as_str()))
-        .collect();
-    assert_eq!(pairs, [(0, "e1"), (1, "e4"), (2, "e2")]);
+    let elected = elected(&nodes, &leases, 3);
+    assert_eq!(
+        leaders(&nodes, &leases, 3),
+        names(&[(0, "e1"), (1, "e4"), (2, "e2")])
+    );
     // Nor does it sit outside the shares' balance.
     assert!(elected.iter().all(|e| e.kept_out.is_empty()), "{elected:?}");
 }

@@ -20,6 +20,17 @@ use super::{find_leader, ShareLeader, TopologyParams};
 use crate::ip::{is_public, Endpoint};
 use crate::node::{Granularity, Node};
 
+/// The leaders per location every agent runs with among the ready `nodes`: the smallest number
+/// any of them publishes (`kilotun.io/leaders-per-location`; 1 for a node that publishes none,
+/// Kilo's kg among them).
+pub fn agreed_leaders_per_location<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> u16 {
+    nodes
+        .into_iter()
+        .map(|n| n.leaders_per_location.unwrap_or(1))
+        .min()
+        .unwrap_or(1)
+}
+
 /// Kilo's order of preference among `nodes` (given in name order), as positions: nodes
 /// annotated `kilo.squat.ai/leader` with a public endpoint, then the other annotated ones, then
 /// those with a public endpoint, then the rest, each group in the given order. Its first entry

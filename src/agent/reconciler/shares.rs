@@ -31,7 +31,7 @@ impl Reconciler {
         }
         let hostname = &self.s.hostname;
         let published = |n: &Node| n.leaders_per_location.unwrap_or(1);
-        let effective = nodes.iter().map(published).min().unwrap_or(1).min(wanted);
+        let effective = control::topology::shares::agreed_leaders_per_location(nodes).min(wanted);
         let holding: Vec<String> = nodes
             .iter()
             .filter(|n| n.name != *hostname && published(n) < wanted)

@@ -41,13 +41,18 @@ fn east_lease_holder(k: &KubeCluster) -> Option<String> {
 
 /// A field of east's Lease (a kubectl JSONPath), when it is set.
 fn east_lease_field(k: &KubeCluster, path: &str) -> Option<String> {
+    lease_field(k, "kilotun-leader-east", path)
+}
+
+/// A field of the `kube-system` Lease `name` (a kubectl JSONPath), when it is set.
+fn lease_field(k: &KubeCluster, name: &str, path: &str) -> Option<String> {
     let out = k.kube.kubectl_output(
         &[
             "-n",
             "kube-system",
             "get",
             "lease",
-            "kilotun-leader-east",
+            name,
             "-o",
             &format!("jsonpath={path}"),
         ],
@@ -327,20 +332,7 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
 
 /// The holder of the `kube-system` Lease `name`, read with kubectl.
 fn lease_holder(k: &KubeCluster, name: &str) -> Option<String> {
-    let out = k.kube.kubectl_output(
-        &[
-            "-n",
-            "kube-system",
-            "get",
-            "lease",
-            name,
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ],
-        None,
-    );
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.success() && !text.is_empty()).then_some(text)
+    lease_field(k, name, "{.spec.holderIdentity}")
 }
 
 /// Two leaders in east (`--leaders-per-location=2`), each holding a Lease of its own on the
