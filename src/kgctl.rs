@@ -170,6 +170,7 @@ pub fn view_with_ipam(
                 .map(|e| control::topology::ShareLeader {
                     share: e.share,
                     name: e.leader,
+                    predecessors: e.predecessors,
                 })
                 .collect();
             (location, leaders)

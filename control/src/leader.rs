@@ -198,12 +198,17 @@ pub struct Election {
     pub verifiers: Vec<String>,
     /// Members the lease keeps from leading (deposed, replaced while cut off, or the holder of
     /// an expired lease). With several leaders per location, the members gone from any share
-    /// instead (deposed, or the holder of an expired share lease): they lead no share and count
-    /// for no share's load (see [`shares::elect_shares`]).
+    /// instead (deposed, or the holder of an expired share lease): they lead no share, and stay in
+    /// the share they are gone from ([`Election::predecessors`]; see [`shares::elect_shares`]).
     pub kept_out: Vec<String>,
     /// Which of the location's shares it leads (0 for the location's lease, see
     /// [`shares::elect_shares`]).
     pub share: usize,
+    /// With several leaders per location, the earlier holders of this share's lease that lead
+    /// nothing now (its expired holder, the holders it deposed or replaced while cut off, until
+    /// they check in again): they stay in this share, counted in its load, while its new leader
+    /// is one of its own followers, so that a leader's loss moves no other node.
+    pub predecessors: Vec<String>,
 }
 
 /// The lease's name for `location` (a DNS-1123 name: lower-case letters, digits and `-`).
@@ -269,6 +274,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
                     verifiers,
                     kept_out: kept_out_names,
                     share: 0,
+                    predecessors: Vec::new(),
                 });
             }
         }
@@ -289,6 +295,7 @@ pub fn elect(members: &[&Node], lease: Option<&LeaseState>, now_ms: i64) -> Opti
         verifiers: Vec::new(),
         kept_out: kept_out_names,
         share: 0,
+        predecessors: Vec::new(),
     })
 }
 

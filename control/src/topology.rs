@@ -124,6 +124,10 @@ pub struct ShareLeader {
     pub share: usize,
     /// The leader's node name.
     pub name: String,
+    /// Earlier holders of the share's lease that lead nothing now (see
+    /// [`crate::leader::Election::predecessors`]): they stay in the share and count for its
+    /// load, so that a leader's loss moves no other node.
+    pub predecessors: Vec<String>,
 }
 
 impl ShareLeader {
@@ -132,6 +136,7 @@ impl ShareLeader {
         vec![ShareLeader {
             share: 0,
             name: name.into(),
+            predecessors: Vec::new(),
         }]
     }
 }

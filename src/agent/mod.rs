@@ -184,6 +184,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.core.readiness_deadline()
     }
 
+    /// When a lease this node saw held runs out unless renewed (see
+    /// [`reconciler::Reconciler::lease_deadline`]).
+    pub fn lease_deadline(&self) -> Option<Instant> {
+        self.core.lease_deadline()
+    }
+
     fn warn_once(&mut self, what: &'static str, message: &str) {
         if !self.warned.insert(what, true).unwrap_or(false) {
             tracing::warn!("{message}");
@@ -269,6 +275,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             () = sleep_until(agent.readiness_deadline()) => Trigger::Readiness,
             _ = lease_timer.tick(), if leases => Trigger::Lease,
+            () = sleep_until(agent.lease_deadline()), if leases => Trigger::Lease,
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.

@@ -384,10 +384,11 @@ impl Sim {
                 .filter_map(|n| n.running.as_ref())
                 .map(|r| {
                     let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
-                    r.twin
-                        .agent
-                        .readiness_deadline()
-                        .map_or(timers, |at| at.min(timers))
+                    let agent = &r.twin.agent;
+                    [agent.readiness_deadline(), agent.lease_deadline()]
+                        .into_iter()
+                        .flatten()
+                        .fold(timers, Instant::min)
                 })
                 .min();
             let Some(next) = next.filter(|at| *at <= end) else {
@@ -480,6 +481,14 @@ impl Sim {
         }
         if running.next_lease <= now {
             running.next_lease = now + LEASE_PERIOD;
+            due.push(Trigger::Lease);
+        } else if running
+            .twin
+            .agent
+            .lease_deadline()
+            .is_some_and(|at| at <= now)
+        {
+            // A lease ran out between two lease steps: the step runs now, as kg's does.
             due.push(Trigger::Lease);
         }
         if running

@@ -153,6 +153,23 @@ impl LeaseBook {
         }
     }
 
+    /// When (Unix milliseconds, after `now_ms`) the next held lease expires as this node
+    /// judges it, unless renewed before: the moment a leader may change with time alone, when
+    /// the lease step should run rather than up to a step later. `None` while the backend is
+    /// unreachable (leases are then judged as of the last moment it was reached) or no lease
+    /// is held.
+    pub fn next_expiry_ms(&self, now_ms: i64) -> Option<i64> {
+        if self.frozen_ms.is_some() {
+            return None;
+        }
+        self.seen
+            .values()
+            .filter(|s| s.state.holder.is_some())
+            .map(|s| s.observed_ms + s.state.duration_ms)
+            .filter(|&expiry| expiry > now_ms)
+            .min()
+    }
+
     /// The moment leases are judged at, `now_ms` or, while the backend is unreachable, the
     /// last moment it was reached.
     pub fn judged_at(&self, now_ms: i64) -> i64 {
@@ -192,7 +209,12 @@ impl LeaseBook {
             m.iter()
                 .flat_map(|(l, shares)| {
                     shares.iter().map(move |e| {
-                        let who = (e.leader.clone(), e.verifiers.clone(), e.kept_out.clone());
+                        let who = (
+                            e.leader.clone(),
+                            e.verifiers.clone(),
+                            e.kept_out.clone(),
+                            e.predecessors.clone(),
+                        );
                         (l.clone(), e.share, who)
                     })
                 })
@@ -217,6 +239,7 @@ impl LeaseBook {
                     .map(|e| ShareLeader {
                         share: e.share,
                         name: e.leader.clone(),
+                        predecessors: e.predecessors.clone(),
                     })
                     .collect();
                 (l.clone(), leaders)
@@ -275,6 +298,7 @@ impl LeaseBook {
                 verifiers: Vec::new(),
                 kept_out: Vec::new(),
                 share: 0,
+                predecessors: Vec::new(),
             }],
         };
         let holds = |share: usize| {

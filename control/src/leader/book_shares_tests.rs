@@ -16,7 +16,12 @@ struct Cluster {
 
 impl Cluster {
     fn new() -> Self {
-        let mut nodes = location_nodes("e", "east", 10, 4);
+        Self::with_east(4)
+    }
+
+    /// East of `count` nodes (e1..) and west (w1).
+    fn with_east(count: u8) -> Self {
+        let mut nodes = location_nodes("e", "east", 10, count);
         nodes.extend(location_nodes("w", "west", 20, 1));
         for n in &mut nodes {
             n.lease_election = true;
@@ -68,6 +73,23 @@ impl Cluster {
         self.books[name].leader_names()["east"]
             .iter()
             .map(|l| l.name.clone())
+            .collect()
+    }
+
+    /// Each east node's share as `name`'s book splits the location, by share label.
+    fn shares_seen_by(&self, name: &str, count: usize) -> BTreeMap<String, String> {
+        let book = &self.books[name];
+        let group: Vec<&Node> = self.nodes.iter().filter(|n| n.location == "east").collect();
+        let split = crate::topology::shares::split(
+            &group,
+            count,
+            &book.leader_names()["east"],
+            &book.kept_out(),
+        );
+        group
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), split.labels[split.share_of[i]].clone()))
             .collect()
     }
 }
@@ -201,4 +223,35 @@ fn a_share_leader_with_no_other_candidate_never_marks_itself_cut_off() {
     }
     let second = &leases[&share_lease_name("east", 1)];
     assert_eq!(second.holder.as_deref(), Some("e2"));
+}
+
+#[test]
+fn a_leaders_death_moves_no_follower_of_any_share() {
+    let mut c = Cluster::with_east(9);
+    let everyone: Vec<String> = c.nodes.iter().map(|n| n.name.clone()).collect();
+    let all: Vec<&str> = everyone.iter().map(String::as_str).collect();
+    let mut now = T0;
+    for _ in 0..3 {
+        c.step(&all, 3, now);
+        now += LEASE_RENEW_MS;
+    }
+    let before = c.shares_seen_by("w1", 3);
+    let dead = c.holder(1).unwrap().to_string();
+    let alive: Vec<&str> = all.iter().copied().filter(|n| *n != dead).collect();
+    for _ in 0..8 {
+        c.step(&alive, 3, now);
+        // At every step (the lease valid, expired, taken over, renewed) every node, the dead
+        // one included, is in the share it was in.
+        assert_eq!(c.shares_seen_by("w1", 3), before, "at +{} ms", now - T0);
+        now += LEASE_RENEW_MS;
+    }
+    let successor = c.holder(1).unwrap();
+    assert_ne!(successor, dead);
+    assert_eq!(
+        before[successor], before[&dead],
+        "{successor} was in the dead leader's share"
+    );
+    assert!(c.leases[&share_lease_name("east", 1)]
+        .deposed
+        .contains_key(&dead));
 }

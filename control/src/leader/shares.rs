@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{elect, lease_name, Election, LeaseState};
 use crate::node::Node;
+use crate::topology::shares::split;
+use crate::topology::ShareLeader;
 
 /// The most leaders a location may have.
 pub const MAX_SHARES: usize = 16;
@@ -72,6 +74,8 @@ pub fn elect_shares(
         .collect();
     let fit = |n: &Node| !n.cordoned && !kept_out.contains(n.name.as_str());
     let annotated = members.iter().any(|n| fit(n) && n.leader);
+    let gone = gone_from(members, &slot_leases, now_ms);
+    let own = own_followers(members, &slot_leases, &gone, &kept_out, count);
     let mut elected: Vec<Election> = Vec::with_capacity(count);
     for (share, lease) in slot_leases.iter().enumerate() {
         let free = |n: &&&Node| {
@@ -91,14 +95,115 @@ pub fn elect_shares(
         } else {
             pool.retain(|n| fit(n) && (n.leader || !annotated));
         }
+        // A share whose holder leads it no more is taken over by one of its own followers
+        // (a fit one, annotated when the pool's candidates are), which keeps every other node
+        // where it is; the pool stands when none of them can.
+        let holder_leaves = lease.and_then(|l| l.holder.as_deref()).is_some_and(|h| {
+            holder(share) != Some(h)
+                || kept_out.contains(h)
+                || members.iter().any(|n| n.name == h && n.cordoned)
+        });
+        if let Some(own) = own.get(&share).filter(|_| holder_leaves) {
+            let successor =
+                |n: &&Node| own.contains(&n.name.as_str()) && fit(n) && (n.leader || !annotated);
+            if pool.iter().any(successor) {
+                pool.retain(|n| successor(n));
+            }
+        }
         if let Some(mut e) = elect(&pool, *lease, now_ms) {
             e.share = share;
-            // The nodes gone from any share lead none and count for no share's load.
+            // The nodes gone from any share lead none and count for no share's load, but the
+            // ones gone from this share stay in it.
             e.kept_out = kept_out.iter().map(|n| n.to_string()).collect();
+            e.predecessors = gone
+                .iter()
+                .filter(|(_, &s)| s == share)
+                .map(|(n, _)| n.to_string())
+                .collect();
             elected.push(e);
         }
     }
+    // A predecessor that leads another share now is that share's leader, not a predecessor.
+    let leaders: BTreeSet<String> = elected.iter().map(|e| e.leader.clone()).collect();
+    for e in &mut elected {
+        e.predecessors.retain(|p| !leaders.contains(p));
+    }
     elected
+}
+
+/// The members a share's lease keeps from leading it (its expired holder, the holders it
+/// deposed, the one it replaced while cut off), each with the first such share.
+fn gone_from<'n>(
+    members: &[&'n Node],
+    slot_leases: &[Option<&LeaseState>],
+    now_ms: i64,
+) -> BTreeMap<&'n str, usize> {
+    members
+        .iter()
+        .filter_map(|n| {
+            let share = slot_leases.iter().position(|l| {
+                l.is_some_and(|l| {
+                    l.keeps_out(n, now_ms)
+                        || (!l.is_valid(now_ms) && l.holder.as_deref() == Some(n.name.as_str()))
+                })
+            })?;
+            Some((n.name.as_str(), share))
+        })
+        .collect()
+}
+
+/// Each share's followers while its lease's holders (expired ones included) led the shares:
+/// the split the topology made before any of them was found gone, so that a successor chosen
+/// among its share's own followers moves nobody else
+/// ([`crate::topology::shares::assign`]).
+fn own_followers<'n>(
+    members: &[&'n Node],
+    slot_leases: &[Option<&LeaseState>],
+    gone: &BTreeMap<&str, usize>,
+    kept_out: &BTreeSet<&str>,
+    count: usize,
+) -> BTreeMap<usize, Vec<&'n str>> {
+    let mut group: Vec<&Node> = members.to_vec();
+    group.sort_by(|a, b| a.name.cmp(&b.name));
+    let holders: Vec<(usize, &str)> = slot_leases
+        .iter()
+        .enumerate()
+        .filter_map(|(s, l)| Some((s, l.and_then(|l| l.holder.as_deref())?)))
+        .filter(|(_, h)| group.iter().any(|n| n.name == *h))
+        .collect();
+    let is_holder = |n: &str| holders.iter().any(|(_, h)| *h == n);
+    let chosen: Vec<ShareLeader> = holders
+        .iter()
+        .map(|&(share, name)| ShareLeader {
+            share,
+            name: name.to_string(),
+            predecessors: gone
+                .iter()
+                .filter(|(n, &s)| s == share && !is_holder(n))
+                .map(|(n, _)| n.to_string())
+                .collect(),
+        })
+        .collect();
+    let kept_out: BTreeSet<String> = kept_out
+        .iter()
+        .filter(|n| !is_holder(n))
+        .map(|n| n.to_string())
+        .collect();
+    let split = split(&group, count, &chosen, &kept_out);
+    let mut own: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for (position, &head) in split.heads.iter().enumerate() {
+        let Some(leader) = chosen.iter().find(|c| c.name == group[head].name) else {
+            continue;
+        };
+        let followers = group
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != head && split.share_of[i] == position)
+            .map(|(_, n)| n.name.as_str())
+            .collect();
+        own.insert(leader.share, followers);
+    }
+    own
 }
 
 #[cfg(test)]

@@ -97,8 +97,14 @@ fn a_shares_holder_keeps_it_when_the_first_share_fails_over() {
 }
 
 #[test]
-fn a_lost_secondary_leader_is_replaced_by_a_node_leading_nothing() {
-    let nodes = east();
+fn a_lost_secondary_leader_is_replaced_by_a_follower_of_its_share() {
+    let nodes = location_nodes("e", "east", 10, 9)
+        .into_iter()
+        .map(|mut n| {
+            n.lease_election = true;
+            n
+        })
+        .collect::<Vec<_>>();
     let leases = BTreeMap::from([
         (share_lease_name("east", 0), held("e1", NOW)),
         (
@@ -107,13 +113,41 @@ fn a_lost_secondary_leader_is_replaced_by_a_node_leading_nothing() {
         ),
         (share_lease_name("east", 2), held("e3", NOW)),
     ]);
+    // The shares as they were while e2 led share 1.
+    let group: Vec<&Node> = nodes.iter().collect();
+    let chosen: Vec<ShareLeader> = ["e1", "e2", "e3"]
+        .iter()
+        .enumerate()
+        .map(|(share, name)| ShareLeader {
+            share,
+            name: name.to_string(),
+            predecessors: Vec::new(),
+        })
+        .collect();
+    let before = split(&group, 3, &chosen, &Default::default());
+    let share1: Vec<&str> = (0..nodes.len())
+        .filter(|&i| before.share_of[i] == 1 && nodes[i].name != "e2")
+        .map(|i| nodes[i].name.as_str())
+        .collect();
     let elected = elected(&nodes, &leases, 3);
-    assert_eq!(
-        leaders(&nodes, &leases, 3),
-        names(&[(0, "e1"), (1, "e4"), (2, "e3")])
+    let leaders: Vec<&str> = elected.iter().map(|e| e.leader.as_str()).collect();
+    assert_eq!([leaders[0], leaders[2]], ["e1", "e3"]);
+    assert!(
+        share1.contains(&leaders[1]),
+        "{} took share 1 over, not one of its followers {share1:?}",
+        leaders[1]
     );
+    // Kilo's order among them: the first in name order (none is annotated or public).
+    assert_eq!(leaders[1], share1[0]);
     assert_eq!(elected[1].basis, Basis::KiloRule);
     assert!(elected[1].kept_out.contains(&"e2".to_string()));
+    // e2 stays in share 1 and in no other.
+    assert_eq!(elected[1].predecessors, ["e2"]);
+    assert!(elected[0].predecessors.is_empty() && elected[2].predecessors.is_empty());
+    // With no follower left in its share, the other candidates stand.
+    let three = &nodes[..3];
+    let alone = super::elect_shares(&three.iter().collect::<Vec<_>>(), "east", &leases, 3, NOW);
+    assert_eq!(alone.len(), 2, "two nodes left lead two shares: {alone:?}");
 }
 
 #[test]

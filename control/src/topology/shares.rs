@@ -98,71 +98,129 @@ pub fn share_leaders(
     leaders
 }
 
-/// Each of `nodes`' share, as a position in `leaders`: a leader is in its own share; every
-/// other node joins the share it scores highest with (by the share's entry in `labels`, one
-/// per leader) whose share is not yet full (shares differ by at most one follower), the nodes
-/// placed in the order of their best score, highest first, so that the nodes most attached to
-/// a share keep it. A share labelled by its lease's number keeps its followers when another
-/// node takes its lease over; one labelled by its leader's name, when the others change. The
-/// `kept_out` nodes (a dead or deposed leader among them) join their best share last and count
-/// for no share's load, so that a leader's loss moves no live node to make room for it.
+/// Each of `nodes`' share, as a position in `leaders`: a leader is in its own share; a node
+/// `pinned` to a share (a leader gone from it, see [`ShareLeader::predecessors`]) stays in it;
+/// every other node joins the share it scores highest with (by the share's entry in `labels`,
+/// one per leader) that is not yet full, the nodes placed in the order of their best score,
+/// highest first, so that the nodes most attached to a share keep it. Shares are full at an
+/// even part of the pinned nodes and followers (the first shares one more when they do not
+/// divide evenly), so they differ by at most one node while none is pinned. The other `kept_out`
+/// nodes join their best share and count for no share's load.
+///
+/// A share labelled by its lease's number keeps its followers when another node takes its lease
+/// over; one labelled by its leader's name, when the others change. Because the pinned nodes are
+/// placed first and the shares' sizes do not depend on the order, a leader that dies, pinned to
+/// its share, while one of that share's followers takes its lease over, moves no other node: up
+/// to the successor's turn its share is one fuller than before, which turns nobody away that
+/// the successor's own place did not, and from then on every share is as full as before.
 pub fn assign(
     nodes: &[&Node],
     leaders: &[usize],
     labels: &[String],
     kept_out: &BTreeSet<String>,
+    pinned: &BTreeMap<String, usize>,
 ) -> Vec<usize> {
     let mut share = vec![0; nodes.len()];
     for (s, &l) in leaders.iter().enumerate() {
         share[l] = s;
     }
-    if leaders.len() <= 1 {
+    let count = leaders.len();
+    if count <= 1 {
         return share;
     }
-    let (outside, followers): (Vec<usize>, Vec<usize>) = (0..nodes.len())
-        .filter(|i| !leaders.contains(i))
-        .partition(|&i| kept_out.contains(&nodes[i].name));
+    let mut load = vec![0; count];
+    let mut followers: Vec<usize> = Vec::with_capacity(nodes.len());
     let best = |f: usize| {
-        (0..leaders.len())
+        (0..count)
             .max_by_key(|&s| (score(&nodes[f].name, &labels[s]), s))
             .unwrap_or(0)
     };
-    for f in outside {
-        share[f] = best(f);
+    for i in (0..nodes.len()).filter(|i| !leaders.contains(i)) {
+        let name = &nodes[i].name;
+        match pinned.get(name).filter(|&&s| s < count) {
+            Some(&s) => {
+                share[i] = s;
+                load[s] += 1;
+            }
+            None if kept_out.contains(name) => share[i] = best(i),
+            None => followers.push(i),
+        }
     }
-    // Shares of `base` followers, `larger` of them one more.
-    let (base, mut larger) = (
-        followers.len() / leaders.len(),
-        followers.len() % leaders.len(),
-    );
-    // Each follower's leaders, best first.
+    let placed = load.iter().sum::<usize>() + followers.len();
+    let full = |s: usize| placed / count + usize::from(s < placed % count);
+    // Each follower's shares, best first.
     let mut preferences: Vec<(usize, Vec<(u64, usize)>)> = followers
         .iter()
         .map(|&f| {
-            let mut scores: Vec<(u64, usize)> = leaders
-                .iter()
-                .enumerate()
-                .map(|(s, _)| (score(&nodes[f].name, &labels[s]), s))
+            let mut scores: Vec<(u64, usize)> = (0..count)
+                .map(|s| (score(&nodes[f].name, &labels[s]), s))
                 .collect();
             scores.sort_by(|a, b| b.cmp(a));
             (f, scores)
         })
         .collect();
     preferences.sort_by(|a, b| b.1[0].cmp(&a.1[0]).then(a.0.cmp(&b.0)));
-    let mut load = vec![0; leaders.len()];
     for (f, scores) in preferences {
+        // The pinned nodes fill no share past what the followers leave room for: a follower
+        // always finds one (the best, should the pinned ones have overfilled the others).
         let s = scores
             .iter()
             .map(|&(_, s)| s)
-            .find(|&s| load[s] < base || (load[s] == base && larger > 0))
-            .expect("the shares hold every follower");
-        if load[s] == base {
-            larger -= 1;
-        }
+            .find(|&s| load[s] < full(s))
+            .unwrap_or(scores[0].1);
         load[s] += 1;
         share[f] = s;
     }
     share
+}
+
+/// A location split into shares: its leaders, what each share is known by, and every node's
+/// share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    /// The leaders, as positions in the location's nodes, in share order.
+    pub heads: Vec<usize>,
+    /// Each share's label ([`share_label`]).
+    pub labels: Vec<String>,
+    /// Each node's share, as a position in `heads`.
+    pub share_of: Vec<usize>,
+}
+
+/// Splits the location of `group` (its nodes, in name order) into up to `count` shares led by
+/// the `chosen` leaders (the shares' lease holders) and then by Kilo's order of preference
+/// ([`share_leaders`]), each node in the share [`assign`] gives it; the `chosen` leaders'
+/// predecessors stay in their shares. Every agent, kgctl and the lease election split alike.
+pub fn split(
+    group: &[&Node],
+    count: usize,
+    chosen: &[ShareLeader],
+    kept_out: &BTreeSet<String>,
+) -> Split {
+    let names: Vec<&str> = chosen.iter().map(|c| c.name.as_str()).collect();
+    let heads = share_leaders(group, count, &names, kept_out);
+    let labels: Vec<String> = heads
+        .iter()
+        .map(|&h| {
+            let name = &group[h].name;
+            let share = chosen.iter().find(|c| c.name == *name).map(|c| c.share);
+            share_label(share, name)
+        })
+        .collect();
+    let mut pinned: BTreeMap<String, usize> = BTreeMap::new();
+    for (position, &h) in heads.iter().enumerate() {
+        let Some(leader) = chosen.iter().find(|c| c.name == group[h].name) else {
+            continue;
+        };
+        for p in &leader.predecessors {
+            pinned.entry(p.clone()).or_insert(position);
+        }
+    }
+    let share_of = assign(group, &heads, &labels, kept_out, &pinned);
+    Split {
+        heads,
+        labels,
+        share_of,
+    }
 }
 
 /// How much `follower` prefers the share labelled `label`: a 64-bit hash of both (FNV-1a,
@@ -232,58 +290,47 @@ pub(super) fn plan_segments<'a>(
         } else {
             &none
         };
-        let heads = if location_wide && params.leaders_per_location > 1 {
-            let names: Vec<&str> = chosen.iter().map(|c| c.name.as_str()).collect();
-            share_leaders(
+        let leader = if location_wide && params.leaders_per_location > 1 {
+            let split = split(
                 &group,
                 params.leaders_per_location,
-                &names,
+                chosen,
                 &params.kept_out,
-            )
+            );
+            if split.heads.len() > 1 {
+                for (s, &head) in split.heads.iter().enumerate() {
+                    let members: Vec<&Node> = group
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| split.share_of[*i] == s)
+                        .map(|(_, n)| *n)
+                        .collect();
+                    let leader = members
+                        .iter()
+                        .position(|n| n.name == group[head].name)
+                        .expect("a leader is in its own share");
+                    plans.push(SegmentPlan {
+                        key: share_key(&key, &split.labels[s]),
+                        group: members,
+                        leader,
+                        shared: true,
+                    });
+                }
+                continue;
+            }
+            split.heads[0]
         } else {
-            let leader = chosen
+            chosen
                 .first()
                 .and_then(|c| group.iter().position(|n| n.name == c.name))
-                .unwrap_or_else(|| find_leader(&group));
-            vec![leader]
+                .unwrap_or_else(|| find_leader(&group))
         };
-        if heads.len() == 1 {
-            let leader = heads[0];
-            plans.push(SegmentPlan {
-                key,
-                group,
-                leader,
-                shared: false,
-            });
-            continue;
-        }
-        let labels: Vec<String> = heads
-            .iter()
-            .map(|&h| {
-                let name = &group[h].name;
-                let share = chosen.iter().find(|c| c.name == *name).map(|c| c.share);
-                share_label(share, name)
-            })
-            .collect();
-        let share_of = assign(&group, &heads, &labels, &params.kept_out);
-        for (s, &head) in heads.iter().enumerate() {
-            let members: Vec<&Node> = group
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| share_of[*i] == s)
-                .map(|(_, n)| *n)
-                .collect();
-            let leader = members
-                .iter()
-                .position(|n| n.name == group[head].name)
-                .expect("a leader is in its own share");
-            plans.push(SegmentPlan {
-                key: share_key(&key, &labels[s]),
-                group: members,
-                leader,
-                shared: true,
-            });
-        }
+        plans.push(SegmentPlan {
+            key,
+            group,
+            leader,
+            shared: false,
+        });
     }
     plans
 }

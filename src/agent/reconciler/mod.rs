@@ -125,6 +125,9 @@ pub struct Reconciler {
     firewall_rules: Option<RuleSet>,
     /// Leader-election leases and the leaders they give.
     leases: control::leader::book::LeaseBook,
+    /// The clock at the last ingest: where the leases' wall-clock expiries fall on the
+    /// monotonic clock ([`Reconciler::lease_deadline`]).
+    ingested_at: Option<Now>,
     /// Readiness flips not yet taken into the mesh ([`control::coalesce`]).
     readiness_batch: ReadinessBatch,
     /// Firewall writes held while readiness flips alone change the rules.
@@ -176,6 +179,7 @@ impl Reconciler {
             converged_whole: false,
             firewall_rules: None,
             leases: Default::default(),
+            ingested_at: None,
             readiness_batch: ReadinessBatch::default(),
             firewall_hold: FirewallHold::default(),
             listed: false,
@@ -213,6 +217,20 @@ impl Reconciler {
         let batch = self.readiness_batch.deadline();
         let firewall = self.firewall_hold.deadline();
         batch.into_iter().chain(firewall).min()
+    }
+
+    /// When the lease step is next due before its timer: the moment a lease this node saw
+    /// held expires unless renewed, so that a dead leader's successor is elected (and every
+    /// node routes through it) when its lease runs out, not up to a lease step later. `None`
+    /// without leases, or while the backend is unreachable.
+    pub fn lease_deadline(&self) -> Option<std::time::Instant> {
+        let at = self.ingested_at?;
+        if !self.leases_on() {
+            return None;
+        }
+        let expiry = self.leases.next_expiry_ms(at.unix_ms)?;
+        let after = u64::try_from(expiry - at.unix_ms).ok()?;
+        Some(at.instant + std::time::Duration::from_millis(after))
     }
 
     /// When the next DNS lookup is due (`None`: no name to resolve).
@@ -264,6 +282,7 @@ impl Reconciler {
         self.listed |= snapshot.listed.all();
         self.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
         self.leases.ingest(&snapshot.leases, now.unix_ms);
+        self.ingested_at = Some(now);
         let table = &mut self.table;
         let mut translated = Vec::new();
         match self.revision.and_then(|r| snapshot.changes.since(r)) {

@@ -185,10 +185,12 @@ fn a_shares_leader_by_lease_is_said_to_hold_its_shares_lease() {
         ShareLeader {
             share: 0,
             name: "e3".into(),
+            predecessors: Vec::new(),
         },
         ShareLeader {
             share: 1,
             name: "e1".into(),
+            predecessors: Vec::new(),
         },
     ];
     let leases = BTreeMap::from([("east".to_string(), chosen.clone())]);
