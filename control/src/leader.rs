@@ -74,6 +74,11 @@ pub struct LeaseState {
     /// hands. Otherwise an annotated holder that is cut off would take the lead back at every
     /// check-in and lose it again a lease step later.
     pub cut_off_predecessor: Option<String>,
+    /// The holder that handed this lease to its holder (it was cordoned, or a node annotated
+    /// `kilo.squat.ai/leader` was preferred), while the lease stays in the same hands. With
+    /// several leaders per location it stays in this lease's share
+    /// ([`Election::predecessors`]), so that the handover moves no other node.
+    pub handed_over_by: Option<String>,
 }
 
 /// What a lease write expects to find: the compare of its compare-and-swap.

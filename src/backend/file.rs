@@ -42,7 +42,7 @@ use documents::{
 };
 pub use lease::{
     lease_object, lease_state, CUT_OFF_ANNOTATION, CUT_OFF_PREDECESSOR_ANNOTATION,
-    DEPOSED_ANNOTATION,
+    DEPOSED_ANNOTATION, HANDED_OVER_BY_ANNOTATION,
 };
 use lock::{write_atomically, DirLock};
 

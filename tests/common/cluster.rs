@@ -483,6 +483,17 @@ impl Cluster {
         fs::write(&path, format!("{head}{spec}")).unwrap();
     }
 
+    /// Cordons `name`: `spec.unschedulable` in its Node file, written whole in one rename.
+    pub fn cordon(&self, name: &str) {
+        let path = self.dir.join(format!("{name}.yaml"));
+        let text = fs::read_to_string(&path).unwrap();
+        let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        value["spec"]["unschedulable"] = serde_yaml::Value::Bool(true);
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, serde_yaml::to_string(&value).unwrap()).unwrap();
+        fs::rename(&tmp, &path).unwrap();
+    }
+
     /// Starts `kg` on node `i` with the file backend and `extra` flags.
     pub fn start_kg(&mut self, i: usize, extra: &[&str]) {
         self.start_kg_with_env(i, extra, &[]);

@@ -55,17 +55,6 @@ fn east_west_pinging() -> (Cluster, (usize, &'static str), &'static str, Pinger)
     (c, leader, other, pinger)
 }
 
-/// Sets `spec.unschedulable` on Node `name` in the cluster directory, as `kubectl cordon` does.
-fn cordon(c: &Cluster, name: &str) {
-    let path = c.dir.join(format!("{name}.yaml"));
-    let text = std::fs::read_to_string(&path).unwrap();
-    let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    value["spec"]["unschedulable"] = serde_yaml::Value::Bool(true);
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_yaml::to_string(&value).unwrap()).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-}
-
 #[test]
 fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
     if !common::can_run("a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back")
@@ -151,7 +140,7 @@ fn a_cordoned_leader_hands_over_before_it_goes() {
     }
     let (c, (_, leader), other, pinger) = east_west_pinging();
     let cordoned = Instant::now();
-    cordon(&c, leader);
+    c.cordon(leader);
     let moved = c.wait_for(Duration::from_secs(10), |c| {
         c.lease_holder("east").as_deref() == Some(other)
     });

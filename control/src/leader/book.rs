@@ -351,6 +351,11 @@ impl LeaseBook {
             } else {
                 None
             },
+            handed_over_by: if cut_off_takeover {
+                None
+            } else {
+                current.holder.clone()
+            },
         };
         let (next, why, takeover) = if election.leader == hostname {
             // A sole candidate has nobody to ask: it keeps leading, unmarked.
@@ -382,6 +387,11 @@ impl LeaseBook {
                     None
                 } else {
                     current.cut_off_predecessor.clone()
+                },
+                handed_over_by: if taking {
+                    None
+                } else {
+                    current.handed_over_by.clone()
                 },
             };
             let why = if taking {

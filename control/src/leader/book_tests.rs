@@ -326,6 +326,7 @@ fn a_verifier_with_a_standby_handshake_takes_a_cut_off_lease_on_the_second_step_
         cut_off: true,
         deposed: BTreeMap::new(),
         cut_off_predecessor: None,
+        handed_over_by: None,
     };
     leases.insert(lease_name("east"), cut.clone());
     let mut book = LeaseBook::default();

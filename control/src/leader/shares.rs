@@ -97,17 +97,20 @@ pub fn elect_shares(
         }
         // A share whose holder leads it no more is taken over by one of its own followers
         // (a fit one, annotated when the pool's candidates are), which keeps every other node
-        // where it is; the pool stands when none of them can.
-        let holder_leaves = lease.and_then(|l| l.holder.as_deref()).is_some_and(|h| {
+        // where it is; so is a share whose holder marked it cut off, whose verifiers are the
+        // ones that would take it over. The pool stands when none of them can.
+        let lease_holder = lease.and_then(|l| l.holder.as_deref());
+        let holder_leaves = lease_holder.is_some_and(|h| {
             holder(share) != Some(h)
                 || kept_out.contains(h)
                 || members.iter().any(|n| n.name == h && n.cordoned)
         });
-        if let Some(own) = own.get(&share).filter(|_| holder_leaves) {
+        let verified = lease.is_some_and(|l| l.cut_off && l.is_valid(now_ms));
+        if let Some(own) = own.get(&share).filter(|_| holder_leaves || verified) {
             let successor =
                 |n: &&Node| own.contains(&n.name.as_str()) && fit(n) && (n.leader || !annotated);
             if pool.iter().any(successor) {
-                pool.retain(|n| successor(n));
+                pool.retain(|n| successor(n) || lease_holder == Some(n.name.as_str()));
             }
         }
         if let Some(mut e) = elect(&pool, *lease, now_ms) {
@@ -120,6 +123,12 @@ pub fn elect_shares(
                 .filter(|(_, &s)| s == share)
                 .map(|(n, _)| n.to_string())
                 .collect();
+            // A holder leaving a valid lease (cordoned) stays too, from the moment it leaves.
+            if let Some(h) = lease_holder.filter(|h| holder_leaves && *h != e.leader) {
+                if !e.predecessors.iter().any(|p| p == h) {
+                    e.predecessors.push(h.to_string());
+                }
+            }
             elected.push(e);
         }
     }
@@ -131,8 +140,9 @@ pub fn elect_shares(
     elected
 }
 
-/// The members a share's lease keeps from leading it (its expired holder, the holders it
-/// deposed, the one it replaced while cut off), each with the first such share.
+/// The members that earlier held a share's lease and stay in that share (see
+/// [`Election::predecessors`]), each with the first such share: the lease's expired holder,
+/// the holders it deposed, the one it replaced while cut off, and the one that handed it over.
 fn gone_from<'n>(
     members: &[&'n Node],
     slot_leases: &[Option<&LeaseState>],
@@ -141,10 +151,13 @@ fn gone_from<'n>(
     members
         .iter()
         .filter_map(|n| {
+            let name = Some(n.name.as_str());
             let share = slot_leases.iter().position(|l| {
                 l.is_some_and(|l| {
+                    let valid = l.is_valid(now_ms);
                     l.keeps_out(n, now_ms)
-                        || (!l.is_valid(now_ms) && l.holder.as_deref() == Some(n.name.as_str()))
+                        || (!valid && l.holder.as_deref() == name)
+                        || (valid && l.handed_over_by.as_deref() == name)
                 })
             })?;
             Some((n.name.as_str(), share))

@@ -45,6 +45,7 @@ fn lease(holder: &str, renewed_ms: i64) -> LeaseState {
         cut_off: false,
         deposed: BTreeMap::new(),
         cut_off_predecessor: None,
+        handed_over_by: None,
     }
 }
 

@@ -63,6 +63,7 @@ fn topology(host: &str, cut_off: bool) -> Topology {
             cut_off,
             deposed: BTreeMap::new(),
             cut_off_predecessor: None,
+            handed_over_by: None,
         },
     )]);
     let elections = lease_leaders(&nodes, &leases, 1, NOW);

@@ -34,6 +34,9 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
         cut_off_predecessor: annotation(CUT_OFF_PREDECESSOR_ANNOTATION)
             .filter(|name| !name.is_empty())
             .map(str::to_string),
+        handed_over_by: annotation(HANDED_OVER_BY_ANNOTATION)
+            .filter(|name| !name.is_empty())
+            .map(str::to_string),
     }
 }
 
@@ -67,6 +70,10 @@ pub const CUT_OFF_ANNOTATION: &str = "kilotun.io/cut-off";
 /// `control::leader::LeaseState`).
 pub const CUT_OFF_PREDECESSOR_ANNOTATION: &str = "kilotun.io/cut-off-predecessor";
 
+/// The Lease annotation that names the holder that handed it to its holder (see
+/// `control::leader::LeaseState`).
+pub const HANDED_OVER_BY_ANNOTATION: &str = "kilotun.io/handed-over-by";
+
 /// `state` as a Kubernetes Lease called `name`.
 pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
     let renewed = k8s_openapi::jiff::Timestamp::from_millisecond(state.renewed_ms)
@@ -81,6 +88,9 @@ pub fn lease_object(name: &str, state: &LeaseState) -> Lease {
                 }
                 if let Some(name) = &state.cut_off_predecessor {
                     annotations.insert(CUT_OFF_PREDECESSOR_ANNOTATION.to_string(), name.clone());
+                }
+                if let Some(name) = &state.handed_over_by {
+                    annotations.insert(HANDED_OVER_BY_ANNOTATION.to_string(), name.clone());
                 }
                 if !state.deposed.is_empty() {
                     annotations.insert(

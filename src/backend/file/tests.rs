@@ -188,8 +188,13 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
         cut_off: true,
         deposed: BTreeMap::from([("n0".to_string(), 1_700_000_000), ("n2".to_string(), 5)]),
         cut_off_predecessor: Some("n0".into()),
+        handed_over_by: Some("n4".into()),
     };
     let object = lease_object("kilotun-leader-east", &state);
+    assert_eq!(
+        object.metadata.annotations.as_ref().unwrap()[HANDED_OVER_BY_ANNOTATION],
+        "n4"
+    );
     assert_eq!(
         object.metadata.annotations.as_ref().unwrap()[CUT_OFF_ANNOTATION],
         "true"
@@ -203,6 +208,7 @@ fn a_lease_keeps_its_holder_and_cut_off_mark_through_the_kubernetes_object() {
         cut_off: false,
         deposed: BTreeMap::new(),
         cut_off_predecessor: None,
+        handed_over_by: None,
         ..state.clone()
     };
     let mut garbled = lease_object("kilotun-leader-east", &state);

@@ -455,3 +455,29 @@ fn shares_behind_nat_are_relayed_by_another_locations_share() {
         assert_eq!(relayed, 2, "{host}: {conf:?}");
     }
 }
+
+/// A cordoned leader hands its share to one of its followers and stays in it (pinned, not kept
+/// out): no other node moves, whichever two of six nodes led; left to place itself, it would
+/// move another node in 12 of the 30 cases.
+#[test]
+fn a_cordoned_leader_pinned_to_its_share_moves_no_node() {
+    let nodes = crate::fixtures::location_nodes("e", "east", 1, 6);
+    let group = refs(&nodes);
+    let labels: Vec<String> = (0..2).map(|s| share_label(Some(s), "")).collect();
+    let (mut cases, mut rippled_unpinned) = (0, 0);
+    for first in 0..6 {
+        for second in (0..6).filter(|&l| l != first) {
+            let before = assign(&group, &[first, second], &labels, &none(), &unpinned());
+            let successor = (0..6)
+                .find(|&i| i != first && i != second && before[i] == 1)
+                .unwrap();
+            let pinned = BTreeMap::from([(nodes[second].name.clone(), 1)]);
+            let after = assign(&group, &[first, successor], &labels, &none(), &pinned);
+            assert_eq!(before, after, "leaders {first} and {second}");
+            let free = assign(&group, &[first, successor], &labels, &none(), &unpinned());
+            rippled_unpinned += usize::from((0..6).any(|i| i != second && free[i] != before[i]));
+            cases += 1;
+        }
+    }
+    assert_eq!((cases, rippled_unpinned), (30, 12));
+}
