@@ -156,3 +156,31 @@ pub fn converged_shares(sim: &Sim, shares: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Which share of its location each running node of `location` is in, as the first running
+/// leader of another location routes its pods: the number (from 0) of the share lease its
+/// carrier holds. `None` when no leader of another location routes them all.
+pub fn shares_seen_from_afar(sim: &Sim, location: &str) -> Option<BTreeMap<String, usize>> {
+    let snapshot = sim.cluster.snapshot();
+    let running = || sim.nodes.iter().filter(|(_, n)| n.running.is_some());
+    let (_, remote) = running().find(|(_, n)| n.location != location && n.leads())?;
+    let device = remote.device_peers()?;
+    let share_held_by = |key: control::Key| {
+        let (name, _) = running().find(|(_, n)| n.public_key() == key)?;
+        (0..control::leader::shares::MAX_SHARES).find(|&s| {
+            snapshot
+                .leases
+                .get(&share_lease_name(location, s))
+                .is_some_and(|l| l.holder.as_deref() == Some(name.as_str()))
+        })
+    };
+    running()
+        .filter(|(_, n)| n.location == location)
+        .map(|(name, node)| {
+            let (carrier, _) = device
+                .iter()
+                .find(|(_, ips)| ips.iter().any(|ip| ip.contains(&node.pod_cidr)))?;
+            Some((name.clone(), share_held_by(*carrier)?))
+        })
+        .collect()
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use control::leader::shares::share_lease_name;
 
-use super::check_shares::converged_shares;
+use super::check_shares::{converged_shares, shares_seen_from_afar};
 use super::sim::{Election, Sim};
 
 /// Four nodes in l0 and three in l1, two leaders a side by lease, converged.
@@ -102,4 +102,45 @@ fn the_share_check_catches_a_location_with_too_few_leaders() {
     let sim = two_a_side();
     let error = converged_shares(&sim, 3).unwrap_err();
     assert!(error.contains("has 2 leaders"), "{error}");
+}
+
+/// `size` nodes in l0 and two in l1, two leaders a side by lease, converged.
+fn sized(size: usize) -> Sim {
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    sim.leaders_per_location = 2;
+    for location in std::iter::repeat_n(0, size).chain([1, 1]) {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(20)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+    sim
+}
+
+/// l0's second leader killed, or cordoned, with 4 to 9 nodes in l0: one of its own followers
+/// takes its share over, and every other node of l0 stays in the share it was in.
+#[test]
+fn a_second_leader_lost_or_cordoned_moves_no_other_node() {
+    for (size, cordon) in (4..=9).flat_map(|size| [(size, false), (size, true)]) {
+        let mut sim = sized(size);
+        let before = shares_seen_from_afar(&sim, "l0").unwrap();
+        let second = holder(&sim, 1).unwrap();
+        if cordon {
+            sim.edit_node(&second, |node| {
+                node.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+            });
+        } else {
+            sim.kill(&second);
+        }
+        let bound = Duration::from_secs(10);
+        taken_over(&mut sim, 1, &second, bound);
+        sim.advance(Duration::from_secs(10)).unwrap();
+        converged_shares(&sim, 2).unwrap();
+        let successor = holder(&sim, 1).unwrap();
+        assert_eq!(before[&successor], 1, "{successor} was in the second share");
+        let mut after = shares_seen_from_afar(&sim, "l0").unwrap();
+        if !cordon {
+            after.insert(second.clone(), before[&second]);
+        }
+        assert_eq!(after, before, "{size} nodes in l0, cordoned: {cordon}");
+    }
 }
