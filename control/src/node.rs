@@ -110,9 +110,13 @@ pub struct Node {
     pub lease_election: bool,
     /// Annotated `kilotun.io/relay`: its location may relay between locations behind NAT.
     pub relay: bool,
-    /// The leaders per location its agent runs with (`kilotun.io/leaders-per-location`), when
-    /// it publishes a number above 1.
+    /// The leaders per location its agent runs with (`kilotun.io/leader-shares`), when it
+    /// publishes a number above 1; 1 for an earlier kilotun's agent (see `older_shares`).
     pub leaders_per_location: Option<u16>,
+    /// The leaders per location an earlier kilotun's agent runs with
+    /// (`kilotun.io/leaders-per-location`): it splits shares otherwise, so the node counts
+    /// as 1 ([`annotation::LEADERS_PER_LOCATION`]).
+    pub older_shares: Option<u16>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

@@ -101,8 +101,9 @@ pub struct KgArgs {
     pub leader_election: LeaderElection,
     /// Active leaders per location (location granularity), each carrying a share of the
     /// location's nodes; 1 is Kilo's single leader. More take effect once every node runs with
-    /// at least as many (published as kilotun.io/leaders-per-location): a node that publishes
-    /// fewer, Kilo's kg among them, holds the cluster at its number.
+    /// at least as many (published as kilotun.io/leader-shares): a node that publishes fewer,
+    /// Kilo's kg among them, holds the cluster at its number, and one running an earlier
+    /// kilotun (which published kilotun.io/leaders-per-location) at 1.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub leaders_per_location: u16,
     /// Path to kubeconfig.

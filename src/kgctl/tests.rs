@@ -294,7 +294,7 @@ fn showconf_as_peer_gives_each_node_its_share() {
     let mut s = Snapshot::default();
     let flags = [
         (a::LEADER_ELECTION, "lease"),
-        (a::LEADERS_PER_LOCATION, "2"),
+        (a::LEADER_SHARES, "2"),
     ];
     for (name, loc, ip) in [
         ("e1", "east", 1),

@@ -144,3 +144,42 @@ fn a_second_leader_lost_or_cordoned_moves_no_other_node() {
         assert_eq!(after, before, "{size} nodes in l0, cordoned: {cordon}");
     }
 }
+
+/// A node that still publishes an earlier kilotun's `kilotun.io/leaders-per-location` (its
+/// agent splits shares otherwise) holds every location at one leader, the holder of the
+/// location's lease, while it counts as ready; once it is gone the shares come back.
+#[test]
+fn an_earlier_kilotuns_node_holds_every_location_at_its_lease_holder() {
+    let mut sim = sized(6);
+    let first = holder(&sim, 0).unwrap();
+    let second = holder(&sim, 1).unwrap();
+    let older = sim
+        .nodes
+        .iter()
+        .find(|(name, n)| n.location == "l0" && **name != first && **name != second)
+        .map(|(name, _)| name.clone())
+        .unwrap();
+    // Its agent stopped (a running one of this version would remove the annotation), it
+    // publishes what an earlier kilotun did, and still counts as ready for a while.
+    sim.kill(&older);
+    sim.annotate(
+        &older,
+        control::node::annotation::LEADERS_PER_LOCATION,
+        Some("2"),
+    );
+    sim.advance(Duration::from_secs(10)).unwrap();
+    converged_shares(&sim, 1).unwrap();
+    assert!(
+        sim.nodes[&first].leads(),
+        "{first} holds l0's lease and leads it"
+    );
+    assert!(
+        !sim.nodes[&second].leads(),
+        "{second} leads no share any more"
+    );
+    assert_eq!(holder(&sim, 0).as_deref(), Some(first.as_str()));
+    // Its check-in window passed: it is no longer ready, and l0 has two leaders again.
+    sim.advance(Duration::from_secs(90)).unwrap();
+    converged_shares(&sim, 2).unwrap();
+    assert_eq!(holder(&sim, 0).as_deref(), Some(first.as_str()));
+}

@@ -118,7 +118,7 @@ fn two_by_two(extra: &[&str]) -> Cluster {
             node.log_text()
         );
     }
-    assert_eq!(c.annotations("e3")["kilotun.io/leaders-per-location"], "2");
+    assert_eq!(c.annotations("e3")["kilotun.io/leader-shares"], "2");
     c
 }
 

@@ -42,11 +42,18 @@ pub const SECOND_INTERNAL_IP: &str = "kilotun.io/second-internal-ip";
 
 /// Written by kilotun's kg (not Kilo's) run with `--leaders-per-location` above 1: that number.
 /// The cluster has as many leaders per location as the smallest number any node publishes, 1
-/// for a node that publishes none (Kilo's kg among them).
+/// for a node that publishes none (Kilo's kg among them) and for one that publishes
+/// [`LEADERS_PER_LOCATION`] instead.
+pub const LEADER_SHARES: &str = "kilotun.io/leader-shares";
+
+/// What an earlier kilotun wrote instead of [`LEADER_SHARES`]: its kg splits a location into
+/// shares otherwise (a leader's loss may move nodes of other shares), so it and this one would
+/// disagree on some node's share. A node that publishes it counts as 1, which every version
+/// agrees on: one leader per location, the location's lease holder. Removed by this kg.
 pub const LEADERS_PER_LOCATION: &str = "kilotun.io/leaders-per-location";
 
-/// Every annotation kg writes, in the order it writes them.
-pub const WRITTEN: [&str; 11] = [
+/// Every annotation kg writes, in the order it writes them (and the earlier one it removes).
+pub const WRITTEN: [&str; 12] = [
     ENDPOINT,
     INTERNAL_IP,
     KEY,
@@ -57,5 +64,6 @@ pub const WRITTEN: [&str; 11] = [
     CNI_COMPATIBILITY_IP,
     LEADER_ELECTION,
     SECOND_INTERNAL_IP,
+    LEADER_SHARES,
     LEADERS_PER_LOCATION,
 ];

@@ -222,19 +222,23 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
     let leader = r.get(a::LEADER).is_some();
     let lease_election = r.get(a::LEADER_ELECTION) == Some("lease");
     let relay = r.get(a::RELAY).is_some_and(|v| v != "false");
-    let leaders_per_location = match r.get(a::LEADERS_PER_LOCATION).map(str::to_string) {
+    let mut count = |key: &str| match r.get(key).map(str::to_string) {
         Some(text) if !text.is_empty() => match text.parse::<u16>() {
             Ok(n) if n >= 1 => Some(n),
             _ => {
-                r.problem(
-                    a::LEADERS_PER_LOCATION,
-                    &text,
-                    "not a whole number from 1; counted as 1",
-                );
+                r.problem(key, &text, "not a whole number from 1; counted as 1");
                 Some(1)
             }
         },
         _ => None,
+    };
+    let shares = count(a::LEADER_SHARES);
+    let older_shares = count(a::LEADERS_PER_LOCATION).filter(|&n| n > 1);
+    // An earlier kilotun's agent splits shares otherwise: one leader per location with it.
+    let leaders_per_location = if older_shares.is_some() {
+        Some(1)
+    } else {
+        shares
     };
     let cordoned = node.spec.as_ref().is_some_and(|s| {
         s.unschedulable.unwrap_or(false)
@@ -285,6 +289,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             lease_election,
             relay,
             leaders_per_location,
+            older_shares,
         },
         problems,
     )

@@ -130,7 +130,7 @@ impl WrittenAnnotations {
         )
         .chain((self.leaders_per_location > 1).then(|| {
             (
-                a::LEADERS_PER_LOCATION.to_string(),
+                a::LEADER_SHARES.to_string(),
                 self.leaders_per_location.to_string(),
             )
         }))

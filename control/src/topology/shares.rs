@@ -21,7 +21,7 @@ use crate::ip::{is_public, Endpoint};
 use crate::node::{Granularity, Node};
 
 /// The leaders per location every agent runs with among the ready `nodes`: the smallest number
-/// any of them publishes (`kilotun.io/leaders-per-location`; 1 for a node that publishes none,
+/// any of them publishes (`kilotun.io/leader-shares`; 1 for a node that publishes none,
 /// Kilo's kg among them).
 pub fn agreed_leaders_per_location<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> u16 {
     nodes

@@ -138,8 +138,9 @@ pub fn annotation_changes(
 ) -> BTreeMap<String, Option<String>> {
     let map = written.to_map();
     // An annotation kg writes only in some runs (`kilotun.io/leader-election`,
-    // `kilotun.io/leaders-per-location`) goes when this run does not write it: a run left on
-    // the Node by another configuration would speak for this one.
+    // `kilotun.io/leader-shares`, and an earlier kilotun's `kilotun.io/leaders-per-location`)
+    // goes when this run does not write it: a run left on the Node by another configuration
+    // would speak for this one.
     let gone = control::node::annotation::WRITTEN
         .iter()
         .filter(|k| !map.contains_key(**k) && current.contains_key(**k))
@@ -399,6 +400,7 @@ mod tests {
         // What an earlier run wrote and this one does not goes; a foreign annotation stays.
         current.insert(annotation::LAST_SEEN.into(), "7".into());
         current.insert(annotation::LEADERS_PER_LOCATION.into(), "2".into());
+        current.insert(annotation::LEADER_SHARES.into(), "2".into());
         current.insert(annotation::LEADER_ELECTION.into(), "lease".into());
         current.insert("example.com/other".into(), "x".into());
         let changes = annotation_changes(&current, &written);
@@ -406,6 +408,7 @@ mod tests {
             changes,
             BTreeMap::from([
                 (annotation::LEADER_ELECTION.to_string(), None),
+                (annotation::LEADER_SHARES.to_string(), None),
                 (annotation::LEADERS_PER_LOCATION.to_string(), None),
             ])
         );

@@ -34,17 +34,26 @@ impl Reconciler {
         let effective = control::topology::shares::agreed_leaders_per_location(nodes).min(wanted);
         let holding: Vec<String> = nodes
             .iter()
-            .filter(|n| n.name != *hostname && published(n) < wanted)
+            .filter(|n| n.name != *hostname && published(n) < wanted && n.older_shares.is_none())
             .map(|n| format!("{} ({})", n.name, published(n)))
             .collect();
-        let lines = if holding.is_empty() {
-            Vec::new()
-        } else {
-            vec![format!(
-                "--leaders-per-location={wanted}: {effective} per location until every node runs with {wanted} (kilotun.io/leaders-per-location; Kilo's kg publishes none, which counts as 1); below it: {}",
+        let older: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| Some(format!("{} ({})", n.name, n.older_shares?)))
+            .collect();
+        let mut lines = Vec::new();
+        if !older.is_empty() {
+            lines.push(format!(
+                "--leaders-per-location={wanted}: one leader per location, each location's lease holder, while nodes run an earlier kilotun that splits a location into shares otherwise (kilotun.io/leaders-per-location): {}",
+                abbreviated(&older)
+            ));
+        }
+        if !holding.is_empty() {
+            lines.push(format!(
+                "--leaders-per-location={wanted}: {effective} per location until every node runs with {wanted} (kilotun.io/leader-shares; Kilo's kg publishes none, which counts as 1); below it: {}",
                 abbreviated(&holding)
-            )]
-        };
+            ));
+        }
         for line in self.problems.fresh_lines("leaders-per-location", lines) {
             tracing::warn!("{line}");
         }

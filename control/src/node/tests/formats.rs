@@ -48,7 +48,8 @@ fn written_annotations_use_kilos_formats() {
     assert_eq!(map[a::SECOND_INTERNAL_IP], "");
     // Kilo's eight and the second internal IP; the lease one only when it takes part in lease
     // election, the number of leaders per location only above 1.
-    assert_eq!(map.len(), annotation::WRITTEN.len() - 2);
+    // Neither lease election nor shares by default; the earlier shares annotation never.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 3);
     let with_lease = WrittenAnnotations {
         leader_election: true,
         leaders_per_location: 1,
@@ -61,7 +62,8 @@ fn written_annotations_use_kilos_formats() {
         ..written
     }
     .to_map();
-    assert_eq!(with_shares[a::LEADERS_PER_LOCATION], "2");
+    assert_eq!(with_shares[a::LEADER_SHARES], "2");
+    assert!(!with_shares.contains_key(a::LEADERS_PER_LOCATION));
 }
 
 #[test]

@@ -214,3 +214,21 @@ fn garbage_key_is_reported_and_leaves_the_node_unready() {
     assert_eq!(n.key, None);
     assert_eq!(problems[0].annotation, a::KEY);
 }
+
+#[test]
+fn an_earlier_kilotuns_shares_count_as_one_leader_per_location() {
+    let n = translate(&[(a::LEADER_SHARES, "3")]);
+    assert_eq!((n.leaders_per_location, n.older_shares), (Some(3), None));
+    // An earlier kilotun splits shares otherwise: one leader per location while it runs.
+    let n = translate(&[(a::LEADERS_PER_LOCATION, "2")]);
+    assert_eq!((n.leaders_per_location, n.older_shares), (Some(1), Some(2)));
+    let n = translate(&[(a::LEADERS_PER_LOCATION, "1")]);
+    assert_eq!((n.leaders_per_location, n.older_shares), (None, None));
+    let (n, problems) = translate_node(
+        &kube_node(&[(a::LEADER_SHARES, "many")], &[], None),
+        DEFAULT_TOPOLOGY_LABEL,
+    );
+    assert_eq!(n.leaders_per_location, Some(1));
+    assert_eq!(problems[0].annotation, a::LEADER_SHARES);
+    assert_eq!(problems[0].value, "many");
+}
