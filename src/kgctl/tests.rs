@@ -292,10 +292,7 @@ fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
 #[test]
 fn showconf_as_peer_gives_each_node_its_share() {
     let mut s = Snapshot::default();
-    let flags = [
-        (a::LEADER_ELECTION, "lease"),
-        (a::LEADER_SHARES, "2"),
-    ];
+    let flags = [(a::LEADER_ELECTION, "lease"), (a::LEADER_SHARES, "2")];
     for (name, loc, ip) in [
         ("e1", "east", 1),
         ("e2", "east", 2),

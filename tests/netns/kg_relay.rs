@@ -279,3 +279,71 @@ fn assert_restart_gap(c: &Cluster, pinger: &Pinger, killed: Instant, back: bool,
         c.logs()
     );
 }
+
+/// Two leaders per location, the cloud with two nodes and each home one node behind its own
+/// NAT: the cloud's two shares both peer with each home, the homes reach each other through
+/// one cloud leader (the relay), and every pod reaches every other.
+#[test]
+fn homes_behind_nat_are_relayed_by_one_of_the_clouds_two_leaders() {
+    if !common::can_run("homes_behind_nat_are_relayed_by_one_of_the_clouds_two_leaders") {
+        return;
+    }
+    let mut c = Cluster::new(&["cloud", "home1", "home2"]);
+    for (name, index) in [("c1", 1), ("c2", 4)] {
+        c.add_node(
+            &NodeSpec {
+                name,
+                location: "cloud",
+                annotations: &[],
+            },
+            index,
+        );
+    }
+    for (i, (name, location)) in [("h1", "home1"), ("h2", "home2")].into_iter().enumerate() {
+        c.add_nated_node(
+            &NodeSpec {
+                name,
+                location,
+                annotations: &[KEEPALIVE],
+            },
+            i as u8 + 2,
+        );
+    }
+    for i in 0..4 {
+        c.start_kg(i, &["--encapsulate=never", "--leaders-per-location=2"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    assert_eq!(
+        c.leading(&["c1", "c2", "h1", "h2"]),
+        ["c1", "c2", "h1", "h2"]
+    );
+    let mut cloud = vec![public_key(&c, "c1"), public_key(&c, "c2")];
+    cloud.sort();
+    for home in ["h1", "h2"] {
+        let mut peers: Vec<String> = c
+            .node(home)
+            .wg("peers")
+            .lines()
+            .map(str::to_string)
+            .collect();
+        peers.sort();
+        assert_eq!(
+            peers,
+            cloud,
+            "{home} peers with both cloud leaders\n{}",
+            c.logs()
+        );
+    }
+    // h2's pods (10.42.3.0/24) are on exactly one of h1's cloud peers: its relay.
+    let allowed = c.node("h1").wg("allowed-ips");
+    let relays: Vec<&str> = allowed
+        .lines()
+        .filter(|l| l.contains("10.42.3.0/24"))
+        .collect();
+    assert_eq!(relays.len(), 1, "{allowed}");
+    assert!(
+        cloud.iter().any(|k| relays[0].starts_with(k.as_str())),
+        "{allowed}"
+    );
+}
