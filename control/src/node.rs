@@ -111,7 +111,8 @@ pub struct Node {
     /// Annotated `kilotun.io/relay`: its location may relay between locations behind NAT.
     pub relay: bool,
     /// The leaders per location its agent runs with (`kilotun.io/leader-shares`), when it
-    /// publishes a number above 1; 1 for an earlier kilotun's agent (see `older_shares`).
+    /// publishes one (kg does above 1; a malformed value counts as 1); 1 for an earlier
+    /// kilotun's agent (see `older_shares`).
     pub leaders_per_location: Option<u16>,
     /// The leaders per location an earlier kilotun's agent runs with
     /// (`kilotun.io/leaders-per-location`): it splits shares otherwise, so the node counts

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, VecDeque};
 use super::shares::{share_lease_name, MAX_SHARES};
 use super::{
     kilo_rule_leaders, lease_agreement, lease_leaders, successor, Agreement, Basis, Election,
-    Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, VERIFY_WINDOW_MS,
+    Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
+    VERIFY_WINDOW_MS,
 };
 use crate::topology::ShareLeader;
 use crate::{Key, Node};
@@ -48,10 +49,11 @@ pub struct LeaseBook {
     /// The tunnels this leader watched when its verifiers reached nothing either: it does not
     /// mark its lease again while they stay the same and silent.
     unverified: Option<Vec<Key>>,
-    /// This node verifies a cut-off holder and its standby handshake was already complete at
-    /// the last lease step: it takes over only on a second step in a row, so a holder that
-    /// hears again at the same moment clears its mark first and keeps the lead.
-    standby_confirmed: bool,
+    /// Since when (Unix milliseconds) this node, verifying a cut-off holder, has seen its
+    /// standby handshake complete at every lease step: it takes over only at a step most of a
+    /// lease step ([`LEASE_RENEW_MS`]) later, so a holder that hears again at the same moment clears its
+    /// mark first and keeps the lead, however close together the steps run.
+    standby_since_ms: Option<i64>,
     /// The last moment (Unix milliseconds) the backend was reachable.
     reachable_ms: Option<i64>,
     /// While the backend is unreachable: the moment leases are judged at (see
@@ -330,7 +332,7 @@ impl LeaseBook {
             });
         let Some(election) = role.cloned() else {
             self.samples.clear();
-            self.standby_confirmed = false;
+            self.standby_since_ms = None;
             return None;
         };
         let name = share_lease_name(&location, election.share);
@@ -390,8 +392,11 @@ impl LeaseBook {
                 } else {
                     current.cut_off_predecessor.clone()
                 },
+                // Taken from a live holder (cordoned, or a node annotated kilo.squat.ai/leader
+                // is preferred) before it handed the lease over: it stays in this share as if
+                // it had.
                 handed_over_by: if taking {
-                    None
+                    current.holder.clone().filter(|_| !expired)
                 } else {
                     current.handed_over_by.clone()
                 },
@@ -426,8 +431,14 @@ impl LeaseBook {
         } else if current.cut_off && election.verifiers.iter().any(|v| v == hostname) {
             // (Verifiers are named only while the share's holder marks its lease cut off.)
             let reached = &tunnels.standby_reached;
-            let confirmed = std::mem::replace(&mut self.standby_confirmed, !reached.is_empty());
-            if reached.is_empty() || !confirmed {
+            if reached.is_empty() {
+                self.standby_since_ms = None;
+                return None;
+            }
+            let since = *self.standby_since_ms.get_or_insert(now_ms);
+            // Most of a step: timed steps come a step apart give or take the timer's jitter,
+            // while one a lease's expiry brings may come right after another.
+            if now_ms - since < LEASE_RENEW_MS * 3 / 4 {
                 return None;
             }
             let why = format!(
@@ -438,10 +449,10 @@ impl LeaseBook {
             (handing(hostname, true), Some(why), true)
         } else {
             self.samples.clear();
-            self.standby_confirmed = false;
+            self.standby_since_ms = None;
             return None;
         };
-        self.standby_confirmed = false;
+        self.standby_since_ms = None;
         if next.holder.as_deref() != Some(hostname) {
             self.samples.clear();
         }

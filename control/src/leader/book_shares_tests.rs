@@ -256,31 +256,43 @@ fn a_leaders_death_moves_no_follower_of_any_share() {
         .contains_key(&dead));
 }
 
+/// Whether the cordoned holder hands its lease over first or its successor takes it first.
 #[test]
 fn a_cordoned_leader_hands_its_share_to_its_own_follower_and_stays_in_it() {
-    let mut c = Cluster::with_east(6);
-    let everyone: Vec<String> = c.nodes.iter().map(|n| n.name.clone()).collect();
-    let all: Vec<&str> = everyone.iter().map(String::as_str).collect();
-    let mut now = T0;
-    for _ in 0..3 {
-        c.step(&all, 2, now);
-        now += LEASE_RENEW_MS;
+    for successor_first in [false, true] {
+        let mut c = Cluster::with_east(6);
+        let everyone: Vec<String> = c.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut all: Vec<&str> = everyone.iter().map(String::as_str).collect();
+        let mut now = T0;
+        for _ in 0..3 {
+            c.step(&all, 2, now);
+            now += LEASE_RENEW_MS;
+        }
+        let before = c.shares_seen_by("w1", 2);
+        let cordoned = c.holder(1).unwrap().to_string();
+        let node = c.nodes.iter_mut().find(|n| n.name == cordoned).unwrap();
+        node.cordoned = true;
+        // The cordoned holder steps first, or last.
+        all.retain(|n| *n != cordoned);
+        if successor_first {
+            all.push(&cordoned);
+        } else {
+            all.insert(0, &cordoned);
+        }
+        for _ in 0..4 {
+            c.step(&all, 2, now);
+            let seen = c.shares_seen_by("w1", 2);
+            let at = now - T0;
+            assert_eq!(
+                seen, before,
+                "successor first: {successor_first}, at +{at} ms"
+            );
+            now += LEASE_RENEW_MS;
+        }
+        let successor = c.holder(1).unwrap();
+        assert_ne!(successor, cordoned);
+        assert_eq!(before[successor], before[&cordoned]);
+        let lease = &c.leases[&share_lease_name("east", 1)];
+        assert_eq!(lease.handed_over_by.as_deref(), Some(cordoned.as_str()));
     }
-    let before = c.shares_seen_by("w1", 2);
-    let cordoned = c.holder(1).unwrap().to_string();
-    c.nodes
-        .iter_mut()
-        .find(|n| n.name == cordoned)
-        .unwrap()
-        .cordoned = true;
-    for _ in 0..4 {
-        c.step(&all, 2, now);
-        assert_eq!(c.shares_seen_by("w1", 2), before, "at +{} ms", now - T0);
-        now += LEASE_RENEW_MS;
-    }
-    let successor = c.holder(1).unwrap();
-    assert_ne!(successor, cordoned);
-    assert_eq!(before[successor], before[&cordoned]);
-    let lease = &c.leases[&share_lease_name("east", 1)];
-    assert_eq!(lease.handed_over_by.as_deref(), Some(cordoned.as_str()));
 }

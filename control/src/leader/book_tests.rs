@@ -346,6 +346,8 @@ fn a_verifier_with_a_standby_handshake_takes_a_cut_off_lease_on_the_second_step_
     // A step without the handshake resets the confirmation.
     assert_eq!(book.tend("e2", &nodes, &quiet(), T0 + 2_000), None);
     assert_eq!(book.tend("e2", &nodes, &reached, T0 + 4_000), None);
+    // A step that comes right after another (a lease ran out) is not a second step.
+    assert_eq!(book.tend("e2", &nodes, &reached, T0 + 4_010), None);
     // The holder renews, still cut off: the verifier's second step in a row takes over.
     cut.renewed_ms = T0 + 5_000;
     leases.insert(lease_name("east"), cut.clone());
@@ -467,4 +469,32 @@ fn a_node_without_lease_election_puts_everyone_on_kilos_rule_said_once() {
     book.elect(&west, 1, T0);
     assert_eq!(book.kilo_rule.get("west").map(String::as_str), Some("w"));
     assert_eq!(book.tend("w0", &west, &quiet(), T0), None);
+}
+
+#[test]
+fn the_next_expiry_is_the_earliest_held_lease_running_out_as_this_node_saw_it() {
+    let mut book = LeaseBook::default();
+    assert_eq!(book.next_expiry_ms(T0), None, "no lease seen");
+    let held = |holder: Option<&str>, renewed_ms: i64| LeaseState {
+        holder: holder.map(str::to_string),
+        renewed_ms,
+        duration_ms: LEASE_DURATION_MS,
+        ..LeaseState::default()
+    };
+    // Judged from when this node saw each renewal, not from the renewal time written.
+    let leases = BTreeMap::from([
+        (lease_name("east"), held(Some("e1"), T0 - 60_000)),
+        (lease_name("west"), held(Some("w1"), T0)),
+        (lease_name("north"), held(None, T0)),
+    ]);
+    book.ingest(&leases, T0 + 500);
+    assert_eq!(
+        book.next_expiry_ms(T0 + 500),
+        Some(T0 + 500 + LEASE_DURATION_MS)
+    );
+    // Once run out, it is no deadline any more: the pass at that moment does not repeat.
+    assert_eq!(book.next_expiry_ms(T0 + 500 + LEASE_DURATION_MS), None);
+    // While the backend is unreachable leases are judged as of the last contact: no deadline.
+    book.observe_backend(false, T0 + 1_000);
+    assert_eq!(book.next_expiry_ms(T0 + 1_000), None);
 }

@@ -13,11 +13,16 @@
 //! `kilo.squat.ai/leader` when any such node is. A share with no such candidate has no leader,
 //! and the location has fewer shares.
 //!
+//! A share whose holder leaves it (its lease expired, or it is cordoned) is taken over by one of
+//! its own followers, and a cut-off share is verified by them first; the holders gone from a
+//! share stay in it ([`Election::predecessors`]). So a leader's loss moves no other node
+//! ([`crate::topology::shares::assign`]).
+//!
 //! Pure: no I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{elect, lease_name, Election, LeaseState};
+use super::{elect, in_order_of_succession, lease_name, Election, LeaseState, VERIFIERS};
 use crate::node::Node;
 use crate::topology::shares::split;
 use crate::topology::ShareLeader;
@@ -74,8 +79,17 @@ pub fn elect_shares(
         .collect();
     let fit = |n: &Node| !n.cordoned && !kept_out.contains(n.name.as_str());
     let annotated = members.iter().any(|n| fit(n) && n.leader);
-    let gone = gone_from(members, &slot_leases, now_ms);
+    let mut gone = gone_from(members, &slot_leases, now_ms);
     let own = own_followers(members, &slot_leases, &gone, &kept_out, count);
+    // A holder leaving a valid lease (cordoned) stays in that share from the moment it leaves,
+    // whatever older lease names it.
+    for (share, lease) in slot_leases.iter().enumerate() {
+        if let Some(h) = lease.and_then(|l| l.holder.as_deref()) {
+            if holder(share) == Some(h) && members.iter().any(|n| n.name == h && n.cordoned) {
+                gone.insert(h, share);
+            }
+        }
+    }
     let mut elected: Vec<Election> = Vec::with_capacity(count);
     for (share, lease) in slot_leases.iter().enumerate() {
         let free = |n: &&&Node| {
@@ -97,8 +111,9 @@ pub fn elect_shares(
         }
         // A share whose holder leads it no more is taken over by one of its own followers
         // (a fit one, annotated when the pool's candidates are), which keeps every other node
-        // where it is; so is a share whose holder marked it cut off, whose verifiers are the
-        // ones that would take it over. The pool stands when none of them can.
+        // where it is; a share whose holder marked it cut off is verified by them first. The
+        // pool stands when none of them can. (A holder that is no ready member any more, its
+        // Node deleted before its lease ran out, has no followers to go by.)
         let lease_holder = lease.and_then(|l| l.holder.as_deref());
         let holder_leaves = lease_holder.is_some_and(|h| {
             holder(share) != Some(h)
@@ -106,6 +121,7 @@ pub fn elect_shares(
                 || members.iter().any(|n| n.name == h && n.cordoned)
         });
         let verified = lease.is_some_and(|l| l.cut_off && l.is_valid(now_ms));
+        let whole_pool = pool.clone();
         if let Some(own) = own.get(&share).filter(|_| holder_leaves || verified) {
             let successor =
                 |n: &&Node| own.contains(&n.name.as_str()) && fit(n) && (n.leader || !annotated);
@@ -115,6 +131,15 @@ pub fn elect_shares(
         }
         if let Some(mut e) = elect(&pool, *lease, now_ms) {
             e.share = share;
+            // Too few of its own followers to verify a cut-off share: the other candidates
+            // after them (one of them taking over moves a node or two, but the share is carried).
+            if verified && e.verifiers.len() < VERIFIERS {
+                for v in in_order_of_succession(&whole_pool, &e.leader, VERIFIERS) {
+                    if e.verifiers.len() < VERIFIERS && !e.verifiers.contains(&v) {
+                        e.verifiers.push(v);
+                    }
+                }
+            }
             // The nodes gone from any share lead none and count for no share's load, but the
             // ones gone from this share stay in it.
             e.kept_out = kept_out.iter().map(|n| n.to_string()).collect();
@@ -123,12 +148,7 @@ pub fn elect_shares(
                 .filter(|(_, &s)| s == share)
                 .map(|(n, _)| n.to_string())
                 .collect();
-            // A holder leaving a valid lease (cordoned) stays too, from the moment it leaves.
-            if let Some(h) = lease_holder.filter(|h| holder_leaves && *h != e.leader) {
-                if !e.predecessors.iter().any(|p| p == h) {
-                    e.predecessors.push(h.to_string());
-                }
-            }
+
             elected.push(e);
         }
     }
@@ -141,25 +161,27 @@ pub fn elect_shares(
 }
 
 /// The members that earlier held a share's lease and stay in that share (see
-/// [`Election::predecessors`]), each with the first such share: the lease's expired holder,
-/// the holders it deposed, the one it replaced while cut off, and the one that handed it over.
+/// [`Election::predecessors`]), each with its share: the one whose lease has it as expired
+/// holder, deposed it or replaced it while it was cut off (the first such share), else the one
+/// whose lease it handed over. A handover is remembered for as long as the lease stays in the
+/// same hands, so it yields to the others: they are the node's latest departure.
 fn gone_from<'n>(
     members: &[&'n Node],
     slot_leases: &[Option<&LeaseState>],
     now_ms: i64,
 ) -> BTreeMap<&'n str, usize> {
+    let share_where = |names: &dyn Fn(&LeaseState) -> bool| {
+        slot_leases.iter().position(|l| l.is_some_and(names))
+    };
     members
         .iter()
         .filter_map(|n| {
             let name = Some(n.name.as_str());
-            let share = slot_leases.iter().position(|l| {
-                l.is_some_and(|l| {
-                    let valid = l.is_valid(now_ms);
-                    l.keeps_out(n, now_ms)
-                        || (!valid && l.holder.as_deref() == name)
-                        || (valid && l.handed_over_by.as_deref() == name)
-                })
-            })?;
+            let left = |l: &LeaseState| {
+                l.keeps_out(n, now_ms) || (!l.is_valid(now_ms) && l.holder.as_deref() == name)
+            };
+            let handed = |l: &LeaseState| l.is_valid(now_ms) && l.handed_over_by.as_deref() == name;
+            let share = share_where(&left).or_else(|| share_where(&handed))?;
             Some((n.name.as_str(), share))
         })
         .collect()

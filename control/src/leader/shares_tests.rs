@@ -197,13 +197,13 @@ fn a_cut_off_share_is_verified_by_nodes_that_lead_nothing() {
     ]);
     let elected = elected(&nodes, &leases, 3);
     assert_eq!(elected[1].leader, "e2");
-    // The verifiers are the share's own followers (e5; e4 follows another share), so that the
-    // one that takes it over moves nobody else.
+    // The verifiers are the share's own followers first (e5; e4 follows another share), so that
+    // the one that takes it over moves nobody else, then the other candidates.
     let group: Vec<&Node> = nodes.iter().collect();
     let chosen = share_leaders(&["e1", "e2", "e3"]);
     let split = split(&group, 3, &chosen, &Default::default());
     assert_eq!((split.share_of[3], split.share_of[4]), (0, 1));
-    assert_eq!(elected[1].verifiers, ["e5"]);
+    assert_eq!(elected[1].verifiers, ["e5", "e4"]);
     assert!(elected[0].verifiers.is_empty());
 }
 
@@ -261,4 +261,36 @@ fn a_holder_replaced_while_cut_off_is_kept_out_of_that_share_only() {
     );
     // Nor does it sit outside the shares' balance.
     assert!(elected.iter().all(|e| e.kept_out.is_empty()), "{elected:?}");
+}
+
+/// e2 once handed the first share over (and that lease stays in e1's hands), then led the
+/// second share and died: it stays in the second share, the one it left last.
+#[test]
+fn a_predecessor_named_by_two_leases_stays_in_the_share_it_left_last() {
+    let nodes = east();
+    let mut first = held("e1", NOW);
+    first.handed_over_by = Some("e2".into());
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), first),
+        (
+            share_lease_name("east", 1),
+            held("e2", NOW - LEASE_DURATION_MS),
+        ),
+    ]);
+    let died = elected(&nodes, &leases, 2);
+    assert!(died[0].predecessors.is_empty(), "{died:?}");
+    assert_eq!(died[1].predecessors, ["e2"]);
+    // Cordoned while it holds the second share, likewise.
+    let mut nodes = east();
+    nodes[1].cordoned = true;
+    let mut first = held("e1", NOW);
+    first.handed_over_by = Some("e2".into());
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), first),
+        (share_lease_name("east", 1), held("e2", NOW)),
+    ]);
+    let cordoned = elected(&nodes, &leases, 2);
+    assert_ne!(cordoned[1].leader, "e2");
+    assert!(cordoned[0].predecessors.is_empty(), "{cordoned:?}");
+    assert_eq!(cordoned[1].predecessors, ["e2"]);
 }

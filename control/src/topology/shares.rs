@@ -8,9 +8,11 @@
 //!   [`crate::leader::shares`]), then, up to the number asked, the candidates in Kilo's order of
 //!   preference ([`leader_ranking`]): the nodes annotated `kilo.squat.ai/leader` when any is,
 //!   else all of them;
+//! - a share's earlier leaders that lead nothing now stay in it ([`ShareLeader::predecessors`]);
 //! - every other node joins the share it scores highest with ([`score`], rendezvous hashing),
-//!   unless that share is full: shares differ by at most one node. A leader's loss or arrival
-//!   moves the nodes whose best share changed, and the few that balance needs.
+//!   unless that share is full: shares differ by at most one node while no earlier leader stays
+//!   in one. A leader's loss or cordon moves no other node (its successor is one of its own
+//!   followers); a node's arrival or departure moves it and the few that balance needs.
 //!
 //! Pure: no I/O.
 

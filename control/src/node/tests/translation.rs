@@ -232,3 +232,9 @@ fn an_earlier_kilotuns_shares_count_as_one_leader_per_location() {
     assert_eq!(problems[0].annotation, a::LEADER_SHARES);
     assert_eq!(problems[0].value, "many");
 }
+
+#[test]
+fn a_node_with_both_shares_annotations_counts_as_an_earlier_kilotuns() {
+    let n = translate(&[(a::LEADER_SHARES, "2"), (a::LEADERS_PER_LOCATION, "2")]);
+    assert_eq!((n.leaders_per_location, n.older_shares), (Some(1), Some(2)));
+}
