@@ -340,6 +340,18 @@ impl LeaseBook {
         let current = seen.map(|s| s.state.clone()).unwrap_or_default();
         let expired = seen.is_some_and(|s| now_ms >= s.observed_ms + s.state.duration_ms);
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
+        // The node that handed this lease over leads another share now: it is no longer this
+        // share's predecessor (it took this lease in the start-up race, say, then another).
+        let handed_over_by = current.handed_over_by.clone().filter(|h| {
+            !(0..MAX_SHARES).filter(|&s| s != election.share).any(|s| {
+                self.seen
+                    .get(&share_lease_name(&location, s))
+                    .is_some_and(|l| {
+                        l.state.holder.as_deref() == Some(h.as_str())
+                            && now_ms < l.observed_ms + l.state.duration_ms
+                    })
+            })
+        });
         let location = share_label(&location, election.share);
         // Handing over deposes nobody; a verifier's takeover deposes the cut-off holder and
         // keeps it out while the verifier holds the lease.
@@ -398,7 +410,7 @@ impl LeaseBook {
                 handed_over_by: if taking {
                     current.holder.clone().filter(|_| !expired)
                 } else {
-                    current.handed_over_by.clone()
+                    handed_over_by
                 },
             };
             let why = if taking {

@@ -162,17 +162,17 @@ pub fn elect_shares(
 
 /// The members that earlier held a share's lease and stay in that share (see
 /// [`Election::predecessors`]), each with its share: the one whose lease has it as expired
-/// holder, deposed it or replaced it while it was cut off (the first such share), else the one
-/// whose lease it handed over. A handover is remembered for as long as the lease stays in the
-/// same hands, so it yields to the others: they are the node's latest departure.
+/// holder, deposed it or replaced it while it was cut off (the first such share), else, while it
+/// is cordoned, the one whose lease it handed over. A handover is remembered for as long as the
+/// lease stays in the same hands, so it yields to the others: they are the node's latest
+/// departure.
 fn gone_from<'n>(
     members: &[&'n Node],
     slot_leases: &[Option<&LeaseState>],
     now_ms: i64,
 ) -> BTreeMap<&'n str, usize> {
-    let share_where = |names: &dyn Fn(&LeaseState) -> bool| {
-        slot_leases.iter().position(|l| l.is_some_and(names))
-    };
+    let share_where =
+        |names: &dyn Fn(&LeaseState) -> bool| slot_leases.iter().position(|l| l.is_some_and(names));
     members
         .iter()
         .filter_map(|n| {
@@ -180,7 +180,11 @@ fn gone_from<'n>(
             let left = |l: &LeaseState| {
                 l.keeps_out(n, now_ms) || (!l.is_valid(now_ms) && l.holder.as_deref() == name)
             };
-            let handed = |l: &LeaseState| l.is_valid(now_ms) && l.handed_over_by.as_deref() == name;
+            // A handover pins its cordoned holder only: a live one handed over (an annotated node
+            // was preferred, or it took the lease in the start-up race) is a follower like any.
+            let handed = |l: &LeaseState| {
+                n.cordoned && l.is_valid(now_ms) && l.handed_over_by.as_deref() == name
+            };
             let share = share_where(&left).or_else(|| share_where(&handed))?;
             Some((n.name.as_str(), share))
         })

@@ -294,3 +294,21 @@ fn a_predecessor_named_by_two_leases_stays_in_the_share_it_left_last() {
     assert!(cordoned[0].predecessors.is_empty(), "{cordoned:?}");
     assert_eq!(cordoned[1].predecessors, ["e2"]);
 }
+
+/// A live node that handed a lease over (it took it in the start-up race, or an annotated node
+/// was preferred) is a follower like any other; cordoned, it stays in that share.
+#[test]
+fn only_a_cordoned_node_stays_in_the_share_it_handed_over() {
+    let mut nodes = east();
+    let mut second = held("e2", NOW);
+    second.handed_over_by = Some("e4".into());
+    let leases = BTreeMap::from([
+        (share_lease_name("east", 0), held("e1", NOW)),
+        (share_lease_name("east", 1), second),
+    ]);
+    let live = elected(&nodes, &leases, 2);
+    assert!(live.iter().all(|e| e.predecessors.is_empty()), "{live:?}");
+    nodes[3].cordoned = true;
+    let cordoned = elected(&nodes, &leases, 2);
+    assert_eq!(cordoned[1].predecessors, ["e4"]);
+}
