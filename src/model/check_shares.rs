@@ -87,11 +87,7 @@ pub fn converged_shares(sim: &Sim, shares: usize) -> Result<(), String> {
             }
             for (other, members) in by_location.iter().filter(|(o, _)| *o != location) {
                 for (member, m) in members {
-                    let carriers: Vec<control::Key> = device
-                        .iter()
-                        .filter(|(_, ips)| ips.iter().any(|ip| ip.contains(&m.pod_cidr)))
-                        .map(|(k, _)| *k)
-                        .collect();
+                    let carriers = carriers_of(&device, m.pod_cidr);
                     let [carrier] = carriers[..] else {
                         return Err(format!(
                             "leader {name} of {location} routes {member}'s pods to {} peers",
@@ -177,10 +173,17 @@ pub fn shares_seen_from_afar(sim: &Sim, location: &str) -> Option<BTreeMap<Strin
     running()
         .filter(|(_, n)| n.location == location)
         .map(|(name, node)| {
-            let (carrier, _) = device
-                .iter()
-                .find(|(_, ips)| ips.iter().any(|ip| ip.contains(&node.pod_cidr)))?;
-            Some((name.clone(), share_held_by(*carrier)?))
+            let carrier = *carriers_of(&device, node.pod_cidr).first()?;
+            Some((name.clone(), share_held_by(carrier)?))
         })
+        .collect()
+}
+
+/// The peers of a `device` whose allowed IPs hold `pod_cidr`.
+fn carriers_of(device: &[(control::Key, Vec<IpNet>)], pod_cidr: IpNet) -> Vec<control::Key> {
+    device
+        .iter()
+        .filter(|(_, ips)| ips.iter().any(|ip| ip.contains(&pod_cidr)))
+        .map(|(k, _)| *k)
         .collect()
 }

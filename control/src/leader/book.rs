@@ -29,6 +29,14 @@ struct Seen {
     observed_ms: i64,
 }
 
+impl Seen {
+    /// When it runs out as this node judges it (Unix milliseconds): a lease's duration after
+    /// this node saw its last renewal.
+    fn expiry_ms(&self) -> i64 {
+        self.observed_ms + self.state.duration_ms
+    }
+}
+
 /// What one agent knows of the leases.
 #[derive(Debug, Default)]
 pub struct LeaseBook {
@@ -169,7 +177,7 @@ impl LeaseBook {
         self.seen
             .values()
             .filter(|s| s.state.holder.is_some())
-            .map(|s| s.observed_ms + s.state.duration_ms)
+            .map(Seen::expiry_ms)
             .filter(|&expiry| expiry > now_ms)
             .min()
     }
@@ -338,7 +346,7 @@ impl LeaseBook {
         let name = share_lease_name(&location, election.share);
         let seen = self.seen.get(&name);
         let current = seen.map(|s| s.state.clone()).unwrap_or_default();
-        let expired = seen.is_some_and(|s| now_ms >= s.observed_ms + s.state.duration_ms);
+        let expired = seen.is_some_and(|s| now_ms >= s.expiry_ms());
         let members: Vec<&Node> = nodes.iter().filter(|n| n.location == location).collect();
         // The node that handed this lease over leads another share now: it is no longer this
         // share's predecessor (it took this lease in the start-up race, say, then another).
@@ -347,8 +355,7 @@ impl LeaseBook {
                 self.seen
                     .get(&share_lease_name(&location, s))
                     .is_some_and(|l| {
-                        l.state.holder.as_deref() == Some(h.as_str())
-                            && now_ms < l.observed_ms + l.state.duration_ms
+                        l.state.holder.as_deref() == Some(h.as_str()) && now_ms < l.expiry_ms()
                     })
             })
         });

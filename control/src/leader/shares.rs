@@ -121,7 +121,8 @@ pub fn elect_shares(
                 || members.iter().any(|n| n.name == h && n.cordoned)
         });
         let verified = lease.is_some_and(|l| l.cut_off && l.is_valid(now_ms));
-        let whole_pool = pool.clone();
+        // The pool before it is narrowed, for a cut-off share's further verifiers.
+        let whole_pool = if verified { pool.clone() } else { Vec::new() };
         if let Some(own) = own.get(&share).filter(|_| holder_leaves || verified) {
             let successor =
                 |n: &&Node| own.contains(&n.name.as_str()) && fit(n) && (n.leader || !annotated);

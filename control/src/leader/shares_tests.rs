@@ -24,6 +24,14 @@ fn held(holder: &str, renewed_ms: i64) -> LeaseState {
     }
 }
 
+/// A lease `holder` holds, renewed now, that `by` handed over to it.
+fn handed(holder: &str, by: &str) -> LeaseState {
+    LeaseState {
+        handed_over_by: Some(by.into()),
+        ..held(holder, NOW)
+    }
+}
+
 /// East's elections among `nodes` with `count` shares.
 fn elected(nodes: &[Node], leases: &BTreeMap<String, LeaseState>, count: usize) -> Vec<Election> {
     let refs: Vec<&Node> = nodes.iter().collect();
@@ -268,10 +276,8 @@ fn a_holder_replaced_while_cut_off_is_kept_out_of_that_share_only() {
 #[test]
 fn a_predecessor_named_by_two_leases_stays_in_the_share_it_left_last() {
     let nodes = east();
-    let mut first = held("e1", NOW);
-    first.handed_over_by = Some("e2".into());
     let leases = BTreeMap::from([
-        (share_lease_name("east", 0), first),
+        (share_lease_name("east", 0), handed("e1", "e2")),
         (
             share_lease_name("east", 1),
             held("e2", NOW - LEASE_DURATION_MS),
@@ -283,10 +289,8 @@ fn a_predecessor_named_by_two_leases_stays_in_the_share_it_left_last() {
     // Cordoned while it holds the second share, likewise.
     let mut nodes = east();
     nodes[1].cordoned = true;
-    let mut first = held("e1", NOW);
-    first.handed_over_by = Some("e2".into());
     let leases = BTreeMap::from([
-        (share_lease_name("east", 0), first),
+        (share_lease_name("east", 0), handed("e1", "e2")),
         (share_lease_name("east", 1), held("e2", NOW)),
     ]);
     let cordoned = elected(&nodes, &leases, 2);
@@ -300,11 +304,9 @@ fn a_predecessor_named_by_two_leases_stays_in_the_share_it_left_last() {
 #[test]
 fn only_a_cordoned_node_stays_in_the_share_it_handed_over() {
     let mut nodes = east();
-    let mut second = held("e2", NOW);
-    second.handed_over_by = Some("e4".into());
     let leases = BTreeMap::from([
         (share_lease_name("east", 0), held("e1", NOW)),
-        (share_lease_name("east", 1), second),
+        (share_lease_name("east", 1), handed("e2", "e4")),
     ]);
     let live = elected(&nodes, &leases, 2);
     assert!(live.iter().all(|e| e.predecessors.is_empty()), "{live:?}");

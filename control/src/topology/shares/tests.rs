@@ -81,6 +81,12 @@ fn labels(group: &[&Node], heads: &[usize]) -> Vec<String> {
     heads.iter().map(|&h| group[h].name.clone()).collect()
 }
 
+/// `group` assigned to the shares of `heads`, labelled by their leaders' names, none pinned
+/// or kept out.
+fn by_name(group: &[&Node], heads: &[usize]) -> Vec<usize> {
+    assign(group, heads, &labels(group, heads), &none(), &unpinned())
+}
+
 #[test]
 fn a_share_labelled_by_its_lease_keeps_its_followers_under_a_new_leader() {
     let nodes = names(60);
@@ -148,13 +154,7 @@ fn shares_differ_by_at_most_one_node() {
         let group = refs(&nodes);
         for leaders in 2..=4.min(count - 1) {
             let heads: Vec<usize> = (0..leaders).collect();
-            let share = assign(
-                &group,
-                &heads,
-                &labels(&group, &heads),
-                &none(),
-                &unpinned(),
-            );
+            let share = by_name(&group, &heads);
             let mut load = vec![0; leaders];
             for (i, s) in share.iter().enumerate() {
                 if !heads.contains(&i) {
@@ -175,17 +175,11 @@ fn a_leader_lost_or_added_moves_its_own_nodes_and_few_others() {
     let nodes = names(60);
     let group = refs(&nodes);
     let four: Vec<usize> = vec![0, 1, 2, 3];
-    let before = assign(&group, &four, &labels(&group, &four), &none(), &unpinned());
+    let before = by_name(&group, &four);
     // Leader 3 goes (its node stays, as a follower now): its followers move, and only a few of
     // the others do, for balance.
     let three: Vec<usize> = vec![0, 1, 2];
-    let after = assign(
-        &group,
-        &three,
-        &labels(&group, &three),
-        &none(),
-        &unpinned(),
-    );
+    let after = by_name(&group, &three);
     let lead = |share: &[usize], heads: &[usize], i: usize| heads[share[i]];
     let (mut others, mut moved_others) = (0, 0);
     for i in 4..60 {
@@ -201,7 +195,7 @@ fn a_leader_lost_or_added_moves_its_own_nodes_and_few_others() {
     );
     // A fifth leader arrives: it takes about a fifth of the followers, and few others move.
     let five: Vec<usize> = vec![0, 1, 2, 3, 4];
-    let grown = assign(&group, &five, &labels(&group, &five), &none(), &unpinned());
+    let grown = by_name(&group, &five);
     let (mut stayed, mut moved) = (0, 0);
     for i in 5..60 {
         let (was, is) = (lead(&before, &four, i), lead(&grown, &five, i));
