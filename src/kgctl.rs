@@ -281,6 +281,7 @@ pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, Str
                     endpoint: peer.endpoint.clone(),
                     persistent_keepalive: peer.persistent_keepalive,
                     preshared_key: peer.preshared_key,
+                    replaces: None,
                 };
                 return Ok((output.render(&args.name, &wg)?, String::new()));
             }

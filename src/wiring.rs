@@ -21,6 +21,7 @@ pub fn device_config(conf: &Conf, private_key: &SecretKey) -> DeviceConfig {
                 endpoint: p.endpoint.as_ref().and_then(control::Endpoint::addr),
                 persistent_keepalive: p.persistent_keepalive,
                 allowed_ips: p.allowed_ips.iter().map(|n| n.trunc()).collect(),
+                replaces: p.replaces.map(|k| PublicKey::from_bytes(k.0)),
             })
             .collect(),
     }

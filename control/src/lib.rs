@@ -25,6 +25,7 @@ pub mod node;
 pub mod pass;
 pub mod peer;
 pub mod readiness;
+pub mod rotation;
 pub mod routes;
 pub mod standby;
 pub mod status;

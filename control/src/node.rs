@@ -118,6 +118,8 @@ pub struct Node {
     /// (`kilotun.io/leaders-per-location`): it splits shares otherwise, so the node counts
     /// as 1 ([`annotation::LEADERS_PER_LOCATION`]).
     pub older_shares: Option<u16>,
+    /// The key its agent will use next (`kilotun.io/next-key`), while it rotates its key.
+    pub next_key: Option<Key>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

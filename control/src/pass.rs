@@ -21,6 +21,8 @@ pub enum Trigger {
     Lease,
     /// Readiness flips held back ([`crate::coalesce`]) are due.
     Readiness,
+    /// A key rotation's next step is due ([`crate::rotation`]).
+    Key,
 }
 
 impl Trigger {

@@ -90,6 +90,7 @@ impl Topology {
                 endpoint: p.endpoint.clone(),
                 persistent_keepalive: p.persistent_keepalive,
                 preshared_key: None,
+                replaces: None,
             })
             .collect()
     }
@@ -98,9 +99,11 @@ impl Topology {
     /// unless it verifies a cut-off leader's location).
     pub fn standby_conf(&self, local_key: Option<&Key>) -> Conf {
         let mut taken: BTreeSet<Key> = local_key.copied().into_iter().collect();
+        let mut peers = self.standby_peers(&mut taken);
+        self.add_successors(&mut peers);
         Conf {
             listen_port: Some(self.port),
-            peers: self.standby_peers(&mut taken),
+            peers,
         }
     }
 }

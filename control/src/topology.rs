@@ -206,6 +206,9 @@ pub struct Topology {
     /// Peers for handshakes only, while a cut-off leader's location checks who can replace it
     /// (see the `standby` module).
     pub standby: Vec<StandbyPeer>,
+    /// The next key of every node rotating its key, by its current key (see
+    /// [`crate::rotation`]).
+    pub successors: BTreeMap<Key, Key>,
 }
 
 /// The segment key of `node`.
@@ -326,6 +329,7 @@ impl Topology {
             granularity: params.granularity,
             local_location: local.location.clone(),
             standby: Vec::new(),
+            successors: crate::rotation::successors(nodes),
         };
 
         let mut allocator = Allocator::new(params.subnet);

@@ -23,6 +23,8 @@ pub struct WgPeer {
     pub persistent_keepalive: u16,
     /// Optional preshared key.
     pub preshared_key: Option<Key>,
+    /// The key this peer replaces while its node rotates its key (see `crate::rotation`).
+    pub replaces: Option<Key>,
 }
 
 /// A WireGuard configuration: an optional listen port and the peers.
@@ -64,6 +66,7 @@ impl Topology {
             ),
             persistent_keepalive,
             preshared_key,
+            replaces: None,
         }
     }
 
@@ -83,6 +86,7 @@ impl Topology {
             endpoint: self.effective_endpoint(p.endpoint.as_ref(), &key, p.persistent_keepalive),
             persistent_keepalive,
             preshared_key,
+            replaces: None,
         }
     }
 
@@ -127,6 +131,7 @@ impl Topology {
             ));
         }
         peers.extend(self.standby_peers(&mut keys));
+        self.add_successors(&mut peers);
         Conf {
             listen_port: Some(self.port),
             peers,
@@ -164,6 +169,7 @@ impl Topology {
             endpoint: s.endpoint.clone(),
             persistent_keepalive: 0,
             preshared_key: None,
+            replaces: None,
         })
     }
 }
@@ -265,6 +271,7 @@ mod tests {
             }),
             persistent_keepalive: 25,
             preshared_key: Some(Key::padded("psk")),
+            replaces: None,
         };
         let object = peer_object("gcp-leader", &wg);
         assert_eq!(object.validate(), Ok(()));

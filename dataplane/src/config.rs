@@ -34,6 +34,11 @@ pub struct PeerConfig {
     pub persistent_keepalive: u16,
     /// Prefixes routed to this peer and accepted from it, canonical, in insertion order.
     pub allowed_ips: Vec<IpNet>,
+    /// The peer this one is the next key of (a node rotating its key): once anything
+    /// authenticated arrives from this peer, it is accepted from and sent to in place of that
+    /// peer, over that peer's allowed IPs, until the configuration moves them. Not part of
+    /// WireGuard's configuration protocol: only the embedded engine honours it.
+    pub replaces: Option<PublicKey>,
 }
 
 impl PeerConfig {
@@ -45,6 +50,7 @@ impl PeerConfig {
             endpoint: None,
             persistent_keepalive: 0,
             allowed_ips: Vec::new(),
+            replaces: None,
         }
     }
 

@@ -132,6 +132,8 @@ struct State {
     order: Vec<PublicKey>,
     by_index: HashMap<u32, Arc<PeerEntry>>,
     routes: AllowedIps<Arc<PeerEntry>>,
+    /// Peers that replace another ([`crate::PeerConfig::replaces`]), by the key they replace.
+    successors: HashMap<PublicKey, Arc<PeerEntry>>,
 }
 
 impl State {
@@ -143,6 +145,20 @@ impl State {
             order: Vec::new(),
             by_index: HashMap::new(),
             routes: AllowedIps::new(),
+            successors: HashMap::new(),
+        }
+    }
+
+    /// The peer that carries a packet routed to `entry`: its successor once that was heard
+    /// from (a key rotation in progress), else `entry` itself.
+    #[inline]
+    fn route_to<'s>(&'s self, entry: &'s Arc<PeerEntry>) -> &'s Arc<PeerEntry> {
+        if self.successors.is_empty() {
+            return entry;
+        }
+        match self.successors.get(&entry.config.public_key) {
+            Some(next) if next.shared.heard_from.load(Ordering::Acquire) => next,
+            _ => entry,
         }
     }
 }

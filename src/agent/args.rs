@@ -148,6 +148,11 @@ pub struct KgArgs {
     /// Where the WireGuard private key is kept (created, mode 0600, if missing).
     #[arg(long, default_value = "/var/lib/kilo/key")]
     pub key_file: PathBuf,
+    /// kilotun: make a new WireGuard key when the key in use is this old (a Go duration, at
+    /// least 1m; empty: only when `kgctl rotate-key` asks). The peers follow without losing
+    /// the link (see docs/keys.md).
+    #[arg(long, default_value = "")]
+    pub key_rotation_period: String,
     /// kilotun: where each node's pods live. node: the Nodes' spec.podCIDRs (Kilo's); calico:
     /// Calico's block affinities and the addresses it lends out of other nodes' blocks;
     /// cilium: the CiliumNode pod ranges (cluster-pool and multi-pool IPAM); pods: the
@@ -225,6 +230,8 @@ pub struct Settings {
     pub resync: Duration,
     /// `--mtu`.
     pub mtu: Mtu,
+    /// `--key-rotation-period` (`None`: only on request).
+    pub key_rotation: Option<Duration>,
 }
 
 impl Settings {
@@ -316,6 +323,16 @@ impl KgArgs {
         if resync < Duration::from_millis(100) {
             bail!("--resync-period: {resync:?} is too short (minimum 100ms)");
         }
+        let key_rotation = match self.key_rotation_period.as_str() {
+            "" => None,
+            text => {
+                let period = parse_duration(text).context("--key-rotation-period")?;
+                if period < Duration::from_secs(60) {
+                    bail!("--key-rotation-period: {period:?} is too short (minimum 1m)");
+                }
+                Some(period)
+            }
+        };
         let mtu = match self.mtu.as_str() {
             "auto" => Mtu::Auto,
             n => match n.parse::<u32>() {
@@ -350,6 +367,7 @@ impl KgArgs {
             subnet,
             resync,
             mtu,
+            key_rotation,
             args: self,
         })
     }
@@ -451,10 +469,19 @@ mod tests {
             (vec!["--backend=file"], "--cluster-dir"),
             (vec!["--service-cidr=nope"], "--service-cidr"),
             (vec!["--interface=this-name-is-far-too-long"], "--interface"),
+            (vec!["--key-rotation-period=30s"], "--key-rotation-period"),
+            (vec!["--key-rotation-period=soon"], "--key-rotation-period"),
         ] {
             let err = format!("{:#}", parse(&args).unwrap_err());
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_key_rotation_period_is_off_unless_given() {
+        assert_eq!(parse(&[]).unwrap().key_rotation, None);
+        let s = parse(&["--key-rotation-period=24h"]).unwrap();
+        assert_eq!(s.key_rotation, Some(Duration::from_secs(86_400)));
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod host;
 mod lease;
 mod reconcile;
 pub mod reconciler;
+mod rotate;
 pub mod serve;
 pub mod shells;
 mod shutdown;
@@ -119,6 +120,8 @@ pub use control::pass::Trigger;
 pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     s: Settings,
     key: SecretKey,
+    /// The next key of a rotation under way: on disk, published, not yet in use.
+    next_key: Option<SecretKey>,
     backend: Backend,
     netlink: N,
     firewall: F,
@@ -188,6 +191,12 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// [`reconciler::Reconciler::lease_deadline`]).
     pub fn lease_deadline(&self) -> Option<Instant> {
         self.core.lease_deadline()
+    }
+
+    /// When a key rotation's next step is due (see
+    /// [`reconciler::Reconciler::rotation_deadline`]).
+    pub fn rotation_deadline(&self) -> Option<Instant> {
+        self.core.rotation_deadline()
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {
@@ -276,6 +285,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             () = sleep_until(agent.readiness_deadline()) => Trigger::Readiness,
             _ = lease_timer.tick(), if leases => Trigger::Lease,
             () = sleep_until(agent.lease_deadline()), if leases => Trigger::Lease,
+            () = sleep_until(agent.rotation_deadline()) => Trigger::Key,
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.

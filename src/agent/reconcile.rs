@@ -84,6 +84,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
         }
         let observed = self.core.observe(now)?;
+        if let Some(step) = self.core.rotation_step(now) {
+            self.rotate_key(step, now);
+        }
         if observed.elect {
             let started = Instant::now();
             self.core.elect(now);

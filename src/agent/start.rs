@@ -237,8 +237,23 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             );
             RoutePlan::default()
         });
+        let next_key = keyfile::load_next(&s.args.key_file, &key).unwrap_or_else(|e| {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the next key of a rotation cannot be read; the key in use stays"
+            );
+            None
+        });
+        let mut core = Reconciler::new(s.clone(), public, discovered);
+        core.resume_rotation(
+            next_key
+                .as_ref()
+                .map(|(k, request)| (Key(*k.public_key().as_bytes()), request.clone())),
+            keyfile::made_ms(&s.args.key_file).unwrap_or(now.unix_ms),
+        );
         Ok(Self {
-            core: Reconciler::new(s.clone(), public, discovered),
+            core,
+            next_key: next_key.map(|(k, _)| k),
             record: Default::default(),
             ip6tables: firewall.v6_available(),
             s,

@@ -73,6 +73,7 @@ pub fn peer_object(name: &str, allowed_ip: IpNet, key: &SecretKey, keepalive: u1
         endpoint: None,
         persistent_keepalive: keepalive,
         preshared_key: None,
+        replaces: None,
     };
     control::wgconf::peer_object(name, &peer)
 }

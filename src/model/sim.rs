@@ -385,10 +385,14 @@ impl Sim {
                 .map(|r| {
                     let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
                     let agent = &r.twin.agent;
-                    [agent.readiness_deadline(), agent.lease_deadline()]
-                        .into_iter()
-                        .flatten()
-                        .fold(timers, Instant::min)
+                    [
+                        agent.readiness_deadline(),
+                        agent.lease_deadline(),
+                        agent.rotation_deadline(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .fold(timers, Instant::min)
                 })
                 .min();
             let Some(next) = next.filter(|at| *at <= end) else {
@@ -498,6 +502,14 @@ impl Sim {
             .is_some_and(|at| at <= now)
         {
             due.push(Trigger::Readiness);
+        }
+        if running
+            .twin
+            .agent
+            .rotation_deadline()
+            .is_some_and(|at| at <= now)
+        {
+            due.push(Trigger::Key);
         }
         for trigger in due {
             self.reconcile(name, trigger);

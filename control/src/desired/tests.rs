@@ -234,6 +234,7 @@ mod engine_first {
             endpoint: Some(Endpoint::parse(endpoint).unwrap()),
             persistent_keepalive: 0,
             preshared_key: None,
+            replaces: None,
         }
     }
 

@@ -52,8 +52,16 @@ pub const LEADER_SHARES: &str = "kilotun.io/leader-shares";
 /// agrees on: one leader per location, the location's lease holder. Removed by this kg.
 pub const LEADERS_PER_LOCATION: &str = "kilotun.io/leaders-per-location";
 
+/// Written by kilotun's kg (not Kilo's) while it rotates its key: the public key it will use
+/// next. Its peers add it beside the current key (see `crate::rotation`).
+pub const NEXT_KEY: &str = "kilotun.io/next-key";
+/// User-set (by `kgctl rotate-key`): any new value asks the node's kg for a new key.
+pub const ROTATE_KEY: &str = "kilotun.io/rotate-key";
+/// Written by kilotun's kg: the [`ROTATE_KEY`] value it last carried out.
+pub const KEY_ROTATED: &str = "kilotun.io/key-rotated";
+
 /// Every annotation kg writes, in the order it writes them (and the earlier one it removes).
-pub const WRITTEN: [&str; 12] = [
+pub const WRITTEN: [&str; 14] = [
     ENDPOINT,
     INTERNAL_IP,
     KEY,
@@ -65,5 +73,7 @@ pub const WRITTEN: [&str; 12] = [
     LEADER_ELECTION,
     SECOND_INTERNAL_IP,
     LEADER_SHARES,
+    NEXT_KEY,
+    KEY_ROTATED,
     LEADERS_PER_LOCATION,
 ];

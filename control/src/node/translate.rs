@@ -265,6 +265,16 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
         node.spec.as_ref().and_then(|s| s.pod_cidrs.as_deref()),
     );
 
+    let next_key =
+        r.get(a::NEXT_KEY)
+            .map(str::to_string)
+            .and_then(|text| match Key::parse(&text) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    r.problem(a::NEXT_KEY, &text, format!("{e}; ignored"));
+                    None
+                }
+            });
     let problems = r.problems;
     (
         Node {
@@ -290,6 +300,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             relay,
             leaders_per_location,
             older_shares,
+            next_key,
         },
         problems,
     )

@@ -84,6 +84,10 @@ pub struct WrittenAnnotations {
     pub leader_election: bool,
     /// `--leaders-per-location` (written only above 1).
     pub leaders_per_location: u16,
+    /// The next key, while a rotation is under way.
+    pub next_key: Option<Key>,
+    /// The key rotation request last carried out.
+    pub key_rotated: Option<String>,
 }
 
 impl WrittenAnnotations {
@@ -127,6 +131,15 @@ impl WrittenAnnotations {
         .chain(
             self.leader_election
                 .then(|| (a::LEADER_ELECTION.to_string(), "lease".to_string())),
+        )
+        .chain(
+            self.next_key
+                .map(|k| (a::NEXT_KEY.to_string(), k.to_base64())),
+        )
+        .chain(
+            self.key_rotated
+                .clone()
+                .map(|id| (a::KEY_ROTATED.to_string(), id)),
         )
         .chain((self.leaders_per_location > 1).then(|| {
             (

@@ -84,8 +84,12 @@ impl Engine {
 
         let mut routes = AllowedIps::new();
         let mut by_index = HashMap::with_capacity(peers.len());
+        let mut successors = HashMap::new();
         for key in &order {
             let entry = &peers[key];
+            if let Some(old) = entry.config.replaces.filter(|k| peers.contains_key(k)) {
+                successors.insert(old, Arc::clone(entry));
+            }
             for prefix in &entry.config.allowed_ips {
                 routes.insert(*prefix, Arc::clone(entry));
             }
@@ -99,6 +103,7 @@ impl Engine {
             order,
             by_index,
             routes,
+            successors,
         }));
         report
     }
@@ -118,6 +123,13 @@ impl Engine {
             (Some(key), Some(_)) if report.private_key_changed || psk_changed => {
                 core.tunn = Some(new_tunn(key, config, shared.index));
                 report.sessions_reset.push(config.public_key);
+                // The other end still sends on the old session, which no longer opens here:
+                // a new handshake goes out at the next tick instead of after its 15 s timers
+                // (no handshake under these keys has happened yet).
+                core.last_handshake = None;
+                core.handshake_due = core.endpoint.is_some();
+                core.eager_retry = None;
+                core.initiation_pending = false;
             }
             (Some(key), None) => core.tunn = Some(new_tunn(key, config, shared.index)),
             (Some(_), Some(_)) => report.kept.push(config.public_key),

@@ -205,9 +205,10 @@ fn classify(plain: &[u8], routes: &AllowedIps<Arc<PeerEntry>>, sender: &Arc<Peer
     match packet::parse_header(plain) {
         Some(header) if header.total_len <= plain.len() => Opened::Inner {
             len: header.total_len,
-            allowed: routes
-                .lookup(header.source)
-                .is_some_and(|owner| Arc::ptr_eq(&owner.shared, &sender.shared)),
+            allowed: routes.lookup(header.source).is_some_and(|owner| {
+                Arc::ptr_eq(&owner.shared, &sender.shared)
+                    || sender.config.replaces == Some(owner.config.public_key)
+            }),
         },
         _ => Opened::NotIp,
     }

@@ -287,6 +287,7 @@ impl Engine {
         // source and count it.
         core.last_received = Some(now);
         core.unanswered_since = None;
+        shared.note_heard();
         shared.set_endpoint(core, note.from);
         if inner.is_some() {
             core.unacknowledged_since.get_or_insert(now);

@@ -62,6 +62,7 @@ impl Engine {
         let destination = packet::destination(packet).ok_or(DropReason::NotIp)?;
         let entry =
             cached_lookup(&mut run.route, &state.routes, destination).ok_or(DropReason::NoRoute)?;
+        let entry = state.route_to(entry);
         let peer = PeerRun::switch_to(&mut run.peer, entry);
         let shared = peer.shared();
         let mut guard = shared.core.lock();

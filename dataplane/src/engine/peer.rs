@@ -1,7 +1,7 @@
 //! A peer's live state: its noise tunnel, current endpoint, timers and counters.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +25,9 @@ pub(crate) struct PeerShared {
     pub(crate) handshake_failures: AtomicU64,
     /// Times the endpoint in use moved from one address to another (roaming or reconfiguration).
     pub(crate) endpoint_changes: AtomicU64,
+    /// True once anything authenticated came from the peer under these keys: a peer that
+    /// replaces another ([`PeerConfig::replaces`]) takes over from then on.
+    pub(crate) heard_from: AtomicBool,
 }
 
 /// Everything touched under the peer's lock. The lock is never held across a syscall.
@@ -97,6 +100,7 @@ impl PeerShared {
             handshakes: AtomicU64::new(0),
             handshake_failures: AtomicU64::new(0),
             endpoint_changes: AtomicU64::new(0),
+            heard_from: AtomicBool::new(false),
         })
     }
 
@@ -130,6 +134,15 @@ impl PeerShared {
             self.endpoint_changes.fetch_add(1, Ordering::Relaxed);
         }
         core.endpoint = Some(to);
+    }
+
+    /// Notes that something authenticated came from the peer (read without a lock by
+    /// [`State::route_to`](super::State::route_to), so it is written once, not per packet).
+    #[inline]
+    pub(crate) fn note_heard(&self) {
+        if !self.heard_from.load(Ordering::Relaxed) {
+            self.heard_from.store(true, Ordering::Release);
+        }
     }
 
     pub(crate) fn add_rx(&self, bytes: usize) {

@@ -230,6 +230,8 @@ mod tests {
             second_internal_ip: None,
             leader_election: false,
             leaders_per_location: 1,
+            next_key: None,
+            key_rotated: None,
         }
     }
 

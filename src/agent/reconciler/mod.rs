@@ -41,6 +41,7 @@ use crate::backend::Snapshot;
 mod ipam;
 mod mesh;
 mod publish;
+mod rotation;
 mod shares;
 #[cfg(test)]
 mod tests;
@@ -155,6 +156,10 @@ pub struct Reconciler {
     pass: Option<Pass>,
     /// The IPAM objects the pod ranges were last taken from (`--ipam`).
     ipam: ipam::IpamState,
+    /// Where this node's key rotation stands.
+    rotation: control::rotation::Rotation,
+    /// When the key in use was made (Unix milliseconds), for `--key-rotation-period`.
+    key_made_ms: i64,
 }
 
 impl Reconciler {
@@ -194,6 +199,8 @@ impl Reconciler {
             errors: Vec::new(),
             pass: None,
             ipam: Default::default(),
+            rotation: Default::default(),
+            key_made_ms: 0,
         }
     }
 

@@ -69,6 +69,15 @@ impl Reconciler {
             second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
             leaders_per_location: self.s.args.leaders_per_location,
+            next_key: self.rotation.next.as_ref().map(|n| n.key),
+            key_rotated: self
+                .rotation
+                .rotated_to_publish(
+                    annotations
+                        .get(control::node::annotation::KEY_ROTATED)
+                        .map(String::as_str),
+                )
+                .map(str::to_string),
         };
         local::patch_due(annotations, &written, self.last_patch.as_ref())
     }

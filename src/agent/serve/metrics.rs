@@ -423,6 +423,8 @@ pub struct Metrics {
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
+    /// `kilotun_key_rotations_total`: times this kg switched to a new WireGuard key.
+    pub key_rotations: Counter,
     /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
     /// one of its connected networks.
     pub withheld_cidrs: Gauge,
@@ -460,6 +462,7 @@ impl Metrics {
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
+            key_rotations: Counter::default(),
             withheld_cidrs: Gauge::default(),
             stages: StageHistograms::new_with_constructor(stage_histogram),
             location: Default::default(),
@@ -493,6 +496,11 @@ impl Metrics {
             "kilotun_wireguard_configurations",
             "WireGuard device configurations kg applied that changed the device",
             m.device_changes.clone(),
+        );
+        registry.register(
+            "kilotun_key_rotations",
+            "Times this kg switched to a new WireGuard key (kgctl rotate-key, --key-rotation-period)",
+            m.key_rotations.clone(),
         );
         registry.register(
             "kilotun_withheld_cidrs",

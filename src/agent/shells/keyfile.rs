@@ -46,7 +46,14 @@ pub fn load_or_generate(path: &Path) -> Result<SecretKey> {
 
 /// Writes `key` atomically with mode 0600.
 fn store(path: &Path, key: &SecretKey) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+    write_private(path, &format!("{}\n", key.to_base64()))
+}
+
+/// Writes `text` to `path` atomically (a 0600 file written, synced and renamed over it).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     let _ = fs::remove_file(&tmp);
     let mut file = fs::OpenOptions::new()
         .write(true)
@@ -54,10 +61,71 @@ fn store(path: &Path, key: &SecretKey) -> Result<()> {
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
-    writeln!(file, "{}", key.to_base64())?;
+    file.write_all(text.as_bytes())?;
     file.sync_all()?;
     fs::rename(&tmp, path).with_context(|| format!("storing private key {}", path.display()))?;
     Ok(())
+}
+
+/// Where the next key of a rotation waits: `<key file>.next`.
+pub fn next_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".next");
+    name.into()
+}
+
+/// Stores a rotation's next key beside the key (`<key file>.next`, 0600), with the
+/// `kilotun.io/rotate-key` request it answers, so a restart resumes the rotation.
+pub fn store_next(path: &Path, key: &SecretKey, request: Option<&str>) -> Result<()> {
+    let request = request.unwrap_or("");
+    if request.contains('\n') {
+        anyhow::bail!("a rotation request holds a line break");
+    }
+    write_private(
+        &next_path(path),
+        &format!("{}\n{request}\n", key.to_base64()),
+    )
+}
+
+/// The next key a rotation left on disk and the request it answers, if any. A next key that
+/// is unreadable, or already the key in use (`current`: the switch happened), is removed.
+pub fn load_next(path: &Path, current: &SecretKey) -> Result<Option<(SecretKey, Option<String>)>> {
+    let next = next_path(path);
+    let text = match fs::read_to_string(&next) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", next.display())),
+    };
+    let mut lines = text.lines();
+    let key = lines.next().and_then(|l| SecretKey::parse(l.trim()).ok());
+    let request = lines.next().map(str::trim).filter(|r| !r.is_empty());
+    match key {
+        Some(key) if !key.is_zero() && key.public_key() != current.public_key() => {
+            Ok(Some((key, request.map(str::to_string))))
+        }
+        _ => {
+            fs::remove_file(&next).with_context(|| format!("removing {}", next.display()))?;
+            Ok(None)
+        }
+    }
+}
+
+/// Makes `next` the key on disk and removes the next key's file.
+pub fn commit_next(path: &Path, next: &SecretKey) -> Result<()> {
+    store(path, next)?;
+    match fs::remove_file(next_path(path)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", next_path(path).display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// When the key at `path` was written (Unix milliseconds), if that can be read.
+pub fn made_ms(path: &Path) -> Option<i64> {
+    let modified = fs::metadata(path).ok()?.modified().ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_millis()).ok()
 }
 
 #[cfg(test)]
@@ -90,6 +158,37 @@ mod tests {
         );
         let again = load_or_generate(&path).unwrap();
         assert_eq!(key.public_key(), again.public_key());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_next_key_is_private_resumes_with_its_request_and_goes_once_committed() {
+        let dir = scratch("next");
+        let path = dir.join("key");
+        let key = load_or_generate(&path).unwrap();
+        assert!(load_next(&path, &key).unwrap().is_none());
+        let next = SecretKey::generate();
+        store_next(&path, &next, Some("r1")).unwrap();
+        let mode = fs::metadata(next_path(&path)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (loaded, request) = load_next(&path, &key).unwrap().unwrap();
+        assert_eq!(loaded.public_key(), next.public_key());
+        assert_eq!(request.as_deref(), Some("r1"));
+        commit_next(&path, &next).unwrap();
+        assert!(!next_path(&path).exists());
+        assert_eq!(
+            load_or_generate(&path).unwrap().public_key(),
+            next.public_key()
+        );
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Killed between the two writes of a commit: the next key is the key, and goes.
+        store_next(&path, &next, None).unwrap();
+        assert!(load_next(&path, &next).unwrap().is_none());
+        assert!(!next_path(&path).exists());
+        assert!(store_next(&path, &next, Some("a\nb")).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -35,6 +35,8 @@ fn written_annotations_use_kilos_formats() {
         second_internal_ip: None,
         leader_election: false,
         leaders_per_location: 1,
+        next_key: None,
+        key_rotated: None,
     };
     let map = written.to_map();
     assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
@@ -49,7 +51,8 @@ fn written_annotations_use_kilos_formats() {
     // Kilo's eight and the second internal IP; the lease one only when it takes part in lease
     // election, the number of leaders per location only above 1.
     // Neither lease election nor shares by default; the earlier shares annotation never.
-    assert_eq!(map.len(), annotation::WRITTEN.len() - 3);
+    // No rotation under way or carried out: neither next-key nor key-rotated.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 5);
     let with_lease = WrittenAnnotations {
         leader_election: true,
         leaders_per_location: 1,
@@ -67,6 +70,21 @@ fn written_annotations_use_kilos_formats() {
 }
 
 #[test]
+fn a_rotating_nodes_next_key_reads_back_and_a_bad_one_is_named() {
+    let next = Key::padded("next");
+    let n = translate(&[(a::NEXT_KEY, next.to_base64().as_str())]);
+    assert_eq!(n.next_key, Some(next));
+    let (n, problems) = translate_node(
+        &kube_node(&[(a::NEXT_KEY, "not-a-key")], &[], Some("10.2.1.0/24")),
+        DEFAULT_TOPOLOGY_LABEL,
+    );
+    assert_eq!(n.next_key, None);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].annotation, a::NEXT_KEY);
+    assert_eq!(problems[0].value, "not-a-key");
+}
+
+#[test]
 fn a_node_written_by_kg_reads_back_the_same() {
     let written = WrittenAnnotations {
         endpoint: Some(Endpoint::parse("10.1.0.1:51820").unwrap()),
@@ -80,6 +98,8 @@ fn a_node_written_by_kg_reads_back_the_same() {
         second_internal_ip: Some(net("fd00::1/64")),
         leader_election: true,
         leaders_per_location: 1,
+        next_key: Some(Key::padded("next")),
+        key_rotated: Some("r1".into()),
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -96,5 +116,6 @@ fn a_node_written_by_kg_reads_back_the_same() {
     assert_eq!(n.granularity, Some(Granularity::Location));
     assert!(n.lease_election);
     assert_eq!(n.second_internal_ip, Some(net("fd00::1/64")));
+    assert_eq!(n.next_key, written.next_key);
     assert!(n.is_ready(30));
 }
