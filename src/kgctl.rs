@@ -55,6 +55,8 @@ pub enum Command {
     Connect(connect::ConnectArgs),
     /// Say what is wrong with a node's links, routes and annotations, and what to do.
     Diagnose(diagnose::DiagnoseArgs),
+    /// Ask a node's kg for a new WireGuard key; its peers follow without losing the link.
+    RotateKey(rotate::RotateKeyArgs),
 }
 
 /// `kgctl showconf`.
@@ -376,6 +378,7 @@ pub fn now_unix() -> i64 {
 
 pub mod connect;
 pub mod diagnose;
+pub mod rotate;
 
 #[cfg(test)]
 mod tests;

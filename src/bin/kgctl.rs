@@ -45,6 +45,10 @@ fn main() -> ExitCode {
                 };
                 return Ok((out, String::new(), code));
             }
+            Command::RotateKey(rotate) => {
+                let out = kgctl::rotate::run(&args, rotate).await?;
+                return Ok((out, String::new(), ExitCode::SUCCESS));
+            }
             Command::Graph => None,
             Command::Showconf(show) => Some(show),
         };

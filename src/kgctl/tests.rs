@@ -343,3 +343,32 @@ fn showconf_as_peer_gives_each_node_its_share() {
     assert_eq!(all.len(), 4, "each east range in one share: {by_key:?}");
     assert!(by_key.values().all(|r| r.len() == 2), "{by_key:?}");
 }
+
+fn rotate(node: &str, force: bool) -> rotate::RotateKeyArgs {
+    rotate::RotateKeyArgs {
+        node: node.into(),
+        force,
+    }
+}
+
+#[test]
+fn rotate_key_names_an_unknown_node_a_keyless_one_one_rotating_and_peers_that_would_not_follow() {
+    let mut s = snapshot();
+    let err = |s: &Snapshot, args| format!("{:#}", rotate::request(s, &args, "1").unwrap_err());
+    assert!(err(&s, rotate("nope", true)).contains("no node called \"nope\""));
+    let e = err(&s, rotate("a", false));
+    assert!(e.contains("laptop") && e.contains("--force"), "{e}");
+    let asked = rotate::request(&s, &rotate("a", true), "17").unwrap();
+    assert_eq!(asked.id, "17");
+    assert!(asked.message.contains("kilotun.io/key-rotated: 17"), "{}", asked.message);
+    s.peers.clear();
+    assert!(rotate::request(&s, &rotate("a", false), "18").is_ok());
+    s.put_node("e", kube_node("e", "west", 5, &[(a::NEXT_KEY, "x")]));
+    let e = err(&s, rotate("e", false));
+    assert!(e.contains("rotating its key already"), "{e}");
+    let mut keyless = kube_node("f", "west", 6, &[]);
+    keyless.metadata.annotations.as_mut().unwrap().remove(a::KEY);
+    s.put_node("f", keyless);
+    let e = err(&s, rotate("f", false));
+    assert!(e.contains("has no kilo.squat.ai/key"), "{e}");
+}

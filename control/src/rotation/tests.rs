@@ -122,3 +122,28 @@ fn successors_pair_each_rotating_nodes_keys() {
     ];
     assert_eq!(successors(&nodes), BTreeMap::from([(key(2), key(9))]));
 }
+
+#[test]
+fn a_rotating_peer_gets_a_successor_entry_with_its_endpoint_and_no_allowed_ips() {
+    use crate::fixtures::{f1_nodes, f1_params, f1_peers};
+    use crate::node::Granularity;
+    let mut nodes = f1_nodes();
+    let next = key(42);
+    let rotating = nodes.iter_mut().find(|n| n.name != "a").unwrap();
+    rotating.next_key = Some(next);
+    let old = rotating.key.unwrap();
+    let t = Topology::new(&nodes, &f1_peers(), &f1_params("a", Granularity::Full)).unwrap();
+    let conf = t.conf(None);
+    let current = conf.peers.iter().find(|p| p.public_key == old).unwrap();
+    let successor = conf.peers.iter().find(|p| p.public_key == next).unwrap();
+    assert!(!current.allowed_ips.is_empty());
+    assert!(successor.allowed_ips.is_empty());
+    assert_eq!(successor.endpoint, current.endpoint);
+    assert_eq!(successor.replaces, Some(old));
+    assert_eq!(successor.persistent_keepalive, 0);
+    assert_eq!(
+        conf.peers.iter().filter(|p| p.replaces.is_some()).count(),
+        1,
+        "only the rotating node's link has one"
+    );
+}
