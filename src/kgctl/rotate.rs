@@ -82,10 +82,7 @@ pub async fn run(args: &KgctlArgs, rotate: &RotateKeyArgs) -> Result<String> {
             .map_or(0, |d| d.as_millis())
     );
     let request = request(&snapshot, rotate, &id)?;
-    let changes = BTreeMap::from([(
-        annotation::ROTATE_KEY.to_string(),
-        Some(request.id.clone()),
-    )]);
+    let changes = BTreeMap::from([(annotation::ROTATE_KEY.to_string(), Some(request.id.clone()))]);
     let written = match args.backend {
         BackendKind::File => {
             crate::backend::file::FileBackend::open(&PathBuf::from(&args.cluster_dir))
@@ -107,6 +104,7 @@ pub async fn run(args: &KgctlArgs, rotate: &RotateKeyArgs) -> Result<String> {
             .map_err(anyhow::Error::from)
         }
     };
-    written.with_context(|| format!("writing {} on node {}", annotation::ROTATE_KEY, rotate.node))?;
+    written
+        .with_context(|| format!("writing {} on node {}", annotation::ROTATE_KEY, rotate.node))?;
     Ok(request.message)
 }

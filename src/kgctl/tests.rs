@@ -360,14 +360,23 @@ fn rotate_key_names_an_unknown_node_a_keyless_one_one_rotating_and_peers_that_wo
     assert!(e.contains("laptop") && e.contains("--force"), "{e}");
     let asked = rotate::request(&s, &rotate("a", true), "17").unwrap();
     assert_eq!(asked.id, "17");
-    assert!(asked.message.contains("kilotun.io/key-rotated: 17"), "{}", asked.message);
+    assert!(
+        asked.message.contains("kilotun.io/key-rotated: 17"),
+        "{}",
+        asked.message
+    );
     s.peers.clear();
     assert!(rotate::request(&s, &rotate("a", false), "18").is_ok());
     s.put_node("e", kube_node("e", "west", 5, &[(a::NEXT_KEY, "x")]));
     let e = err(&s, rotate("e", false));
     assert!(e.contains("rotating its key already"), "{e}");
     let mut keyless = kube_node("f", "west", 6, &[]);
-    keyless.metadata.annotations.as_mut().unwrap().remove(a::KEY);
+    keyless
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(a::KEY);
     s.put_node("f", keyless);
     let e = err(&s, rotate("f", false));
     assert!(e.contains("has no kilo.squat.ai/key"), "{e}");

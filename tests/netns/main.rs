@@ -29,6 +29,7 @@ mod kg_kube;
 mod kg_mesh;
 mod kg_migration;
 mod kg_relay;
+mod kg_rotation;
 mod kg_shares;
 mod kg_shares_failover;
 mod lifecycle;
