@@ -199,6 +199,16 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.core.rotation_deadline()
     }
 
+    /// The deadlines of the lease step, the held readiness flips and the key rotation, in
+    /// that order: what a driver other than [`run`] (the reference model) waits for.
+    pub fn timer_deadlines(&self) -> [Option<Instant>; 3] {
+        [
+            self.lease_deadline(),
+            self.readiness_deadline(),
+            self.rotation_deadline(),
+        ]
+    }
+
     fn warn_once(&mut self, what: &'static str, message: &str) {
         if !self.warned.insert(what, true).unwrap_or(false) {
             tracing::warn!("{message}");

@@ -384,15 +384,12 @@ impl Sim {
                 .filter_map(|n| n.running.as_ref())
                 .map(|r| {
                     let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
-                    let agent = &r.twin.agent;
-                    [
-                        agent.readiness_deadline(),
-                        agent.lease_deadline(),
-                        agent.rotation_deadline(),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .fold(timers, Instant::min)
+                    r.twin
+                        .agent
+                        .timer_deadlines()
+                        .into_iter()
+                        .flatten()
+                        .fold(timers, Instant::min)
                 })
                 .min();
             let Some(next) = next.filter(|at| *at <= end) else {
@@ -483,32 +480,19 @@ impl Sim {
             running.next_check_in = now + CHECK_IN_PERIOD;
             due.push(Trigger::CheckIn);
         }
+        let [lease_ran_out, readiness, key] = (running.twin.agent.timer_deadlines())
+            .map(|deadline| deadline.is_some_and(|at| at <= now));
         if running.next_lease <= now {
             running.next_lease = now + LEASE_PERIOD;
             due.push(Trigger::Lease);
-        } else if running
-            .twin
-            .agent
-            .lease_deadline()
-            .is_some_and(|at| at <= now)
-        {
+        } else if lease_ran_out {
             // A lease ran out between two lease steps: the step runs now, as kg's does.
             due.push(Trigger::Lease);
         }
-        if running
-            .twin
-            .agent
-            .readiness_deadline()
-            .is_some_and(|at| at <= now)
-        {
+        if readiness {
             due.push(Trigger::Readiness);
         }
-        if running
-            .twin
-            .agent
-            .rotation_deadline()
-            .is_some_and(|at| at <= now)
-        {
+        if key {
             due.push(Trigger::Key);
         }
         for trigger in due {
@@ -529,12 +513,20 @@ impl Sim {
         let snapshot = self.visible(name);
         let now = self.now;
         let runtime = &self.runtime;
-        let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) else {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let Some(running) = node.running.as_mut() else {
             return;
         };
         let result = runtime.block_on(running.twin.agent.reconcile_at(&snapshot, trigger, now));
         running.last_error = result.err().map(|e| format!("{e:#}"));
         running.seen = Some(snapshot);
+        // A rotated key is the node's from now on (its key file holds it too).
+        let device = crate::agent::shells::Engine::configuration(&running.twin.engine).ok();
+        node.key = device
+            .and_then(|d| d.interface.private_key)
+            .unwrap_or(node.key.clone());
     }
 
     /// Delivers the cluster's changes to every running agent that can see them, round after
