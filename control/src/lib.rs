@@ -24,6 +24,7 @@ pub mod nftables;
 pub mod node;
 pub mod pass;
 pub mod peer;
+pub mod pq;
 pub mod readiness;
 pub mod rotation;
 pub mod routes;
