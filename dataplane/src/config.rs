@@ -97,8 +97,11 @@ pub struct ApplyReport {
     pub added: Vec<PublicKey>,
     /// Peers that no longer exist.
     pub removed: Vec<PublicKey>,
-    /// Existing peers whose session was reset (preshared key changed).
+    /// Existing peers whose session was reset (the private key changed).
     pub sessions_reset: Vec<PublicKey>,
+    /// Existing peers whose preshared key changed: their session stays, and the next
+    /// handshake uses the new key.
+    pub preshared_key_changed: Vec<PublicKey>,
     /// Existing peers that kept their session, whether or not other settings changed.
     pub kept: Vec<PublicKey>,
     /// True when the private key changed (every session restarts).

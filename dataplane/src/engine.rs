@@ -246,6 +246,18 @@ impl Engine {
         marked
     }
 
+    /// Marks `peer` for a handshake initiation at the next timer tick, even with a session up:
+    /// a new preshared key takes effect at once instead of at the next rekey (120 s). The
+    /// session in use carries data until the new one is made. False when `peer` is unknown.
+    pub fn rekey(&self, peer: &PublicKey) -> bool {
+        let state = self.state.load();
+        let Some(entry) = state.peers.get(peer) else {
+            return false;
+        };
+        entry.shared.core.lock().rekey_due = true;
+        true
+    }
+
     /// Whether any peer is configured. Without one the timers have nothing to do, so a device
     /// stops ticking until a peer is added.
     pub fn has_peers(&self) -> bool {

@@ -132,20 +132,40 @@ fn reapplying_the_same_config_keeps_the_session() {
 }
 
 #[test]
-fn changing_the_preshared_key_restarts_the_session() {
+fn changing_the_preshared_key_keeps_the_session_and_the_next_handshake_uses_it() {
     let mut pair = EnginePair::new();
     let now = Instant::now();
     pair.send_a_to_b(now, b"one");
     let psk = SecretKey::generate();
-    for (side, other) in [(&pair.a, &pair.b), (&pair.b, &pair.a)] {
+    // A first: data still flows on the session both ends hold.
+    let with_psk = |side: &Side, other: &Side| {
         let mut config = side.config_with_peer(other);
         config.peers[0].preshared_key = Some(psk.clone());
-        let report = side.engine.apply(&config);
-        assert_eq!(report.sessions_reset, vec![other.key.public_key()]);
-    }
+        config
+    };
+    let report = pair.a.engine.apply(&with_psk(&pair.a, &pair.b));
+    assert_eq!(report.preshared_key_changed, vec![pair.b.key.public_key()]);
+    assert!(report.sessions_reset.is_empty());
+    assert_eq!(report.kept, vec![pair.b.key.public_key()]);
     pair.send_a_to_b(now, b"two");
-    assert_eq!(pair.b.delivered.len(), 2);
+    pair.send_b_to_a(now, b"back");
+    assert_eq!((pair.b.delivered.len(), pair.a.delivered.len()), (2, 1));
+    assert_eq!(pair.a.engine.peer_stats()[0].handshakes, 1);
+    // Only A has the key: a handshake now fails, and the session in use still carries data.
+    let later = now + Duration::from_secs(1);
+    pair.a.engine.rekey(&pair.b.key.public_key());
+    pair.tick(later);
+    assert_eq!(pair.a.engine.peer_stats()[0].handshakes, 1);
+    pair.send_a_to_b(later, b"three");
+    assert_eq!(pair.b.delivered.len(), 3);
+    // Both have it: the next handshake completes under it.
+    pair.b.engine.apply(&with_psk(&pair.b, &pair.a));
+    let later = later + Duration::from_secs(6);
+    pair.a.engine.rekey(&pair.b.key.public_key());
+    pair.tick(later);
     assert_eq!(pair.a.engine.peer_stats()[0].handshakes, 2);
+    pair.send_a_to_b(later, b"four");
+    assert_eq!(pair.b.delivered.len(), 4);
 }
 
 #[test]

@@ -120,7 +120,7 @@ impl Engine {
         let psk_changed = existing.config.preshared_key != config.preshared_key;
         match (private_key, core.tunn.as_mut()) {
             (None, _) => core.tunn = None,
-            (Some(key), Some(_)) if report.private_key_changed || psk_changed => {
+            (Some(key), Some(_)) if report.private_key_changed => {
                 core.tunn = Some(new_tunn(key, config, shared.index));
                 report.sessions_reset.push(config.public_key);
                 // The other end still sends on the old session, which no longer opens here:
@@ -132,7 +132,15 @@ impl Engine {
                 core.initiation_pending = false;
             }
             (Some(key), None) => core.tunn = Some(new_tunn(key, config, shared.index)),
-            (Some(_), Some(_)) => report.kept.push(config.public_key),
+            (Some(_), Some(tunn)) => {
+                // As Linux's WireGuard: the session in use stays, the next handshake (a
+                // rekey, or a failed session's) uses the new key.
+                if psk_changed {
+                    tunn.set_preshared_key(config.preshared_key.as_ref().map(|k| *k.as_bytes()));
+                    report.preshared_key_changed.push(config.public_key);
+                }
+                report.kept.push(config.public_key);
+            }
         }
         if let Some(to) = config
             .endpoint

@@ -43,6 +43,9 @@ pub(crate) struct PeerCore {
     /// Set by [`Engine::initiate_handshakes`](super::Engine::initiate_handshakes): send a
     /// handshake initiation at the next timer tick unless a session is up by then.
     pub(crate) handshake_due: bool,
+    /// Set by [`Engine::rekey`](super::Engine::rekey): send a handshake initiation at the next
+    /// timer tick, session or not.
+    pub(crate) rekey_due: bool,
     /// After that initiation: when to send another if no handshake has completed by then, and
     /// how many more may follow (see [`EAGER_RETRY_AFTER`](super::EAGER_RETRY_AFTER)).
     pub(crate) eager_retry: Option<(Instant, u8)>,
@@ -89,6 +92,7 @@ impl PeerShared {
                 last_handshake: None,
                 keepalive_due: config.persistent_keepalive > 0,
                 handshake_due: false,
+                rekey_due: false,
                 eager_retry: None,
                 initiation_pending: false,
                 unanswered_since: None,

@@ -45,7 +45,8 @@ impl Engine {
             let mut core = shared.core.lock();
             let endpoint = core.endpoint;
             let unshaken = core.last_handshake.is_none() && endpoint.is_some();
-            let initiate = std::mem::take(&mut core.handshake_due) && unshaken;
+            let rekey = std::mem::take(&mut core.rekey_due);
+            let initiate = (std::mem::take(&mut core.handshake_due) && unshaken) || rekey;
             let retry = !initiate && unshaken && core.eager_retry.is_some_and(|(at, _)| now >= at);
             let after = |left| eager_retry_after(&local, key.as_bytes(), left);
             if initiate {
@@ -62,7 +63,7 @@ impl Engine {
             let base = slot.as_ptr();
             let result = if initiate || retry {
                 // A retry replaces the unanswered initiation (a new ephemeral key and index).
-                tunn.format_handshake_initiation(slot, retry)
+                tunn.format_handshake_initiation(slot, retry || rekey)
             } else {
                 tunn.update_timers(slot)
             };

@@ -478,6 +478,11 @@ impl Handshake {
         self.params.set_static_private(private_key, public_key)
     }
 
+    /// kilotun: the preshared key of the handshakes from now on.
+    pub(crate) fn set_preshared_key(&mut self, preshared_key: Option<[u8; KEY_LEN]>) {
+        self.params.preshared_key = preshared_key;
+    }
+
     pub(super) fn receive_handshake_initialization<'a>(
         &mut self,
         packet: HandshakeInit,

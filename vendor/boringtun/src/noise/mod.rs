@@ -241,6 +241,13 @@ impl Tunn {
         }
     }
 
+    /// kilotun: sets the preshared key of the next handshakes and keeps the sessions, as
+    /// Linux's WireGuard does: the session in use carries data until the next handshake,
+    /// which uses the new key.
+    pub fn set_preshared_key(&mut self, preshared_key: Option<[u8; 32]>) {
+        self.handshake.set_preshared_key(preshared_key);
+    }
+
     /// Encapsulate a single packet from the tunnel interface.
     /// Returns TunnResult.
     ///
