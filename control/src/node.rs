@@ -120,6 +120,9 @@ pub struct Node {
     pub older_shares: Option<u16>,
     /// The key its agent will use next (`kilotun.io/next-key`), while it rotates its key.
     pub next_key: Option<Key>,
+    /// The fingerprint of its ML-KEM key (`kilotun.io/pq`): its agent takes part in
+    /// post-quantum preshared keys.
+    pub pq: Option<[u8; 32]>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

@@ -14,6 +14,7 @@ use ml_kem::ml_kem_768::{Ciphertext, DecapsulationKey, EncapsulationKey};
 
 use crate::key::Key;
 
+pub mod book;
 pub mod link;
 pub mod message;
 
@@ -44,6 +45,16 @@ pub(crate) fn blake2s(data: &[u8]) -> [u8; 32] {
 /// The fingerprint a node publishes for its encapsulation key: BLAKE2s-256 of the key's bytes.
 pub fn fingerprint(ek: &[u8]) -> [u8; 32] {
     blake2s(ek)
+}
+
+/// The `kilotun.io/pq` value of fingerprint `fp`.
+pub fn format_fingerprint(fp: &[u8; 32]) -> String {
+    format!("v1:{}", Key(*fp).to_base64())
+}
+
+/// The fingerprint in a `kilotun.io/pq` value, if it is one.
+pub fn parse_fingerprint(text: &str) -> Option<[u8; 32]> {
+    Key::parse(text.strip_prefix("v1:")?).ok().map(|k| k.0)
 }
 
 /// A node's ML-KEM-768 key pair, kept as its 64-byte seed.

@@ -65,6 +65,16 @@ pub(super) struct HostRecord {
 }
 
 impl HostRecord {
+    /// The device configuration kg last applied, if known.
+    pub(super) fn applied_device(&self) -> Option<&DeviceConfig> {
+        self.applied.device.as_ref()
+    }
+
+    /// Records `device` as applied (a change made outside a pass: post-quantum keys).
+    pub(super) fn set_applied_device(&mut self, device: DeviceConfig) {
+        self.applied.device = Some(device);
+    }
+
     /// True when the kernel's routes and rules are known (false after a failed change, when
     /// they must be listed again).
     pub(super) fn routes_known(&self) -> bool {
@@ -375,7 +385,8 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// The WireGuard device, brought to `want`'s configuration.
     fn converge_device(&mut self, leader: bool, want: &DesiredHost) -> Result<()> {
-        let desired = crate::wiring::device_config(&want.device, &self.key);
+        let mut desired = crate::wiring::device_config(&want.device, &self.key);
+        self.pq_keys_into(&mut desired);
         if self.record.applied.device.as_ref() == Some(&desired) {
             return Ok(());
         }

@@ -153,6 +153,14 @@ pub struct KgArgs {
     /// the link (see docs/keys.md).
     #[arg(long, default_value = "")]
     pub key_rotation_period: String,
+    /// kilotun: post-quantum preshared keys (ML-KEM-768) on the links to nodes whose kg runs
+    /// with it too (see docs/keys.md). Off by default.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub post_quantum: bool,
+    /// kilotun: how often a post-quantum link's preshared key changes (a Go duration, at
+    /// least 10s).
+    #[arg(long, default_value = "2m")]
+    pub psk_rotation_period: String,
     /// kilotun: where each node's pods live. node: the Nodes' spec.podCIDRs (Kilo's); calico:
     /// Calico's block affinities and the addresses it lends out of other nodes' blocks;
     /// cilium: the CiliumNode pod ranges (cluster-pool and multi-pool IPAM); pods: the
@@ -232,6 +240,8 @@ pub struct Settings {
     pub mtu: Mtu,
     /// `--key-rotation-period` (`None`: only on request).
     pub key_rotation: Option<Duration>,
+    /// `--psk-rotation-period`.
+    pub psk_rotation: Duration,
 }
 
 impl Settings {
@@ -333,6 +343,11 @@ impl KgArgs {
                 Some(period)
             }
         };
+        let psk_rotation =
+            parse_duration(&self.psk_rotation_period).context("--psk-rotation-period")?;
+        if psk_rotation < Duration::from_secs(10) {
+            bail!("--psk-rotation-period: {psk_rotation:?} is too short (minimum 10s)");
+        }
         let mtu = match self.mtu.as_str() {
             "auto" => Mtu::Auto,
             n => match n.parse::<u32>() {
@@ -368,6 +383,7 @@ impl KgArgs {
             resync,
             mtu,
             key_rotation,
+            psk_rotation,
             args: self,
         })
     }
@@ -471,6 +487,7 @@ mod tests {
             (vec!["--interface=this-name-is-far-too-long"], "--interface"),
             (vec!["--key-rotation-period=30s"], "--key-rotation-period"),
             (vec!["--key-rotation-period=soon"], "--key-rotation-period"),
+            (vec!["--psk-rotation-period=1s"], "--psk-rotation-period"),
         ] {
             let err = format!("{:#}", parse(&args).unwrap_err());
             assert!(err.contains(needle), "{args:?}: {err}");

@@ -46,6 +46,7 @@ mod apply;
 pub mod args;
 pub mod host;
 mod lease;
+pub mod pq;
 mod reconcile;
 pub mod reconciler;
 mod rotate;
@@ -122,6 +123,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     key: SecretKey,
     /// The next key of a rotation under way: on disk, published, not yet in use.
     next_key: Option<SecretKey>,
+    /// Post-quantum preshared keys (`--post-quantum`).
+    pq: Option<pq::PqShell>,
     backend: Backend,
     netlink: N,
     firewall: F,
@@ -269,6 +272,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         .resolver
         .clone()
         .map(|resolver| Lookups::spawn(resolver, DNS_TIMEOUT));
+    let pq_socket = agent.pq_socket();
+    let mut pq_buffer = vec![0u8; 2048];
     loop {
         let dns_deadline = agent
             .dns_deadline()
@@ -296,6 +301,14 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = lease_timer.tick(), if leases => Trigger::Lease,
             () = sleep_until(agent.lease_deadline()), if leases => Trigger::Lease,
             () = sleep_until(agent.rotation_deadline()) => Trigger::Key,
+            Some((len, from)) = receive(pq_socket.as_deref(), &mut pq_buffer) => {
+                agent.pq_datagram(from, &pq_buffer[..len], read_clock());
+                continue;
+            }
+            () = sleep_until(agent.pq_deadline()) => {
+                agent.pq_poll(read_clock());
+                continue;
+            }
         };
         // Only what changed is taken from the snapshot, under the channel's lock and before
         // any await: the backend, writing the next event, never finds it shared and copies it.
@@ -307,6 +320,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             agent.status.error(format!("reconcile failed: {e:#}"));
             tracing::warn!(error = format!("{e:#}"), "reconcile failed");
         }
+        agent.pq_refresh(read_clock());
     }
     tracing::info!("shutting down");
     agent.shut_down().await;
@@ -320,6 +334,17 @@ pub async fn run(settings: Settings) -> Result<()> {
 async fn next_answers(lookups: &mut Option<Lookups>) -> Option<Vec<LookupAnswer>> {
     match lookups {
         Some(lookups) => lookups.answers().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next datagram on `socket`, if there is one; without a socket, never returns.
+async fn receive(
+    socket: Option<&tokio::net::UdpSocket>,
+    buffer: &mut [u8],
+) -> Option<(usize, std::net::SocketAddr)> {
+    match socket {
+        Some(socket) => socket.recv_from(buffer).await.ok(),
         None => std::future::pending().await,
     }
 }

@@ -37,7 +37,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 self.key = next;
                 self.next_key = None;
                 self.core.key_committed(now);
-                self.metrics.key_rotations.inc();
+                self.metrics.keys.key_rotations.inc();
             }
         }
     }

@@ -245,6 +245,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             None
         });
         let mut core = Reconciler::new(s.clone(), public, discovered);
+        let pq = if s.args.post_quantum {
+            let shell = super::pq::PqShell::start(&s.args.key_file, public, s.psk_rotation).await?;
+            core.set_pq_fingerprint(Some(shell.fingerprint()));
+            Some(shell)
+        } else {
+            None
+        };
         core.resume_rotation(
             next_key
                 .as_ref()
@@ -254,6 +261,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         Ok(Self {
             core,
             next_key: next_key.map(|(k, _)| k),
+            pq,
             record: Default::default(),
             ip6tables: firewall.v6_available(),
             s,

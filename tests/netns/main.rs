@@ -28,6 +28,7 @@ mod kg_kernel;
 mod kg_kube;
 mod kg_mesh;
 mod kg_migration;
+mod kg_pq;
 mod kg_relay;
 mod kg_rotation;
 mod kg_shares;

@@ -60,8 +60,13 @@ pub const ROTATE_KEY: &str = "kilotun.io/rotate-key";
 /// Written by kilotun's kg: the [`ROTATE_KEY`] value it last carried out.
 pub const KEY_ROTATED: &str = "kilotun.io/key-rotated";
 
+/// Written by kilotun's kg run with `--post-quantum`: `v1:` and the base64 BLAKE2s-256
+/// fingerprint of its ML-KEM-768 encapsulation key. Its links to other such nodes get
+/// post-quantum preshared keys (see `crate::pq`).
+pub const PQ: &str = "kilotun.io/pq";
+
 /// Every annotation kg writes, in the order it writes them (and the earlier one it removes).
-pub const WRITTEN: [&str; 14] = [
+pub const WRITTEN: [&str; 15] = [
     ENDPOINT,
     INTERNAL_IP,
     KEY,
@@ -75,5 +80,6 @@ pub const WRITTEN: [&str; 14] = [
     LEADER_SHARES,
     NEXT_KEY,
     KEY_ROTATED,
+    PQ,
     LEADERS_PER_LOCATION,
 ];

@@ -275,6 +275,19 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
                     None
                 }
             });
+    let pq = r.get(a::PQ).map(str::to_string).and_then(|text| {
+        match crate::pq::parse_fingerprint(&text) {
+            Some(fp) => Some(fp),
+            None => {
+                r.problem(
+                    a::PQ,
+                    &text,
+                    "not v1: and a base64 32-byte fingerprint; ignored",
+                );
+                None
+            }
+        }
+    });
     let problems = r.problems;
     (
         Node {
@@ -301,6 +314,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             leaders_per_location,
             older_shares,
             next_key,
+            pq,
         },
         problems,
     )

@@ -88,6 +88,8 @@ pub struct WrittenAnnotations {
     pub next_key: Option<Key>,
     /// The key rotation request last carried out.
     pub key_rotated: Option<String>,
+    /// The ML-KEM key's fingerprint, with `--post-quantum`.
+    pub pq: Option<[u8; 32]>,
 }
 
 impl WrittenAnnotations {
@@ -135,6 +137,10 @@ impl WrittenAnnotations {
         .chain(
             self.next_key
                 .map(|k| (a::NEXT_KEY.to_string(), k.to_base64())),
+        )
+        .chain(
+            self.pq
+                .map(|fp| (a::PQ.to_string(), crate::pq::format_fingerprint(&fp))),
         )
         .chain(
             self.key_rotated

@@ -361,3 +361,77 @@ fn the_key_is_bound_to_both_wireguard_keys_and_both_fingerprints() {
     assert_ne!(derive(&[8; 32], &[0; CT_LEN], &b).psk, base.psk);
     assert_ne!(base.psk[..16], base.confirmation[..]);
 }
+
+mod book {
+    use std::net::IpAddr;
+
+    use super::super::book::{PqBook, PqPeer, Refusal};
+    use super::*;
+
+    fn books() -> (PqBook, PqBook, Vec<PqPeer>, Vec<PqPeer>) {
+        let (low, high) = (Key([1; 32]), Key([2; 32]));
+        let tag = tag_key(&[7; 32]);
+        let a = PqBook::new(identity(1), low, 120_000);
+        let b = PqBook::new(identity(2), high, 120_000);
+        let peer = |key, n: u8| PqPeer {
+            key,
+            fingerprint: identity(n).fingerprint(),
+            wireguard_ip: IpAddr::from([10, 4, 0, n]),
+            tag_key: tag,
+        };
+        (a, b, vec![peer(high, 2)], vec![peer(low, 1)])
+    }
+
+    /// Delivers every datagram between the two books until quiet.
+    fn wire(a: &mut PqBook, b: &mut PqBook, now: i64, rng: &mut u64) {
+        for _ in 0..16 {
+            let (to_b, to_a) = (a.transmits(), b.transmits());
+            if to_b.is_empty() && to_a.is_empty() {
+                break;
+            }
+            for (ip, d) in to_b {
+                assert_eq!(ip, IpAddr::from([10, 4, 0, 2]));
+                b.handle(IpAddr::from([10, 4, 0, 1]), &d, now, &mut entropy(rng))
+                    .unwrap();
+            }
+            for (_, d) in to_a {
+                a.handle(IpAddr::from([10, 4, 0, 2]), &d, now, &mut entropy(rng))
+                    .unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn two_books_key_their_link_and_a_changed_fingerprint_drops_the_key() {
+        let (mut a, mut b, a_peers, b_peers) = books();
+        let mut rng = 1;
+        a.set_peers(Key([1; 32]), &a_peers);
+        b.set_peers(Key([2; 32]), &b_peers);
+        assert!(a.initiates(&Key([2; 32])) && !b.initiates(&Key([1; 32])));
+        a.poll(0, &mut entropy(&mut rng));
+        wire(&mut a, &mut b, 0, &mut rng);
+        let (ka, kb) = (a.installed(), b.installed());
+        assert_eq!(ka[&Key([2; 32])].psk, kb[&Key([1; 32])].psk);
+        assert_eq!(a.next_timeout(), Some(120_000));
+        // A datagram from an address that is no peer's goes nowhere.
+        assert_eq!(
+            b.handle(
+                IpAddr::from([10, 4, 0, 9]),
+                &[1; 17],
+                0,
+                &mut entropy(&mut rng)
+            ),
+            Err(Refusal::Stranger)
+        );
+        // The peer's fingerprint changes (a new ML-KEM key): its key goes at once.
+        let mut changed = a_peers.clone();
+        changed[0].fingerprint = identity(3).fingerprint();
+        a.set_peers(Key([1; 32]), &changed);
+        assert!(a.installed().is_empty());
+        // The same peers again keep the key; none at all drop it.
+        b.set_peers(Key([2; 32]), &b_peers);
+        assert_eq!(b.installed().len(), 1);
+        b.set_peers(Key([2; 32]), &[]);
+        assert!(b.installed().is_empty());
+    }
+}

@@ -232,6 +232,7 @@ mod tests {
             leaders_per_location: 1,
             next_key: None,
             key_rotated: None,
+            pq: None,
         }
     }
 

@@ -40,6 +40,7 @@ use crate::backend::Snapshot;
 
 mod ipam;
 mod mesh;
+mod pq;
 mod publish;
 mod rotation;
 mod shares;
@@ -160,6 +161,8 @@ pub struct Reconciler {
     rotation: control::rotation::Rotation,
     /// When the key in use was made (Unix milliseconds), for `--key-rotation-period`.
     key_made_ms: i64,
+    /// The fingerprint of this node's ML-KEM key, published with `--post-quantum`.
+    pq_fingerprint: Option<[u8; 32]>,
 }
 
 impl Reconciler {
@@ -201,6 +204,7 @@ impl Reconciler {
             ipam: Default::default(),
             rotation: Default::default(),
             key_made_ms: 0,
+            pq_fingerprint: None,
         }
     }
 

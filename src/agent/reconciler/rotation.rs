@@ -55,6 +55,11 @@ impl Reconciler {
         }
     }
 
+    /// Publishes `fingerprint` as this node's ML-KEM key (`--post-quantum`).
+    pub fn set_pq_fingerprint(&mut self, fingerprint: Option<[u8; 32]>) {
+        self.pq_fingerprint = fingerprint;
+    }
+
     /// The key this node publishes and its device uses.
     pub fn public_key(&self) -> Key {
         self.public

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
+mod keys;
 mod process;
 pub use process::ProcessCollector;
 
@@ -423,8 +424,8 @@ pub struct Metrics {
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
-    /// `kilotun_key_rotations_total`: times this kg switched to a new WireGuard key.
-    pub key_rotations: Counter,
+    /// The keys' series: rotations and post-quantum preshared keys.
+    pub keys: keys::KeyMetrics,
     /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
     /// one of its connected networks.
     pub withheld_cidrs: Gauge,
@@ -462,7 +463,7 @@ impl Metrics {
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
-            key_rotations: Counter::default(),
+            keys: Default::default(),
             withheld_cidrs: Gauge::default(),
             stages: StageHistograms::new_with_constructor(stage_histogram),
             location: Default::default(),
@@ -497,11 +498,7 @@ impl Metrics {
             "WireGuard device configurations kg applied that changed the device",
             m.device_changes.clone(),
         );
-        registry.register(
-            "kilotun_key_rotations",
-            "Times this kg switched to a new WireGuard key (kgctl rotate-key, --key-rotation-period)",
-            m.key_rotations.clone(),
-        );
+        m.keys.register(&mut registry);
         registry.register(
             "kilotun_withheld_cidrs",
             "CIDRs not routed into the mesh on this node because they contain or equal one of its directly connected networks",

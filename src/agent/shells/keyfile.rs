@@ -121,6 +121,27 @@ pub fn commit_next(path: &Path, next: &SecretKey) -> Result<()> {
     }
 }
 
+/// Loads the 64-byte ML-KEM seed at `path` (base64, 0600), or makes and stores one.
+pub fn load_or_generate_seed(path: &Path) -> Result<[u8; 64]> {
+    use base64::Engine as _;
+    let engine = base64::engine::general_purpose::STANDARD;
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let decoded = engine.decode(text.trim()).ok();
+            if let Some(seed) = decoded.and_then(|d| <[u8; 64]>::try_from(d).ok()) {
+                return Ok(seed);
+            }
+            tracing::warn!(path = %path.display(), "the ML-KEM seed file holds no valid seed; making a new one");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let mut seed = [0u8; 64];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut seed);
+    write_private(path, &format!("{}\n", engine.encode(seed)))?;
+    Ok(seed)
+}
+
 /// When the key at `path` was written (Unix milliseconds), if that can be read.
 pub fn made_ms(path: &Path) -> Option<i64> {
     let modified = fs::metadata(path).ok()?.modified().ok()?;

@@ -203,6 +203,9 @@ pub trait Engine: Send + Sync {
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
     /// Bytes received and sent per peer.
     fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>>;
+    /// Starts a handshake with `peer` now, session or not, where the device can be asked to
+    /// (the embedded engine); elsewhere the next rekey uses a new preshared key.
+    fn rekey(&self, _peer: &control::Key) {}
 }
 
 impl Engine for WireGuard {
@@ -229,6 +232,13 @@ impl Engine for WireGuard {
     }
     fn configuration(&self) -> Result<DeviceConfig> {
         Ok(self.read()?.0)
+    }
+    fn rekey(&self, peer: &control::Key) {
+        if let WireGuard::Embedded { device, .. } = self {
+            device
+                .engine()
+                .rekey(&dataplane::PublicKey::from_bytes(peer.0));
+        }
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)

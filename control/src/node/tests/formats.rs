@@ -37,6 +37,7 @@ fn written_annotations_use_kilos_formats() {
         leaders_per_location: 1,
         next_key: None,
         key_rotated: None,
+        pq: None,
     };
     let map = written.to_map();
     assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
@@ -52,7 +53,7 @@ fn written_annotations_use_kilos_formats() {
     // election, the number of leaders per location only above 1.
     // Neither lease election nor shares by default; the earlier shares annotation never.
     // No rotation under way or carried out: neither next-key nor key-rotated.
-    assert_eq!(map.len(), annotation::WRITTEN.len() - 5);
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 6);
     let with_lease = WrittenAnnotations {
         leader_election: true,
         leaders_per_location: 1,
@@ -100,6 +101,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
         leaders_per_location: 1,
         next_key: Some(Key::padded("next")),
         key_rotated: Some("r1".into()),
+        pq: Some([5; 32]),
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -117,5 +119,6 @@ fn a_node_written_by_kg_reads_back_the_same() {
     assert!(n.lease_election);
     assert_eq!(n.second_internal_ip, Some(net("fd00::1/64")));
     assert_eq!(n.next_key, written.next_key);
+    assert_eq!(n.pq, written.pq);
     assert!(n.is_ready(30));
 }

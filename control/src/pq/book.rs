@@ -1,0 +1,155 @@
+//! Every post-quantum link of one node ([`PqBook`]): the links follow the WireGuard peers whose
+//! nodes publish an ML-KEM fingerprint, datagrams are routed to a link by the peer's WireGuard
+//! IP, and the installed keys come out by peer. Pure, like [`super::link`].
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::link::{Installed, LinkSetup, PqLink};
+use super::message::Malformed;
+use super::PqIdentity;
+use crate::key::Key;
+
+/// A peer the node has a post-quantum link with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PqPeer {
+    /// Its WireGuard public key.
+    pub key: Key,
+    /// Its published ML-KEM fingerprint.
+    pub fingerprint: [u8; 32],
+    /// Its WireGuard IP: where its kg's exchange listens, and where its datagrams come from.
+    pub wireguard_ip: IpAddr,
+    /// The key that tags the link's messages ([`super::tag_key`]).
+    pub tag_key: [u8; 32],
+}
+
+/// Why a datagram went to no link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// No link's peer has the datagram's source address.
+    #[error("from no peer's WireGuard IP")]
+    Stranger,
+    /// The link refused it.
+    #[error("{0}")]
+    Malformed(#[from] Malformed),
+}
+
+/// Every post-quantum link of one node. See the module documentation.
+pub struct PqBook {
+    identity: Arc<PqIdentity>,
+    local: Key,
+    period_ms: i64,
+    links: BTreeMap<Key, (IpAddr, PqLink)>,
+}
+
+impl PqBook {
+    /// No links yet, for the node whose WireGuard key is `local` and whose ML-KEM key pair is
+    /// `identity`; keys change every `period_ms`.
+    pub fn new(identity: Arc<PqIdentity>, local: Key, period_ms: i64) -> Self {
+        Self {
+            identity,
+            local,
+            period_ms,
+            links: BTreeMap::new(),
+        }
+    }
+
+    /// This node's fingerprint.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.identity.fingerprint()
+    }
+
+    /// Brings the links to `peers`: a new peer gets a link with no key yet; a peer gone, or
+    /// whose fingerprint or tag key changed, loses its link and its key (so both ends go
+    /// without one until a new exchange completes). `local` is this node's WireGuard key now.
+    pub fn set_peers(&mut self, local: Key, peers: &[PqPeer]) {
+        if local != self.local {
+            self.local = local;
+            self.links.clear();
+        }
+        self.links.retain(|key, (_, link)| {
+            peers.iter().any(|p| {
+                p.key == *key
+                    && p.fingerprint == link.setup().peer_fp
+                    && p.tag_key == link.setup().tag_key
+            })
+        });
+        for p in peers {
+            let link = self.links.entry(p.key).or_insert_with(|| {
+                let setup = LinkSetup {
+                    local: self.local,
+                    peer: p.key,
+                    peer_fp: p.fingerprint,
+                    tag_key: p.tag_key,
+                };
+                (
+                    p.wireguard_ip,
+                    PqLink::new(setup, Arc::clone(&self.identity), self.period_ms),
+                )
+            });
+            link.0 = p.wireguard_ip;
+        }
+    }
+
+    /// Takes in `datagram` from `from` at `now_ms`.
+    pub fn handle(
+        &mut self,
+        from: IpAddr,
+        datagram: &[u8],
+        now_ms: i64,
+        entropy: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), Refusal> {
+        let (_, link) = self
+            .links
+            .values_mut()
+            .find(|(ip, _)| *ip == from)
+            .ok_or(Refusal::Stranger)?;
+        link.handle(datagram, now_ms, entropy)?;
+        Ok(())
+    }
+
+    /// Runs every link's timers at `now_ms`.
+    pub fn poll(&mut self, now_ms: i64, entropy: &mut dyn FnMut(&mut [u8])) {
+        for (_, link) in self.links.values_mut() {
+            link.poll(now_ms, entropy);
+        }
+    }
+
+    /// The datagrams to send, with the address of the peer each goes to.
+    pub fn transmits(&mut self) -> Vec<(IpAddr, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (ip, link) in self.links.values_mut() {
+            while let Some(d) = link.poll_transmit() {
+                out.push((*ip, d));
+            }
+        }
+        out
+    }
+
+    /// When [`PqBook::poll`] is next due.
+    pub fn next_timeout(&self) -> Option<i64> {
+        self.links
+            .values()
+            .filter_map(|(_, l)| l.poll_timeout())
+            .min()
+    }
+
+    /// The installed key of each link that has one, by peer.
+    pub fn installed(&self) -> BTreeMap<Key, Installed> {
+        self.links
+            .iter()
+            .filter_map(|(k, (_, l))| Some((*k, l.installed()?)))
+            .collect()
+    }
+
+    /// Every link's peer, whether it has a key, and what it refused, for `/status`.
+    pub fn links(&self) -> impl Iterator<Item = (&Key, &PqLink)> {
+        self.links.iter().map(|(k, (_, l))| (k, l))
+    }
+
+    /// True when this node starts the exchanges with `peer` (its key is the lower).
+    pub fn initiates(&self, peer: &Key) -> bool {
+        self.local.0 < peer.0
+    }
+}

@@ -1,0 +1,196 @@
+//! The shells' side of post-quantum preshared keys ([`control::pq`]): the node's ML-KEM seed on
+//! disk, the UDP socket the exchanges travel on (through the tunnel, between WireGuard IPs),
+//! and the keys installed into the device.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use control::clock::Now;
+use control::pq::book::{PqBook, PqPeer};
+use control::pq::PqIdentity;
+use control::Key;
+use rand_core::RngCore;
+
+use super::shells::{Engine, Firewall, Kernel};
+use super::Agent;
+
+/// The UDP port kg's exchanges listen on, on every node that runs with `--post-quantum`.
+pub const PQ_PORT: u16 = 51821;
+
+/// A node's post-quantum side: its links, the socket, and the epoch of the key each link last
+/// put into the device.
+pub struct PqShell {
+    pub(super) book: PqBook,
+    pub(super) socket: Arc<tokio::net::UdpSocket>,
+    installed: BTreeMap<Key, u64>,
+}
+
+/// Where the node's ML-KEM seed is kept: `<key-file>.pq`.
+pub fn seed_path(key_file: &Path) -> PathBuf {
+    let mut name = key_file.as_os_str().to_owned();
+    name.push(".pq");
+    name.into()
+}
+
+fn fill(buf: &mut [u8]) {
+    rand_core::OsRng.fill_bytes(buf);
+}
+
+impl PqShell {
+    /// The shell for the node whose key file is `key_file` and public key `local`: the seed
+    /// loaded (or made, 0600), the socket bound.
+    pub async fn start(key_file: &Path, local: Key, period: Duration) -> Result<Self> {
+        let seed = super::shells::keyfile::load_or_generate_seed(&seed_path(key_file))?;
+        let identity = Arc::new(PqIdentity::from_seed(&seed));
+        let socket = match tokio::net::UdpSocket::bind(("::", PQ_PORT)).await {
+            Ok(s) => s,
+            Err(_) => tokio::net::UdpSocket::bind(("0.0.0.0", PQ_PORT))
+                .await
+                .with_context(|| format!("binding UDP port {PQ_PORT} for post-quantum keys"))?,
+        };
+        let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        Ok(Self {
+            book: PqBook::new(identity, local, period_ms),
+            socket: Arc::new(socket),
+            installed: BTreeMap::new(),
+        })
+    }
+
+    /// This node's fingerprint, published as `kilotun.io/pq`.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.book.fingerprint()
+    }
+
+    fn flush(&mut self) {
+        for (ip, datagram) in self.book.transmits() {
+            if let Err(e) = self
+                .socket
+                .try_send_to(&datagram, SocketAddr::new(ip, PQ_PORT))
+            {
+                tracing::debug!(peer = %ip, error = %e, "post-quantum exchange: sending failed");
+            }
+        }
+    }
+}
+
+impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+    /// Brings the post-quantum links to the peers of the topology last applied.
+    pub(super) fn pq_refresh(&mut self, now: Now) {
+        let Some(pq) = &mut self.pq else { return };
+        let secret = self.key.to_dalek();
+        let peers: Vec<PqPeer> = self
+            .core
+            .pq_peers()
+            .into_iter()
+            .map(|(key, fingerprint, wireguard_ip)| {
+                let public = x25519_dalek::PublicKey::from(key.0);
+                let agreement = secret.diffie_hellman(&public);
+                PqPeer {
+                    key,
+                    fingerprint,
+                    wireguard_ip,
+                    tag_key: control::pq::tag_key(agreement.as_bytes()),
+                }
+            })
+            .collect();
+        pq.book.set_peers(self.core.public_key(), &peers);
+        pq.book.poll(now.unix_ms, &mut fill);
+        pq.flush();
+        self.pq_install();
+    }
+
+    /// Takes in a datagram from `from`.
+    pub fn pq_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Now) {
+        let Some(pq) = &mut self.pq else { return };
+        let from = from.ip().to_canonical();
+        if let Err(e) = pq.book.handle(from, datagram, now.unix_ms, &mut fill) {
+            self.metrics.keys.pq_refused.inc();
+            tracing::debug!(peer = %from, error = %e, "post-quantum exchange: datagram refused");
+        }
+        pq.flush();
+        self.pq_install();
+    }
+
+    /// Runs the links' timers.
+    pub fn pq_poll(&mut self, now: Now) {
+        let Some(pq) = &mut self.pq else { return };
+        pq.book.poll(now.unix_ms, &mut fill);
+        pq.flush();
+    }
+
+    /// When the links' timers are next due.
+    pub fn pq_deadline(&self) -> Option<Instant> {
+        let due = self.pq.as_ref()?.book.next_timeout()?;
+        let now = super::read_clock();
+        let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
+        Some(now.instant + Duration::from_millis(after))
+    }
+
+    /// The socket the exchanges arrive on, with `--post-quantum`.
+    pub fn pq_socket(&self) -> Option<Arc<tokio::net::UdpSocket>> {
+        self.pq.as_ref().map(|pq| Arc::clone(&pq.socket))
+    }
+
+    /// Gives each link's installed key to the device when it changed; the link's initiator
+    /// then starts a handshake so the key protects traffic at once (both ends hold it by then).
+    fn pq_install(&mut self) {
+        let Some(pq) = &mut self.pq else { return };
+        let installed = pq.book.installed();
+        let epochs: BTreeMap<Key, u64> = installed.iter().map(|(k, i)| (*k, i.epoch)).collect();
+        if epochs == pq.installed {
+            return;
+        }
+        let changed: Vec<Key> = epochs
+            .iter()
+            .filter(|(k, e)| pq.installed.get(*k) != Some(*e))
+            .map(|(k, _)| *k)
+            .collect();
+        let Some(mut device) = self.record.applied_device().cloned() else {
+            return;
+        };
+        pq_overlay(&mut device, &installed);
+        if let Err(e) = self.wg.apply(&device) {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "installing post-quantum preshared keys failed"
+            );
+            return;
+        }
+        self.metrics
+            .keys
+            .pq_psk_changes
+            .inc_by(changed.len() as u64);
+        self.metrics.keys.pq_links_keyed.set(epochs.len() as i64);
+        for key in &changed {
+            tracing::info!(peer = %key, epoch = epochs[key], "post-quantum preshared key installed");
+            if pq.book.initiates(key) {
+                self.wg.rekey(key);
+            }
+        }
+        pq.installed = epochs;
+        self.record.set_applied_device(device);
+    }
+
+    /// `desired` with the post-quantum keys of its peers that have one (a Peer's own
+    /// preshared key stays).
+    pub(super) fn pq_keys_into(&self, desired: &mut dataplane::DeviceConfig) {
+        if let Some(pq) = &self.pq {
+            pq_overlay(desired, &pq.book.installed());
+        }
+    }
+}
+
+fn pq_overlay(
+    device: &mut dataplane::DeviceConfig,
+    installed: &BTreeMap<Key, control::pq::link::Installed>,
+) {
+    for peer in &mut device.peers {
+        if let Some(i) = installed.get(&Key(*peer.public_key.as_bytes())) {
+            peer.preshared_key = Some(dataplane::SecretKey::from_bytes(i.psk));
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Which links get post-quantum preshared keys: this node's WireGuard peers whose nodes
+//! publish an ML-KEM fingerprint (`kilotun.io/pq`), with the WireGuard IP their exchange
+//! listens on.
+
+use std::net::IpAddr;
+
+use control::Key;
+
+use super::Reconciler;
+
+impl Reconciler {
+    /// The peers of the topology last applied that take part: each one's WireGuard key,
+    /// fingerprint and WireGuard IP. Empty while this node leads nothing, and for a segment
+    /// reached through a relay (no link of its own).
+    pub fn pq_peers(&self) -> Vec<(Key, [u8; 32], IpAddr)> {
+        let Some(t) = self.topology.as_deref() else {
+            return Vec::new();
+        };
+        if !t.leader {
+            return Vec::new();
+        }
+        let conf = t.conf(Some(&self.public));
+        t.segments
+            .iter()
+            .filter(|s| !t.in_local_location(s))
+            .filter(|s| conf.peers.iter().any(|p| p.public_key == s.public_key))
+            .filter_map(|s| {
+                let node = self.table.get(&s.leader_member().name)?;
+                Some((s.public_key, node.pq?, s.wireguard_ip))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,127 @@
+//! Post-quantum preshared keys end to end: three nodes in a full mesh with `--post-quantum`
+//! (one of them without it in the mixed case), pings at 10 a second across a link while its
+//! preshared key changes every 10 s. Both ends show the same key in `wg show`, it changes,
+//! and no echo is lost; a link with an end that does not take part has no key and works as
+//! without.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::pinger::Pinger;
+
+const FULL: [&str; 2] = ["--mesh-granularity=full", "--encapsulate=never"];
+const PQ: [&str; 2] = ["--post-quantum", "--psk-rotation-period=10s"];
+
+/// `wg show <iface> preshared-keys` of `node`, by peer key.
+fn psks(c: &Cluster, node: &str) -> BTreeMap<String, String> {
+    c.node(node)
+        .wg("preshared-keys")
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        })
+        .collect()
+}
+
+fn key_of(c: &Cluster, node: &str) -> String {
+    c.annotations(node)["kilo.squat.ai/key"].clone()
+}
+
+/// The preshared key `a` holds for `b`, and the one `b` holds for `a`.
+fn link_psks(c: &Cluster, a: &str, b: &str) -> (Option<String>, Option<String>) {
+    (
+        psks(c, a).get(&key_of(c, b)).cloned(),
+        psks(c, b).get(&key_of(c, a)).cloned(),
+    )
+}
+
+fn cluster(pq_on: [bool; 3]) -> Cluster {
+    let mut c = Cluster::with_nodes(
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    );
+    for (i, on) in pq_on.iter().enumerate() {
+        let mut flags: Vec<&str> = FULL.to_vec();
+        if *on {
+            flags.extend(PQ);
+        }
+        c.start_kg(i, &flags);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
+    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    c
+}
+
+#[test]
+fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
+    if !common::can_run("a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo") {
+        return;
+    }
+    let c = cluster([true, true, true]);
+    let keyed = |c: &Cluster| {
+        let (a, b) = link_psks(c, "n1", "n3");
+        a.is_some() && a != Some("(none)".into()) && a == b
+    };
+    assert!(
+        c.wait_for(Duration::from_secs(15), keyed),
+        "{:?} {:?}\n{}",
+        psks(&c, "n1"),
+        psks(&c, "n3"),
+        c.logs()
+    );
+    let first = link_psks(&c, "n1", "n3").0;
+    let pinger = Pinger::start(&c.node("n3").ns.name, &c.node("n1").pod_ip);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let since = Instant::now();
+    // Two periods: the key changes twice.
+    std::thread::sleep(Duration::from_secs(22));
+    let now = link_psks(&c, "n1", "n3");
+    assert_eq!(now.0, now.1, "both ends hold one key");
+    assert_ne!(now.0, first, "the key changed");
+    let lost = pinger.lost_after(since);
+    eprintln!(
+        "post-quantum: {lost} echoes lost over two key changes; longest gap {:?}",
+        pinger.longest_gap_after(since)
+    );
+    assert_eq!(lost, 0, "{}", c.logs());
+    let (_, metrics) = c.node("n1").http_get("/metrics");
+    let changes: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kilotun_pq_psk_changes_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        changes >= 4,
+        "two links, two changes each at least: {changes}\n{metrics}"
+    );
+    let log = c.node("n1").log_text();
+    assert!(
+        !log.contains(now.0.as_deref().unwrap()),
+        "a preshared key was logged"
+    );
+}
+
+#[test]
+fn a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works() {
+    if !common::can_run("a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works") {
+        return;
+    }
+    let c = cluster([true, true, false]);
+    let keyed = |c: &Cluster| {
+        let (a, b) = link_psks(c, "n1", "n2");
+        a.is_some() && a != Some("(none)".into()) && a == b
+    };
+    assert!(c.wait_for(Duration::from_secs(15), keyed), "{}", c.logs());
+    assert_eq!(link_psks(&c, "n1", "n3").0.as_deref(), Some("(none)"));
+    assert_eq!(link_psks(&c, "n3", "n1").0.as_deref(), Some("(none)"));
+    assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
+    assert!(!c.annotations("n3").contains_key("kilotun.io/pq"));
+    assert!(c.annotations("n1")["kilotun.io/pq"].starts_with("v1:"));
+}
