@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use control::clock::Now;
 use control::pq::book::{PqBook, PqPeer};
+use control::pq::link::Installed;
 use control::pq::PqIdentity;
 use control::Key;
 use rand_core::RngCore;
@@ -27,6 +28,7 @@ pub struct PqShell {
     pub(super) book: PqBook,
     pub(super) socket: Arc<tokio::net::UdpSocket>,
     installed: BTreeMap<Key, u64>,
+    saved_at: PathBuf,
 }
 
 /// Where the node's ML-KEM seed is kept: `<key-file>.pq`.
@@ -34,6 +36,50 @@ pub fn seed_path(key_file: &Path) -> PathBuf {
     let mut name = key_file.as_os_str().to_owned();
     name.push(".pq");
     name.into()
+}
+
+/// Where the installed keys are saved, for a restarted kg: `<key-file>.psk` (0600).
+pub fn saved_path(key_file: &Path) -> PathBuf {
+    let mut name = key_file.as_os_str().to_owned();
+    name.push(".psk");
+    name.into()
+}
+
+/// The installed keys as saved: the local key they were made under, and each peer's key and
+/// epoch.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    local: String,
+    links: BTreeMap<String, (String, u64)>,
+}
+
+fn save(path: &Path, local: Key, installed: &BTreeMap<Key, Installed>) -> Result<()> {
+    let saved = Saved {
+        local: local.to_base64(),
+        links: installed
+            .iter()
+            .map(|(k, i)| (k.to_base64(), (Key(i.psk).to_base64(), i.epoch)))
+            .collect(),
+    };
+    super::shells::keyfile::write_private(path, &serde_json::to_string(&saved)?)
+}
+
+fn load(path: &Path) -> Option<(Key, BTreeMap<Key, Installed>)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let saved: Saved = serde_json::from_str(&text).ok()?;
+    let links = saved
+        .links
+        .iter()
+        .filter_map(|(peer, (psk, epoch))| {
+            let installed = Installed {
+                psk: Key::parse(psk).ok()?.0,
+                epoch: *epoch,
+                at_ms: 0,
+            };
+            Some((Key::parse(peer).ok()?, installed))
+        })
+        .collect();
+    Some((Key::parse(&saved.local).ok()?, links))
 }
 
 fn fill(buf: &mut [u8]) {
@@ -53,10 +99,16 @@ impl PqShell {
                 .with_context(|| format!("binding UDP port {PQ_PORT} for post-quantum keys"))?,
         };
         let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+        let mut book = PqBook::new(identity, local, period_ms);
+        let saved_at = saved_path(key_file);
+        if let Some((under, keys)) = load(&saved_at) {
+            book.restore(under, keys);
+        }
         Ok(Self {
-            book: PqBook::new(identity, local, period_ms),
+            book,
             socket: Arc::new(socket),
             installed: BTreeMap::new(),
+            saved_at,
         })
     }
 
@@ -152,6 +204,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let Some(mut device) = self.record.applied_device().cloned() else {
             return;
         };
+        // A link that lost its key (its peer's fingerprint changed, or it left) goes without.
+        for peer in &mut device.peers {
+            let key = Key(*peer.public_key.as_bytes());
+            if pq.installed.contains_key(&key) && !installed.contains_key(&key) {
+                peer.preshared_key = None;
+            }
+        }
         pq_overlay(&mut device, &installed);
         if let Err(e) = self.wg.apply(&device) {
             tracing::warn!(
@@ -172,22 +231,30 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
         }
         pq.installed = epochs;
+        if let Err(e) = save(&pq.saved_at, pq.book.local(), &installed) {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "saving the post-quantum keys failed"
+            );
+        }
         self.record.set_applied_device(device);
     }
 
     /// `desired` with the post-quantum keys of its peers that have one (a Peer's own
-    /// preshared key stays).
+    /// preshared key stays). None while the links were made for a key this node no longer
+    /// uses (it just rotated its key): its peers' entries for the new key have none yet.
     pub(super) fn pq_keys_into(&self, desired: &mut dataplane::DeviceConfig) {
-        if let Some(pq) = &self.pq {
+        if let Some(pq) = self
+            .pq
+            .as_ref()
+            .filter(|pq| pq.book.local() == self.core.public_key())
+        {
             pq_overlay(desired, &pq.book.installed());
         }
     }
 }
 
-fn pq_overlay(
-    device: &mut dataplane::DeviceConfig,
-    installed: &BTreeMap<Key, control::pq::link::Installed>,
-) {
+fn pq_overlay(device: &mut dataplane::DeviceConfig, installed: &BTreeMap<Key, Installed>) {
     for peer in &mut device.peers {
         if let Some(i) = installed.get(&Key(*peer.public_key.as_bytes())) {
             peer.preshared_key = Some(dataplane::SecretKey::from_bytes(i.psk));

@@ -59,6 +59,9 @@ impl Agent {
             let removal: BTreeMap<String, Option<String>> = annotation::WRITTEN
                 .iter()
                 .filter(|a| **a != annotation::CNI_COMPATIBILITY_IP)
+                // The rotation request last carried out stays: without it, the next kg would
+                // take the request still on the Node for a new one and rotate again.
+                .filter(|a| **a != annotation::KEY_ROTATED)
                 .map(|a| (a.to_string(), None))
                 .collect();
             if let Err(e) = self

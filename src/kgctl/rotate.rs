@@ -65,7 +65,7 @@ pub fn request(snapshot: &Snapshot, args: &RotateKeyArgs, id: &str) -> Result<Ro
     Ok(RotationRequest {
         id: id.to_string(),
         message: format!(
-            "asked node {} for a new key (request {id}); its kg writes {}: {id} once it uses it\n",
+            "asked node {} for a new key (request {id}); its kg writes {}: {id} with its next key, and uses it 3 s later\n",
             args.node,
             annotation::KEY_ROTATED
         ),

@@ -67,7 +67,18 @@ fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
             c.node("n2").wg("latest-handshakes"),
         )
     };
-    let before = handshakes(&c);
+    // Both ends start handshakes at once when their kg starts, and under emulation the
+    // second can complete seconds after the mesh is up: the sessions count as made once two
+    // readings 7 s apart (past WireGuard's 5 s retry) agree.
+    let mut before = handshakes(&c);
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_secs(7));
+        let now = handshakes(&c);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
 
     common::edits::add_then_move_location_ranges(&c, Duration::from_secs(30));
     // What each kg sent (its debug line of each netlink set): from 6.16 the range that moved

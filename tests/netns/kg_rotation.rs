@@ -159,4 +159,10 @@ fn a_rotation_interrupted_by_a_killed_kg_ends_with_one_key_its_peers_know() {
     // Asked once, rotated once: the restarted kg did not start another rotation.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(c.annotations("n1")[KEY], new);
+    assert!(!c.annotations("n1").contains_key(NEXT_KEY));
+    let (_, metrics) = c.node("n1").http_get("/metrics");
+    assert!(
+        metrics.contains("kilotun_key_rotations_total 1"),
+        "{metrics}"
+    );
 }

@@ -12,7 +12,7 @@ use super::PqIdentity;
 use crate::key::Key;
 
 /// A peer the node has a post-quantum link with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct PqPeer {
     /// Its WireGuard public key.
     pub key: Key,
@@ -22,6 +22,15 @@ pub struct PqPeer {
     pub wireguard_ip: IpAddr,
     /// The key that tags the link's messages ([`super::tag_key`]).
     pub tag_key: [u8; 32],
+}
+
+impl std::fmt::Debug for PqPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PqPeer")
+            .field("key", &self.key)
+            .field("wireguard_ip", &self.wireguard_ip)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a datagram went to no link.
@@ -41,6 +50,8 @@ pub struct PqBook {
     local: Key,
     period_ms: i64,
     links: BTreeMap<Key, (IpAddr, PqLink)>,
+    /// Keys saved by the last run, taken by each link when it is made.
+    restored: BTreeMap<Key, Installed>,
 }
 
 impl PqBook {
@@ -52,7 +63,22 @@ impl PqBook {
             local,
             period_ms,
             links: BTreeMap::new(),
+            restored: BTreeMap::new(),
         }
+    }
+
+    /// The keys the last run of this node's kg had installed (for links made under `local`):
+    /// each link made from now on starts with its peer's, so the restarted device and its
+    /// peers agree until the next exchange.
+    pub fn restore(&mut self, local: Key, installed: BTreeMap<Key, Installed>) {
+        if local == self.local {
+            self.restored = installed;
+        }
+    }
+
+    /// The WireGuard key the links were made for.
+    pub fn local(&self) -> Key {
+        self.local
     }
 
     /// This node's fingerprint.
@@ -76,6 +102,7 @@ impl PqBook {
             })
         });
         for p in peers {
+            let restored = &mut self.restored;
             let link = self.links.entry(p.key).or_insert_with(|| {
                 let setup = LinkSetup {
                     local: self.local,
@@ -83,10 +110,11 @@ impl PqBook {
                     peer_fp: p.fingerprint,
                     tag_key: p.tag_key,
                 };
-                (
-                    p.wireguard_ip,
-                    PqLink::new(setup, Arc::clone(&self.identity), self.period_ms),
-                )
+                let mut link = PqLink::new(setup, Arc::clone(&self.identity), self.period_ms);
+                if let Some(installed) = restored.remove(&p.key) {
+                    link.restore(installed);
+                }
+                (p.wireguard_ip, link)
             });
             link.0 = p.wireguard_ip;
         }

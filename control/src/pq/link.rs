@@ -122,6 +122,17 @@ impl PqLink {
         }
     }
 
+    /// Takes back the key this link had before kg restarted (saved beside the key file): the
+    /// other end still uses it, and the tunnel the next exchange travels through needs it.
+    pub fn restore(&mut self, installed: Installed) {
+        self.installed = Some(installed);
+        if self.initiator {
+            self.last_epoch = self.last_epoch.max(installed.epoch);
+        } else {
+            self.highest_epoch = Some(installed.epoch);
+        }
+    }
+
     /// What the link is between.
     pub fn setup(&self) -> &LinkSetup {
         &self.setup

@@ -347,6 +347,10 @@ fn the_key_is_bound_to_both_wireguard_keys_and_both_fingerprints() {
         },
         Binding { epoch: 6, ..b },
         Binding {
+            initiator_nonce: [0; 16],
+            ..b
+        },
+        Binding {
             responder_nonce: [0; 16],
             ..b
         },

@@ -25,7 +25,8 @@ impl Reconciler {
         let annotations = pass.local_object.as_ref()?.metadata.annotations.as_ref();
         let get = |name| annotations.and_then(|a| a.get(name)).map(String::as_str);
         let inputs = RotationInputs {
-            requested: get(annotation::ROTATE_KEY).filter(|id| !id.is_empty()),
+            requested: get(annotation::ROTATE_KEY)
+                .filter(|id| !id.is_empty() && !id.chars().any(char::is_whitespace)),
             rotated: get(annotation::KEY_ROTATED),
             published_next: get(annotation::NEXT_KEY).and_then(|k| Key::parse(k).ok()),
             key_made_ms: self.key_made_ms,

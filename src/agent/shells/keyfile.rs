@@ -50,7 +50,7 @@ fn store(path: &Path, key: &SecretKey) -> Result<()> {
 }
 
 /// Writes `text` to `path` atomically (a 0600 file written, synced and renamed over it).
-fn write_private(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
