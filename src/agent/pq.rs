@@ -33,16 +33,12 @@ pub struct PqShell {
 
 /// Where the node's ML-KEM seed is kept: `<key-file>.pq`.
 pub fn seed_path(key_file: &Path) -> PathBuf {
-    let mut name = key_file.as_os_str().to_owned();
-    name.push(".pq");
-    name.into()
+    super::shells::keyfile::beside(key_file, ".pq")
 }
 
 /// Where the installed keys are saved, for a restarted kg: `<key-file>.psk` (0600).
 pub fn saved_path(key_file: &Path) -> PathBuf {
-    let mut name = key_file.as_os_str().to_owned();
-    name.push(".psk");
-    name.into()
+    super::shells::keyfile::beside(key_file, ".psk")
 }
 
 /// The installed keys as saved: the local key they were made under, and each peer's key and

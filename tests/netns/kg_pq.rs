@@ -39,17 +39,28 @@ fn link_psks(c: &Cluster, a: &str, b: &str) -> (Option<String>, Option<String>) 
     )
 }
 
+/// True when both ends of `a`–`b` hold one preshared key.
+fn keyed(c: &Cluster, a: &str, b: &str) -> bool {
+    let (x, y) = link_psks(c, a, b);
+    x.is_some() && x != Some("(none)".into()) && x == y
+}
+
+/// kg's flags, with post-quantum keys when `pq`.
+fn flags(pq: bool) -> Vec<&'static str> {
+    let mut flags = FULL.to_vec();
+    if pq {
+        flags.extend(PQ);
+    }
+    flags
+}
+
 fn cluster(pq_on: [bool; 3]) -> Cluster {
     let mut c = Cluster::with_nodes(
         &["east", "west"],
         &[("n1", "east"), ("n2", "east"), ("n3", "west")],
     );
     for (i, on) in pq_on.iter().enumerate() {
-        let mut flags: Vec<&str> = FULL.to_vec();
-        if *on {
-            flags.extend(PQ);
-        }
-        c.start_kg(i, &flags);
+        c.start_kg(i, &flags(*on));
     }
     let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -62,12 +73,8 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
         return;
     }
     let c = cluster([true, true, true]);
-    let keyed = |c: &Cluster| {
-        let (a, b) = link_psks(c, "n1", "n3");
-        a.is_some() && a != Some("(none)".into()) && a == b
-    };
     assert!(
-        c.wait_for(Duration::from_secs(15), keyed),
+        c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),
         "{:?} {:?}\n{}",
         psks(&c, "n1"),
         psks(&c, "n3"),
@@ -115,14 +122,9 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
     // n1's kg restarts: it takes back its saved keys, so its links come back and get keys.
     c.nodes[0].kill();
     let restarted = Instant::now();
-    let mut flags: Vec<&str> = FULL.to_vec();
-    flags.extend(PQ);
-    c.start_kg(0, &flags);
+    c.start_kg(0, &flags(true));
     let back = c.wait_for(Duration::from_secs(20), |c| {
-        c.all_pods_reachable().is_ok() && {
-            let (a, b) = link_psks(c, "n1", "n3");
-            a.is_some() && a != Some("(none)".into()) && a == b
-        }
+        c.all_pods_reachable().is_ok() && keyed(c, "n1", "n3")
     });
     assert!(back, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     eprintln!(
@@ -137,11 +139,11 @@ fn a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works() {
         return;
     }
     let c = cluster([true, true, false]);
-    let keyed = |c: &Cluster| {
-        let (a, b) = link_psks(c, "n1", "n2");
-        a.is_some() && a != Some("(none)".into()) && a == b
-    };
-    assert!(c.wait_for(Duration::from_secs(15), keyed), "{}", c.logs());
+    assert!(
+        c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n2")),
+        "{}",
+        c.logs()
+    );
     assert_eq!(link_psks(&c, "n1", "n3").0.as_deref(), Some("(none)"));
     assert_eq!(link_psks(&c, "n3", "n1").0.as_deref(), Some("(none)"));
     assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());

@@ -19,11 +19,9 @@ impl Reconciler {
         if !t.leader {
             return Vec::new();
         }
-        let conf = t.conf(Some(&self.public));
         t.segments
             .iter()
-            .filter(|s| !t.in_local_location(s))
-            .filter(|s| conf.peers.iter().any(|p| p.public_key == s.public_key))
+            .filter(|s| !t.in_local_location(s) && t.relay_for(s).is_none())
             .filter_map(|s| {
                 let node = self.table.get(&s.leader_member().name)?;
                 Some((s.public_key, node.pq?, s.wireguard_ip))

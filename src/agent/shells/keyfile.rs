@@ -49,11 +49,17 @@ fn store(path: &Path, key: &SecretKey) -> Result<()> {
     write_private(path, &format!("{}\n", key.to_base64()))
 }
 
+/// The file kg keeps beside `key_file` under `suffix` (`<key-file><suffix>`): the next key,
+/// the saved state and routes, the ML-KEM seed, the post-quantum keys.
+pub fn beside(key_file: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = key_file.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
 /// Writes `text` to `path` atomically (a 0600 file written, synced and renamed over it).
 pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
+    let tmp = beside(path, ".tmp");
     let _ = fs::remove_file(&tmp);
     let mut file = fs::OpenOptions::new()
         .write(true)
@@ -69,9 +75,7 @@ pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
 
 /// Where the next key of a rotation waits: `<key file>.next`.
 pub fn next_path(path: &Path) -> std::path::PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".next");
-    name.into()
+    beside(path, ".next")
 }
 
 /// Stores a rotation's next key beside the key (`<key file>.next`, 0600), with the

@@ -10,9 +10,7 @@ use dataplane::{DeviceConfig, SecretKey};
 
 /// Where the state of the kg using `key_file` lives.
 pub fn path(key_file: &Path) -> PathBuf {
-    let mut name = key_file.as_os_str().to_owned();
-    name.push(".state");
-    PathBuf::from(name)
+    super::keyfile::beside(key_file, ".state")
 }
 
 /// Saves `config`'s peers and port (never the private key).

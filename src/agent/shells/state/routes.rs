@@ -12,9 +12,7 @@ use ipnet::IpNet;
 
 /// Where the routes of the kg using `key_file` live.
 fn path(key_file: &Path) -> PathBuf {
-    let mut name = key_file.as_os_str().to_owned();
-    name.push(".routes");
-    PathBuf::from(name)
+    crate::agent::shells::keyfile::beside(key_file, ".routes")
 }
 
 fn or_dash<T: ToString>(value: &Option<T>) -> String {
