@@ -24,6 +24,8 @@ pub const EK_LEN: usize = 1184;
 pub const CT_LEN: usize = 1088;
 /// Bytes of a decapsulation key's seed, the form it is kept in.
 pub const SEED_LEN: usize = 64;
+/// The UDP port kg's exchanges listen on, on every node that runs with `--post-quantum`.
+pub const PQ_PORT: u16 = 51821;
 
 /// HMAC-BLAKE2s, WireGuard's own primitive.
 type HmacBlake2s = SimpleHmac<Blake2s256>;

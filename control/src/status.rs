@@ -99,6 +99,53 @@ pub struct PeerStatus {
     pub rx_bytes: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Handshakes that failed since data last came from the peer, the way differing preshared
+    /// keys make them fail (see `dataplane::PeerStats::failed_in_a_row`); 0 on a working link
+    /// and on a device that does not count them.
+    #[serde(default)]
+    pub failed_in_a_row: u32,
+    /// The link's post-quantum preshared key, when this node runs with `--post-quantum`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_quantum: Option<PqLinkStatus>,
+}
+
+/// Where a link's post-quantum preshared key stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PqState {
+    /// Both ends hold a key from an exchange.
+    Keyed,
+    /// No key yet: the exchange has not completed.
+    Exchanging,
+    /// The link dropped its key because handshakes failed under it, and has none yet.
+    FellBack,
+    /// The other end takes no part: the link runs without a preshared key from kg.
+    Off,
+}
+
+/// One link's post-quantum preshared key, as kg reports it at `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PqLinkStatus {
+    /// Where it stands.
+    pub state: PqState,
+    /// Why it stands so, in words (empty when keyed).
+    #[serde(default)]
+    pub detail: String,
+    /// The epoch of the key in use.
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    /// When the link's preshared key last changed (installed or dropped), Unix time.
+    #[serde(default)]
+    pub psk_changed_unix: Option<i64>,
+    /// When the link last dropped its key because handshakes failed under it, Unix time.
+    #[serde(default)]
+    pub fell_back_unix: Option<i64>,
+    /// Exchange messages refused, by reason.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
+    /// The last refusal's reason and Unix time.
+    #[serde(default)]
+    pub last_refused: Option<(String, i64)>,
 }
 
 /// A refused handshake (see `dataplane::RejectedHandshake`).

@@ -311,6 +311,7 @@ impl Engine {
                     handshakes: shared.handshakes.load(Ordering::Relaxed),
                     handshake_failures: shared.handshake_failures.load(Ordering::Relaxed),
                     endpoint_changes: shared.endpoint_changes.load(Ordering::Relaxed),
+                    failed_in_a_row: core.failed_in_a_row,
                 }
             })
             .collect()

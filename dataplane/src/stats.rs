@@ -138,6 +138,11 @@ pub struct PeerStats {
     pub handshake_failures: u64,
     /// Times the endpoint in use moved from one address to another.
     pub endpoint_changes: u64,
+    /// Handshakes with this peer that failed since data last came from it, the way a preshared
+    /// key that differs between the two ends makes them fail: responses to our initiations
+    /// that did not verify, and initiations from the peer that came again although our answer
+    /// to the last one was never used. 0 on a working link.
+    pub failed_in_a_row: u32,
 }
 
 impl PeerStats {
@@ -154,6 +159,7 @@ impl PeerStats {
             handshakes: 0,
             handshake_failures: 0,
             endpoint_changes: 0,
+            failed_in_a_row: 0,
         }
     }
 }

@@ -169,6 +169,48 @@ fn changing_the_preshared_key_keeps_the_session_and_the_next_handshake_uses_it()
 }
 
 #[test]
+fn handshakes_under_differing_preshared_keys_are_counted_on_both_ends_until_data_flows() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    let keyed = |side: &Side, other: &Side, psk: Option<SecretKey>| {
+        let mut config = side.config_with_peer(other);
+        config.peers[0].preshared_key = psk;
+        config
+    };
+    pair.a
+        .engine
+        .apply(&keyed(&pair.a, &pair.b, Some(SecretKey::generate())));
+    pair.b
+        .engine
+        .apply(&keyed(&pair.b, &pair.a, Some(SecretKey::generate())));
+    let failed = |side: &Side| side.engine.peer_stats()[0].failed_in_a_row;
+    // A's first initiation: B answers under its key, and A cannot verify the answer.
+    pair.send_a_to_b(now, b"lost");
+    assert!(pair.b.delivered.is_empty());
+    assert_eq!((failed(&pair.a), failed(&pair.b)), (1, 0));
+    // A tries again: B sees a second initiation although its first answer was never used.
+    let mut at = now;
+    for _ in 0..2 {
+        at += Duration::from_secs(6);
+        pair.a.engine.rekey(&pair.b.key.public_key());
+        pair.tick(at);
+    }
+    assert_eq!((failed(&pair.a), failed(&pair.b)), (3, 2));
+    assert!(pair.b.delivered.is_empty());
+    // Both ends without a key: the next handshake completes, and data clears both counts.
+    pair.a.engine.apply(&keyed(&pair.a, &pair.b, None));
+    pair.b.engine.apply(&keyed(&pair.b, &pair.a, None));
+    at += Duration::from_secs(6);
+    pair.a.engine.rekey(&pair.b.key.public_key());
+    pair.tick(at);
+    pair.send_a_to_b(at, b"through");
+    // The packet queued since the first attempt goes first.
+    let delivered: Vec<&[u8]> = pair.b.delivered.iter().map(|p| payload_of(p)).collect();
+    assert_eq!(delivered, [&b"lost"[..], &b"through"[..]]);
+    assert_eq!((failed(&pair.a), failed(&pair.b)), (0, 0));
+}
+
+#[test]
 fn removed_peer_is_neither_routed_nor_accepted() {
     let mut pair = EnginePair::new();
     let now = Instant::now();

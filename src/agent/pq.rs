@@ -19,8 +19,7 @@ use rand_core::RngCore;
 use super::shells::{Engine, Firewall, Kernel};
 use super::Agent;
 
-/// The UDP port kg's exchanges listen on, on every node that runs with `--post-quantum`.
-pub const PQ_PORT: u16 = 51821;
+pub use control::pq::PQ_PORT;
 
 /// A node's post-quantum side: its links, the socket, and the epoch of the key each link last
 /// put into the device.
@@ -29,7 +28,12 @@ pub struct PqShell {
     pub(super) socket: Arc<tokio::net::UdpSocket>,
     installed: BTreeMap<Key, u64>,
     saved_at: PathBuf,
+    /// When the device's failed handshakes are next read (Unix milliseconds).
+    next_check_ms: i64,
 }
+
+/// How often the device's failed handshakes are read while a link holds a key.
+pub const CHECK_EVERY_MS: i64 = 2_000;
 
 /// Where the node's ML-KEM seed is kept: `<key-file>.pq`.
 pub fn seed_path(key_file: &Path) -> PathBuf {
@@ -86,6 +90,18 @@ impl PqShell {
     /// The shell for the node whose key file is `key_file` and public key `local`: the seed
     /// loaded (or made, 0600), the socket bound.
     pub async fn start(key_file: &Path, local: Key, period: Duration) -> Result<Self> {
+        let saved_at = saved_path(key_file);
+        let saved = load(&saved_at);
+        if saved.is_none() && seed_path(key_file).exists() {
+            // The keys the peers hold for this node are lost: a new ML-KEM key changes the
+            // published fingerprint, and each peer drops its key for this node as soon as it
+            // sees it, instead of failing handshakes until it falls back.
+            tracing::info!(
+                "no saved post-quantum keys: making a new ML-KEM key so the peers drop theirs"
+            );
+            std::fs::remove_file(seed_path(key_file))
+                .with_context(|| format!("removing {}", seed_path(key_file).display()))?;
+        }
         let seed = super::shells::keyfile::load_or_generate_seed(&seed_path(key_file))?;
         let identity = Arc::new(PqIdentity::from_seed(&seed));
         let socket = match tokio::net::UdpSocket::bind(("::", PQ_PORT)).await {
@@ -96,8 +112,7 @@ impl PqShell {
         };
         let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
         let mut book = PqBook::new(identity, local, period_ms);
-        let saved_at = saved_path(key_file);
-        if let Some((under, keys)) = load(&saved_at) {
+        if let Some((under, keys)) = saved {
             book.restore(under, keys);
         }
         Ok(Self {
@@ -105,6 +120,7 @@ impl PqShell {
             socket: Arc::new(socket),
             installed: BTreeMap::new(),
             saved_at,
+            next_check_ms: 0,
         })
     }
 
@@ -149,6 +165,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         pq.book.poll(now.unix_ms, &mut fill);
         pq.flush();
         self.pq_install();
+        self.pq_publish();
     }
 
     /// Takes in a datagram from `from`.
@@ -161,18 +178,64 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         pq.flush();
         self.pq_install();
+        self.pq_publish();
     }
 
-    /// Runs the links' timers.
+    /// Runs the links' timers, and drops the key of a link whose handshakes fail under it
+    /// (see [`control::pq::link::PqLink::note_failed_handshakes`]).
     pub fn pq_poll(&mut self, now: Now) {
         let Some(pq) = &mut self.pq else { return };
         pq.book.poll(now.unix_ms, &mut fill);
+        if now.unix_ms >= pq.next_check_ms && !pq.installed.is_empty() {
+            pq.next_check_ms = now.unix_ms + CHECK_EVERY_MS;
+            let failed = self.wg.failed_handshakes();
+            for key in pq.book.note_failed_handshakes(&failed, now.unix_ms) {
+                self.metrics.keys.pq_fallbacks.inc();
+                tracing::warn!(
+                    peer = %key,
+                    failed = failed[&key],
+                    "post-quantum preshared key dropped: handshakes with the peer failed under it (the two ends hold different keys); running without one until the next exchange"
+                );
+            }
+        }
         pq.flush();
+        self.pq_install();
+        self.pq_publish();
     }
 
-    /// When the links' timers are next due.
+    /// Puts every link's state on `/status` and into the per-link series.
+    fn pq_publish(&self) {
+        let Some(pq) = &self.pq else { return };
+        let statuses = pq.book.statuses();
+        let keys = &self.metrics.keys;
+        keys.pq_link_keyed.clear();
+        keys.pq_psk_changed.clear();
+        for (key, status) in &statuses {
+            let label = super::serve::metrics::PqLinkLabel {
+                public_key: key.to_base64(),
+            };
+            keys.pq_link_keyed
+                .get_or_create(&label)
+                .set(i64::from(status.state == control::status::PqState::Keyed));
+            if let Some(at) = status.psk_changed_unix {
+                keys.pq_psk_changed.get_or_create(&label).set(at);
+            }
+        }
+        let by_key = statuses
+            .into_iter()
+            .map(|(k, s)| (k.to_string(), s))
+            .collect();
+        self.status.update(|p| p.post_quantum = Some(by_key));
+    }
+
+    /// When the links' timers, or the next read of the device's failed handshakes, are due.
     pub fn pq_deadline(&self) -> Option<Instant> {
-        let due = self.pq.as_ref()?.book.next_timeout()?;
+        let pq = self.pq.as_ref()?;
+        let check = (!pq.installed.is_empty()).then_some(pq.next_check_ms);
+        let due = [pq.book.next_timeout(), check]
+            .into_iter()
+            .flatten()
+            .min()?;
         let now = super::read_clock();
         let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
         Some(now.instant + Duration::from_millis(after))

@@ -2,15 +2,19 @@
 //! (one of them without it in the mixed case), pings at 10 a second across a link while its
 //! preshared key changes every 10 s. Both ends show the same key in `wg show`, it changes,
 //! and no echo is lost; a link with an end that does not take part has no key and works as
-//! without.
+//! without. A kg restarted with a saved key its peer does not hold is named by `kgctl
+//! diagnose` within 30 s, and both ends fall back and key the link again; one restarted
+//! without its saved keys changes its ML-KEM key, and its peers drop theirs at once.
 
 use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
+use base64::Engine as _;
+use common::cluster::{kgctl_bin, Cluster};
 use common::pinger::Pinger;
+use serde_json::Value;
 
 const FULL: [&str; 2] = ["--mesh-granularity=full", "--encapsulate=never"];
 const PQ: [&str; 2] = ["--post-quantum", "--psk-rotation-period=10s"];
@@ -149,4 +153,158 @@ fn a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works() {
     assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
     assert!(!c.annotations("n3").contains_key("kilotun.io/pq"));
     assert!(c.annotations("n1")["kilotun.io/pq"].starts_with("v1:"));
+}
+
+/// A counter of `node`'s `/metrics`, 0 when absent.
+fn counter(c: &Cluster, node: &str, name: &str) -> u64 {
+    let (_, metrics) = c.node(node).http_get("/metrics");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `kgctl diagnose NODE -o json` run inside NODE, asking its kg.
+fn diagnose(c: &Cluster, node: &str) -> Value {
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let out = c.node(node).ns.output(&[
+        kgctl_bin(),
+        "--backend=file",
+        &dir,
+        "diagnose",
+        node,
+        "--kg-url=http://127.0.0.1:1107",
+        "--probe=false",
+        "-o",
+        "json",
+    ]);
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// The findings of `report` that name the key of the link to `peer`: a handshake failing under
+/// differing keys, or a post-quantum key dropped.
+fn named_mismatch(report: &Value, peer: &str) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| {
+            let subject = f["subject"].as_str().unwrap_or_default();
+            let message = f["message"].as_str().unwrap_or_default();
+            subject.contains(peer)
+                && (f["check"] == "preshared-key"
+                    || (f["check"] == "post-quantum" && message.contains("dropped")))
+        })
+        .map(|f| format!("{}: {}", f["check"], f["message"]))
+        .collect()
+}
+
+#[test]
+fn a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again() {
+    if !common::can_run(
+        "a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again",
+    ) {
+        return;
+    }
+    let mut c = cluster([true, true, true]);
+    assert!(
+        c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),
+        "{}",
+        c.logs()
+    );
+    let before = link_psks(&c, "n1", "n3").0.unwrap();
+    // n1's kg stops; its saved key for n3 is made one that n3 does not hold.
+    c.nodes[0].kill();
+    let saved_at = c.work.join("keys").join("n1.psk");
+    let mut saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved_at).unwrap()).unwrap();
+    let wrong = base64::engine::general_purpose::STANDARD.encode([0x5a_u8; 32]);
+    saved["links"][key_of(&c, "n3")][0] = Value::String(wrong.clone());
+    std::fs::write(&saved_at, saved.to_string()).unwrap();
+    let restarted = Instant::now();
+    c.start_kg(0, &flags(true));
+    // diagnose names the link within 30 s.
+    let mut named = Vec::new();
+    while restarted.elapsed() < Duration::from_secs(30) && named.is_empty() {
+        named = named_mismatch(&diagnose(&c, "n1"), "n3");
+        if named.is_empty() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let named_after = restarted.elapsed();
+    assert!(
+        !named.is_empty(),
+        "not named within 30 s: {}\n{}",
+        diagnose(&c, "n1"),
+        c.logs()
+    );
+    eprintln!(
+        "post-quantum: the mismatch named by diagnose {named_after:?} after the restart: {named:?}"
+    );
+    // Both ends fall back, meet without a key, and the next exchange keys the link again.
+    let again = c.wait_for(Duration::from_secs(45), |c| {
+        c.all_pods_reachable().is_ok()
+            && keyed(c, "n1", "n3")
+            && link_psks(c, "n1", "n3")
+                .0
+                .as_deref()
+                .is_some_and(|k| k != wrong && k != before)
+    });
+    assert!(
+        again,
+        "{:?} {:?}\n{}",
+        link_psks(&c, "n1", "n3"),
+        c.all_pods_reachable(),
+        c.logs()
+    );
+    eprintln!(
+        "post-quantum: every pod reached and n1–n3 keyed again {:?} after the restart",
+        restarted.elapsed()
+    );
+    for node in ["n1", "n3"] {
+        assert!(
+            counter(&c, node, "kilotun_pq_fallbacks_total") >= 1,
+            "{node} did not fall back\n{}",
+            c.logs()
+        );
+    }
+    assert!(
+        keyed(&c, "n1", "n2"),
+        "the link whose saved key was right keeps one"
+    );
+    let status: Value =
+        serde_json::from_str(&c.node("n1").http_get("/status?probe=false").1).unwrap();
+    let to_n3 = status["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["public_key"] == key_of(&c, "n3").as_str())
+        .expect("n1's peer n3");
+    assert_eq!(to_n3["post_quantum"]["state"], "keyed", "{to_n3}");
+    assert!(to_n3["post_quantum"]["fell_back_unix"].is_i64(), "{to_n3}");
+
+    // n1's kg restarts without its saved keys: it makes a new ML-KEM key, and its peers drop
+    // theirs when they see the new fingerprint, so no handshake has to fail first.
+    let fingerprint = c.annotations("n1")["kilotun.io/pq"].clone();
+    let fallbacks = counter(&c, "n3", "kilotun_pq_fallbacks_total");
+    c.nodes[0].kill();
+    std::fs::remove_file(&saved_at).unwrap();
+    let restarted = Instant::now();
+    c.start_kg(0, &flags(true));
+    let back = c.wait_for(Duration::from_secs(30), |c| {
+        c.all_pods_reachable().is_ok() && keyed(c, "n1", "n3") && keyed(c, "n1", "n2")
+    });
+    assert!(back, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    eprintln!(
+        "post-quantum: restarted without its saved keys, n1 reached and keyed again {:?} later",
+        restarted.elapsed()
+    );
+    assert_ne!(c.annotations("n1")["kilotun.io/pq"], fingerprint);
+    assert_eq!(counter(&c, "n3", "kilotun_pq_fallbacks_total"), fallbacks);
+    let log = c.node("n1").log_text() + &c.node("n3").log_text();
+    assert!(
+        !log.contains(&before) && !log.contains(&wrong),
+        "a preshared key was logged"
+    );
 }

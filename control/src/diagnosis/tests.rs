@@ -7,6 +7,7 @@ use crate::status::{NodeStatus, PeerKind, PeerStatus};
 
 mod cluster;
 mod host;
+mod keys;
 mod unanswered;
 
 fn checks(findings: &[Finding], severity: Severity) -> Vec<&str> {
@@ -32,6 +33,8 @@ fn peer_status(name: &str, leader: &str, key: &str) -> PeerStatus {
         handshake_failures: 0,
         rx_bytes: 1000,
         tx_bytes: 1000,
+        failed_in_a_row: 0,
+        post_quantum: None,
     }
 }
 

@@ -10,6 +10,7 @@ use super::link::{Installed, LinkSetup, PqLink};
 use super::message::Malformed;
 use super::PqIdentity;
 use crate::key::Key;
+use crate::status::{PqLinkStatus, PqState};
 
 /// A peer the node has a post-quantum link with.
 #[derive(Clone, PartialEq, Eq)]
@@ -176,8 +177,77 @@ impl PqBook {
         self.links.iter().map(|(k, (_, l))| (k, l))
     }
 
+    /// Takes in, per peer, how many handshakes failed in a row the way differing preshared
+    /// keys make them fail (see [`PqLink::note_failed_handshakes`]). Returns the peers whose
+    /// links dropped their key now.
+    pub fn note_failed_handshakes(&mut self, failed: &BTreeMap<Key, u32>, now_ms: i64) -> Vec<Key> {
+        let mut dropped = Vec::new();
+        for (key, (_, link)) in &mut self.links {
+            if failed
+                .get(key)
+                .is_some_and(|n| link.note_failed_handshakes(*n, now_ms))
+            {
+                dropped.push(*key);
+            }
+        }
+        dropped
+    }
+
+    /// Each link's state for `/status`, by peer.
+    pub fn statuses(&self) -> BTreeMap<Key, PqLinkStatus> {
+        self.links
+            .iter()
+            .map(|(key, (ip, link))| (*key, link_status(link, *ip)))
+            .collect()
+    }
+
     /// True when this node starts the exchanges with `peer` (its key is the lower).
     pub fn initiates(&self, peer: &Key) -> bool {
         self.local.0 < peer.0
+    }
+}
+
+fn link_status(link: &PqLink, ip: IpAddr) -> PqLinkStatus {
+    let installed = link.installed();
+    let fell_back = link.fell_back();
+    let last_refused = link.last_refused();
+    let (state, detail) = match (installed, fell_back) {
+        (Some(_), _) => (PqState::Keyed, String::new()),
+        (None, Some(f)) => (
+            PqState::FellBack,
+            format!(
+                "dropped the key of epoch {} after {} handshakes in a row failed under it (the two ends held different keys); running without one until the next exchange",
+                f.epoch, f.failed
+            ),
+        ),
+        (None, None) => {
+            let why = match last_refused {
+                Some(("unanswered", _)) if link.initiator() => format!(
+                    "the exchange goes unanswered: the peer's kg does not answer on UDP {ip}:{} through the tunnel",
+                    crate::pq::PQ_PORT
+                ),
+                Some((reason, _)) => format!("the exchange fails: {reason}"),
+                None if link.initiator() => "the exchange is under way".to_string(),
+                None => "waiting for the peer to start the exchange".to_string(),
+            };
+            (PqState::Exchanging, why)
+        }
+    };
+    let changed = [installed.map(|i| i.at_ms), fell_back.map(|f| f.at_ms)]
+        .into_iter()
+        .flatten()
+        .max();
+    PqLinkStatus {
+        state,
+        detail,
+        epoch: installed.map(|i| i.epoch),
+        psk_changed_unix: changed.filter(|ms| *ms > 0).map(|ms| ms / 1000),
+        fell_back_unix: fell_back.map(|f| f.at_ms / 1000),
+        refused: link
+            .refused()
+            .iter()
+            .map(|(r, n)| (r.to_string(), *n))
+            .collect(),
+        last_refused: last_refused.map(|(r, ms)| (r.to_string(), ms / 1000)),
     }
 }

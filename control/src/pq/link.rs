@@ -23,6 +23,21 @@ use crate::key::Key;
 pub const RETRIES_MS: [i64; 3] = [1_000, 2_000, 4_000];
 /// How long after an exchange failed the next one starts.
 pub const RETRY_EXCHANGE_MS: i64 = 10_000;
+/// Failed handshakes in a row (see [`PqLink::note_failed_handshakes`]) after which a link
+/// drops its key: two, so one lost answer never costs a key, and the link falls back within
+/// two handshake attempts (about 10 s).
+pub const FALLBACK_AFTER_FAILED: u32 = 2;
+
+/// A link that dropped its key because handshakes failed under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FellBack {
+    /// The epoch of the key dropped.
+    pub epoch: u64,
+    /// When (Unix milliseconds).
+    pub at_ms: i64,
+    /// How many handshakes had failed in a row.
+    pub failed: u32,
+}
 
 /// What a link is between: the two nodes' WireGuard keys and ML-KEM fingerprints, and the key
 /// that tags its messages ([`super::tag_key`]).
@@ -98,6 +113,10 @@ pub struct PqLink {
     last_answer: Option<(Vec<u8>, Vec<u8>)>,
     outbox: VecDeque<Vec<u8>>,
     refused: BTreeMap<&'static str, u64>,
+    last_refused: Option<(&'static str, i64)>,
+    fell_back: Option<FellBack>,
+    /// The `now_ms` of the call being handled.
+    now_ms: i64,
 }
 
 impl PqLink {
@@ -119,6 +138,9 @@ impl PqLink {
             last_answer: None,
             outbox: VecDeque::new(),
             refused: BTreeMap::new(),
+            last_refused: None,
+            fell_back: None,
+            now_ms: 0,
         }
     }
 
@@ -148,6 +170,47 @@ impl PqLink {
         &self.refused
     }
 
+    /// The last refusal and when it was (Unix milliseconds).
+    pub fn last_refused(&self) -> Option<(&'static str, i64)> {
+        self.last_refused
+    }
+
+    /// When the link last dropped its key because handshakes failed under it.
+    pub fn fell_back(&self) -> Option<FellBack> {
+        self.fell_back
+    }
+
+    /// True when this end starts the exchanges.
+    pub fn initiator(&self) -> bool {
+        self.initiator
+    }
+
+    /// Takes in how many handshakes with the peer have failed in a row the way differing
+    /// preshared keys make them fail (the device's count, reset by any data from the peer).
+    /// At [`FALLBACK_AFTER_FAILED`] the link drops its key: the other end, whose own
+    /// handshakes fail the same way, drops its key too, so the two meet without one, and
+    /// the initiator starts a new exchange at once, through the tunnel that works again.
+    /// True when the key was dropped now.
+    pub fn note_failed_handshakes(&mut self, failed: u32, now_ms: i64) -> bool {
+        let Some(installed) = self.installed else {
+            return false;
+        };
+        if failed < FALLBACK_AFTER_FAILED {
+            return false;
+        }
+        self.installed = None;
+        self.fell_back = Some(FellBack {
+            epoch: installed.epoch,
+            at_ms: now_ms,
+            failed,
+        });
+        if self.initiator {
+            self.exchange = None;
+            self.next_exchange_ms = now_ms;
+        }
+        true
+    }
+
     /// The next datagram to send to the peer, if any.
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
         self.outbox.pop_front()
@@ -172,6 +235,7 @@ impl PqLink {
 
     fn refuse(&mut self, why: &'static str) {
         *self.refused.entry(why).or_default() += 1;
+        self.last_refused = Some((why, self.now_ms));
     }
 
     fn start(&mut self, stage: Stage, message: &Message, now_ms: i64) {
@@ -186,6 +250,7 @@ impl PqLink {
     /// what went unanswered, gives up on an exchange after its last retry. `entropy` fills
     /// buffers with random bytes.
     pub fn poll(&mut self, now_ms: i64, entropy: &mut dyn FnMut(&mut [u8])) {
+        self.now_ms = now_ms;
         if !self.initiator {
             return;
         }
@@ -275,6 +340,7 @@ impl PqLink {
         now_ms: i64,
         entropy: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), Malformed> {
+        self.now_ms = now_ms;
         let message = match Message::decode(datagram, &self.setup.tag_key) {
             Ok(m) => m,
             Err(e) => {

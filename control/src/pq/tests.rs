@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::link::{LinkSetup, PqLink, RETRY_EXCHANGE_MS};
+use super::link::{LinkSetup, PqLink, FALLBACK_AFTER_FAILED, RETRY_EXCHANGE_MS};
 use super::message::{Malformed, Message};
 use super::*;
 
@@ -314,6 +314,47 @@ fn a_responder_restarted_without_its_state_agrees_on_the_next_key() {
     let (i, r) = p.keys();
     assert!(r.is_some());
     assert_eq!(i, r);
+}
+
+#[test]
+fn ends_whose_keys_differ_both_drop_them_and_the_next_exchange_keys_the_link_again() {
+    let mut p = Pair::new();
+    p.run(|_| false);
+    let first = p.i.installed().unwrap();
+    // The responder's kg comes back with a key that is not the one the initiator holds.
+    p.r.restore(crate::pq::link::Installed {
+        psk: [0x5a; 32],
+        ..first
+    });
+    assert_ne!(p.keys().0, p.keys().1);
+    // One failed handshake is not enough: a lost answer looks the same.
+    p.now += 5_000;
+    assert!(!p.i.note_failed_handshakes(1, p.now));
+    assert!(!p.r.note_failed_handshakes(FALLBACK_AFTER_FAILED - 1, p.now));
+    assert!(p.i.fell_back().is_none());
+    // The second drops the key at each end, with when and why.
+    p.now += 5_000;
+    assert!(p.i.note_failed_handshakes(FALLBACK_AFTER_FAILED, p.now));
+    assert!(p.r.note_failed_handshakes(3, p.now));
+    assert_eq!(p.keys(), (None, None));
+    let fell = p.i.fell_back().unwrap();
+    assert_eq!(
+        (fell.epoch, fell.at_ms, fell.failed),
+        (first.epoch, p.now, 2)
+    );
+    // A link without a key has nothing to drop.
+    assert!(!p.i.note_failed_handshakes(9, p.now));
+    // The initiator starts a new exchange at once; both ends agree on a fresh key.
+    assert_eq!(p.i.poll_timeout(), Some(p.now));
+    p.run(|_| false);
+    let (i, r) = p.keys();
+    assert!(i.is_some() && i == r && i != Some(first.psk));
+    assert!(p.i.installed().unwrap().epoch > first.epoch);
+    assert_eq!(
+        p.i.fell_back(),
+        Some(fell),
+        "when it last fell back stays known"
+    );
 }
 
 #[test]

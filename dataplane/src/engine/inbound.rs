@@ -287,6 +287,8 @@ impl Engine {
         // source and count it.
         core.last_received = Some(now);
         core.unanswered_since = None;
+        core.answer_unused = false;
+        core.failed_in_a_row = 0;
         shared.note_heard();
         shared.set_endpoint(core, note.from);
         if inner.is_some() {
@@ -400,6 +402,12 @@ impl Engine {
                 if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
                     shared.handshake_failures.fetch_add(1, Ordering::Relaxed);
                 }
+                if message_type == HANDSHAKE_RESPONSE && matches!(e, WireGuardError::InvalidAeadTag)
+                {
+                    // The response came for our initiation but its key confirmation failed:
+                    // the responder mixed in another preshared key.
+                    core.failed_in_a_row = core.failed_in_a_row.saturating_add(1);
+                }
                 return Err(reason_for(e));
             }
             // A handshake message or a cookie reply carries no packet for the TUN device.
@@ -413,6 +421,15 @@ impl Engine {
         core.unanswered_since = None;
         if message_type != COOKIE_REPLY {
             shared.set_endpoint(core, from);
+        }
+        if message_type == HANDSHAKE_INITIATION {
+            if core.answer_unused {
+                core.failed_in_a_row = core.failed_in_a_row.saturating_add(1);
+            }
+            core.answer_unused = true;
+        } else if message_type == HANDSHAKE_RESPONSE {
+            // Our initiation was answered under the same preshared key.
+            core.failed_in_a_row = 0;
         }
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.initiation_pending = false;

@@ -64,6 +64,14 @@ pub(crate) struct PeerCore {
     /// session for REJECT_AFTER_TIME × 3) and none has completed since: reported once
     /// ([`GaveUp`](super::GaveUp)), not at every tick that finds it so.
     pub(crate) gave_up: bool,
+    /// We answered an initiation from the peer and no data has come from it since: the peer
+    /// has not (yet) used the session the answer made.
+    pub(crate) answer_unused: bool,
+    /// Handshakes with the peer that failed since data last came from it, in the ways a
+    /// preshared key that differs between the two ends makes them fail: a response to our
+    /// initiation that did not verify, and an initiation from the peer arriving while our
+    /// answer to its previous one was never used.
+    pub(crate) failed_in_a_row: u32,
 }
 
 impl PeerCore {
@@ -98,6 +106,8 @@ impl PeerShared {
                 unanswered_since: None,
                 unacknowledged_since: None,
                 gave_up: false,
+                answer_unused: false,
+                failed_in_a_row: 0,
             }),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),

@@ -19,6 +19,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 mod keys;
+pub use keys::PqLinkLabel;
 mod process;
 pub use process::ProcessCollector;
 

@@ -10,7 +10,9 @@ use std::time::UNIX_EPOCH;
 
 use control::iptables::RuleSet;
 use control::routes::{diff, Encapsulate, RouteOp, RoutePlan};
-use control::status::{NodeStatus, PeerKind, PeerStatus, Probes, RejectedHandshakeStatus};
+use control::status::{
+    NodeStatus, PeerKind, PeerStatus, PqLinkStatus, PqState, Probes, RejectedHandshakeStatus,
+};
 use control::Topology;
 use parking_lot::Mutex;
 
@@ -52,6 +54,9 @@ pub struct Published {
     pub errors: VecDeque<String>,
     /// How far the engine is from carrying traffic (`/ready`).
     pub engine: EngineReadiness,
+    /// With `--post-quantum`: the state of each link that takes part, by the peer's public key
+    /// (base64).
+    pub post_quantum: Option<BTreeMap<String, PqLinkStatus>>,
 }
 
 /// How far this kg's engine is from carrying traffic, as `/ready` answers it.
@@ -295,6 +300,23 @@ fn run_probes(published: &Published, peers: &[PeerStatus]) -> Probes {
     })
 }
 
+/// A link that takes no part in post-quantum keys, on a node that does.
+fn off(kind: PeerKind) -> PqLinkStatus {
+    PqLinkStatus {
+        state: PqState::Off,
+        detail: match kind {
+            PeerKind::Segment => "the other end publishes no kilotun.io/pq (Kilo's kg, or kg without --post-quantum): the link runs without a post-quantum key",
+            PeerKind::Peer => "a Peer takes no part: the link runs with the Peer's own presharedKey, if any",
+        }
+        .to_string(),
+        epoch: None,
+        psk_changed_unix: None,
+        fell_back_unix: None,
+        refused: BTreeMap::new(),
+        last_refused: None,
+    }
+}
+
 /// This node's status: the published value, the engine's live state, the drift of the host
 /// (read through `kernel` and `firewall`, the agent's own shells) and, with `probe`, the path
 /// probes.
@@ -352,6 +374,10 @@ pub async fn collect(
                     String::new(),
                     String::new(),
                 ));
+                let post_quantum = published
+                    .post_quantum
+                    .as_ref()
+                    .map(|links| links.get(&key).cloned().unwrap_or_else(|| off(kind)));
                 status.peers.push(PeerStatus {
                     kind,
                     name,
@@ -366,6 +392,8 @@ pub async fn collect(
                     handshake_failures: s.handshake_failures,
                     rx_bytes: s.rx_bytes,
                     tx_bytes: s.tx_bytes,
+                    failed_in_a_row: s.failed_in_a_row,
+                    post_quantum,
                 });
             }
             status.drops = drops

@@ -206,6 +206,12 @@ pub trait Engine: Send + Sync {
     /// Starts a handshake with `peer` now, session or not, where the device can be asked to
     /// (the embedded engine); elsewhere the next rekey uses a new preshared key.
     fn rekey(&self, _peer: &control::Key) {}
+    /// Per peer, the handshakes that failed in a row the way differing preshared keys make
+    /// them fail (`dataplane::PeerStats::failed_in_a_row`), where the device counts them (the
+    /// embedded engine); empty elsewhere.
+    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, u32> {
+        std::collections::BTreeMap::new()
+    }
 }
 
 impl Engine for WireGuard {
@@ -239,6 +245,17 @@ impl Engine for WireGuard {
                 .engine()
                 .rekey(&dataplane::PublicKey::from_bytes(peer.0));
         }
+    }
+    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, u32> {
+        let WireGuard::Embedded { device, .. } = self else {
+            return std::collections::BTreeMap::new();
+        };
+        device
+            .peer_stats()
+            .into_iter()
+            .filter(|s| s.failed_in_a_row > 0)
+            .map(|s| (control::Key(*s.public_key.as_bytes()), s.failed_in_a_row))
+            .collect()
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)

@@ -1,6 +1,8 @@
 //! The keys' series: node key rotations and post-quantum preshared keys (see docs/keys.md).
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -15,6 +17,22 @@ pub struct KeyMetrics {
     pub pq_refused: Counter,
     /// `kilotun_pq_links_keyed`: links that hold a post-quantum preshared key.
     pub pq_links_keyed: Gauge,
+    /// `kilotun_pq_fallbacks_total`: links that dropped their key because handshakes failed
+    /// under it.
+    pub pq_fallbacks: Counter,
+    /// `kilotun_pq_link_keyed{public_key}`: 1 when the link to the peer holds a post-quantum
+    /// preshared key, 0 when it takes part and holds none.
+    pub pq_link_keyed: Family<PqLinkLabel, Gauge>,
+    /// `kilotun_pq_psk_changed_timestamp_seconds{public_key}`: when the link's preshared key
+    /// last changed (installed or dropped).
+    pub pq_psk_changed: Family<PqLinkLabel, Gauge>,
+}
+
+/// A post-quantum link's series: the peer's WireGuard public key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PqLinkLabel {
+    /// Base64.
+    pub public_key: String,
 }
 
 impl KeyMetrics {
@@ -39,6 +57,21 @@ impl KeyMetrics {
             "kilotun_pq_links_keyed",
             "WireGuard links that hold a post-quantum preshared key",
             self.pq_links_keyed.clone(),
+        );
+        registry.register(
+            "kilotun_pq_fallbacks",
+            "Post-quantum links that dropped their key because handshakes failed under it (the ends held different keys)",
+            self.pq_fallbacks.clone(),
+        );
+        registry.register(
+            "kilotun_pq_link_keyed",
+            "1 when the link to the peer holds a post-quantum preshared key, 0 when it takes part and holds none",
+            self.pq_link_keyed.clone(),
+        );
+        registry.register(
+            "kilotun_pq_psk_changed_timestamp_seconds",
+            "Unix time the link's post-quantum preshared key last changed (installed or dropped)",
+            self.pq_psk_changed.clone(),
         );
     }
 }
