@@ -216,3 +216,7 @@ pub fn tag_key(static_agreement: &[u8; 32]) -> [u8; 32] {
 #[cfg(test)]
 #[path = "pq/tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pq/model_tests.rs"]
+mod model_tests;

@@ -30,6 +30,8 @@ pub struct PqShell {
     saved_at: PathBuf,
     /// When the device's failed handshakes are next read (Unix milliseconds).
     next_check_ms: i64,
+    /// The links' states as last put on `/status` and into the series.
+    published: BTreeMap<Key, control::status::PqLinkStatus>,
 }
 
 /// How often the device's failed handshakes are read while a link holds a key.
@@ -121,7 +123,16 @@ impl PqShell {
             installed: BTreeMap::new(),
             saved_at,
             next_check_ms: 0,
+            published: BTreeMap::new(),
         })
+    }
+
+    /// Makes the node a new ML-KEM key (stored in `<key-file>.pq`, 0600), as it does when its
+    /// WireGuard key rotates; returns its fingerprint.
+    pub(super) fn renew(&mut self, key_file: &Path) -> Result<[u8; 32]> {
+        let seed = super::shells::keyfile::generate_seed(&seed_path(key_file))?;
+        self.book.renew(Arc::new(PqIdentity::from_seed(&seed)));
+        Ok(self.book.fingerprint())
     }
 
     /// This node's fingerprint, published as `kilotun.io/pq`.
@@ -203,10 +214,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.pq_publish();
     }
 
-    /// Puts every link's state on `/status` and into the per-link series.
-    fn pq_publish(&self) {
-        let Some(pq) = &self.pq else { return };
+    /// Puts every link's state on `/status` and into the per-link series, when it changed.
+    fn pq_publish(&mut self) {
+        let Some(pq) = &mut self.pq else { return };
         let statuses = pq.book.statuses();
+        if statuses == pq.published && !statuses.is_empty() {
+            return;
+        }
+        pq.published.clone_from(&statuses);
         let keys = &self.metrics.keys;
         keys.pq_link_keyed.clear();
         keys.pq_psk_changed.clear();

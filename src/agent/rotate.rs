@@ -38,6 +38,18 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 self.next_key = None;
                 self.core.key_committed(now);
                 self.metrics.keys.key_rotations.inc();
+                // The ML-KEM key changes with it: no exchange made under the old keys carries
+                // over.
+                if let Some(pq) = &mut self.pq {
+                    match pq.renew(path) {
+                        Ok(fingerprint) => self.core.set_pq_fingerprint(Some(fingerprint)),
+                        Err(e) => {
+                            let line = format!("key rotation: making a new ML-KEM key failed: {e:#}; the old one stays");
+                            tracing::warn!("{line}");
+                            self.status.error(line);
+                        }
+                    }
+                }
             }
         }
     }

@@ -1,13 +1,15 @@
 //! kg driving the kernel's WireGuard (`--wireguard=kernel`). This machine's kernel may have no
 //! WireGuard (CI's has none): tests/real/kernel_vm.rs runs these in a virtual machine booted
-//! from Debian's newest kernel, and they skip themselves, saying so, on a kernel without it.
+//! from Debian's newest kernel, and they skip themselves, saying so, on a kernel without it:
+//! allowed IPs edited entry by entry, and post-quantum preshared keys with a key rotation.
 
 use crate::common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
+use common::cluster::{kgctl_bin, Cluster};
+use common::pinger::Pinger;
 
 /// Whether this kernel makes WireGuard links (probed in a namespace of its own).
 fn kernel_has_wireguard() -> bool {
@@ -34,11 +36,11 @@ fn release() -> String {
         .to_string()
 }
 
-#[test]
-fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
-    let test = "kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16";
+/// True when `test` may run here: as root, on a kernel with WireGuard (which the virtual
+/// machine of tests/real/kernel_vm.rs must have).
+fn can_run_on_the_kernels_wireguard(test: &str) -> bool {
     if !common::can_run(test) {
-        return;
+        return false;
     }
     if !kernel_has_wireguard() {
         // In scripts/kernel-vm.sh's machine the kernel must have it: never pass by skipping.
@@ -52,6 +54,16 @@ fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
              under Debian's newest kernel",
             release()
         );
+        return false;
+    }
+    true
+}
+
+#[test]
+fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
+    if !can_run_on_the_kernels_wireguard(
+        "kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16",
+    ) {
         return;
     }
     let edits = kilotun::agent::shells::kernel_wireguard::kernel_takes_removals(&release());
@@ -93,5 +105,93 @@ fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
         assert!(!log.contains("refused the removal"), "{log}");
     }
     assert_eq!(handshakes(&c), before, "no session ended");
+    c.all_pods_reachable().unwrap();
+}
+
+/// `wg show <iface> preshared-keys` of `node`: the key it holds for its one peer.
+fn psk(c: &Cluster, node: &str) -> String {
+    let shown = c.node(node).wg("preshared-keys");
+    shown
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// True when both kernel devices hold one post-quantum preshared key for each other.
+fn keyed(c: &Cluster) -> bool {
+    let (a, b) = (psk(c, "n1"), psk(c, "n2"));
+    !a.is_empty() && a != "(none)" && a == b
+}
+
+#[test]
+fn post_quantum_keys_and_a_key_rotation_on_the_kernels_wireguard() {
+    let test = "post_quantum_keys_and_a_key_rotation_on_the_kernels_wireguard";
+    if !can_run_on_the_kernels_wireguard(test) {
+        return;
+    }
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
+    let flags = [
+        "--encapsulate=never",
+        "--wireguard=kernel",
+        "--post-quantum",
+        "--psk-rotation-period=10s",
+    ];
+    for i in 0..2 {
+        c.start_kg(i, &flags);
+    }
+    let meshed = c.wait_for(Duration::from_secs(60), |c| {
+        c.all_pods_reachable().is_ok() && keyed(c)
+    });
+    assert!(
+        meshed,
+        "{:?} {} {}\n{}",
+        c.all_pods_reachable(),
+        psk(&c, "n1"),
+        psk(&c, "n2"),
+        c.logs()
+    );
+    let first = psk(&c, "n1");
+    let pinger = Pinger::start(&c.node("n2").ns.name, &c.node("n1").pod_ip);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(20)
+    ));
+    // The key changes every 10 s: the kernel keeps the session, and its next handshake uses
+    // the new key at both ends.
+    let since = Instant::now();
+    let changed = c.wait_for(Duration::from_secs(40), |c| {
+        keyed(c) && psk(c, "n1") != first
+    });
+    assert!(changed, "{} {}\n{}", psk(&c, "n1"), psk(&c, "n2"), c.logs());
+    std::thread::sleep(Duration::from_secs(1));
+    let lost = pinger.lost_after(since);
+    eprintln!(
+        "{test}: {lost} echoes lost n2→n1 over a preshared key change; longest gap {:?}",
+        pinger.longest_gap_after(since)
+    );
+    assert!(lost <= 2, "{lost} echoes lost\n{}", c.logs());
+
+    // n1's key rotates: n2 follows, and the link is keyed again under the new keys.
+    let key = c.annotations("n1")["kilo.squat.ai/key"].clone();
+    let since = Instant::now();
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    common::run(&[kgctl_bin(), "--backend=file", &dir, "rotate-key", "n1"]);
+    let rotated = c.wait_for(Duration::from_secs(60), |c| {
+        let new = c.annotations("n1")["kilo.squat.ai/key"].clone();
+        new != key && c.node("n2").wg("peers").trim() == new && keyed(c)
+    });
+    assert!(rotated, "{}\n{}", c.node("n2").wg("peers"), c.logs());
+    eprintln!(
+        "{test}: n1's key rotated and the link keyed again {:?} later",
+        since.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let lost = pinger.lost_after(since);
+    eprintln!(
+        "{test}: {lost} echoes lost n2→n1 over the rotation; longest gap {:?}",
+        pinger.longest_gap_after(since)
+    );
+    assert!(lost <= 10, "{lost} echoes lost\n{}", c.logs());
     c.all_pods_reachable().unwrap();
 }

@@ -308,3 +308,55 @@ fn a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again(
         "a preshared key was logged"
     );
 }
+
+#[test]
+fn a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load() {
+    if !common::can_run(
+        "a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load",
+    ) {
+        return;
+    }
+    let c = cluster([true, true, true]);
+    assert!(
+        c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")
+            && keyed(c, "n1", "n2")),
+        "{}",
+        c.logs()
+    );
+    let (key, fingerprint) = (
+        key_of(&c, "n1"),
+        c.annotations("n1")["kilotun.io/pq"].clone(),
+    );
+    let pinger = Pinger::start(&c.node("n3").ns.name, &c.node("n1").pod_ip);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let since = Instant::now();
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    common::run(&[kgctl_bin(), "--backend=file", &dir, "rotate-key", "n1"]);
+    let renewed = c.wait_for(Duration::from_secs(30), |c| {
+        key_of(c, "n1") != key
+            && c.annotations("n1")["kilotun.io/pq"] != fingerprint
+            && keyed(c, "n1", "n3")
+            && keyed(c, "n1", "n2")
+    });
+    assert!(renewed, "{:?}\n{}", c.annotations("n1"), c.logs());
+    eprintln!(
+        "post-quantum: n1's keys rotated and its links keyed again {:?} after kgctl rotate-key",
+        since.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let lost = pinger.lost_after(since);
+    eprintln!(
+        "post-quantum: {lost} echoes lost n3→n1 over the rotation; longest gap {:?}",
+        pinger.longest_gap_after(since)
+    );
+    assert!(lost <= 2, "{lost} echoes lost\n{}", c.logs());
+    let seed = c.work.join("keys").join("n1.pq");
+    let mode = std::fs::metadata(&seed).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+}

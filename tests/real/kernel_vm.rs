@@ -256,12 +256,15 @@ fn the_core_of_the_mesh_suite_on_linux_5_10() {
 }
 
 /// The tests of `tests/netns/kg_kernel.rs`, which need a kernel with WireGuard.
-const KERNEL_WIREGUARD_TESTS: [&str; 1] =
-    ["kg_kernel::kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16"];
+const KERNEL_WIREGUARD_TESTS: [&str; 2] = [
+    "kg_kernel::kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16",
+    "kg_kernel::post_quantum_keys_and_a_key_rotation_on_the_kernels_wireguard",
+];
 
 /// [`KERNEL_WIREGUARD_TESTS`] in a machine booted from Debian unstable's kernel, the newest
-/// Debian has (7.2 when written): kg changes the kernel's WireGuard peers' allowed IPs entry by
-/// entry there (`WGALLOWEDIP_F_REMOVE_ME`, Linux 6.16 on).
+/// Debian has: kg changes the kernel's WireGuard peers' allowed IPs entry by entry there
+/// (`WGALLOWEDIP_F_REMOVE_ME`, Linux 6.16 on), and gives the kernel's links post-quantum
+/// preshared keys through a key change and a key rotation.
 #[test]
 fn kg_on_the_kernels_wireguard_under_debians_newest_kernel() {
     netns_tests_in_vm(
@@ -294,11 +297,13 @@ fn netns_tests_in_vm(test: &str, kernel: &str, names: &[&str], release_ok: fn(&s
         "-c",
         // The cluster's waits for a mesh are four times as long: kg starts many times slower
         // under TCG, on a host that is busy with the rest of the suite.
-        "cd \"$1\" && shift && echo \"release=$(uname -r)\" && CI=1 KILOTUN_WAIT_SCALE=4 exec \"$@\"",
+        // Their own output (and the figures they print) joins the guest's stdout.
+        "cd \"$1\" && shift && echo \"release=$(uname -r)\" && CI=1 KILOTUN_WAIT_SCALE=4 exec \"$@\" 2>&1",
         "kernel-vm",
         REPO,
         &binary,
         "--test-threads=1",
+        "--nocapture",
         "--exact",
     ];
     args.extend(names);
@@ -312,17 +317,31 @@ fn netns_tests_in_vm(test: &str, kernel: &str, names: &[&str], release_ok: fn(&s
         release_ok(release),
         "{test}: the guest ran {release}:\n{stdout}"
     );
+    // Each ran (their output, not captured, may stand between a name and its `ok`), and all
+    // of them passed.
     for name in names {
         assert!(
-            stdout.contains(&format!("test {name} ... ok")),
-            "{test}: {name} did not pass in the guest:\n{stdout}"
+            stdout.contains(&format!("test {name} ... ")),
+            "{test}: {name} did not run in the guest:\n{stdout}"
         );
     }
     assert!(
-        stdout.contains(&format!("test result: ok. {} passed", names.len())),
+        stdout.contains(&format!(
+            "test result: ok. {} passed; 0 failed",
+            names.len()
+        )),
         "{test}: {stdout}"
     );
-    for line in stdout.lines().filter(|l| l.starts_with("test ")) {
+    // The results, and the figures the tests print (`<test function>: …`).
+    let figures = |l: &str| {
+        names
+            .iter()
+            .any(|n| l.starts_with(&format!("{}: ", n.rsplit("::").next().unwrap_or(n))))
+    };
+    for line in stdout
+        .lines()
+        .filter(|l| l.starts_with("test ") || figures(l))
+    {
         eprintln!("{test}: under {release}: {line}");
     }
 }

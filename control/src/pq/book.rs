@@ -77,6 +77,14 @@ impl PqBook {
         }
     }
 
+    /// Takes `identity` as the node's ML-KEM key pair from now on: every link is made again
+    /// (its peers see the new fingerprint and do the same), and no saved key is taken back.
+    pub fn renew(&mut self, identity: Arc<PqIdentity>) {
+        self.identity = identity;
+        self.links.clear();
+        self.restored.clear();
+    }
+
     /// The WireGuard key the links were made for.
     pub fn local(&self) -> Key {
         self.local

@@ -140,9 +140,16 @@ pub fn load_or_generate_seed(path: &Path) -> Result<[u8; 64]> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
+    generate_seed(path)
+}
+
+/// Makes a new 64-byte ML-KEM seed and stores it at `path` (base64, 0600), replacing any.
+pub fn generate_seed(path: &Path) -> Result<[u8; 64]> {
+    use base64::Engine as _;
     let mut seed = [0u8; 64];
     rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut seed);
-    write_private(path, &format!("{}\n", engine.encode(seed)))?;
+    let text = base64::engine::general_purpose::STANDARD.encode(seed);
+    write_private(path, &format!("{text}\n"))?;
     Ok(seed)
 }
 
