@@ -13,7 +13,7 @@ mod keys;
 
 pub use cluster::{cluster_findings, cluster_findings_with_leases};
 pub use host::{node_findings, remote_findings};
-pub use keys::{key_findings, FALLBACK_SHOWN_SECS, MISMATCH_AFTER_FAILED};
+pub use keys::{key_findings, FALLBACK_SHOWN_SECS};
 
 /// A `last-seen` further than this in the future is clock skew.
 pub const CLOCK_SKEW_SECS: i64 = 10;

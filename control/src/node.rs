@@ -122,7 +122,7 @@ pub struct Node {
     pub next_key: Option<Key>,
     /// The fingerprint of its ML-KEM key (`kilotun.io/pq`): its agent takes part in
     /// post-quantum preshared keys.
-    pub pq: Option<[u8; 32]>,
+    pub pq: Option<crate::pq::PqAnnouncement>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

@@ -49,14 +49,34 @@ pub fn fingerprint(ek: &[u8]) -> [u8; 32] {
     blake2s(ek)
 }
 
-/// The `kilotun.io/pq` value of fingerprint `fp`.
-pub fn format_fingerprint(fp: &[u8; 32]) -> String {
-    format!("v1:{}", Key(*fp).to_base64())
+/// What a node publishes in `kilotun.io/pq`: `v1:<base64 fingerprint>`, then `,fallback` when
+/// its device counts failed handshakes, so that it drops a key that handshakes fail under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PqAnnouncement {
+    /// The fingerprint of its encapsulation key.
+    pub fingerprint: [u8; 32],
+    /// True when it falls back (see [`link::PqLink::note_failed_handshakes`]).
+    pub falls_back: bool,
 }
 
-/// The fingerprint in a `kilotun.io/pq` value, if it is one.
-pub fn parse_fingerprint(text: &str) -> Option<[u8; 32]> {
-    Key::parse(text.strip_prefix("v1:")?).ok().map(|k| k.0)
+impl PqAnnouncement {
+    /// The annotation's value.
+    pub fn format(&self) -> String {
+        let flag = if self.falls_back { ",fallback" } else { "" };
+        format!("v1:{}{flag}", Key(self.fingerprint).to_base64())
+    }
+
+    /// The announcement in an annotation's value, if it is one (flags it does not know are
+    /// ignored, for the versions after this one).
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.strip_prefix("v1:")?.split(',');
+        let fingerprint = Key::parse(parts.next()?).ok()?.0;
+        let falls_back = parts.any(|flag| flag == "fallback");
+        Some(Self {
+            fingerprint,
+            falls_back,
+        })
+    }
 }
 
 /// A node's ML-KEM-768 key pair, kept as its 64-byte seed.

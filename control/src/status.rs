@@ -99,11 +99,15 @@ pub struct PeerStatus {
     pub rx_bytes: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
-    /// Handshakes that failed since data last came from the peer, the way differing preshared
-    /// keys make them fail (see `dataplane::PeerStats::failed_in_a_row`); 0 on a working link
-    /// and on a device that does not count them.
+    /// Responses to this node's initiations whose key confirmation failed, in a row: the peer
+    /// answered under another preshared key (`dataplane::PeerStats::refused_responses`); 0 on
+    /// a working link and on a device that does not count them.
     #[serde(default)]
-    pub failed_in_a_row: u32,
+    pub refused_responses: u32,
+    /// The peer's initiations repeated while this node's answer went unused, in a row: another
+    /// preshared key at the peer, or lost answers (`dataplane::PeerStats::unused_answers`).
+    #[serde(default)]
+    pub unused_answers: u32,
     /// The link's post-quantum preshared key, when this node runs with `--post-quantum`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_quantum: Option<PqLinkStatus>,
@@ -113,11 +117,12 @@ pub struct PeerStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PqState {
-    /// Both ends hold a key from an exchange.
+    /// This end holds a key from an exchange (or saved from one).
     Keyed,
-    /// No key yet: the exchange has not completed.
+    /// No key: the exchange has not completed (`detail` says why).
     Exchanging,
-    /// The link dropped its key because handshakes failed under it, and has none yet.
+    /// The link dropped its key because handshakes failed under it, and no exchange has
+    /// failed since.
     FellBack,
     /// The other end takes no part: the link runs without a preshared key from kg.
     Off,
@@ -140,6 +145,10 @@ pub struct PqLinkStatus {
     /// When the link last dropped its key because handshakes failed under it, Unix time.
     #[serde(default)]
     pub fell_back_unix: Option<i64>,
+    /// True when both ends drop a key that handshakes fail under (the peer announces it, and
+    /// this node's device counts failed handshakes).
+    #[serde(default)]
+    pub falls_back: bool,
     /// Exchange messages refused, by reason.
     #[serde(default)]
     pub refused: BTreeMap<String, u64>,

@@ -311,7 +311,8 @@ impl Engine {
                     handshakes: shared.handshakes.load(Ordering::Relaxed),
                     handshake_failures: shared.handshake_failures.load(Ordering::Relaxed),
                     endpoint_changes: shared.endpoint_changes.load(Ordering::Relaxed),
-                    failed_in_a_row: core.failed_in_a_row,
+                    refused_responses: core.refused_responses,
+                    unused_answers: core.unused_answers,
                 }
             })
             .collect()

@@ -138,11 +138,15 @@ pub struct PeerStats {
     pub handshake_failures: u64,
     /// Times the endpoint in use moved from one address to another.
     pub endpoint_changes: u64,
-    /// Handshakes with this peer that failed since data last came from it, the way a preshared
-    /// key that differs between the two ends makes them fail: responses to our initiations
-    /// that did not verify, and initiations from the peer that came again although our answer
-    /// to the last one was never used. 0 on a working link.
-    pub failed_in_a_row: u32,
+    /// Responses from this peer to our initiations whose key confirmation failed, in a row
+    /// (reset by data from it or a response that verifies): the peer answered under another
+    /// preshared key. Loss cannot cause it; a forged response can.
+    pub refused_responses: u32,
+    /// Initiations from this peer that came again while our answer to the last one had not
+    /// been followed by any data, in a row (reset by data from it or a response that
+    /// verifies): what differing preshared keys look like from the answering end, and also
+    /// what lost answers look like.
+    pub unused_answers: u32,
 }
 
 impl PeerStats {
@@ -159,7 +163,8 @@ impl PeerStats {
             handshakes: 0,
             handshake_failures: 0,
             endpoint_changes: 0,
-            failed_in_a_row: 0,
+            refused_responses: 0,
+            unused_answers: 0,
         }
     }
 }

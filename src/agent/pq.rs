@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use control::clock::Now;
 use control::pq::book::{PqBook, PqPeer};
 use control::pq::link::Installed;
-use control::pq::PqIdentity;
+use control::pq::{PqAnnouncement, PqIdentity};
 use control::Key;
 use rand_core::RngCore;
 
@@ -91,7 +91,12 @@ fn fill(buf: &mut [u8]) {
 impl PqShell {
     /// The shell for the node whose key file is `key_file` and public key `local`: the seed
     /// loaded (or made, 0600), the socket bound.
-    pub async fn start(key_file: &Path, local: Key, period: Duration) -> Result<Self> {
+    pub async fn start(
+        key_file: &Path,
+        local: Key,
+        period: Duration,
+        falls_back: bool,
+    ) -> Result<Self> {
         let saved_at = saved_path(key_file);
         let saved = load(&saved_at);
         if saved.is_none() && seed_path(key_file).exists() {
@@ -113,7 +118,7 @@ impl PqShell {
                 .with_context(|| format!("binding UDP port {PQ_PORT} for post-quantum keys"))?,
         };
         let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
-        let mut book = PqBook::new(identity, local, period_ms);
+        let mut book = PqBook::new(identity, local, period_ms, falls_back);
         if let Some((under, keys)) = saved {
             book.restore(under, keys);
         }
@@ -129,15 +134,15 @@ impl PqShell {
 
     /// Makes the node a new ML-KEM key (stored in `<key-file>.pq`, 0600), as it does when its
     /// WireGuard key rotates; returns its fingerprint.
-    pub(super) fn renew(&mut self, key_file: &Path) -> Result<[u8; 32]> {
+    pub(super) fn renew(&mut self, key_file: &Path) -> Result<PqAnnouncement> {
         let seed = super::shells::keyfile::generate_seed(&seed_path(key_file))?;
         self.book.renew(Arc::new(PqIdentity::from_seed(&seed)));
-        Ok(self.book.fingerprint())
+        Ok(self.book.announcement())
     }
 
-    /// This node's fingerprint, published as `kilotun.io/pq`.
-    pub fn fingerprint(&self) -> [u8; 32] {
-        self.book.fingerprint()
+    /// What this node publishes as `kilotun.io/pq`.
+    pub fn announcement(&self) -> PqAnnouncement {
+        self.book.announcement()
     }
 
     fn flush(&mut self) {
@@ -161,14 +166,15 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .core
             .pq_peers()
             .into_iter()
-            .map(|(key, fingerprint, wireguard_ip)| {
+            .map(|(key, announced, wireguard_ip)| {
                 let public = x25519_dalek::PublicKey::from(key.0);
                 let agreement = secret.diffie_hellman(&public);
                 PqPeer {
                     key,
-                    fingerprint,
+                    fingerprint: announced.fingerprint,
                     wireguard_ip,
                     tag_key: control::pq::tag_key(agreement.as_bytes()),
+                    falls_back: announced.falls_back,
                 }
             })
             .collect();
@@ -202,9 +208,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             let failed = self.wg.failed_handshakes();
             for key in pq.book.note_failed_handshakes(&failed, now.unix_ms) {
                 self.metrics.keys.pq_fallbacks.inc();
+                let counted = failed[&key];
                 tracing::warn!(
                     peer = %key,
-                    failed = failed[&key],
+                    refused_responses = counted.refused_responses,
+                    unused_answers = counted.unused_answers,
                     "post-quantum preshared key dropped: handshakes with the peer failed under it (the two ends hold different keys); running without one until the next exchange"
                 );
             }

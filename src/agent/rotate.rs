@@ -42,7 +42,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 // over.
                 if let Some(pq) = &mut self.pq {
                     match pq.renew(path) {
-                        Ok(fingerprint) => self.core.set_pq_fingerprint(Some(fingerprint)),
+                        Ok(announced) => self.core.set_pq_announcement(Some(announced)),
                         Err(e) => {
                             let line = format!("key rotation: making a new ML-KEM key failed: {e:#}; the old one stays");
                             tracing::warn!("{line}");

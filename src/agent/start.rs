@@ -246,8 +246,14 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         });
         let mut core = Reconciler::new(s.clone(), public, discovered);
         let pq = if s.args.post_quantum {
-            let shell = super::pq::PqShell::start(&s.args.key_file, public, s.psk_rotation).await?;
-            core.set_pq_fingerprint(Some(shell.fingerprint()));
+            let shell = super::pq::PqShell::start(
+                &s.args.key_file,
+                public,
+                s.psk_rotation,
+                wg.counts_failed_handshakes(),
+            )
+            .await?;
+            core.set_pq_announcement(Some(shell.announcement()));
             Some(shell)
         } else {
             None

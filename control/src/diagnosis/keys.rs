@@ -3,11 +3,11 @@
 //! that dropped their key, and exchanges that do not complete.
 
 use super::{Finding, Severity};
+use crate::pq::link::FailedHandshakes;
 use crate::status::{NodeStatus, PeerKind, PeerStatus, PqState};
 
-/// Handshakes in a row failed under differing preshared keys from which a link is named.
-pub const MISMATCH_AFTER_FAILED: u32 = 2;
-/// How long after a post-quantum link dropped its key diagnose still says so.
+/// How long after a post-quantum link dropped its key diagnose still says so once it holds a
+/// key again.
 pub const FALLBACK_SHOWN_SECS: i64 = 600;
 
 fn subject(peer: &PeerStatus) -> String {
@@ -24,11 +24,23 @@ pub fn key_findings(status: &NodeStatus, now_unix: i64) -> Vec<Finding> {
     let mut off = Vec::new();
     for peer in &status.peers {
         let subject = subject(peer);
-        if peer.failed_in_a_row >= MISMATCH_AFTER_FAILED {
-            let (message, advice) = match (&peer.post_quantum, peer.kind) {
-                (Some(_), _) => (
-                    "kg falls back: each end drops the link's post-quantum key within two failed handshakes, and a new exchange follows",
+        let failed = FailedHandshakes {
+            refused_responses: peer.refused_responses,
+            unused_answers: peer.unused_answers,
+        };
+        if failed.keys_differ() {
+            let taking_part = peer
+                .post_quantum
+                .as_ref()
+                .filter(|pq| pq.state != PqState::Off);
+            let (message, advice) = match (taking_part, peer.kind) {
+                (Some(pq), _) if pq.falls_back => (
+                    "kg falls back: each end drops the link's post-quantum key, and a new exchange follows",
                     "if this stays, check that kg runs with --post-quantum at both ends and compare `wg show <interface> preshared-keys` there",
+                ),
+                (Some(_), _) => (
+                    "this link does not fall back by itself: an end's WireGuard does not count failed handshakes (the kernel's)",
+                    "remove <key-file>.psk on one end and restart its kg: it makes a new ML-KEM key, and both ends drop their keys",
                 ),
                 (None, PeerKind::Peer) => (
                     "the Peer's presharedKey differs from the one configured at its other end",
@@ -44,8 +56,8 @@ pub fn key_findings(status: &NodeStatus, now_unix: i64) -> Vec<Finding> {
                 "preshared-key",
                 subject.clone(),
                 format!(
-                    "{} handshakes in a row failed the way differing preshared keys make them fail (an answer that does not verify, or an answer never used): {message}",
-                    peer.failed_in_a_row
+                    "handshakes fail the way differing preshared keys make them fail ({} responses refused, {} answers unused, in a row): {message}",
+                    failed.refused_responses, failed.unused_answers
                 ),
                 advice,
             ));
@@ -53,28 +65,30 @@ pub fn key_findings(status: &NodeStatus, now_unix: i64) -> Vec<Finding> {
         let Some(pq) = &peer.post_quantum else {
             continue;
         };
+        // Shown while the link holds no key again, and for ten minutes once it does.
         let fell_back_ago = pq
             .fell_back_unix
             .map(|t| now_unix - t)
-            .filter(|ago| *ago <= FALLBACK_SHOWN_SECS);
+            .filter(|ago| pq.state != PqState::Keyed || *ago <= FALLBACK_SHOWN_SECS);
         if let Some(ago) = fell_back_ago {
             let now = match (pq.state, pq.epoch) {
                 (PqState::Keyed, Some(epoch)) => format!("it is keyed again (epoch {epoch})"),
                 (PqState::FellBack, _) => "it has no key yet: the next exchange makes one".into(),
-                _ => format!("it has no key yet: {}", pq.detail),
+                _ => format!("it has no key: {}", pq.detail),
             };
             out.push(Finding::new(
                 Severity::Warning,
                 "post-quantum",
                 subject.clone(),
-                format!("the link dropped its post-quantum key {ago} s ago because handshakes failed under it (the two ends held different keys); {now}"),
-                "nothing if it is keyed again; a kg whose saved keys (<key-file>.psk) were changed or copied from another node causes this",
+                format!("the link dropped its post-quantum key {ago} s ago because handshakes failed under it (the two ends held different keys, or the answers were lost); {now}"),
+                "nothing if it is keyed again; saved keys (<key-file>.psk) changed or copied from another node cause this, and so does a path that loses the handshake answers",
             ));
         }
         match pq.state {
             PqState::Keyed => keyed.push(subject),
             PqState::Off => off.push(subject),
             PqState::FellBack => {}
+            PqState::Exchanging if fell_back_ago.is_some() => {}
             PqState::Exchanging => {
                 let Some((reason, _)) = &pq.last_refused else {
                     out.push(Finding::new(

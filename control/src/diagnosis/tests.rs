@@ -33,7 +33,8 @@ fn peer_status(name: &str, leader: &str, key: &str) -> PeerStatus {
         handshake_failures: 0,
         rx_bytes: 1000,
         tx_bytes: 1000,
-        failed_in_a_row: 0,
+        refused_responses: 0,
+        unused_answers: 0,
         post_quantum: None,
     }
 }

@@ -276,13 +276,13 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
                 }
             });
     let pq = r.get(a::PQ).map(str::to_string).and_then(|text| {
-        match crate::pq::parse_fingerprint(&text) {
-            Some(fp) => Some(fp),
+        match crate::pq::PqAnnouncement::parse(&text) {
+            Some(pq) => Some(pq),
             None => {
                 r.problem(
                     a::PQ,
                     &text,
-                    "not v1: and a base64 32-byte fingerprint; ignored",
+                    "not v1: and a base64 32-byte fingerprint (with optional flags after commas); ignored",
                 );
                 None
             }

@@ -89,7 +89,7 @@ pub struct WrittenAnnotations {
     /// The key rotation request last carried out.
     pub key_rotated: Option<String>,
     /// The ML-KEM key's fingerprint, with `--post-quantum`.
-    pub pq: Option<[u8; 32]>,
+    pub pq: Option<crate::pq::PqAnnouncement>,
 }
 
 impl WrittenAnnotations {
@@ -138,10 +138,7 @@ impl WrittenAnnotations {
             self.next_key
                 .map(|k| (a::NEXT_KEY.to_string(), k.to_base64())),
         )
-        .chain(
-            self.pq
-                .map(|fp| (a::PQ.to_string(), crate::pq::format_fingerprint(&fp))),
-        )
+        .chain(self.pq.map(|pq| (a::PQ.to_string(), pq.format())))
         .chain(
             self.key_rotated
                 .clone()

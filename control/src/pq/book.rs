@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::link::{Installed, LinkSetup, PqLink};
+use super::link::{FailedHandshakes, Installed, LinkSetup, PqLink};
 use super::message::Malformed;
 use super::PqIdentity;
 use crate::key::Key;
@@ -23,6 +23,8 @@ pub struct PqPeer {
     pub wireguard_ip: IpAddr,
     /// The key that tags the link's messages ([`super::tag_key`]).
     pub tag_key: [u8; 32],
+    /// It announces that it falls back ([`super::PqAnnouncement::falls_back`]).
+    pub falls_back: bool,
 }
 
 impl std::fmt::Debug for PqPeer {
@@ -53,18 +55,30 @@ pub struct PqBook {
     links: BTreeMap<Key, (IpAddr, PqLink)>,
     /// Keys saved by the last run, taken by each link when it is made.
     restored: BTreeMap<Key, Installed>,
+    /// This node's device counts failed handshakes, so it falls back.
+    falls_back: bool,
 }
 
 impl PqBook {
     /// No links yet, for the node whose WireGuard key is `local` and whose ML-KEM key pair is
-    /// `identity`; keys change every `period_ms`.
-    pub fn new(identity: Arc<PqIdentity>, local: Key, period_ms: i64) -> Self {
+    /// `identity`; keys change every `period_ms`. `falls_back` when its device counts failed
+    /// handshakes ([`super::PqAnnouncement::falls_back`]).
+    pub fn new(identity: Arc<PqIdentity>, local: Key, period_ms: i64, falls_back: bool) -> Self {
         Self {
             identity,
             local,
             period_ms,
             links: BTreeMap::new(),
             restored: BTreeMap::new(),
+            falls_back,
+        }
+    }
+
+    /// What this node publishes in `kilotun.io/pq`.
+    pub fn announcement(&self) -> super::PqAnnouncement {
+        super::PqAnnouncement {
+            fingerprint: self.identity.fingerprint(),
+            falls_back: self.falls_back,
         }
     }
 
@@ -126,6 +140,7 @@ impl PqBook {
                 (p.wireguard_ip, link)
             });
             link.0 = p.wireguard_ip;
+            link.1.set_falls_back(self.falls_back && p.falls_back);
         }
     }
 
@@ -185,10 +200,14 @@ impl PqBook {
         self.links.iter().map(|(k, (_, l))| (k, l))
     }
 
-    /// Takes in, per peer, how many handshakes failed in a row the way differing preshared
-    /// keys make them fail (see [`PqLink::note_failed_handshakes`]). Returns the peers whose
-    /// links dropped their key now.
-    pub fn note_failed_handshakes(&mut self, failed: &BTreeMap<Key, u32>, now_ms: i64) -> Vec<Key> {
+    /// Takes in, per peer, what the device counted of the handshakes that failed the way
+    /// differing preshared keys make them fail (see [`PqLink::note_failed_handshakes`]).
+    /// Returns the peers whose links dropped their key now.
+    pub fn note_failed_handshakes(
+        &mut self,
+        failed: &BTreeMap<Key, FailedHandshakes>,
+        now_ms: i64,
+    ) -> Vec<Key> {
         let mut dropped = Vec::new();
         for (key, (_, link)) in &mut self.links {
             if failed
@@ -218,28 +237,35 @@ impl PqBook {
 fn link_status(link: &PqLink, ip: IpAddr) -> PqLinkStatus {
     let installed = link.installed();
     let fell_back = link.fell_back();
+    // A refusal since the fallback says why no new key came.
     let last_refused = link.last_refused();
-    let (state, detail) = match (installed, fell_back) {
-        (Some(_), _) => (PqState::Keyed, String::new()),
-        (None, Some(f)) => (
-            PqState::FellBack,
+    let refused_since = last_refused.filter(|(_, at)| fell_back.is_none_or(|f| *at >= f.at_ms));
+    let (state, detail) = match (installed, fell_back, refused_since) {
+        (Some(_), _, _) => (PqState::Keyed, String::new()),
+        (None, _, Some(("unanswered", _))) if link.initiator() => (
+            PqState::Exchanging,
             format!(
-                "dropped the key of epoch {} after {} handshakes in a row failed under it (the two ends held different keys); running without one until the next exchange",
-                f.epoch, f.failed
+                "the exchange goes unanswered: the peer's kg does not answer on UDP {ip}:{} through the tunnel",
+                crate::pq::PQ_PORT
             ),
         ),
-        (None, None) => {
-            let why = match last_refused {
-                Some(("unanswered", _)) if link.initiator() => format!(
-                    "the exchange goes unanswered: the peer's kg does not answer on UDP {ip}:{} through the tunnel",
-                    crate::pq::PQ_PORT
-                ),
-                Some((reason, _)) => format!("the exchange fails: {reason}"),
-                None if link.initiator() => "the exchange is under way".to_string(),
-                None => "waiting for the peer to start the exchange".to_string(),
-            };
-            (PqState::Exchanging, why)
+        (None, _, Some((reason, _))) => {
+            (PqState::Exchanging, format!("the exchange fails: {reason}"))
         }
+        (None, Some(f), None) => (
+            PqState::FellBack,
+            format!(
+                "dropped the key of epoch {} when handshakes failed under it ({} responses refused, {} answers unused in a row); none until the next exchange",
+                f.epoch, f.failed.refused_responses, f.failed.unused_answers
+            ),
+        ),
+        (None, None, None) if link.initiator() => {
+            (PqState::Exchanging, "the exchange is under way".to_string())
+        }
+        (None, None, None) => (
+            PqState::Exchanging,
+            "waiting for the peer to start the exchange".to_string(),
+        ),
     };
     let changed = [installed.map(|i| i.at_ms), fell_back.map(|f| f.at_ms)]
         .into_iter()
@@ -251,6 +277,7 @@ fn link_status(link: &PqLink, ip: IpAddr) -> PqLinkStatus {
         epoch: installed.map(|i| i.epoch),
         psk_changed_unix: changed.filter(|ms| *ms > 0).map(|ms| ms / 1000),
         fell_back_unix: fell_back.map(|f| f.at_ms / 1000),
+        falls_back: link.falls_back(),
         refused: link
             .refused()
             .iter()

@@ -23,10 +23,30 @@ use crate::key::Key;
 pub const RETRIES_MS: [i64; 3] = [1_000, 2_000, 4_000];
 /// How long after an exchange failed the next one starts.
 pub const RETRY_EXCHANGE_MS: i64 = 10_000;
-/// Failed handshakes in a row (see [`PqLink::note_failed_handshakes`]) after which a link
-/// drops its key: two, so one lost answer never costs a key, and the link falls back within
-/// two handshake attempts (about 10 s).
-pub const FALLBACK_AFTER_FAILED: u32 = 2;
+/// Responses refused in a row (see [`FailedHandshakes`]) at which a link drops its key: the
+/// second, so a single forged response costs nothing.
+pub const FALLBACK_AFTER_REFUSED: u32 = 2;
+/// Answers unused in a row at which a link drops its key: the fourth, about 15 s of the
+/// peer's retries, since lost answers look the same.
+pub const FALLBACK_AFTER_UNUSED: u32 = 4;
+
+/// What a device counted of the handshakes with one peer that failed the way differing
+/// preshared keys make them fail, since data last came from it (`dataplane::PeerStats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailedHandshakes {
+    /// Responses to this end's initiations whose key confirmation failed.
+    pub refused_responses: u32,
+    /// The peer's initiations repeated while this end's answer to the last went unused.
+    pub unused_answers: u32,
+}
+
+impl FailedHandshakes {
+    /// True when the counts say the two ends hold different keys.
+    pub fn keys_differ(&self) -> bool {
+        self.refused_responses >= FALLBACK_AFTER_REFUSED
+            || self.unused_answers >= FALLBACK_AFTER_UNUSED
+    }
+}
 
 /// A link that dropped its key because handshakes failed under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +55,8 @@ pub struct FellBack {
     pub epoch: u64,
     /// When (Unix milliseconds).
     pub at_ms: i64,
-    /// How many handshakes had failed in a row.
-    pub failed: u32,
+    /// What the device had counted.
+    pub failed: FailedHandshakes,
 }
 
 /// What a link is between: the two nodes' WireGuard keys and ML-KEM fingerprints, and the key
@@ -115,6 +135,8 @@ pub struct PqLink {
     refused: BTreeMap<&'static str, u64>,
     last_refused: Option<(&'static str, i64)>,
     fell_back: Option<FellBack>,
+    /// Both ends drop a key that handshakes fail under.
+    falls_back: bool,
     /// The `now_ms` of the call being handled.
     now_ms: i64,
 }
@@ -140,6 +162,7 @@ impl PqLink {
             refused: BTreeMap::new(),
             last_refused: None,
             fell_back: None,
+            falls_back: false,
             now_ms: 0,
         }
     }
@@ -185,17 +208,30 @@ impl PqLink {
         self.initiator
     }
 
-    /// Takes in how many handshakes with the peer have failed in a row the way differing
-    /// preshared keys make them fail (the device's count, reset by any data from the peer).
-    /// At [`FALLBACK_AFTER_FAILED`] the link drops its key: the other end, whose own
-    /// handshakes fail the same way, drops its key too, so the two meet without one, and
-    /// the initiator starts a new exchange at once, through the tunnel that works again.
-    /// True when the key was dropped now.
-    pub fn note_failed_handshakes(&mut self, failed: u32, now_ms: i64) -> bool {
+    /// Says whether both ends drop a key that handshakes fail under: this end's device counts
+    /// failed handshakes, and the peer announces that it does (`,fallback` in its
+    /// `kilotun.io/pq`).
+    pub fn set_falls_back(&mut self, both: bool) {
+        self.falls_back = both;
+    }
+
+    /// True when both ends drop a key that handshakes fail under.
+    pub fn falls_back(&self) -> bool {
+        self.falls_back
+    }
+
+    /// Takes in what the device counted of the handshakes with the peer that failed the way
+    /// differing preshared keys make them fail ([`FailedHandshakes`]). When they say the keys
+    /// differ, and the peer falls back too, the link drops its key: the other end's
+    /// handshakes fail as well, so it drops its key too, the two meet without one, and the
+    /// initiator starts a new exchange at once, through the tunnel that works again. A peer
+    /// that does not fall back would keep its key, so this end keeps its own. True when the
+    /// key was dropped now.
+    pub fn note_failed_handshakes(&mut self, failed: FailedHandshakes, now_ms: i64) -> bool {
         let Some(installed) = self.installed else {
             return false;
         };
-        if failed < FALLBACK_AFTER_FAILED {
+        if !self.falls_back || !failed.keys_differ() {
             return false;
         }
         self.installed = None;

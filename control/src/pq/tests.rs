@@ -1,6 +1,9 @@
 use std::sync::Arc;
 
-use super::link::{LinkSetup, PqLink, FALLBACK_AFTER_FAILED, RETRY_EXCHANGE_MS};
+use super::link::{
+    FailedHandshakes, LinkSetup, PqLink, FALLBACK_AFTER_REFUSED, FALLBACK_AFTER_UNUSED,
+    RETRY_EXCHANGE_MS,
+};
 use super::message::{Malformed, Message};
 use super::*;
 
@@ -327,23 +330,40 @@ fn ends_whose_keys_differ_both_drop_them_and_the_next_exchange_keys_the_link_aga
         ..first
     });
     assert_ne!(p.keys().0, p.keys().1);
-    // One failed handshake is not enough: a lost answer looks the same.
+    let counted = |refused_responses, unused_answers| FailedHandshakes {
+        refused_responses,
+        unused_answers,
+    };
+    let (refused, unused) = (
+        counted(FALLBACK_AFTER_REFUSED, 0),
+        counted(0, FALLBACK_AFTER_UNUSED),
+    );
+    // Without the peer's word that it falls back too, a link keeps its key.
+    assert!(!p.i.note_failed_handshakes(refused, p.now));
+    p.i.set_falls_back(true);
+    p.r.set_falls_back(true);
+    // One refused response is not enough (a forged one looks the same), nor are three unused
+    // answers (lost ones look the same).
     p.now += 5_000;
-    assert!(!p.i.note_failed_handshakes(1, p.now));
-    assert!(!p.r.note_failed_handshakes(FALLBACK_AFTER_FAILED - 1, p.now));
+    assert!(!p
+        .i
+        .note_failed_handshakes(counted(FALLBACK_AFTER_REFUSED - 1, 0), p.now));
+    assert!(!p
+        .r
+        .note_failed_handshakes(counted(0, FALLBACK_AFTER_UNUSED - 1), p.now));
     assert!(p.i.fell_back().is_none());
-    // The second drops the key at each end, with when and why.
+    // Then the key goes at each end, with when and why.
     p.now += 5_000;
-    assert!(p.i.note_failed_handshakes(FALLBACK_AFTER_FAILED, p.now));
-    assert!(p.r.note_failed_handshakes(3, p.now));
+    assert!(p.i.note_failed_handshakes(refused, p.now));
+    assert!(p.r.note_failed_handshakes(unused, p.now));
     assert_eq!(p.keys(), (None, None));
     let fell = p.i.fell_back().unwrap();
     assert_eq!(
         (fell.epoch, fell.at_ms, fell.failed),
-        (first.epoch, p.now, 2)
+        (first.epoch, p.now, refused)
     );
     // A link without a key has nothing to drop.
-    assert!(!p.i.note_failed_handshakes(9, p.now));
+    assert!(!p.i.note_failed_handshakes(counted(9, 9), p.now));
     // The initiator starts a new exchange at once; both ends agree on a fresh key.
     assert_eq!(p.i.poll_timeout(), Some(p.now));
     p.run(|_| false);
@@ -416,13 +436,14 @@ mod book {
     fn books() -> (PqBook, PqBook, Vec<PqPeer>, Vec<PqPeer>) {
         let (low, high) = (Key([1; 32]), Key([2; 32]));
         let tag = tag_key(&[7; 32]);
-        let a = PqBook::new(identity(1), low, 120_000);
-        let b = PqBook::new(identity(2), high, 120_000);
+        let a = PqBook::new(identity(1), low, 120_000, true);
+        let b = PqBook::new(identity(2), high, 120_000, true);
         let peer = |key, n: u8| PqPeer {
             key,
             fingerprint: identity(n).fingerprint(),
             wireguard_ip: IpAddr::from([10, 4, 0, n]),
             tag_key: tag,
+            falls_back: true,
         };
         (a, b, vec![peer(high, 2)], vec![peer(low, 1)])
     }
@@ -478,5 +499,27 @@ mod book {
         assert_eq!(b.installed().len(), 1);
         b.set_peers(Key([2; 32]), &[]);
         assert!(b.installed().is_empty());
+    }
+}
+
+#[test]
+fn the_announcement_round_trips_and_ignores_flags_it_does_not_know() {
+    let fingerprint = identity(1).fingerprint();
+    for falls_back in [false, true] {
+        let announced = PqAnnouncement {
+            fingerprint,
+            falls_back,
+        };
+        let text = announced.format();
+        assert_eq!(text.ends_with(",fallback"), falls_back, "{text}");
+        assert_eq!(PqAnnouncement::parse(&text), Some(announced));
+    }
+    let later = format!("v1:{},fallback,another", Key(fingerprint).to_base64());
+    assert_eq!(
+        PqAnnouncement::parse(&later).map(|a| a.falls_back),
+        Some(true)
+    );
+    for bad in ["v2:AAAA", "v1:", "v1:not-base64", "fallback"] {
+        assert_eq!(PqAnnouncement::parse(bad), None, "{bad}");
     }
 }

@@ -138,6 +138,10 @@ impl Engine {
                 if psk_changed {
                     tunn.set_preshared_key(config.preshared_key.as_ref().map(|k| *k.as_bytes()));
                     report.preshared_key_changed.push(config.public_key);
+                    // What failed under the old key says nothing about the new one.
+                    core.refused_responses = 0;
+                    core.unused_answers = 0;
+                    core.answer_unused = false;
                 }
                 report.kept.push(config.public_key);
             }

@@ -288,7 +288,8 @@ impl Engine {
         core.last_received = Some(now);
         core.unanswered_since = None;
         core.answer_unused = false;
-        core.failed_in_a_row = 0;
+        core.refused_responses = 0;
+        core.unused_answers = 0;
         shared.note_heard();
         shared.set_endpoint(core, note.from);
         if inner.is_some() {
@@ -406,7 +407,7 @@ impl Engine {
                 {
                     // The response came for our initiation but its key confirmation failed:
                     // the responder mixed in another preshared key.
-                    core.failed_in_a_row = core.failed_in_a_row.saturating_add(1);
+                    core.refused_responses = core.refused_responses.saturating_add(1);
                 }
                 return Err(reason_for(e));
             }
@@ -424,12 +425,13 @@ impl Engine {
         }
         if message_type == HANDSHAKE_INITIATION {
             if core.answer_unused {
-                core.failed_in_a_row = core.failed_in_a_row.saturating_add(1);
+                core.unused_answers = core.unused_answers.saturating_add(1);
             }
             core.answer_unused = true;
         } else if message_type == HANDSHAKE_RESPONSE {
             // Our initiation was answered under the same preshared key.
-            core.failed_in_a_row = 0;
+            core.refused_responses = 0;
+            core.unused_answers = 0;
         }
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.initiation_pending = false;

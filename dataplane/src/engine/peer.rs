@@ -64,14 +64,17 @@ pub(crate) struct PeerCore {
     /// session for REJECT_AFTER_TIME × 3) and none has completed since: reported once
     /// ([`GaveUp`](super::GaveUp)), not at every tick that finds it so.
     pub(crate) gave_up: bool,
-    /// We answered an initiation from the peer and no data has come from it since: the peer
-    /// has not (yet) used the session the answer made.
+    /// We answered an initiation from the peer and no data has come from it since (on any
+    /// session).
     pub(crate) answer_unused: bool,
-    /// Handshakes with the peer that failed since data last came from it, in the ways a
-    /// preshared key that differs between the two ends makes them fail: a response to our
-    /// initiation that did not verify, and an initiation from the peer arriving while our
-    /// answer to its previous one was never used.
-    pub(crate) failed_in_a_row: u32,
+    /// Responses to our initiations whose key confirmation failed, since data last came from
+    /// the peer or a response verified: what a preshared key that differs between the two
+    /// ends makes the initiating end see (loss cannot cause it).
+    pub(crate) refused_responses: u32,
+    /// Initiations from the peer that came again while our answer to the last one was unused
+    /// by any data, since data last came from it: what the answering end sees when the keys
+    /// differ, and also when its answers are lost.
+    pub(crate) unused_answers: u32,
 }
 
 impl PeerCore {
@@ -107,7 +110,8 @@ impl PeerShared {
                 unacknowledged_since: None,
                 gave_up: false,
                 answer_unused: false,
-                failed_in_a_row: 0,
+                refused_responses: 0,
+                unused_answers: 0,
             }),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),

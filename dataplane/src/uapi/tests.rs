@@ -197,7 +197,8 @@ fn get_answer_has_every_field_in_wireguard_go_order_and_round_trips() {
         handshakes: 1,
         handshake_failures: 0,
         endpoint_changes: 0,
-        failed_in_a_row: 0,
+        refused_responses: 0,
+        unused_answers: 0,
     }];
     let text = format_get(&config, 51820, &stats);
     let expected = format!(

@@ -162,7 +162,7 @@ pub struct Reconciler {
     /// When the key in use was made (Unix milliseconds), for `--key-rotation-period`.
     key_made_ms: i64,
     /// The fingerprint of this node's ML-KEM key, published with `--post-quantum`.
-    pq_fingerprint: Option<[u8; 32]>,
+    pq_announcement: Option<control::pq::PqAnnouncement>,
 }
 
 impl Reconciler {
@@ -204,7 +204,7 @@ impl Reconciler {
             ipam: Default::default(),
             rotation: Default::default(),
             key_made_ms: 0,
-            pq_fingerprint: None,
+            pq_announcement: None,
         }
     }
 

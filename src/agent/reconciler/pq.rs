@@ -10,9 +10,9 @@ use super::Reconciler;
 
 impl Reconciler {
     /// The peers of the topology last applied that take part: each one's WireGuard key,
-    /// fingerprint and WireGuard IP. Empty while this node leads nothing, and for a segment
+    /// announcement and WireGuard IP. Empty while this node leads nothing, and for a segment
     /// reached through a relay (no link of its own).
-    pub fn pq_peers(&self) -> Vec<(Key, [u8; 32], IpAddr)> {
+    pub fn pq_peers(&self) -> Vec<(Key, control::pq::PqAnnouncement, IpAddr)> {
         let Some(t) = self.topology.as_deref() else {
             return Vec::new();
         };

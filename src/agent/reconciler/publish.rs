@@ -70,7 +70,7 @@ impl Reconciler {
             leader_election: self.leases_on(),
             leaders_per_location: self.s.args.leaders_per_location,
             next_key: self.rotation.next.as_ref().map(|n| n.key),
-            pq: self.pq_fingerprint,
+            pq: self.pq_announcement,
             key_rotated: self
                 .rotation
                 .rotated_to_publish(

@@ -56,9 +56,9 @@ impl Reconciler {
         }
     }
 
-    /// Publishes `fingerprint` as this node's ML-KEM key (`--post-quantum`).
-    pub fn set_pq_fingerprint(&mut self, fingerprint: Option<[u8; 32]>) {
-        self.pq_fingerprint = fingerprint;
+    /// Publishes `announced` as this node's `kilotun.io/pq` (`--post-quantum`).
+    pub fn set_pq_announcement(&mut self, announced: Option<control::pq::PqAnnouncement>) {
+        self.pq_announcement = announced;
     }
 
     /// The key this node publishes and its device uses.

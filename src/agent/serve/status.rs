@@ -312,6 +312,7 @@ fn off(kind: PeerKind) -> PqLinkStatus {
         epoch: None,
         psk_changed_unix: None,
         fell_back_unix: None,
+        falls_back: false,
         refused: BTreeMap::new(),
         last_refused: None,
     }
@@ -392,7 +393,8 @@ pub async fn collect(
                     handshake_failures: s.handshake_failures,
                     rx_bytes: s.rx_bytes,
                     tx_bytes: s.tx_bytes,
-                    failed_in_a_row: s.failed_in_a_row,
+                    refused_responses: s.refused_responses,
+                    unused_answers: s.unused_answers,
                     post_quantum,
                 });
             }

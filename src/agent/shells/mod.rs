@@ -5,6 +5,7 @@
 //! that talks to the kernel, a child process or a file lives in this folder; nothing here
 //! imports the pipeline above it.
 
+use control::pq::link::FailedHandshakes;
 use std::future::Future;
 
 use anyhow::Result;
@@ -206,10 +207,14 @@ pub trait Engine: Send + Sync {
     /// Starts a handshake with `peer` now, session or not, where the device can be asked to
     /// (the embedded engine); elsewhere the next rekey uses a new preshared key.
     fn rekey(&self, _peer: &control::Key) {}
-    /// Per peer, the handshakes that failed in a row the way differing preshared keys make
-    /// them fail (`dataplane::PeerStats::failed_in_a_row`), where the device counts them (the
-    /// embedded engine); empty elsewhere.
-    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, u32> {
+    /// True when the device counts handshakes that fail the way differing preshared keys make
+    /// them fail (the embedded engine).
+    fn counts_failed_handshakes(&self) -> bool {
+        false
+    }
+    /// Per peer with any, what the device counted of those handshakes (see
+    /// [`Engine::counts_failed_handshakes`]); empty for a device that does not count them.
+    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
         std::collections::BTreeMap::new()
     }
 }
@@ -246,15 +251,24 @@ impl Engine for WireGuard {
                 .rekey(&dataplane::PublicKey::from_bytes(peer.0));
         }
     }
-    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, u32> {
+    fn counts_failed_handshakes(&self) -> bool {
+        matches!(self, WireGuard::Embedded { .. })
+    }
+    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
         let WireGuard::Embedded { device, .. } = self else {
             return std::collections::BTreeMap::new();
         };
         device
             .peer_stats()
             .into_iter()
-            .filter(|s| s.failed_in_a_row > 0)
-            .map(|s| (control::Key(*s.public_key.as_bytes()), s.failed_in_a_row))
+            .filter(|s| s.refused_responses > 0 || s.unused_answers > 0)
+            .map(|s| {
+                let failed = FailedHandshakes {
+                    refused_responses: s.refused_responses,
+                    unused_answers: s.unused_answers,
+                };
+                (control::Key(*s.public_key.as_bytes()), failed)
+            })
             .collect()
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {

@@ -13,6 +13,7 @@ fn pq(state: PqState) -> PqLinkStatus {
         epoch: (state == PqState::Keyed).then_some(7),
         psk_changed_unix: Some(NOW - 40),
         fell_back_unix: None,
+        falls_back: true,
         refused: BTreeMap::new(),
         last_refused: None,
     }
@@ -31,26 +32,37 @@ fn find<'f>(findings: &'f [Finding], check: &str) -> Vec<&'f Finding> {
 
 #[test]
 fn handshakes_failing_under_differing_keys_are_a_problem_named_by_link() {
-    let mut failing = with_pq("west", "n3", PqState::Keyed);
-    failing.failed_in_a_row = 2;
+    let mut refused = with_pq("west", "n3", PqState::Keyed);
+    refused.refused_responses = 2;
     let mut once = with_pq("south", "n4", PqState::Keyed);
-    once.failed_in_a_row = 1;
-    let findings = key_findings(&status(vec![failing, once]), NOW);
+    once.refused_responses = 1;
+    let mut lossy = with_pq("north", "n5", PqState::Keyed);
+    lossy.unused_answers = 3;
+    let mut unused = with_pq("east2", "n6", PqState::Keyed);
+    unused.unused_answers = 4;
+    unused.post_quantum.as_mut().unwrap().falls_back = false;
+    let findings = key_findings(&status(vec![refused, once, lossy, unused]), NOW);
     let named = find(&findings, "preshared-key");
     assert_eq!(
         named.len(),
-        1,
-        "one failure is not yet a mismatch: {findings:?}"
+        2,
+        "one refused response, or three unused answers (lost ones look the same), is not yet a mismatch: {findings:?}"
     );
     assert_eq!(named[0].severity, Severity::Problem);
     assert_eq!(named[0].subject, "location:west (leader n3)");
-    assert!(named[0].message.contains("2 handshakes in a row"));
-    assert!(named[0].message.contains("falls back"));
-    // A Peer without post-quantum keys: its own presharedKey is named.
-    let mut peer = peer_status("laptop", "", "KP");
+    assert!(named[0]
+        .message
+        .contains("(2 responses refused, 0 answers unused, in a row)"));
+    assert!(named[0].message.contains("kg falls back"));
+    // A link with an end that does not fall back: the way out is named.
+    assert_eq!(named[1].subject, "location:east2 (leader n6)");
+    assert!(named[1].message.contains("does not fall back"));
+    assert!(named[1].advice.contains("<key-file>.psk"));
+    // A Peer, which takes no part in post-quantum keys: its own presharedKey is named.
+    let mut peer = with_pq("laptop", "", PqState::Off);
     peer.kind = PeerKind::Peer;
     peer.name = "laptop".into();
-    peer.failed_in_a_row = 3;
+    peer.refused_responses = 3;
     let findings = key_findings(&status(vec![peer]), NOW);
     assert!(find(&findings, "preshared-key")[0]
         .message
@@ -67,13 +79,22 @@ fn a_link_that_fell_back_is_shown_for_ten_minutes_with_what_it_holds_now() {
     p.detail = "dropped the key of epoch 6".into();
     let mut long_ago = with_pq("north", "n5", PqState::Keyed);
     long_ago.post_quantum.as_mut().unwrap().fell_back_unix = Some(NOW - FALLBACK_SHOWN_SECS - 1);
-    let findings = key_findings(&status(vec![again, without, long_ago]), NOW);
+    // Still without a key long after: said as long as it lasts, with why no key came.
+    let mut stuck = with_pq("east2", "n6", PqState::Exchanging);
+    let p = stuck.post_quantum.as_mut().unwrap();
+    p.fell_back_unix = Some(NOW - 3_600);
+    p.detail = "the exchange goes unanswered".into();
+    let findings = key_findings(&status(vec![again, without, long_ago, stuck]), NOW);
     let shown = find(&findings, "post-quantum");
     let warnings: Vec<_> = shown
         .iter()
         .filter(|f| f.severity == Severity::Warning)
         .collect();
-    assert_eq!(warnings.len(), 2, "{findings:?}");
+    assert_eq!(warnings.len(), 3, "{findings:?}");
+    assert!(warnings[2].message.contains("3600 s ago"));
+    assert!(warnings[2]
+        .message
+        .ends_with("it has no key: the exchange goes unanswered"));
     assert!(warnings[0].message.contains("30 s ago"));
     assert!(warnings[0].message.contains("keyed again (epoch 7)"));
     assert!(warnings[1]

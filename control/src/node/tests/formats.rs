@@ -101,7 +101,10 @@ fn a_node_written_by_kg_reads_back_the_same() {
         leaders_per_location: 1,
         next_key: Some(Key::padded("next")),
         key_rotated: Some("r1".into()),
-        pq: Some([5; 32]),
+        pq: Some(crate::pq::PqAnnouncement {
+            fingerprint: [5; 32],
+            falls_back: true,
+        }),
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

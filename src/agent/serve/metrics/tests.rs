@@ -27,7 +27,8 @@ fn scrape(key: dataplane::PublicKey, at: Option<SystemTime>) -> WireGuardScrape 
         handshakes: 3,
         handshake_failures: 2,
         endpoint_changes: 1,
-        failed_in_a_row: 0,
+        refused_responses: 0,
+        unused_answers: 0,
     };
     let drops = DropReason::ALL
         .iter()
