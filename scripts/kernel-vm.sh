@@ -290,11 +290,13 @@ chmod 755 "$run_dir/init.sh" "$run_dir/run.sh"
 # --verbose: the serial console comes to vng's stdout (otherwise it goes to /dev/null, and the
 # script channel needs udev); loglevel=1 keeps the kernel's messages off it after the early boot.
 # --rodir: the cache again, under its own path, over virtme-ng's tmpfs on /var/cache (the guest's
-# /lib/modules/<release> links there).
+# /lib/modules/<release> links there). no_timer_check: under TCG on a busy host the emulated
+# timer can tick too slowly for the kernel's early IO-APIC check, which then panics ("IO-APIC +
+# timer doesn't work!") before anything runs.
 vng=("$venv/bin/vng" --verbose --run "$kdir/boot/vmlinuz-$kver" --disable-kvm
 	--cpus "$smp" --memory "$memory" --name kilotun-vm --force-9p --user root
 	--rodir "$vm_root=$vm_root" --cwd "$run_dir"
-	--append "loglevel=1 kilotun.run=$nonce"
+	--append "loglevel=1 no_timer_check kilotun.run=$nonce"
 	--exec "bash $run_dir/init.sh $nonce")
 
 console_filter() {
