@@ -17,7 +17,7 @@ fn run_diagnose(c: &Cluster, args: &[&str]) -> Output {
 }
 
 /// `kgctl diagnose NODE ARGS…` run inside NODE, asking its kg.
-fn run_diagnose_on(c: &Cluster, node: &str, args: &[&str]) -> Output {
+pub(crate) fn run_diagnose_on(c: &Cluster, node: &str, args: &[&str]) -> Output {
     let dir = format!("--cluster-dir={}", c.dir.display());
     let mut command = vec![
         kgctl_bin(),

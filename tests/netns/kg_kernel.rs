@@ -8,7 +8,7 @@ use crate::common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{kgctl_bin, Cluster};
+use common::cluster::Cluster;
 use common::pinger::Pinger;
 
 /// Whether this kernel makes WireGuard links (probed in a namespace of its own).
@@ -175,8 +175,7 @@ fn post_quantum_keys_and_a_key_rotation_on_the_kernels_wireguard() {
     // n1's key rotates: n2 follows, and the link is keyed again under the new keys.
     let key = c.annotations("n1")["kilo.squat.ai/key"].clone();
     let since = Instant::now();
-    let dir = format!("--cluster-dir={}", c.dir.display());
-    common::run(&[kgctl_bin(), "--backend=file", &dir, "rotate-key", "n1"]);
+    crate::kg_rotation::rotate_n1(&c);
     let rotated = c.wait_for(Duration::from_secs(60), |c| {
         let new = c.annotations("n1")["kilo.squat.ai/key"].clone();
         new != key && c.node("n2").wg("peers").trim() == new && keyed(c)

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::cluster::{kgctl_bin, Cluster};
+use common::cluster::Cluster;
 use common::pinger::Pinger;
 use serde_json::Value;
 
@@ -107,15 +107,11 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
         pinger.longest_gap_after(since)
     );
     assert_eq!(lost, 0, "{}", c.logs());
-    let (_, metrics) = c.node("n1").http_get("/metrics");
-    let changes: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("kilotun_pq_psk_changes_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let changes = counter(&c, "n1", "kilotun_pq_psk_changes_total");
     assert!(
         changes >= 4,
-        "two links, two changes each at least: {changes}\n{metrics}"
+        "two links, two changes each at least: {changes}\n{}",
+        c.logs()
     );
     let log = c.node("n1").log_text();
     assert!(
@@ -167,18 +163,7 @@ fn counter(c: &Cluster, node: &str, name: &str) -> u64 {
 
 /// `kgctl diagnose NODE -o json` run inside NODE, asking its kg.
 fn diagnose(c: &Cluster, node: &str) -> Value {
-    let dir = format!("--cluster-dir={}", c.dir.display());
-    let out = c.node(node).ns.output(&[
-        kgctl_bin(),
-        "--backend=file",
-        &dir,
-        "diagnose",
-        node,
-        "--kg-url=http://127.0.0.1:1107",
-        "--probe=false",
-        "-o",
-        "json",
-    ]);
+    let out = crate::kg_diagnose::run_diagnose_on(c, node, &["--probe=false", "-o", "json"]);
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
@@ -333,8 +318,7 @@ fn a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load
         Duration::from_secs(10)
     ));
     let since = Instant::now();
-    let dir = format!("--cluster-dir={}", c.dir.display());
-    common::run(&[kgctl_bin(), "--backend=file", &dir, "rotate-key", "n1"]);
+    crate::kg_rotation::rotate_n1(&c);
     let renewed = c.wait_for(Duration::from_secs(30), |c| {
         key_of(c, "n1") != key
             && c.annotations("n1")["kilotun.io/pq"] != fingerprint

@@ -17,7 +17,7 @@ const NEXT_KEY: &str = "kilotun.io/next-key";
 const KEY_ROTATED: &str = "kilotun.io/key-rotated";
 
 /// Runs `kgctl rotate-key n1` against the cluster; returns the request's id.
-fn rotate_n1(c: &Cluster) -> String {
+pub(crate) fn rotate_n1(c: &Cluster) -> String {
     let dir = format!("--cluster-dir={}", c.dir.display());
     let out = common::run(&[
         common::cluster::kgctl_bin(),

@@ -9,7 +9,7 @@ use super::evidence::{
 };
 use super::{Finding, Severity, STALE_HANDSHAKE_SECS, UNANSWERED_SECS};
 use crate::node::Node;
-use crate::status::{MtuOutcome, NodeStatus, PeerKind};
+use crate::status::{MtuOutcome, NodeStatus, PeerKind, PeerStatus};
 
 /// What `remote`, the kg of a leader at the other end of one of this node's links, says about
 /// this node: traffic it sent here that has gone unanswered for [`UNANSWERED_SECS`]. This node
@@ -53,6 +53,14 @@ pub fn remote_findings(status: &NodeStatus, remote: &NodeStatus, now_unix: i64) 
         .collect()
 }
 
+/// How the findings name a WireGuard peer: a segment by its key and leader, or a Peer.
+pub(super) fn peer_subject(peer: &PeerStatus) -> String {
+    match peer.kind {
+        PeerKind::Segment => format!("{} (leader {})", peer.name, peer.leader),
+        PeerKind::Peer => format!("Peer {}", peer.name),
+    }
+}
+
 /// The findings about one node, from its kg's `status`. `nodes` are every Node, translated (to
 /// name a segment's leader and its announced endpoint).
 pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<Finding> {
@@ -79,10 +87,7 @@ pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<
         ));
     }
     for peer in &status.peers {
-        let subject = match peer.kind {
-            PeerKind::Segment => format!("{} (leader {})", peer.name, peer.leader),
-            PeerKind::Peer => format!("Peer {}", peer.name),
-        };
+        let subject = peer_subject(peer);
         let mut addresses: Vec<IpAddr> = [
             endpoint_ip(peer.endpoint.as_ref()),
             endpoint_ip(peer.configured_endpoint.as_ref()),

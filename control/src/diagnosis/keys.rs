@@ -2,20 +2,14 @@
 //! whose handshakes fail the way differing preshared keys make them fail, post-quantum links
 //! that dropped their key, and exchanges that do not complete.
 
+use super::host::peer_subject;
 use super::{Finding, Severity};
 use crate::pq::link::FailedHandshakes;
-use crate::status::{NodeStatus, PeerKind, PeerStatus, PqState};
+use crate::status::{NodeStatus, PeerKind, PqState};
 
 /// How long after a post-quantum link dropped its key diagnose still says so once it holds a
 /// key again.
 pub const FALLBACK_SHOWN_SECS: i64 = 600;
-
-fn subject(peer: &PeerStatus) -> String {
-    match peer.kind {
-        PeerKind::Segment => format!("{} (leader {})", peer.name, peer.leader),
-        PeerKind::Peer => format!("Peer {}", peer.name),
-    }
-}
 
 /// The findings about `status`'s preshared keys at `now_unix`.
 pub fn key_findings(status: &NodeStatus, now_unix: i64) -> Vec<Finding> {
@@ -23,7 +17,7 @@ pub fn key_findings(status: &NodeStatus, now_unix: i64) -> Vec<Finding> {
     let mut keyed = Vec::new();
     let mut off = Vec::new();
     for peer in &status.peers {
-        let subject = subject(peer);
+        let subject = peer_subject(peer);
         let failed = FailedHandshakes {
             refused_responses: peer.refused_responses,
             unused_answers: peer.unused_answers,
