@@ -379,6 +379,8 @@ fn base64_key(key: &dataplane::PublicKey) -> String {
 }
 
 #[cfg(test)]
+mod publish_tests;
+#[cfg(test)]
 mod rotation_tests;
 #[cfg(test)]
 mod share_tests;

@@ -170,18 +170,53 @@ pub fn last_seen_to_publish(
     }
 }
 
+/// A patch this kg sent: the annotations it was sent against, and whether the backend has shown
+/// the Node with it applied since.
+#[derive(Debug, Clone)]
+pub struct SentPatch {
+    against: BTreeMap<String, String>,
+    patch: AnnotationPatch,
+    shown: bool,
+}
+
+impl SentPatch {
+    /// `patch`, sent against the Node's annotations `against`.
+    pub fn new(against: BTreeMap<String, String>, patch: AnnotationPatch) -> Self {
+        Self {
+            against,
+            patch,
+            shown: false,
+        }
+    }
+
+    /// Takes in the Node's annotations as the backend shows them now: once they hold the
+    /// patch, a later Node that lacks it again was changed by another writer.
+    pub fn observe(&mut self, current: &BTreeMap<String, String>) {
+        self.shown |= self
+            .patch
+            .iter()
+            .all(|(key, value)| current.get(key) == value.as_ref());
+    }
+
+    /// True when `changes` is this patch again, against the same Node, which the backend has
+    /// not shown with the patch applied: the watch is a moment behind the patch.
+    fn awaits(&self, current: &BTreeMap<String, String>, changes: &AnnotationPatch) -> bool {
+        !self.shown && self.against == *current && self.patch == *changes
+    }
+}
+
 /// The patch to send so that the Node's annotations `current` say `written`, if one is due:
-/// none when nothing differs, and none when it is the patch last sent (`last_sent`, with the
-/// annotations it was sent against) and the backend has not shown the Node since (the watch is
-/// a moment behind a patch: sending it again would double the API server's load).
+/// none when nothing differs, and none when it is the patch last sent (`last_sent`) and the
+/// backend has not shown the Node since (sending it again would double the API server's load).
+/// A Node that another writer set back to what the patch was sent against gets it again.
 pub fn patch_due(
     current: &BTreeMap<String, String>,
     written: &WrittenAnnotations,
-    last_sent: Option<&(BTreeMap<String, String>, AnnotationPatch)>,
+    last_sent: Option<&SentPatch>,
 ) -> Option<AnnotationPatch> {
     let changes = annotation_changes(current, written);
-    let repeated = last_sent.is_some_and(|(seen, sent)| seen == current && *sent == changes);
-    (!changes.is_empty() && !repeated).then_some(changes)
+    let awaited = last_sent.is_some_and(|sent| sent.awaits(current, &changes));
+    (!changes.is_empty() && !awaited).then_some(changes)
 }
 
 /// Remembers which problems were logged per object, so each is logged once, when it appears.
@@ -263,22 +298,25 @@ mod tests {
             first.get(annotation::LAST_SEEN),
             Some(&Some("1000".to_string()))
         );
-        let sent = (empty.clone(), first.clone());
+        let mut sent = SentPatch::new(empty.clone(), first.clone());
         assert_eq!(
             patch_due(&empty, &written, Some(&sent)),
             None,
-            "the same patch against the same Node"
+            "the same patch against the same Node, not shown yet"
         );
         // The Node as the patch left it: nothing to send.
         let applied: BTreeMap<String, String> = first
             .iter()
             .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
             .collect();
+        sent.observe(&applied);
         assert_eq!(patch_due(&applied, &written, Some(&sent)), None);
         // Someone else changed the Node back: the patch is due again.
         let mut reverted = applied;
         reverted.remove(annotation::LAST_SEEN);
         assert!(patch_due(&reverted, &written, Some(&sent)).is_some());
+        // Even when they set it back to exactly what the patch was sent against.
+        assert_eq!(patch_due(&empty, &written, Some(&sent)), Some(first));
     }
 
     use super::*;

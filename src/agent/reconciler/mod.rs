@@ -114,7 +114,7 @@ pub struct Reconciler {
     /// What the host was last read with from the local Node's object.
     detection: DetectionInputs,
     /// The local Node's annotations as seen when kg last patched them, and that patch.
-    last_patch: Option<(BTreeMap<String, String>, local::AnnotationPatch)>,
+    last_patch: Option<local::SentPatch>,
     /// The local node the mesh was last computed with.
     local: Option<Node>,
     /// The last topology applied (`None` while the local node is not ready, or until the
@@ -236,6 +236,15 @@ impl Reconciler {
     pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
         self.listed |= snapshot.listed.all();
         self.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
+        if let (Some(sent), Some(object)) = (&mut self.last_patch, &self.local_object) {
+            sent.observe(
+                object
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap_or(&BTreeMap::new()),
+            );
+        }
         self.leases.ingest(&snapshot.leases, now.unix_ms);
         self.ingested_at = Some(now);
         let table = &mut self.table;

@@ -94,7 +94,7 @@ impl Reconciler {
                 .and_then(|p| p.local_object.as_ref())
                 .and_then(|o| o.metadata.annotations.clone())
                 .unwrap_or_default();
-            self.last_patch = Some((annotations, patch));
+            self.last_patch = Some(local::SentPatch::new(annotations, patch));
         }
     }
 }
