@@ -676,3 +676,5 @@ fn kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam() {
         );
     }
 }
+
+mod keys;
