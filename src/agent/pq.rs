@@ -84,6 +84,31 @@ fn load(path: &Path) -> Option<(Key, BTreeMap<Key, Installed>)> {
     Some((Key::parse(&saved.local).ok()?, links))
 }
 
+/// Puts the post-quantum keys saved in `<key-file>.psk` under `local` into `restored` (the
+/// device's peers of the last run, from `<key-file>.state`): the device's state is saved when a
+/// reconcile changes the device, the keys each time one is installed, so the saved keys are
+/// the ones the peers hold. Returns how many peers took one.
+pub fn overlay_saved_keys(
+    key_file: &Path,
+    local: Key,
+    restored: &mut dataplane::DeviceConfig,
+) -> usize {
+    let Some((under, saved)) = load(&saved_path(key_file)) else {
+        return 0;
+    };
+    if under != local {
+        return 0;
+    }
+    let mut taken = 0;
+    for peer in &mut restored.peers {
+        if let Some(installed) = saved.get(&Key(*peer.public_key.as_bytes())) {
+            peer.preshared_key = Some(dataplane::SecretKey::from_bytes(installed.psk));
+            taken += 1;
+        }
+    }
+    taken
+}
+
 fn fill(buf: &mut [u8]) {
     rand_core::OsRng.fill_bytes(buf);
 }
@@ -341,5 +366,57 @@ fn pq_overlay(device: &mut dataplane::DeviceConfig, installed: &BTreeMap<Key, In
         if let Some(i) = installed.get(&Key(*peer.public_key.as_bytes())) {
             peer.preshared_key = Some(dataplane::SecretKey::from_bytes(i.psk));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::{DeviceConfig, PeerConfig, SecretKey};
+
+    #[test]
+    fn restored_peers_take_the_saved_post_quantum_keys_made_under_this_key() {
+        let dir = std::env::temp_dir().join(format!("kilotun-pq-overlay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key_file = dir.join("key");
+        let local = Key([1; 32]);
+        let (keyed, other) = (
+            SecretKey::from_bytes([2; 32]),
+            SecretKey::from_bytes([3; 32]),
+        );
+        let stale = SecretKey::from_bytes([9; 32]);
+        let restored = DeviceConfig {
+            peers: [&keyed, &other]
+                .into_iter()
+                .map(|k| {
+                    let mut peer = PeerConfig::new(k.public_key());
+                    peer.preshared_key = Some(stale.clone());
+                    peer
+                })
+                .collect(),
+            ..DeviceConfig::default()
+        };
+        let saved = BTreeMap::from([(
+            Key(*keyed.public_key().as_bytes()),
+            Installed {
+                psk: [7; 32],
+                epoch: 5,
+                at_ms: 0,
+            },
+        )]);
+        save(&saved_path(&key_file), local, &saved).unwrap();
+        let mut device = restored.clone();
+        assert_eq!(overlay_saved_keys(&key_file, local, &mut device), 1);
+        assert_eq!(
+            device.peers[0].preshared_key,
+            Some(SecretKey::from_bytes([7; 32]))
+        );
+        // A peer with no saved key keeps what the device held (a Peer's own key, say).
+        assert_eq!(device.peers[1].preshared_key, Some(stale.clone()));
+        // Keys saved under another node key (before a rotation) are not taken.
+        let mut device = restored.clone();
+        assert_eq!(overlay_saved_keys(&key_file, Key([4; 32]), &mut device), 0);
+        assert_eq!(device, restored);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

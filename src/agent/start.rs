@@ -67,6 +67,11 @@ impl Agent {
         // link still has its addresses and routes, so traffic flows again as soon as the peers
         // are back, without waiting for the backend.
         let restored = match state::load(&s.args.key_file, &key) {
+            Ok(Some(mut restored)) if s.args.post_quantum => {
+                let local = control::Key(*key.public_key().as_bytes());
+                super::pq::overlay_saved_keys(&s.args.key_file, local, &mut restored);
+                Some(restored)
+            }
             Ok(restored) => restored,
             Err(e) => {
                 tracing::warn!(
