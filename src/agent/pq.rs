@@ -412,7 +412,7 @@ mod tests {
             Some(SecretKey::from_bytes([7; 32]))
         );
         // A peer with no saved key keeps what the device held (a Peer's own key, say).
-        assert_eq!(device.peers[1].preshared_key, Some(stale.clone()));
+        assert_eq!(device.peers[1].preshared_key, Some(stale));
         // Keys saved under another node key (before a rotation) are not taken.
         let mut device = restored.clone();
         assert_eq!(overlay_saved_keys(&key_file, Key([4; 32]), &mut device), 0);
