@@ -65,12 +65,14 @@ fn exchange(i: &mut PqLink, r: &mut PqLink, now: i64, rng: &mut u64) -> usize {
         while let Some(d) = i.poll_transmit() {
             moved = true;
             bytes += d.len();
-            r.handle(&d, now, &mut entropy(rng)).expect("responder took it");
+            r.handle(&d, now, &mut entropy(rng))
+                .expect("responder took it");
         }
         while let Some(d) = r.poll_transmit() {
             moved = true;
             bytes += d.len();
-            i.handle(&d, now, &mut entropy(rng)).expect("initiator took it");
+            i.handle(&d, now, &mut entropy(rng))
+                .expect("initiator took it");
         }
         if !moved {
             break;
