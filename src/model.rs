@@ -17,6 +17,7 @@ use control::node::Granularity;
 use ipnet::IpNet;
 
 pub mod check;
+pub mod check_pq;
 pub mod check_shares;
 pub mod events;
 pub mod report;
@@ -66,9 +67,10 @@ impl std::fmt::Display for Violation {
 /// Runs the sequence `input` stands for, on three nodes in as many locations to begin with,
 /// checking the invariants after each event and convergence at the end. The first byte's low
 /// bit chooses the leader election (set: Kilo's rule, clear: leases), its next bit the
-/// granularity (set: full, clear: location) and the one after the nodes' address family
-/// (set: IPv6 only, clear: IPv4; [`sim::Family`]); the rest decodes to the events
-/// ([`events::decode`]).
+/// granularity (set: full, clear: location), the one after the nodes' address family
+/// (set: IPv6 only, clear: IPv4; [`sim::Family`]) and the fourth `--post-quantum` on every
+/// agent (set; then every tunnel must hold one post-quantum key at both ends at the end,
+/// [`check_pq`]); the rest decodes to the events ([`events::decode`]).
 pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     let (mode, input) = input
         .split_first()
@@ -88,9 +90,11 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     } else {
         Family::V4
     };
+    let post_quantum = mode & 8 == 8;
     let mut history = vec![format!(
-        "leaders chosen by {election:?}, {} granularity, {family:?} addresses",
-        granularity.as_str()
+        "leaders chosen by {election:?}, {} granularity, {family:?} addresses{}",
+        granularity.as_str(),
+        if post_quantum { ", --post-quantum" } else { "" }
     )];
     let fail = |what: String, history: &[String]| Violation {
         what,
@@ -99,6 +103,7 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     let mut sim =
         Sim::meshed(election, granularity).map_err(|e| fail(format!("{e:#}"), &history))?;
     sim.family = family;
+    sim.post_quantum = post_quantum;
     let mut model = Model::default();
     for location in 0..LOCATIONS {
         let event = Event::Join { location };
@@ -378,6 +383,8 @@ fn base64_key(key: &dataplane::PublicKey) -> String {
     base64::engine::general_purpose::STANDARD.encode(key.as_bytes())
 }
 
+#[cfg(test)]
+mod pq_tests;
 #[cfg(test)]
 mod publish_tests;
 #[cfg(test)]

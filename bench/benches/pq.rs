@@ -59,6 +59,7 @@ fn pair(initiator: &Arc<PqIdentity>, responder: &Arc<PqIdentity>) -> (PqLink, Pq
 /// Runs the initiator's timers at `now` and the wire until quiet; returns the bytes sent.
 fn exchange(i: &mut PqLink, r: &mut PqLink, now: i64, rng: &mut u64) -> usize {
     let mut bytes = 0;
+    let before = i.installed().map(|k| k.epoch);
     i.poll(now, &mut entropy(rng));
     loop {
         let mut moved = false;
@@ -79,8 +80,8 @@ fn exchange(i: &mut PqLink, r: &mut PqLink, now: i64, rng: &mut u64) -> usize {
         }
     }
     assert!(
-        i.installed().is_some() && i.installed() == r.installed(),
-        "the exchange did not key both ends"
+        bytes > 0 && i.installed().map(|k| k.epoch) > before && i.installed() == r.installed(),
+        "the exchange did not key both ends anew"
     );
     bytes
 }

@@ -164,6 +164,9 @@ pub struct Shells<N, F, W> {
     pub engine: W,
     /// The CNI configuration file (`--cni`).
     pub cni: Box<dyn shells::cni_file::CniFile>,
+    /// With `--post-quantum`, where the exchanges' datagrams go instead of a UDP socket (the
+    /// reference model's network), if anywhere.
+    pub pq_outbox: Option<pq::PqOutbox>,
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {

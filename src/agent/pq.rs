@@ -21,11 +21,23 @@ use super::Agent;
 
 pub use control::pq::PQ_PORT;
 
-/// A node's post-quantum side: its links, the socket, and the epoch of the key each link last
+/// The datagrams a node's exchanges send, each to a peer's WireGuard IP, for a network other
+/// than the host's (the reference model's) to carry.
+pub type PqOutbox = Arc<parking_lot::Mutex<Vec<(std::net::IpAddr, Vec<u8>)>>>;
+
+/// Where the exchanges' datagrams go.
+pub enum PqWire {
+    /// A UDP socket on [`PQ_PORT`]: the host's network, through the tunnel.
+    Udp(Arc<tokio::net::UdpSocket>),
+    /// An outbox (its twin): whoever drives the agent delivers them.
+    Memory(PqOutbox),
+}
+
+/// A node's post-quantum side: its links, the wire, and the epoch of the key each link last
 /// put into the device.
 pub struct PqShell {
     pub(super) book: PqBook,
-    pub(super) socket: Arc<tokio::net::UdpSocket>,
+    wire: PqWire,
     installed: BTreeMap<Key, u64>,
     saved_at: PathBuf,
     /// When the device's failed handshakes are next read (Unix milliseconds).
@@ -85,9 +97,11 @@ fn load(path: &Path) -> Option<(Key, BTreeMap<Key, Installed>)> {
 }
 
 /// Puts the post-quantum keys saved in `<key-file>.psk` under `local` into `restored` (the
-/// device's peers of the last run, from `<key-file>.state`): the device's state is saved when a
-/// reconcile changes the device, the keys each time one is installed, so the saved keys are
-/// the ones the peers hold. Returns how many peers took one.
+/// device's peers of the last run, from `<key-file>.state`), in case the two files were not
+/// both written (kg died between them, or an earlier kg wrote the state only when a reconcile
+/// changed the device). Keys saved under another node key (a rotation committed since) are
+/// taken off their peers: the peers hold none for the new key. Returns how many peers took a
+/// key.
 pub fn overlay_saved_keys(
     key_file: &Path,
     local: Key,
@@ -96,14 +110,12 @@ pub fn overlay_saved_keys(
     let Some((under, saved)) = load(&saved_path(key_file)) else {
         return 0;
     };
-    if under != local {
-        return 0;
-    }
     let mut taken = 0;
     for peer in &mut restored.peers {
         if let Some(installed) = saved.get(&Key(*peer.public_key.as_bytes())) {
-            peer.preshared_key = Some(dataplane::SecretKey::from_bytes(installed.psk));
-            taken += 1;
+            peer.preshared_key =
+                (under == local).then(|| dataplane::SecretKey::from_bytes(installed.psk));
+            taken += usize::from(under == local);
         }
     }
     taken
@@ -115,12 +127,14 @@ fn fill(buf: &mut [u8]) {
 
 impl PqShell {
     /// The shell for the node whose key file is `key_file` and public key `local`: the seed
-    /// loaded (or made, 0600), the socket bound.
+    /// loaded (or made, 0600), the socket bound, or the datagrams put in `outbox` when there
+    /// is one.
     pub async fn start(
         key_file: &Path,
         local: Key,
         period: Duration,
         falls_back: bool,
+        outbox: Option<PqOutbox>,
     ) -> Result<Self> {
         let saved_at = saved_path(key_file);
         let saved = load(&saved_at);
@@ -136,11 +150,18 @@ impl PqShell {
         }
         let seed = super::shells::keyfile::load_or_generate_seed(&seed_path(key_file))?;
         let identity = Arc::new(PqIdentity::from_seed(&seed));
-        let socket = match tokio::net::UdpSocket::bind(("::", PQ_PORT)).await {
-            Ok(s) => s,
-            Err(_) => tokio::net::UdpSocket::bind(("0.0.0.0", PQ_PORT))
-                .await
-                .with_context(|| format!("binding UDP port {PQ_PORT} for post-quantum keys"))?,
+        let wire = match outbox {
+            Some(outbox) => PqWire::Memory(outbox),
+            None => PqWire::Udp(Arc::new(
+                match tokio::net::UdpSocket::bind(("::", PQ_PORT)).await {
+                    Ok(s) => s,
+                    Err(_) => tokio::net::UdpSocket::bind(("0.0.0.0", PQ_PORT))
+                        .await
+                        .with_context(|| {
+                            format!("binding UDP port {PQ_PORT} for post-quantum keys")
+                        })?,
+                },
+            )),
         };
         let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
         let mut book = PqBook::new(identity, local, period_ms, falls_back);
@@ -149,7 +170,7 @@ impl PqShell {
         }
         Ok(Self {
             book,
-            socket: Arc::new(socket),
+            wire,
             installed: BTreeMap::new(),
             saved_at,
             next_check_ms: 0,
@@ -172,24 +193,29 @@ impl PqShell {
 
     fn flush(&mut self) {
         for (ip, datagram) in self.book.transmits() {
-            if let Err(e) = self
-                .socket
-                .try_send_to(&datagram, SocketAddr::new(ip, PQ_PORT))
-            {
-                tracing::debug!(peer = %ip, error = %e, "post-quantum exchange: sending failed");
+            match &self.wire {
+                PqWire::Udp(socket) => {
+                    if let Err(e) = socket.try_send_to(&datagram, SocketAddr::new(ip, PQ_PORT)) {
+                        tracing::debug!(peer = %ip, error = %e, "post-quantum exchange: sending failed");
+                    }
+                }
+                PqWire::Memory(outbox) => outbox.lock().push((ip, datagram)),
             }
         }
     }
 }
 
 impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
-    /// Brings the post-quantum links to the peers of the topology last applied.
-    pub(super) fn pq_refresh(&mut self, now: Now) {
+    /// Brings the post-quantum links to the peers of the topology last applied (after each
+    /// reconcile).
+    pub fn pq_refresh(&mut self, now: Now) {
+        // Before a topology was applied the links are not made, and the saved keys stay.
+        let Some(taking_part) = self.core.pq_peers() else {
+            return;
+        };
         let Some(pq) = &mut self.pq else { return };
         let secret = self.key.to_dalek();
-        let peers: Vec<PqPeer> = self
-            .core
-            .pq_peers()
+        let peers: Vec<PqPeer> = taking_part
             .into_iter()
             .map(|(key, announced, wireguard_ip)| {
                 let public = x25519_dalek::PublicKey::from(key.0);
@@ -276,14 +302,17 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.status.update(|p| p.post_quantum = Some(by_key));
     }
 
-    /// When the links' timers, or the next read of the device's failed handshakes, are due.
-    pub fn pq_deadline(&self) -> Option<Instant> {
+    /// When (Unix milliseconds) the links' timers, or the next read of the device's failed
+    /// handshakes, are due: [`Agent::pq_poll`] then.
+    pub fn pq_due_ms(&self) -> Option<i64> {
         let pq = self.pq.as_ref()?;
         let check = (!pq.installed.is_empty()).then_some(pq.next_check_ms);
-        let due = [pq.book.next_timeout(), check]
-            .into_iter()
-            .flatten()
-            .min()?;
+        [pq.book.next_timeout(), check].into_iter().flatten().min()
+    }
+
+    /// [`Agent::pq_due_ms`] on the clock.
+    pub fn pq_deadline(&self) -> Option<Instant> {
+        let due = self.pq_due_ms()?;
         let now = super::read_clock();
         let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
         Some(now.instant + Duration::from_millis(after))
@@ -291,7 +320,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// The socket the exchanges arrive on, with `--post-quantum`.
     pub fn pq_socket(&self) -> Option<Arc<tokio::net::UdpSocket>> {
-        self.pq.as_ref().map(|pq| Arc::clone(&pq.socket))
+        match &self.pq.as_ref()?.wire {
+            PqWire::Udp(socket) => Some(Arc::clone(socket)),
+            PqWire::Memory(_) => None,
+        }
     }
 
     /// Gives each link's installed key to the device when it changed; the link's initiator
@@ -303,14 +335,24 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         if epochs == pq.installed {
             return;
         }
+        let Some(mut device) = self.record.applied_device().cloned() else {
+            return;
+        };
+        // The keys new to the device: a saved key a restarted kg's device already holds is
+        // not, and needs no handshake.
         let changed: Vec<Key> = epochs
             .iter()
             .filter(|(k, e)| pq.installed.get(*k) != Some(*e))
             .map(|(k, _)| *k)
+            .filter(|k| {
+                let held = device
+                    .peers
+                    .iter()
+                    .find(|p| p.public_key.as_bytes() == &k.0)
+                    .and_then(|p| p.preshared_key.as_ref());
+                held != Some(&dataplane::SecretKey::from_bytes(installed[k].psk))
+            })
             .collect();
-        let Some(mut device) = self.record.applied_device().cloned() else {
-            return;
-        };
         // A link that lost its key (its peer's fingerprint changed, or it left) goes without.
         for peer in &mut device.peers {
             let key = Key(*peer.public_key.as_bytes());
@@ -344,6 +386,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 "saving the post-quantum keys failed"
             );
         }
+        // The device's saved state too: a restarted kg restores its peers from it.
+        if let Err(e) = super::shells::state::save(&self.s.args.key_file, &device) {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "saving the WireGuard state failed"
+            );
+        }
         self.record.set_applied_device(device);
     }
 
@@ -356,7 +405,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .as_ref()
             .filter(|pq| pq.book.local() == self.core.public_key())
         {
-            pq_overlay(desired, &pq.book.installed());
+            pq_overlay(desired, &pq.book.device_keys());
         }
     }
 }
@@ -413,10 +462,14 @@ mod tests {
         );
         // A peer with no saved key keeps what the device held (a Peer's own key, say).
         assert_eq!(device.peers[1].preshared_key, Some(stale));
-        // Keys saved under another node key (before a rotation) are not taken.
+        // Keys saved under another node key (before a rotation) are taken off their peers.
         let mut device = restored.clone();
         assert_eq!(overlay_saved_keys(&key_file, Key([4; 32]), &mut device), 0);
-        assert_eq!(device, restored);
+        assert_eq!(device.peers[0].preshared_key, None);
+        assert_eq!(
+            device.peers[1].preshared_key,
+            restored.peers[1].preshared_key
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

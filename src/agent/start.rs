@@ -69,7 +69,11 @@ impl Agent {
         let restored = match state::load(&s.args.key_file, &key) {
             Ok(Some(mut restored)) if s.args.post_quantum => {
                 let local = control::Key(*key.public_key().as_bytes());
-                super::pq::overlay_saved_keys(&s.args.key_file, local, &mut restored);
+                let taken = super::pq::overlay_saved_keys(&s.args.key_file, local, &mut restored);
+                tracing::debug!(
+                    peers = taken,
+                    "restored peers given their saved post-quantum keys"
+                );
                 Some(restored)
             }
             Ok(restored) => restored,
@@ -92,6 +96,7 @@ impl Agent {
             cni: Box::new(super::shells::cni_file::HostCniFile::new(
                 s.args.cni_path.clone(),
             )),
+            pq_outbox: None,
         };
         // The node's own name is looked up meanwhile (it can take up to a second).
         let hostname = s.hostname.clone();
@@ -138,6 +143,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             firewall,
             engine: wg,
             cni: cni_file,
+            pq_outbox,
         } = shells;
         // The iptables back end is the host's, chosen once before the first rule is read; its
         // child processes run while the device is configured and the last run's peers restored.
@@ -256,6 +262,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 public,
                 s.psk_rotation,
                 wg.counts_failed_handshakes(),
+                pq_outbox,
             )
             .await?;
             core.set_pq_announcement(Some(shell.announcement()));

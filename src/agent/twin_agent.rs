@@ -40,6 +40,9 @@ pub struct TwinAgent {
     pub engine: MemEngine,
     /// Its CNI configuration file (`--cni-path`, missing at start).
     pub cni: MemCniFile,
+    /// The post-quantum exchanges' datagrams it sent (`--post-quantum`), for a test's network
+    /// to deliver.
+    pub pq_outbox: crate::agent::pq::PqOutbox,
 }
 
 impl TwinAgent {
@@ -88,11 +91,13 @@ impl TwinAgent {
     ) -> Result<Self> {
         let firewall = MemFirewall::default();
         let cni = MemCniFile::holding(settings.args.cni_path.clone(), None);
+        let pq_outbox = crate::agent::pq::PqOutbox::default();
         let shells = crate::agent::Shells {
             kernel: kernel.clone(),
             firewall: firewall.clone(),
             engine: engine.clone(),
             cni: Box::new(cni.clone()),
+            pq_outbox: Some(pq_outbox.clone()),
         };
         let agent = crate::agent::Agent::with_shells(
             settings,
@@ -110,6 +115,7 @@ impl TwinAgent {
             firewall,
             engine,
             cni,
+            pq_outbox,
         })
     }
 

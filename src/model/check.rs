@@ -275,6 +275,9 @@ pub fn converged(
             }
         }
     }
+    if sim.post_quantum {
+        super::check_pq::keyed(sim)?;
+    }
     Ok(())
 }
 

@@ -33,8 +33,9 @@ pub(super) fn agent_args(
     election: Election,
     granularity: Granularity,
     leaders_per_location: u16,
+    post_quantum: bool,
 ) -> Vec<String> {
-    vec![
+    let mut args = vec![
         // (The backend is given to the agent directly; the flags must only parse.)
         "--backend=file".to_string(),
         format!(
@@ -53,5 +54,13 @@ pub(super) fn agent_args(
         "--encapsulate=never".to_string(),
         format!("--resync-period={}s", RESYNC.as_secs()),
         format!("--leaders-per-location={leaders_per_location}"),
-    ]
+    ];
+    if post_quantum {
+        args.push("--post-quantum".to_string());
+        args.push(format!("--psk-rotation-period={}s", PSK_ROTATION.as_secs()));
+    }
+    args
 }
+
+/// The agents' `--psk-rotation-period` with `--post-quantum`.
+pub const PSK_ROTATION: std::time::Duration = std::time::Duration::from_secs(30);

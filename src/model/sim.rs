@@ -25,6 +25,8 @@ use crate::backend::{Backend, Snapshot};
 use super::settings::agent_args;
 pub use super::settings::{Election, Family};
 
+mod tunnel;
+
 /// The agents' `--resync-period`.
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// How often the lease step runs.
@@ -71,6 +73,11 @@ impl SimNode {
     pub fn leads(&self) -> bool {
         let link = control::DEFAULT_INTERFACE;
         self.kernel.link_up(link) && !self.kernel.addresses_on(link).is_empty()
+    }
+
+    /// Its agent's `--key-file` (the agent's saved state lies beside it).
+    pub fn key_file(&self) -> PathBuf {
+        self.dir.join("key")
     }
 
     /// Its device's peers, with their allowed IPs, while its agent runs.
@@ -121,10 +128,19 @@ pub struct Sim {
     pub family: Family,
     /// Every agent's `--leaders-per-location` (agents started from now on).
     pub leaders_per_location: u16,
+    /// Every agent's `--post-quantum` (agents started from now on), with a 30 s
+    /// `--psk-rotation-period`.
+    pub post_quantum: bool,
     /// Bytes received and sent so far by each node's device, per peer.
     traffic: BTreeMap<(String, control::Key), (u64, u64)>,
     /// When the traffic was last brought up to date.
     flowed: Instant,
+    /// The WireGuard sessions between two keys (the lower first), by when a handshake last
+    /// renewed them ([`tunnel`]).
+    sessions: BTreeMap<(control::Key, control::Key), Instant>,
+    /// Per node and peer, the seconds of handshakes refused under differing preshared keys
+    /// since data last flowed: what its engine counts as refused responses.
+    refused: BTreeMap<(String, control::Key), u32>,
 }
 
 impl Drop for Sim {
@@ -164,8 +180,11 @@ impl Sim {
             granularity,
             family: Family::V4,
             leaders_per_location: 1,
+            post_quantum: false,
             traffic: BTreeMap::new(),
             flowed: start,
+            sessions: BTreeMap::new(),
+            refused: BTreeMap::new(),
         })
     }
 
@@ -247,7 +266,7 @@ impl Sim {
         self.kill(name);
         let now = self.now;
         let node = self.nodes.get_mut(name).context("no such node")?;
-        let key_file = node.dir.join("key");
+        let key_file = node.key_file();
         // Without saved state: the saved peers are gone, as on a node whose last agent was
         // Kilo's. (The record of the routes kg installed stays: without it, kg claims only the
         // routes on its own link, and a route it left on the private link to a node that left
@@ -262,6 +281,7 @@ impl Sim {
             self.election,
             self.granularity,
             self.leaders_per_location,
+            self.post_quantum,
         );
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let start = Start {
@@ -307,6 +327,7 @@ impl Sim {
 
     /// Kills `name`'s agent, if it runs: nothing is cleaned up.
     pub fn kill(&mut self, name: &str) {
+        self.drop_sessions(name);
         if let Some(node) = self.nodes.get_mut(name) {
             node.running = None;
         }
@@ -377,6 +398,8 @@ impl Sim {
     pub fn advance(&mut self, by: Duration) -> Result<()> {
         let end = self.now.instant + by;
         self.deliver()?;
+        self.carry_pq()?;
+        let mut steps_at = (self.now.instant, 0);
         loop {
             let next = self
                 .nodes
@@ -384,10 +407,15 @@ impl Sim {
                 .filter_map(|n| n.running.as_ref())
                 .map(|r| {
                     let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
+                    let pq = r.twin.agent.pq_due_ms().map(|due| {
+                        let after = u64::try_from(due - self.now.unix_ms).unwrap_or(0);
+                        self.now.instant + Duration::from_millis(after)
+                    });
                     r.twin
                         .agent
                         .timer_deadlines()
                         .into_iter()
+                        .chain([pq])
                         .flatten()
                         .fold(timers, Instant::min)
                 })
@@ -395,6 +423,15 @@ impl Sim {
             let Some(next) = next.filter(|at| *at <= end) else {
                 break;
             };
+            // Timers due now are fired and set later: one that stays due spins.
+            steps_at = match steps_at {
+                (at, n) if at >= next => (at, n + 1),
+                _ => (next, 0),
+            };
+            anyhow::ensure!(
+                steps_at.1 < MAX_ROUNDS,
+                "an agent's timers stayed due at one moment for {MAX_ROUNDS} steps"
+            );
             self.now = self
                 .now
                 .after(next.saturating_duration_since(self.now.instant));
@@ -404,6 +441,7 @@ impl Sim {
                 self.fire_due(&name);
             }
             self.deliver()?;
+            self.carry_pq()?;
         }
         self.now = self
             .now
@@ -425,43 +463,29 @@ impl Sim {
             return;
         }
         self.flowed += Duration::from_secs(secs);
-        let keys: BTreeMap<control::Key, &String> = self
-            .nodes
-            .iter()
-            .map(|(name, n)| (n.public_key(), name))
-            .collect();
-        let configs: BTreeMap<&String, Vec<control::Key>> = self
-            .nodes
-            .iter()
-            .filter_map(|(name, n)| {
-                let peers = n.device_peers()?.into_iter().map(|(k, _)| k).collect();
-                Some((name, peers))
-            })
-            .collect();
-        for (name, node) in &self.nodes {
-            let Some(running) = &node.running else {
-                continue;
-            };
-            let own = node.public_key();
+        let devices = self.device_keys();
+        let now = self.now.instant;
+        let secs_counted = u32::try_from(secs).unwrap_or(u32::MAX);
+        let names: Vec<String> = devices.keys().cloned().collect();
+        for name in names {
             let mut handshakes = std::collections::BTreeSet::new();
             let mut counters = BTreeMap::new();
-            for peer in &configs[name] {
-                let far = keys.get(peer).map(|far| &self.nodes[*far]);
-                let hears = far.is_some_and(|far| {
-                    let blocked = node.blocked || far.blocked;
-                    let both_behind_nat = node.behind_nat && far.behind_nat;
-                    let known = configs.get(keys[peer]).is_some_and(|p| p.contains(&own));
-                    known && !blocked && !both_behind_nat
-                });
+            for peer in devices[&name].keys() {
+                let state = self.tunnel(&devices, &name, peer, now);
+                self.count_refused(&name, *peer, state, secs_counted);
                 let counter = self.traffic.entry((name.clone(), *peer)).or_default();
                 counter.1 += 100 * secs;
-                if hears {
+                if state == tunnel::TunnelState::Up {
                     counter.0 += 100 * secs;
                     handshakes.insert(*peer);
                 }
                 counters.insert(*peer, *counter);
             }
-            running.twin.engine.set_traffic(counters, handshakes);
+            let failed = self.failed_handshakes(&name);
+            if let Some(running) = self.nodes.get(&name).and_then(|n| n.running.as_ref()) {
+                running.twin.engine.set_traffic(counters, handshakes);
+                running.twin.engine.set_failed_handshakes(failed);
+            }
         }
     }
 
@@ -495,8 +519,19 @@ impl Sim {
         if key {
             due.push(Trigger::Key);
         }
+        let pq_due = running
+            .twin
+            .agent
+            .pq_due_ms()
+            .is_some_and(|due| due <= self.now.unix_ms);
         for trigger in due {
             self.reconcile(name, trigger);
+        }
+        if pq_due {
+            let now = self.now;
+            if let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) {
+                running.twin.agent.pq_poll(now);
+            }
         }
     }
 
@@ -520,6 +555,7 @@ impl Sim {
             return;
         };
         let result = runtime.block_on(running.twin.agent.reconcile_at(&snapshot, trigger, now));
+        running.twin.agent.pq_refresh(now);
         running.last_error = result.err().map(|e| format!("{e:#}"));
         running.seen = Some(snapshot);
         // A rotated key is the node's from now on (its key file holds it too).

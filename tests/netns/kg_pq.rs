@@ -119,7 +119,9 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
         "a preshared key was logged"
     );
 
-    // n1's kg restarts: it takes back its saved keys, so its links come back and get keys.
+    // n1's kg restarts: it takes back its saved keys, so its links come back and get keys,
+    // and no handshake fails under a key the other end does not hold: neither end falls back.
+    let fallbacks_at_n3 = counter(&c, "n3", "kilotun_pq_fallbacks_total");
     c.nodes[0].kill();
     let restarted = Instant::now();
     c.start_kg(0, &flags(true));
@@ -128,8 +130,19 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
     });
     assert!(back, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     eprintln!(
-        "post-quantum: n1 reached and keyed again {:?} after its kg restarted",
-        restarted.elapsed()
+        "post-quantum: n1 reached and keyed again {:?} after its kg restarted; pings n3→n1: longest gap {:?}",
+        restarted.elapsed(),
+        pinger.longest_gap_after(restarted - Duration::from_millis(200))
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        (
+            counter(&c, "n1", "kilotun_pq_fallbacks_total"),
+            counter(&c, "n3", "kilotun_pq_fallbacks_total")
+        ),
+        (0, fallbacks_at_n3),
+        "a restart with the saved keys made an end fall back\n{}",
+        c.logs()
     );
 }
 

@@ -112,6 +112,7 @@ impl PqBook {
     /// Brings the links to `peers`: a new peer gets a link with no key yet; a peer gone, or
     /// whose fingerprint or tag key changed, loses its link and its key (so both ends go
     /// without one until a new exchange completes). `local` is this node's WireGuard key now.
+    /// A saved key no link took is dropped: its peer takes no part now.
     pub fn set_peers(&mut self, local: Key, peers: &[PqPeer]) {
         if local != self.local {
             self.local = local;
@@ -142,6 +143,7 @@ impl PqBook {
             link.0 = p.wireguard_ip;
             link.1.set_falls_back(self.falls_back && p.falls_back);
         }
+        self.restored.clear();
     }
 
     /// Takes in `datagram` from `from` at `now_ms`.
@@ -185,6 +187,15 @@ impl PqBook {
             .values()
             .filter_map(|(_, l)| l.poll_timeout())
             .min()
+    }
+
+    /// The keys the device holds: each link's installed key and, until the links are first
+    /// made ([`PqBook::set_peers`]), the keys saved by the last run, so a restarted kg's first
+    /// configuration keeps the keys its peers hold.
+    pub fn device_keys(&self) -> BTreeMap<Key, Installed> {
+        let mut keys = self.restored.clone();
+        keys.extend(self.installed());
+        keys
     }
 
     /// The installed key of each link that has one, by peer.

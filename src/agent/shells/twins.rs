@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use control::iptables::RuleSet;
 use control::nat::DevicePeer;
+use control::pq::link::FailedHandshakes;
 use control::routes::{apply_ops, Route, RouteOp, RoutePlan, MAIN_TABLE};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
@@ -365,6 +366,9 @@ struct EngineState {
     traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
     /// The peers with a completed handshake, as a test's network says.
     handshakes: std::collections::BTreeSet<control::Key>,
+    /// Per peer, the handshakes that failed the way differing preshared keys make them fail,
+    /// as a test's network says.
+    failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
 }
 
 impl MemEngine {
@@ -409,6 +413,16 @@ impl MemEngine {
         s.traffic = traffic;
         s.handshakes = handshakes;
     }
+
+    /// Sets, per peer, the handshakes that failed under differing preshared keys, as the
+    /// network around this device counts them (the embedded engine's counts; a peer not named
+    /// has none).
+    pub fn set_failed_handshakes(
+        &self,
+        failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
+    ) {
+        self.state.lock().failed = failed;
+    }
 }
 
 impl Engine for MemEngine {
@@ -445,6 +459,12 @@ impl Engine for MemEngine {
                 }
             })
             .collect())
+    }
+    fn counts_failed_handshakes(&self) -> bool {
+        true
+    }
+    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
+        self.state.lock().failed.clone()
     }
     fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>> {
         let mut s = self.state.lock();

@@ -8,7 +8,8 @@
 
 use super::*;
 
-/// kilotun's kg with post-quantum keys that change every 10 s.
+/// kilotun's kg with post-quantum keys (that would change every 10 s on a link between two
+/// kilotun nodes; this layout has none).
 const PQ_FLAGS: &[&str] = &[
     "--leader-election=lease",
     "--post-quantum",
@@ -141,10 +142,20 @@ fn kilo_follows_a_rotated_kilotun_key_and_the_post_quantum_link_to_kilo_runs_wit
             m.k.c.logs()
         );
     }
-    // Still no preshared key on the link, now under the new key; the key file stays private.
+    // Still no preshared key on the link at either end, now under the new key; n3's ML-KEM
+    // key changed with its WireGuard key; the key file stays private.
     assert_eq!(
         psks(&m, "n3").get(&keys["n1"]).map(String::as_str),
         Some("(none)")
+    );
+    assert_eq!(psks(&m, "n1").get(&new).map(String::as_str), Some("(none)"));
+    let renewed = m.k.annotations("n3")["kilotun.io/pq"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        renewed.starts_with("v1:") && renewed != kilotun_pq,
+        "n3 publishes {renewed:?}, before the rotation {kilotun_pq:?}"
     );
     let mode = fs::metadata(m.key_file(2)).unwrap().permissions();
     assert_eq!(
