@@ -449,46 +449,6 @@ impl Sim {
         Ok(())
     }
 
-    /// Brings every device's traffic up to now: each running device sends on every tunnel it
-    /// has (the pods keep talking), and hears a tunnel's far end when that end runs, has this
-    /// device among its peers, neither end's port is blocked and not both are behind NAT; a
-    /// handshake completes on the same condition.
-    fn flow(&mut self) {
-        let secs = self
-            .now
-            .instant
-            .saturating_duration_since(self.flowed)
-            .as_secs();
-        if secs == 0 {
-            return;
-        }
-        self.flowed += Duration::from_secs(secs);
-        let devices = self.device_keys();
-        let now = self.now.instant;
-        let secs_counted = u32::try_from(secs).unwrap_or(u32::MAX);
-        let names: Vec<String> = devices.keys().cloned().collect();
-        for name in names {
-            let mut handshakes = std::collections::BTreeSet::new();
-            let mut counters = BTreeMap::new();
-            for peer in devices[&name].keys() {
-                let state = self.tunnel(&devices, &name, peer, now);
-                self.count_refused(&name, *peer, state, secs_counted);
-                let counter = self.traffic.entry((name.clone(), *peer)).or_default();
-                counter.1 += 100 * secs;
-                if state == tunnel::TunnelState::Up {
-                    counter.0 += 100 * secs;
-                    handshakes.insert(*peer);
-                }
-                counters.insert(*peer, *counter);
-            }
-            let failed = self.failed_handshakes(&name);
-            if let Some(running) = self.nodes.get(&name).and_then(|n| n.running.as_ref()) {
-                running.twin.engine.set_traffic(counters, handshakes);
-                running.twin.engine.set_failed_handshakes(failed);
-            }
-        }
-    }
-
     /// Fires `name`'s timers that are due now, each once, and sets the next.
     fn fire_due(&mut self, name: &str) {
         let now = self.now.instant;

@@ -39,6 +39,46 @@ pub(super) enum TunnelState {
 pub(super) type DeviceKeys = BTreeMap<String, BTreeMap<Key, Option<SecretKey>>>;
 
 impl Sim {
+    /// Brings every device's traffic up to now: each running device sends on every tunnel it
+    /// has (the pods keep talking), and hears a tunnel's far end while the tunnel is up
+    /// ([`TunnelState::Up`]); a handshake completes on the same condition, and each second a
+    /// tunnel refuses its handshakes counts at both ends.
+    pub(super) fn flow(&mut self) {
+        let secs = self
+            .now
+            .instant
+            .saturating_duration_since(self.flowed)
+            .as_secs();
+        if secs == 0 {
+            return;
+        }
+        self.flowed += Duration::from_secs(secs);
+        let devices = self.device_keys();
+        let now = self.now.instant;
+        let secs_counted = u32::try_from(secs).unwrap_or(u32::MAX);
+        let names: Vec<String> = devices.keys().cloned().collect();
+        for name in names {
+            let mut handshakes = std::collections::BTreeSet::new();
+            let mut counters = BTreeMap::new();
+            for peer in devices[&name].keys() {
+                let state = self.tunnel(&devices, &name, peer, now);
+                self.count_refused(&name, *peer, state, secs_counted);
+                let counter = self.traffic.entry((name.clone(), *peer)).or_default();
+                counter.1 += 100 * secs;
+                if state == TunnelState::Up {
+                    counter.0 += 100 * secs;
+                    handshakes.insert(*peer);
+                }
+                counters.insert(*peer, *counter);
+            }
+            let failed = self.failed_handshakes(&name);
+            if let Some(running) = self.nodes.get(&name).and_then(|n| n.running.as_ref()) {
+                running.twin.engine.set_traffic(counters, handshakes);
+                running.twin.engine.set_failed_handshakes(failed);
+            }
+        }
+    }
+
     /// Each running node's device peers, with their preshared keys.
     pub(super) fn device_keys(&self) -> DeviceKeys {
         self.nodes
