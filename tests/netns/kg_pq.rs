@@ -4,7 +4,9 @@
 //! and no echo is lost; a link with an end that does not take part has no key and works as
 //! without. A kg restarted with a saved key its peer does not hold is named by `kgctl
 //! diagnose` within 30 s, and both ends fall back and key the link again; one restarted
-//! without its saved keys changes its ML-KEM key, and its peers drop theirs at once.
+//! without its saved keys changes its ML-KEM key, and its peers drop theirs at once. A node
+//! whose announcement another writer keeps removing writes it again, and its link loses no
+//! more than 2 echoes and is keyed again.
 
 use crate::common;
 
@@ -356,4 +358,48 @@ fn a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load
         std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
         0o600
     );
+}
+
+#[test]
+fn an_announcement_that_flaps_costs_the_link_no_echo_and_it_is_keyed_again() {
+    if !common::can_run("an_announcement_that_flaps_costs_the_link_no_echo_and_it_is_keyed_again") {
+        return;
+    }
+    let c = cluster([true, true, true]);
+    assert!(
+        c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),
+        "{}",
+        c.logs()
+    );
+    let pinger = Pinger::start(&c.node("n3").ns.name, &c.node("n1").pod_ip);
+    assert!(pinger.wait_flowing(
+        Instant::now() - Duration::from_secs(1),
+        Duration::from_secs(10)
+    ));
+    let since = Instant::now();
+    // Another writer removes n1's kilotun.io/pq three times: n1's kg writes it again each
+    // time, and n3 drops its key for n1 whenever its watch shows it gone.
+    for round in 1..=3 {
+        let announced = c.annotations("n1")["kilotun.io/pq"].clone();
+        c.annotate("n1", &[("kilotun.io/pq", None)]);
+        let again = c.wait_for(Duration::from_secs(15), |c| {
+            c.annotations("n1").get("kilotun.io/pq") == Some(&announced)
+        });
+        assert!(
+            again,
+            "round {round}: n1 did not write kilotun.io/pq again\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let keyed_again = c.wait_for(Duration::from_secs(30), |c| keyed(c, "n1", "n3"));
+    assert!(keyed_again, "{:?}\n{}", link_psks(&c, "n1", "n3"), c.logs());
+    std::thread::sleep(Duration::from_secs(1));
+    let lost = pinger.lost_after(since);
+    eprintln!(
+        "post-quantum: n1's announcement removed three times: {lost} echoes lost n3→n1, longest gap {:?}, keyed again {:?} after the first removal",
+        pinger.longest_gap_after(since),
+        since.elapsed()
+    );
+    assert!(lost <= 2, "{lost} echoes lost\n{}", c.logs());
 }
