@@ -62,6 +62,19 @@ impl KgNode {
             .into_owned()
     }
 
+    /// `wg show <iface> preshared-keys` inside the node, by peer key (`(none)` for a peer
+    /// without one).
+    #[allow(dead_code)]
+    pub fn preshared_keys(&self) -> BTreeMap<String, String> {
+        self.wg("preshared-keys")
+            .lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                Some((parts.next()?.to_string(), parts.next()?.to_string()))
+            })
+            .collect()
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -23,14 +23,7 @@ const PQ: [&str; 2] = ["--post-quantum", "--psk-rotation-period=10s"];
 
 /// `wg show <iface> preshared-keys` of `node`, by peer key.
 fn psks(c: &Cluster, node: &str) -> BTreeMap<String, String> {
-    c.node(node)
-        .wg("preshared-keys")
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            Some((parts.next()?.to_string(), parts.next()?.to_string()))
-        })
-        .collect()
+    c.node(node).preshared_keys()
 }
 
 fn key_of(c: &Cluster, node: &str) -> String {

@@ -18,15 +18,7 @@ const PQ_FLAGS: &[&str] = &[
 
 /// `wg show <iface> preshared-keys` of node `name`, by peer key.
 fn psks(m: &Mixed, name: &str) -> BTreeMap<String, String> {
-    m.k.c
-        .node(name)
-        .wg("preshared-keys")
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            Some((parts.next()?.to_string(), parts.next()?.to_string()))
-        })
-        .collect()
+    m.k.c.node(name).preshared_keys()
 }
 
 /// Node `name`'s `/status` entry for the peer with key `key`.
