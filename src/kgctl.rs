@@ -282,7 +282,7 @@ pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, Str
                     allowed_ips: peer.allowed_ips.iter().map(|n| n.trunc()).collect(),
                     endpoint: peer.endpoint.clone(),
                     persistent_keepalive: peer.persistent_keepalive,
-                    preshared_key: peer.preshared_key,
+                    preshared_key: peer.preshared_key.clone(),
                     replaces: None,
                 };
                 return Ok((output.render(&args.name, &wg)?, String::new()));

@@ -17,7 +17,7 @@ pub fn device_config(conf: &Conf, private_key: &SecretKey) -> DeviceConfig {
             .iter()
             .map(|p| PeerConfig {
                 public_key: PublicKey::from_bytes(p.public_key.0),
-                preshared_key: p.preshared_key.map(|k| SecretKey::from_bytes(k.0)),
+                preshared_key: p.preshared_key.clone(),
                 endpoint: p.endpoint.as_ref().and_then(control::Endpoint::addr),
                 persistent_keepalive: p.persistent_keepalive,
                 allowed_ips: p.allowed_ips.iter().map(|n| n.trunc()).collect(),

@@ -1,4 +1,5 @@
-//! WireGuard public keys as Kilo writes them: 32 bytes, standard base64.
+//! WireGuard public keys as Kilo writes them: 32 bytes, standard base64. Secrets (preshared
+//! keys) are `keys::SecretKey`, which never prints.
 
 use std::fmt;
 
@@ -6,7 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A WireGuard public (or preshared) key: 32 raw bytes.
+/// A WireGuard public key: 32 raw bytes.
 ///
 /// Kilo treats an unparsable key as the all-zero key, which makes the node not ready; here that
 /// case is `Option<Key>::None` instead.

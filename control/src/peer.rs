@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::ip::{is_dns_subdomain, normalise, parse_cidr, Endpoint, Host};
 use crate::key::Key;
 use crate::node::shortened;
+use keys::SecretKey;
 
 /// The Peer CRD's API group.
 pub const GROUP: &str = "kilo.squat.ai";
@@ -38,8 +39,8 @@ pub struct PeerObject {
     pub spec: PeerSpec,
 }
 
-/// The `spec` of a Peer.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// The `spec` of a Peer. Its `Debug` leaves the preshared key out.
+#[derive(Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerSpec {
     /// CIDRs routed to this peer.
@@ -57,6 +58,21 @@ pub struct PeerSpec {
     /// The peer's public key (base64).
     #[serde(default)]
     pub public_key: String,
+}
+
+impl std::fmt::Debug for PeerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSpec")
+            .field("allowed_ips", &self.allowed_ips)
+            .field("endpoint", &self.endpoint)
+            .field("persistent_keepalive", &self.persistent_keepalive)
+            .field(
+                "preshared_key",
+                &self.preshared_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("public_key", &self.public_key)
+            .finish()
+    }
 }
 
 /// A Peer's endpoint: a DNS name or an IP, plus a port.
@@ -160,7 +176,7 @@ impl PeerObject {
             }
         }
         if let Some(psk) = spec.preshared_key.as_deref().filter(|p| !p.is_empty()) {
-            if Key::parse(psk).is_err() {
+            if SecretKey::from_base64(psk).is_err() {
                 return Err(PeerError::PresharedKey);
             }
         }
@@ -182,7 +198,7 @@ pub struct Peer {
     /// Keepalive seconds (always set, 0 when absent or negative).
     pub persistent_keepalive: u16,
     /// The preshared key, if valid.
-    pub preshared_key: Option<Key>,
+    pub preshared_key: Option<SecretKey>,
 }
 
 impl Peer {
@@ -231,7 +247,7 @@ pub fn translate_peer(object: &PeerObject) -> Peer {
         preshared_key: spec
             .preshared_key
             .as_deref()
-            .and_then(|p| Key::parse(p).ok()),
+            .and_then(|p| SecretKey::from_base64(p).ok()),
     }
 }
 
@@ -336,7 +352,10 @@ mod tests {
             preshared_key: Some(psk),
             ..Default::default()
         }));
-        assert_eq!(p.preshared_key, Some(Key::padded("psk")));
+        assert_eq!(
+            p.preshared_key,
+            Some(SecretKey::from_bytes(Key::padded("psk").0))
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ impl Topology {
                     allowed_ips: Vec::new(),
                     endpoint: p.endpoint.clone(),
                     persistent_keepalive: 0,
-                    preshared_key: p.preshared_key,
+                    preshared_key: p.preshared_key.clone(),
                     replaces: Some(p.public_key),
                 })
             })

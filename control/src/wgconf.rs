@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use crate::ip::Endpoint;
 use crate::key::Key;
 use crate::topology::Topology;
+use keys::SecretKey;
 
 /// One WireGuard peer of a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +23,7 @@ pub struct WgPeer {
     /// Keepalive seconds; 0 is off.
     pub persistent_keepalive: u16,
     /// Optional preshared key.
-    pub preshared_key: Option<Key>,
+    pub preshared_key: Option<SecretKey>,
     /// The key this peer replaces while its node rotates its key (see `crate::rotation`).
     pub replaces: Option<Key>,
 }
@@ -52,7 +53,7 @@ impl Topology {
         &self,
         s: &crate::topology::Segment,
         persistent_keepalive: u16,
-        preshared_key: Option<Key>,
+        preshared_key: Option<SecretKey>,
         claimed: &mut BTreeSet<IpNet>,
     ) -> WgPeer {
         let ips = s.allowed_ips.iter().chain(&s.allowed_location_ips).copied();
@@ -77,7 +78,7 @@ impl Topology {
         p: &crate::peer::Peer,
         key: Key,
         persistent_keepalive: u16,
-        preshared_key: Option<Key>,
+        preshared_key: Option<SecretKey>,
         claimed: &mut BTreeSet<IpNet>,
     ) -> WgPeer {
         WgPeer {
@@ -126,7 +127,7 @@ impl Topology {
                 p,
                 key,
                 self.persistent_keepalive,
-                p.preshared_key,
+                p.preshared_key.clone(),
                 &mut claimed,
             ));
         }
@@ -143,11 +144,11 @@ impl Topology {
     pub fn peer_conf(&self, name: &str) -> Conf {
         let me = self.peers.iter().find(|p| p.name == name);
         let keepalive = me.map_or(0, |p| p.persistent_keepalive);
-        let psk = me.and_then(|p| p.preshared_key);
+        let psk = me.and_then(|p| p.preshared_key.clone());
         let mut claimed = BTreeSet::new();
         let mut peers = Vec::new();
         for s in &self.segments {
-            peers.push(self.segment_peer(s, keepalive, psk, &mut claimed));
+            peers.push(self.segment_peer(s, keepalive, psk.clone(), &mut claimed));
         }
         for p in self.peers.iter().filter(|p| p.name != name) {
             let Some(key) = p.public_key else { continue };
@@ -208,7 +209,7 @@ impl WgPeer {
         }
         let _ = writeln!(out, "PersistentKeepalive = {}", self.persistent_keepalive);
         if let Some(psk) = &self.preshared_key {
-            let _ = writeln!(out, "PresharedKey = {psk}");
+            let _ = writeln!(out, "PresharedKey = {}", psk.expose_base64().as_str());
         }
         let _ = writeln!(out, "PublicKey = {}", self.public_key);
         out
@@ -244,7 +245,10 @@ pub fn peer_object(name: &str, peer: &WgPeer) -> crate::peer::PeerObject {
             endpoint,
             persistent_keepalive: (peer.persistent_keepalive > 0)
                 .then_some(i64::from(peer.persistent_keepalive)),
-            preshared_key: peer.preshared_key.map(|k| k.to_base64()),
+            preshared_key: peer
+                .preshared_key
+                .as_ref()
+                .map(|k| k.expose_base64().to_string()),
             public_key: peer.public_key.to_base64(),
         },
     }
@@ -270,7 +274,7 @@ mod tests {
                 port: 51820,
             }),
             persistent_keepalive: 25,
-            preshared_key: Some(Key::padded("psk")),
+            preshared_key: Some(SecretKey::from_bytes(Key::padded("psk").0)),
             replaces: None,
         };
         let object = peer_object("gcp-leader", &wg);
@@ -402,20 +406,22 @@ PublicKey = a2V5NQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
     fn peer_conf_lists_every_segment_and_the_other_peers() {
         let mut peers = f1_peers();
         peers[1].persistent_keepalive = 10;
-        peers[1].preshared_key = Some(Key::padded("psk"));
+        peers[1].preshared_key = Some(SecretKey::from_bytes(Key::padded("psk").0));
         let params = f1_params("a", Granularity::Location);
         let t = Topology::new(&f1_nodes(), &peers, &params).unwrap();
         let conf = t.peer_conf("b");
         assert_eq!(conf.listen_port, None);
         assert_eq!(conf.peers.len(), 4);
-        assert!(conf.peers[..3]
-            .iter()
-            .all(|p| p.persistent_keepalive == 10 && p.preshared_key == Some(Key::padded("psk"))));
+        assert!(conf.peers[..3].iter().all(|p| p.persistent_keepalive == 10
+            && p.preshared_key == Some(SecretKey::from_bytes(Key::padded("psk").0))));
         assert_eq!(conf.peers[3].public_key, Key::padded("key4"));
         assert_eq!(conf.peers[3].preshared_key, None);
         let ini = conf.to_ini(None);
         assert!(ini.starts_with("[Peer]\nAllowedIPs = 10.2.1.0/24, 192.168.0.1/32, 10.4.0.1/32\nEndpoint = 10.1.0.1:51820\nPersistentKeepalive = 10\nPresharedKey = "), "{ini}");
         assert!(ini.contains("\n\n[Peer]\n"));
+        // The configuration a Peer is given carries its preshared key itself, never a stand-in.
+        let psk_line = format!("PresharedKey = {}\n", Key::padded("psk").to_base64());
+        assert_eq!(ini.matches(&psk_line).count(), 3, "{ini}");
     }
 
     #[test]

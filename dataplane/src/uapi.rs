@@ -266,7 +266,7 @@ fn parse_prefix(value: &str) -> Result<IpNet, String> {
 pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) -> String {
     let mut out = String::with_capacity(256 + stats.len() * 256);
     if let Some(key) = &config.interface.private_key {
-        let _ = writeln!(out, "private_key={}", key.to_hex());
+        let _ = writeln!(out, "private_key={}", key.expose_hex().as_str());
     }
     if listen_port != 0 {
         let _ = writeln!(out, "listen_port={listen_port}");
@@ -277,11 +277,14 @@ pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) 
     for peer in &config.peers {
         let live = stats.iter().find(|s| s.public_key == peer.public_key);
         let _ = writeln!(out, "public_key={}", peer.public_key.to_hex());
-        let psk = peer
-            .preshared_key
-            .as_ref()
-            .map_or_else(|| "0".repeat(64), SecretKey::to_hex);
-        let _ = writeln!(out, "preshared_key={psk}");
+        match &peer.preshared_key {
+            Some(psk) => {
+                let _ = writeln!(out, "preshared_key={}", psk.expose_hex().as_str());
+            }
+            None => {
+                let _ = writeln!(out, "preshared_key={}", "0".repeat(64));
+            }
+        }
         out.push_str("protocol_version=1\n");
         if let Some(endpoint) = live.and_then(|s| s.endpoint).or(peer.endpoint) {
             let _ = writeln!(out, "endpoint={endpoint}");

@@ -118,7 +118,7 @@ pub fn render_set(change: &DeviceChange, style: AllowedIpsStyle) -> String {
     let mut out = String::new();
     match &change.private_key {
         Some(Some(key)) => {
-            let _ = writeln!(out, "private_key={}", key.to_hex());
+            let _ = writeln!(out, "private_key={}", key.expose_hex().as_str());
         }
         Some(None) => out.push_str("private_key=\n"),
         None => {}
@@ -139,7 +139,7 @@ pub fn render_set(change: &DeviceChange, style: AllowedIpsStyle) -> String {
         }
         match &peer.preshared_key {
             Some(Some(psk)) => {
-                let _ = writeln!(out, "preshared_key={}", psk.to_hex());
+                let _ = writeln!(out, "preshared_key={}", psk.expose_hex().as_str());
             }
             Some(None) => {
                 let _ = writeln!(out, "preshared_key={}", "0".repeat(64));

@@ -19,7 +19,7 @@ fn uapi_config(
     format!(
         "private_key={}\nlisten_port={port}\npublic_key={}\nendpoint=192.0.2.{}:{peer_port}\n\
          allowed_ip={peer_ip}/32\n",
-        own.to_hex(),
+        own.expose_hex().as_str(),
         peer.public_key().to_hex(),
         if peer_ip.ends_with(".2") { 2 } else { 1 },
     )
@@ -84,7 +84,10 @@ fn a_stopped_device_frees_its_port_while_others_still_hold_it() {
         Arc::new(Device::start(vec![MemTun::new()], dataplane::device::LinuxUdpBinder).unwrap());
     let key = SecretKey::generate();
     device
-        .uapi_set(&format!("private_key={}\nlisten_port=0\n", key.to_hex()))
+        .uapi_set(&format!(
+            "private_key={}\nlisten_port=0\n",
+            key.expose_hex().as_str()
+        ))
         .unwrap();
     let port = device.listen_port();
     assert!(

@@ -55,6 +55,41 @@ fn a_valid_peer_is_allowed_with_the_request_uid() {
 }
 
 #[test]
+fn no_answer_holds_the_peers_preshared_key() {
+    let psk = "q0RBtsx1Zq3uZ6y4+dU1Vx8kEwXt2H5Vb4LJq1mKq2Q=";
+    let hex_psk = hex::encode(
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, psk).unwrap(),
+    );
+    for (spec, allowed) in [
+        (
+            json!({"allowedIPs": ["10.5.0.1/32"], "publicKey": KEY, "presharedKey": psk}),
+            true,
+        ),
+        (
+            json!({"allowedIPs": ["nope"], "publicKey": KEY, "presharedKey": psk}),
+            false,
+        ),
+        (
+            json!({"allowedIPs": ["10.5.0.1/32"], "publicKey": "short", "presharedKey": psk}),
+            false,
+        ),
+        // A preshared key one character short: refused, and not echoed either.
+        (
+            json!({"allowedIPs": ["10.5.0.1/32"], "publicKey": KEY, "presharedKey": &psk[1..]}),
+            false,
+        ),
+    ] {
+        let (was_allowed, answer) = verdict(spec);
+        assert_eq!(was_allowed, allowed, "{answer}");
+        let text = answer.to_string();
+        assert!(
+            !text.contains(&psk[1..]) && !text.contains(&hex_psk),
+            "{text}"
+        );
+    }
+}
+
+#[test]
 fn each_invalid_field_is_denied_with_its_name_in_the_message() {
     let cases = [
         (

@@ -14,7 +14,7 @@ fn set(current: &DeviceConfig, lines: &[String]) -> Result<DeviceConfig, UapiErr
 fn wg_setconf_request_builds_the_whole_config() {
     let private = SecretKey::from_bytes([7; 32]);
     let lines = vec![
-        format!("private_key={}", private.to_hex()),
+        format!("private_key={}", private.expose_hex().as_str()),
         "listen_port=51820".into(),
         "fwmark=0x0".replace("0x0", "7"),
         "replace_peers=true".into(),
@@ -47,7 +47,10 @@ fn wg_setconf_request_builds_the_whole_config() {
         ]
     );
     let b = &next.peers[1];
-    assert_eq!(b.preshared_key.as_ref().unwrap().to_hex(), "ab".repeat(32));
+    assert_eq!(
+        b.preshared_key.as_ref().unwrap().expose_hex().as_str(),
+        "ab".repeat(32)
+    );
     assert_eq!(b.endpoint, Some("[2001:db8::1]:4000".parse().unwrap()));
 }
 
@@ -152,7 +155,7 @@ fn own_public_key_as_peer_is_ignored() {
     let next = set(
         &DeviceConfig::default(),
         &[
-            format!("private_key={}", private.to_hex()),
+            format!("private_key={}", private.expose_hex().as_str()),
             format!("public_key={}", private.public_key().to_hex()),
             "allowed_ip=10.0.0.1/32".into(),
         ],
@@ -206,7 +209,7 @@ fn get_answer_has_every_field_in_wireguard_go_order_and_round_trips() {
          protocol_version=1\nendpoint=198.51.100.7:9\nlast_handshake_time_sec=1700000000\n\
          last_handshake_time_nsec=123456789\ntx_bytes=20\nrx_bytes=10\n\
          persistent_keepalive_interval=5\nallowed_ip=10.0.0.1/32\n",
-        private.to_hex(),
+        private.expose_hex().as_str(),
         key(1).to_hex(),
         "0".repeat(64)
     );

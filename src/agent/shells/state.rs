@@ -67,7 +67,7 @@ mod tests {
         save(&key_file, &config).unwrap();
         let text = std::fs::read_to_string(path(&key_file)).unwrap();
         assert!(
-            !text.contains(&key.to_hex()),
+            !text.contains(key.expose_hex().as_str()),
             "the private key is never saved"
         );
         let mode = std::fs::metadata(path(&key_file))
