@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod backend;
 pub mod device_plugin;
+pub mod files;
 pub mod kgctl;
 pub mod model;
 mod periodic;

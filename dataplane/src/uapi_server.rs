@@ -78,9 +78,35 @@ pub fn bind(path: &Path) -> Result<UnixListener, UapiBindError> {
         }
         std::fs::remove_file(path).map_err(io_err)?;
     }
-    let listener = UnixListener::bind(path).map_err(io_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err)?;
-    Ok(listener)
+    bind_private(path).map_err(io_err)
+}
+
+/// Binds a socket that no one but its owner can connect to at any moment, whatever the umask:
+/// it is bound inside a new 0700 directory beside `path` (connecting needs search permission on
+/// every directory of the path), made 0600 there, then renamed to `path`. wireguard-go narrows
+/// the process's umask around its listen instead, which other threads would see.
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a socket path needs a file name",
+        )
+    })?;
+    let private = path.with_file_name(format!(".{name}.{}.bind", std::process::id()));
+    // A directory a crash left behind.
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let inner = private.join("s");
+    let bound = (|| {
+        let listener = UnixListener::bind(&inner)?;
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&inner, path)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    bound
 }
 
 /// A running UAPI server; dropping it stops accepting and removes the socket file.
@@ -316,6 +342,30 @@ mod tests {
         assert_eq!(reply, "errno=-22\n\n");
         let (reply, _) = exchange(&[0u8, 1, 2, 3, b'\n']);
         assert_eq!(reply, "errno=-71\n\n");
+    }
+
+    #[test]
+    fn the_socket_is_private_from_its_bind_whatever_the_umask() {
+        let dir = std::env::temp_dir().join(format!("kilotun-uapi-umask-{}", std::process::id()));
+        let path = socket_path(&dir, "t1");
+        // SAFETY: umask has no preconditions; the old mask is put back below.
+        let old = unsafe { libc::umask(0) };
+        let bound = bind(&path);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let listener = bound.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the socket's mode under umask 0");
+        // Only the socket is left: the private directory it was bound in is gone.
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["t1.sock"]);
+        // And it answers at its final path.
+        assert!(UnixStream::connect(&path).is_ok());
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -31,6 +31,7 @@ impl Agent {
     /// Loads the key, connects the backend, creates or finds the interface.
     pub async fn start(s: Settings) -> Result<Self> {
         let key = keyfile::load_or_generate(&s.args.key_file)?;
+        keyfile::make_secrets_private(&s.args.key_file)?;
         let backend = match s.args.backend {
             BackendKind::File => {
                 let backend = FileBackend::open(Path::new(&s.args.cluster_dir))?;

@@ -2,8 +2,7 @@
 //! generated when missing or invalid. The key itself is never logged.
 
 use std::fs;
-use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -46,7 +45,7 @@ pub fn load_or_generate(path: &Path) -> Result<SecretKey> {
 
 /// Writes `key` atomically with mode 0600.
 fn store(path: &Path, key: &SecretKey) -> Result<()> {
-    write_private(path, &format!("{}\n", key.to_base64()))
+    write_private(path, &format!("{}\n", key.expose_base64().as_str()))
 }
 
 /// The file kg keeps beside `key_file` under `suffix` (`<key-file><suffix>`): the next key,
@@ -57,19 +56,40 @@ pub fn beside(key_file: &Path, suffix: &str) -> std::path::PathBuf {
     name.into()
 }
 
-/// Writes `text` to `path` atomically (a 0600 file written, synced and renamed over it).
+/// Writes `text` to `path` atomically, a file that is 0600 from its creation
+/// ([`super::write_file`]).
 pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
-    let tmp = beside(path, ".tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    fs::rename(&tmp, path).with_context(|| format!("storing private key {}", path.display()))?;
+    super::write_file(path, text, 0o600)
+}
+
+/// The files kg keeps beside `key_file` that hold secrets or what a peer must not learn: the
+/// next key, the saved device state and routes (the state holds preshared keys), the ML-KEM
+/// seed and the post-quantum keys.
+pub const SECRET_SUFFIXES: [&str; 5] = [".next", ".state", ".routes", ".pq", ".psk"];
+
+/// Makes every secret file beside `key_file` private: a file readable or writable by others is
+/// set to 0600 and said once, with its path and the mode it had. A file that cannot be made
+/// private is an error, so kg stops rather than run with a secret readable.
+pub fn make_secrets_private(key_file: &Path) -> Result<()> {
+    for suffix in SECRET_SUFFIXES {
+        let path = beside(key_file, suffix);
+        let mode = match fs::metadata(&path) {
+            Ok(meta) => meta.permissions().mode() & 0o7777,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading the mode of {}", path.display()))
+            }
+        };
+        if mode & 0o077 != 0 {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).with_context(|| {
+                format!(
+                    "{} is mode {mode:04o} and cannot be made 0600",
+                    path.display()
+                )
+            })?;
+            tracing::warn!(path = %path.display(), mode = format!("{mode:04o}"), "a secret file was readable by others; made 0600");
+        }
+    }
     Ok(())
 }
 
@@ -87,7 +107,7 @@ pub fn store_next(path: &Path, key: &SecretKey, request: Option<&str>) -> Result
     }
     write_private(
         &next_path(path),
-        &format!("{}\n{request}\n", key.to_base64()),
+        &format!("{}\n{request}\n", key.expose_base64().as_str()),
     )
 }
 
@@ -230,7 +250,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("key");
         let key = SecretKey::generate();
-        fs::write(&path, key.to_base64()).unwrap();
+        fs::write(&path, key.expose_base64().as_str()).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         let loaded = load_or_generate(&path).unwrap();
         assert_eq!(loaded.public_key(), key.public_key());
@@ -241,6 +261,32 @@ mod tests {
         fs::write(&path, "garbage").unwrap();
         let fresh = load_or_generate(&path).unwrap();
         assert_ne!(fresh.public_key(), key.public_key());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_secrets_beside_the_key_are_made_private_and_others_left_alone() {
+        let dir = scratch("beside");
+        fs::create_dir_all(&dir).unwrap();
+        let key_file = dir.join("key");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        for (suffix, was) in [(".state", 0o644), (".psk", 0o640), (".pq", 0o600)] {
+            let path = beside(&key_file, suffix);
+            fs::write(&path, "x").unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(was)).unwrap();
+        }
+        // Not a secret of kg's: its mode stays.
+        let other = dir.join("key.notes");
+        fs::write(&other, "x").unwrap();
+        fs::set_permissions(&other, fs::Permissions::from_mode(0o644)).unwrap();
+        make_secrets_private(&key_file).unwrap();
+        for suffix in [".state", ".psk", ".pq"] {
+            assert_eq!(mode(&beside(&key_file, suffix)), 0o600, "{suffix}");
+        }
+        assert_eq!(mode(&other), 0o644);
+        // Missing files are no error.
+        fs::remove_file(beside(&key_file, ".state")).unwrap();
+        make_secrets_private(&key_file).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -55,20 +55,7 @@ pub fn feed(bin: &str, args: &[&str], script: &str, missing: &str) -> Result<Opt
     Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).trim().to_string()))
 }
 
-/// Replaces `path` with `text` (mode `mode`) through a temporary file and a rename.
-pub fn write_file(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.kg.tmp"));
-    anyhow::Context::with_context(std::fs::write(&tmp, text), || {
-        format!("writing {}", tmp.display())
-    })?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-    anyhow::Context::with_context(std::fs::rename(&tmp, path), || {
-        format!("replacing {}", path.display())
-    })?;
-    Ok(())
-}
+pub use crate::files::replace as write_file;
 
 /// Links, addresses, routes and policy rules.
 pub trait Kernel: Send + Sync {

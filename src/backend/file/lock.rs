@@ -2,7 +2,6 @@
 //! so kg processes sharing the directory never lose each other's writes.
 
 use std::fs;
-use std::io::Write as _;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -36,13 +35,8 @@ impl Drop for DirLock {
     }
 }
 
-/// Writes `text` to `path` through a temporary file and a rename.
+/// Replaces `path` with `text` atomically, keeping the mode the file has (0644 for a new one):
+/// an owner who made a file private keeps it private across kg's rewrites.
 pub(super) fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let mut file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
+    crate::files::replace(path, text, crate::files::mode_or(path, 0o644))
 }
