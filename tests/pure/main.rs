@@ -10,6 +10,7 @@ mod markdown;
 mod old_clusters;
 
 mod address_layouts;
+mod clock;
 mod device_plugin;
 mod docs;
 mod handover_order;

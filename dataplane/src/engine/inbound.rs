@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::session::{ReceivingWindow, Session};
@@ -20,7 +20,7 @@ use super::crypto::{
 use super::peer::{self, PeerCore, PeerEntry, PeerShared};
 use super::run::{PeerRun, Run};
 use super::{
-    reason_for, Engine, State, COOKIE_REPLY, DATA_OVERHEAD, HANDSHAKE_INITIATION,
+    reason_for, wall_time, Engine, State, COOKIE_REPLY, DATA_OVERHEAD, HANDSHAKE_INITIATION,
     HANDSHAKE_RESPONSE, MIN_OUTPUT,
 };
 use crate::key::PublicKey;
@@ -109,21 +109,21 @@ impl Engine {
                 Err(reason) => Err(reason),
             };
             if let Err(reason) = claimed {
-                self.count_refused(reason, from);
+                self.count_refused(now, reason, from);
             }
         }
         self.open_and_deliver(now, &mut batch, &mut run, out);
         out.crypto.keep_open_batch(batch);
     }
 
-    fn count_refused(&self, reason: DropReason, from: SocketAddr) {
+    fn count_refused(&self, now: Instant, reason: DropReason, from: SocketAddr) {
         self.drops.count(reason);
         if matches!(reason, DropReason::InvalidMac | DropReason::HandshakeFailed) {
             self.rejected.record(RejectedHandshake {
                 reason,
                 from,
                 public_key: None,
-                at: SystemTime::now(),
+                at: wall_time(self.clock_anchor, now),
             });
         }
     }
@@ -234,7 +234,7 @@ impl Engine {
                 // The replay window's second check: a packet opened twice in this batch, or
                 // overtaken by too many others, is refused here.
                 if let Err(error) = locked_window(&mut window, sessions, job.session).mark(opened) {
-                    self.count_refused(reason_for(error), note.from);
+                    self.count_refused(now, reason_for(error), note.from);
                     continue;
                 }
             }
@@ -253,7 +253,7 @@ impl Engine {
                 }
             });
             if let Err(reason) = delivered {
-                self.count_refused(reason, note.from);
+                self.count_refused(now, reason, note.from);
             }
         }
     }
@@ -340,7 +340,7 @@ impl Engine {
                         reason: DropReason::UnknownPeer,
                         from,
                         public_key: Some(key),
-                        at: SystemTime::now(),
+                        at: wall_time(self.clock_anchor, now),
                     });
                     DropReason::UnknownPeer
                 });
