@@ -21,8 +21,9 @@
 # (POST .../serviceaccounts/NAME/token).
 #
 # Environment (all optional):
-#   ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT   fixed loopback ports; each one not given is picked
-#                                               at random among the free ports in 10000-31999
+#   ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT   fixed loopback ports, all three or none; without
+#                                               them a slot of three is claimed (see "Ports")
+#   KUBE_UP_LOCK_DIR        where the slots' locks live (default /run/lock/kilotun-kube-up)
 #   KUBE_BIN_DIR            directory with kube-apiserver, etcd, kubectl (default: bin/ of the cache
 #                           scripts/kube-apiserver.sh prints, building it if needed)
 #   KUBE_ADMISSION_PLUGINS  --enable-admission-plugins (default below)
@@ -76,14 +77,6 @@ kubectl="$bin/kubectl"
 
 ########################################################################################################
 # Ports.
-# True if anything (listening or not) uses local TCP port $1, per /proc/net/tcp{,6}.
-port_used() {
-	local hex f tables=()
-	hex=$(printf ':%04X' "$1")
-	for f in /proc/net/tcp /proc/net/tcp6; do [[ -r $f ]] && tables+=("$f"); done
-	awk -v h="$hex" 'FNR > 1 && substr($2, length($2) - 4) == h { found = 1 } END { exit !found }' \
-		"${tables[@]}"
-}
 # True if a socket listens on local TCP port $1 (state 0A). A port given explicitly (a restart on
 # the same ports) only needs this to be false: connections the killed server left in TIME_WAIT
 # do not stop etcd or kube-apiserver from binding it (both set SO_REUSEADDR).
@@ -94,30 +87,64 @@ port_listening() {
 	awk -v h="$hex" 'FNR > 1 && substr($2, length($2) - 4) == h && $4 == "0A" { found = 1 } END { exit !found }' \
 		"${tables[@]}"
 }
-# A random free port in 10000-31999: below Linux's ephemeral range (32768+), so outgoing
-# connections do not take it between the pick and the bind. Ports listed in $taken are skipped.
-taken=" "
-pick_port() {
-	local p i
-	for ((i = 0; i < 200; i++)); do
-		p=$((10000 + RANDOM % 22000))
-		if [[ $taken != *" $p "* ]] && ! port_used "$p"; then
-			echo "$p"
-			return 0
-		fi
-	done
+# Ports come in slots, each held by a lock, never guessed free: slot N is etcd on 20000+3N, its
+# peer listener on 20001+3N and kube-apiserver on 20002+3N (N < 3000, below Linux's ephemeral
+# range, 32768+, so no outgoing connection takes one). A slot is claimed with flock(1) on
+# $KUBE_UP_LOCK_DIR/slot-N (default /run/lock/kilotun-kube-up) through a file descriptor that
+# etcd and kube-apiserver inherit: the lock lives as long as either server does, so no other
+# control plane started by this script can pick its ports while it runs or between the pick and
+# the bind. Explicit ports (a restart on the same ports) claim their own slot and fail if another
+# live control plane holds it.
+slot_base=20000
+slots=3000
+lock_dir=${KUBE_UP_LOCK_DIR:-/run/lock/kilotun-kube-up}
+mkdir -p "$lock_dir" 2>/dev/null || lock_dir=${TMPDIR:-/tmp}/kilotun-kube-up
+mkdir -p "$lock_dir"
+slot_fd=
+# Claims slot $1 (on success the lock's descriptor is in $slot_fd, left open for the servers).
+claim_slot() {
+	local fd
+	exec {fd}>"$lock_dir/slot-$1"
+	if flock -n "$fd"; then
+		slot_fd=$fd
+		return 0
+	fi
+	exec {fd}>&-
 	return 1
 }
-etcd_port=${ETCD_PORT:-}
-[[ -n $etcd_port ]] || etcd_port=$(pick_port) || die "no free port for etcd"
-taken+="$etcd_port "
-etcd_peer_port=${ETCD_PEER_PORT:-}
-[[ -n $etcd_peer_port ]] || etcd_peer_port=$(pick_port) || die "no free port for etcd's peer listener"
-taken+="$etcd_peer_port "
-apiserver_port=${APISERVER_PORT:-}
-[[ -n $apiserver_port ]] || apiserver_port=$(pick_port) || die "no free port for kube-apiserver"
+if [[ -n ${ETCD_PORT:-}${ETCD_PEER_PORT:-}${APISERVER_PORT:-} ]]; then
+	etcd_port=${ETCD_PORT:-}
+	etcd_peer_port=${ETCD_PEER_PORT:-}
+	apiserver_port=${APISERVER_PORT:-}
+	for p in "$etcd_port" "$etcd_peer_port" "$apiserver_port"; do
+		if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then
+			die "ETCD_PORT, ETCD_PEER_PORT and APISERVER_PORT go together; got '$etcd_port' '$etcd_peer_port' '$apiserver_port'"
+		fi
+	done
+	slot=$(((etcd_port - slot_base) / 3))
+	if ((etcd_port >= slot_base && slot < slots && etcd_port == slot_base + 3 * slot &&
+		etcd_peer_port == etcd_port + 1 && apiserver_port == etcd_port + 2)); then
+		claim_slot "$slot" || die "ports $etcd_port-$apiserver_port (slot $slot) are held by another control plane ($lock_dir/slot-$slot)"
+	fi
+else
+	start=$((RANDOM % slots))
+	for ((i = 0; i < slots; i++)); do
+		slot=$(((start + i) % slots))
+		claim_slot "$slot" || continue
+		etcd_port=$((slot_base + 3 * slot))
+		etcd_peer_port=$((etcd_port + 1))
+		apiserver_port=$((etcd_port + 2))
+		# Something other than this script may listen there: try the next slot.
+		if port_listening "$etcd_port" || port_listening "$etcd_peer_port" || port_listening "$apiserver_port"; then
+			exec {slot_fd}>&-
+			slot_fd=
+			continue
+		fi
+		break
+	done
+	[[ -n $slot_fd ]] || die "no free slot of ports in $lock_dir"
+fi
 for p in "$etcd_port" "$etcd_peer_port" "$apiserver_port"; do
-	if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then die "bad port '$p'"; fi
 	! port_listening "$p" || die "port $p is in use"
 done
 

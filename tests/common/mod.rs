@@ -24,17 +24,22 @@ pub mod webhook;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// True when the test may create namespaces; otherwise prints why it is skipped.
-pub fn can_run(test: &str) -> bool {
+/// Fails the test, naming what is missing, unless it may create namespaces and TUN devices (root,
+/// with iproute2 and wireguard-tools). The tests that call it are `#[ignore]`d, so they run only
+/// when asked for, and a run that cannot happen is a failure, never a silent pass.
+pub fn require_root(test: &str) {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let tools = ["ip", "wg"].iter().all(|t| which(t));
-    if !root {
-        eprintln!("skipped {test}: needs root for network namespaces and TUN devices");
-    } else if !tools {
-        eprintln!("skipped {test}: needs iproute2 and wireguard-tools (see .ci/run)");
-    }
-    root && tools
+    assert!(
+        root,
+        "{test} needs root for network namespaces and TUN devices: run it as root \
+         (`sudo bash .ci/run`), or leave out the ignored tests and it is reported as skipped"
+    );
+    let missing: Vec<&str> = ["ip", "wg"].into_iter().filter(|t| !which(t)).collect();
+    assert!(
+        missing.is_empty(),
+        "{test} needs {missing:?} (iproute2 and wireguard-tools; .ci/run installs them)"
+    );
 }
 
 pub fn which(tool: &str) -> bool {
@@ -62,6 +67,14 @@ pub fn rss_kib(pid: u32) -> u64 {
 pub fn unique(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{}x{n}", std::process::id())
+}
+
+/// A loopback address of this process's own, `127.64.0.0/10` with the process id in its low 22
+/// bits: nextest runs each test in a process of its own, so no two live tests share one, and a
+/// server a test starts on it with a fixed port cannot find that port taken by another test.
+pub fn own_loopback() -> std::net::Ipv4Addr {
+    let pid = std::process::id() & 0x3f_ffff;
+    std::net::Ipv4Addr::new(127, 64 | (pid >> 16) as u8, (pid >> 8) as u8, pid as u8)
 }
 
 /// A finished command's standard output, then its standard error.
@@ -342,49 +355,31 @@ pub fn engine_bin(engine: Impl) -> Option<String> {
     executable.then_some(path)
 }
 
-/// True when `engine` can be started. An engine of `scripts/engines.sh` that is not there skips
-/// the test with a message, unless `CI` is set: then the test fails.
-pub fn engine_available(engine: Impl, test: &str) -> bool {
+/// Fails `test`, saying how to get it, unless `engine` can be started here. The tests that use
+/// another engine are `#[ignore]`d (root only), so they run only when asked for.
+pub fn require_engine(engine: Impl, test: &str) {
     match engine {
-        Impl::Kilotun | Impl::KilotunWithoutOffload => true,
-        // Unset: skipped, except under CI (.ci/run cross-builds it); set but unusable: a
-        // failure.
+        Impl::Kilotun | Impl::KilotunWithoutOffload => {}
         Impl::ForeignKilotun => match foreign_kilotun() {
-            Ok(Some(_)) => true,
-            Ok(None) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "{test}: CI cross-builds kilotun and sets KILOTUN_CROSS_KILOTUN (.ci/run)"
-                );
-                eprintln!(
-                    "skipped {test}: set KILOTUN_CROSS_KILOTUN to a kilotun built by \
-                     scripts/cross-build.sh (target/aarch64-unknown-linux-gnu/release/kilotun)"
-                );
-                false
-            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!(
+                "{test}: set KILOTUN_CROSS_KILOTUN to a kilotun built by scripts/cross-build.sh \
+                 (target/aarch64-unknown-linux-gnu/release/kilotun; .ci/run builds it)"
+            ),
             Err(why) => panic!("{test}: {why}"),
         },
-        Impl::WireguardGo => {
-            let found = which("wireguard-go");
-            if !found {
-                eprintln!("skipped {test}: needs wireguard-go (see .ci/run)");
-            }
-            found
-        }
+        Impl::WireguardGo => assert!(
+            which("wireguard-go"),
+            "{test}: needs wireguard-go (Debian package wireguard-go; .ci/run installs it)"
+        ),
         Impl::WireguardGo2023 | Impl::WireguardGo2026 | Impl::Gotatun => {
-            if engine_bin(engine).is_some() {
-                return true;
+            if engine_bin(engine).is_none() {
+                let (name, variable, path) = engine_location(engine).expect("a fetched engine");
+                panic!(
+                    "{test}: {name} is not at {path} (run scripts/engines.sh, or set {variable} \
+                     to its binary)"
+                );
             }
-            let (name, variable, path) = engine_location(engine).expect("a fetched engine");
-            let why = format!(
-                "{name} is not at {path} (run scripts/engines.sh, or set {variable} to its binary)"
-            );
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{test}: CI is set and {why}"
-            );
-            eprintln!("skipped {test}: {why}");
-            false
         }
     }
 }

@@ -8,7 +8,7 @@ use std::net::UdpSocket;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use common::{can_run, kilotun_bin, ping_ok, Impl, Netns, WgDevice};
+use common::{kilotun_bin, ping_ok, Impl, Netns, WgDevice};
 use dataplane::testing::pseudo_random_bytes;
 
 fn uapi(name: &str, request: &[u8]) -> String {
@@ -22,10 +22,9 @@ fn uapi(name: &str, request: &[u8]) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
-    if !can_run("malformed_uapi_and_random_datagrams_leave_the_daemon_working") {
-        return;
-    }
+    common::require_root("malformed_uapi_and_random_datagrams_leave_the_daemon_working");
     let (link, mut a, _b) = common::peered(Impl::Kilotun, Impl::Kilotun, 72);
     let before = a.wg(&["showconf", &a.name]);
 
@@ -79,10 +78,9 @@ fn malformed_uapi_and_random_datagrams_leave_the_daemon_working() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn impossible_starts_fail_with_one_clear_line() {
-    if !can_run("impossible_starts_fail_with_one_clear_line") {
-        return;
-    }
+    common::require_root("impossible_starts_fail_with_one_clear_line");
     let ns = Netns::new();
     // A bridge (not a TUN device) already holds the name.
     let taken = common::unique("br");
@@ -207,10 +205,9 @@ fn with_tun_denied(ns: &Netns, args: &[&str]) -> Option<std::process::Output> {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn detached_start_returns_once_up_and_sigterm_removes_everything() {
-    if !can_run("detached_start_returns_once_up_and_sigterm_removes_everything") {
-        return;
-    }
+    common::require_root("detached_start_returns_once_up_and_sigterm_removes_everything");
     let ns = Netns::new();
     let name = common::unique("wg");
     let out = ns.output(&[kilotun_bin(), &name]);
@@ -271,10 +268,11 @@ fn detached_start_returns_once_up_and_sigterm_removes_everything() {
 /// line naming the object, the annotation or field, and the value, logged once however many
 /// reconciles see it; the mesh keeps working.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working() {
-    if !can_run("malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working") {
-        return;
-    }
+    common::require_root(
+        "malformed_nodes_and_peers_are_each_logged_once_and_the_mesh_keeps_working",
+    );
     let c = common::cluster::Cluster::meshed_east_west(&["--encapsulate=never"]);
     let long = "7".repeat(20_000);
     let bad_annotations: Vec<(&str, String)> = vec![

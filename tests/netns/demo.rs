@@ -8,10 +8,9 @@ use std::path::Path;
 use std::process::Command;
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn the_readme_demo_meshes_four_nodes_and_cleans_up() {
-    if !common::can_run("the_readme_demo_meshes_four_nodes_and_cleans_up") {
-        return;
-    }
+    common::require_root("the_readme_demo_meshes_four_nodes_and_cleans_up");
     let root = env!("CARGO_MANIFEST_DIR");
     let svg = std::env::temp_dir().join(format!("{}.svg", common::unique("demo")));
     let output = Command::new("bash")

@@ -10,6 +10,7 @@
 //! `.ci/run` and the real-API-server and real-kubelet tests run; these checks keep their names
 //! and flags honest.
 
+use crate::common;
 use crate::markdown;
 
 use std::path::{Path, PathBuf};
@@ -171,6 +172,7 @@ impl Drop for Host {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn runnable_blocks_run_as_written() {
     let runnable: Vec<Block> = sh_blocks()
         .into_iter()
@@ -181,11 +183,7 @@ fn runnable_blocks_run_as_written() {
         "only {} runnable blocks: did a page lose its marks?",
         runnable.len()
     );
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped runnable_blocks_run_as_written: needs root (namespaces, TUN)");
-        return;
-    }
+    common::require_root("runnable_blocks_run_as_written");
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_kg"))
         .parent()
         .expect("bin dir");

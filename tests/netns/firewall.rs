@@ -14,7 +14,7 @@ use crate::common;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use common::{can_run, which, Netns};
+use common::{which, Netns};
 use control::iptables::{IptRule, RuleSet, KILO_NAT};
 use kilotun::agent::shells::{iptables, nftables};
 
@@ -169,19 +169,14 @@ fn scenario(
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nftables_masquerades_what_kilos_chains_masquerade() {
     let test = "nftables_masquerades_what_kilos_chains_masquerade";
-    if !can_run(test) {
-        return;
-    }
-    if !which("nft") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: nft is missing (apt install nftables)"
-        );
-        eprintln!("skipped {test}: needs nft (nftables)");
-        return;
-    }
+    common::require_root(test);
+    assert!(
+        which("nft"),
+        "{test}: nft is missing (apt install nftables)"
+    );
     scenario(
         "nftables",
         |r, p| nftables::reconcile(r, p, false),
@@ -198,11 +193,10 @@ fn nftables_masquerades_what_kilos_chains_masquerade() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn iptables_masquerades_what_kilos_chains_masquerade() {
     let test = "iptables_masquerades_what_kilos_chains_masquerade";
-    if !can_run(test) {
-        return;
-    }
+    common::require_root(test);
     let spec = format!(
         "-d 192.168.60.0/24 {} -j RETURN",
         comment("Kilo: do not NAT packets destined for known IPs")
@@ -322,24 +316,24 @@ fn ipip_scenario(
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn the_ipip_guard_drops_ipip_from_outside_the_location_in_both_back_ends() {
     let test = "the_ipip_guard_drops_ipip_from_outside_the_location_in_both_back_ends";
-    if !can_run(test) {
-        return;
-    }
+    common::require_root(test);
     ipip_scenario("iptables", |r, p| iptables::reconcile(r, p, false));
-    if which("nft") {
-        ipip_scenario("nftables", |r, p| nftables::reconcile(r, p, false));
-    } else {
-        assert!(std::env::var_os("CI").is_none(), "{test}: nft is missing");
-        eprintln!("{test}: nftables skipped: needs nft");
-    }
+    assert!(
+        which("nft"),
+        "{test}: nft is missing (apt install nftables)"
+    );
+    ipip_scenario("nftables", |r, p| nftables::reconcile(r, p, false));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nftables_takes_every_rule_kilo_writes_for_both_families() {
     let test = "nftables_takes_every_rule_kilo_writes_for_both_families";
-    if !can_run(test) || !which("nft") {
+    common::require_root(test);
+    if !which("nft") {
         assert!(
             std::env::var_os("CI").is_none() || which("nft"),
             "{test}: nft is missing"
@@ -447,9 +441,11 @@ fn on_ns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) 
 /// flushes the set and adds what stays (`control::nftables::FLUSH_OVER`), and the kernel's
 /// table is then exactly what the rules want; the masquerading still holds.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_thousand_networks_leaving_at_once_leave_the_table_as_wanted() {
     let test = "a_thousand_networks_leaving_at_once_leave_the_table_as_wanted";
-    if !can_run(test) || !which("nft") {
+    common::require_root(test);
+    if !which("nft") {
         assert!(
             std::env::var_os("CI").is_none() || which("nft"),
             "{test}: nft is missing"
@@ -483,7 +479,8 @@ fn a_thousand_networks_leaving_at_once_leave_the_table_as_wanted() {
 #[test]
 #[ignore = "a measurement, printed, not a check"]
 fn one_change_at_5000_nodes_costs_each_back_end() {
-    if !can_run("one_change_at_5000_nodes_costs_each_back_end") || !which("nft") {
+    common::require_root("one_change_at_5000_nodes_costs_each_back_end");
+    if !which("nft") {
         return;
     }
     use control::fixtures::{f1_params, synthetic_cluster};

@@ -147,11 +147,11 @@ fn counted(ns: &Netns, comment: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_spoofed_handshake_flood_engages_cookies_and_a_real_peer_still_connects() {
-    if !common::can_run("a_spoofed_handshake_flood_engages_cookies_and_a_real_peer_still_connects")
-    {
-        return;
-    }
+    common::require_root(
+        "a_spoofed_handshake_flood_engages_cookies_and_a_real_peer_still_connects",
+    );
     let link = Link::new(Underlay::V4);
     let victim = WgDevice::start(&link.left, Impl::Kilotun);
     let real_peer = WgDevice::start(&link.right, Impl::WireguardGo);

@@ -9,14 +9,14 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{can_run, engine_available, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
+use common::{ping_ok, require_engine, tcp_transfer, Impl, Link, Underlay, WgDevice};
 
 const TRANSFER: u64 = 100 * 1024 * 1024;
 
 fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
-    if !can_run(test) || !engine_available(left, test) || !engine_available(right, test) {
-        return;
-    }
+    common::require_root(test);
+    require_engine(left, test);
+    require_engine(right, test);
     let link = Link::new(underlay);
     let a = WgDevice::start(&link.left, left);
     let b = WgDevice::start(&link.right, right);
@@ -87,6 +87,7 @@ fn interop(left: Impl, right: Impl, underlay: Underlay, test: &str) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_kilotun_over_ipv4() {
     interop(
         Impl::Kilotun,
@@ -97,6 +98,7 @@ fn kilotun_with_kilotun_over_ipv4() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_kilotun_over_ipv6() {
     interop(
         Impl::Kilotun,
@@ -107,6 +109,7 @@ fn kilotun_with_kilotun_over_ipv6() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_without_offload_with_kilotun_with_offload() {
     interop(
         Impl::KilotunWithoutOffload,
@@ -117,6 +120,7 @@ fn kilotun_without_offload_with_kilotun_with_offload() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_wireguard_go_over_ipv4() {
     interop(
         Impl::Kilotun,
@@ -127,6 +131,7 @@ fn kilotun_with_wireguard_go_over_ipv4() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_wireguard_go_over_ipv6() {
     interop(
         Impl::Kilotun,
@@ -137,6 +142,7 @@ fn kilotun_with_wireguard_go_over_ipv6() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_wireguard_go_2023_over_ipv4() {
     interop(
         Impl::Kilotun,
@@ -147,6 +153,7 @@ fn kilotun_with_wireguard_go_2023_over_ipv4() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_wireguard_go_2023_over_ipv6() {
     interop(
         Impl::Kilotun,
@@ -157,6 +164,7 @@ fn kilotun_with_wireguard_go_2023_over_ipv6() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_wireguard_go_2026_over_ipv4() {
     interop(
         Impl::Kilotun,
@@ -167,6 +175,7 @@ fn kilotun_with_wireguard_go_2026_over_ipv4() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_gotatun_over_ipv4() {
     interop(
         Impl::Kilotun,
@@ -177,6 +186,7 @@ fn kilotun_with_gotatun_over_ipv4() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kilotun_with_gotatun_over_ipv6() {
     interop(
         Impl::Kilotun,

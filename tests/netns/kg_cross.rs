@@ -28,10 +28,9 @@ fn public_key(c: &Cluster, node: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn cross_tunnels_between_locations_only() {
-    if !common::can_run("cross_tunnels_between_locations_only") {
-        return;
-    }
+    common::require_root("cross_tunnels_between_locations_only");
     let mut c = Cluster::with_nodes(
         &["east", "west", "south"],
         &[

@@ -28,10 +28,10 @@ fn pings(c: &Cluster, from: &str, to: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_moved_dns_endpoint_is_followed_within_one_resync() {
-    if !common::can_run("a_moved_dns_endpoint_is_followed_within_one_resync")
-        || !common::which("dnsmasq")
-    {
+    common::require_root("a_moved_dns_endpoint_is_followed_within_one_resync");
+    if !common::which("dnsmasq") {
         eprintln!("(needs dnsmasq too)");
         return;
     }
@@ -103,10 +103,10 @@ fn a_moved_dns_endpoint_is_followed_within_one_resync() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
-    if !common::can_run("a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint")
-        || !common::which("iptables")
-    {
+    common::require_root("a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint");
+    if !common::which("iptables") {
         eprintln!("(needs iptables too)");
         return;
     }

@@ -93,10 +93,9 @@ fn text(v: &Value) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn diagnose_names_each_broken_thing() {
-    if !common::can_run("diagnose_names_each_broken_thing") {
-        return;
-    }
+    common::require_root("diagnose_names_each_broken_thing");
     let mut c = Cluster::with_nodes(
         &["east", "west", "south"],
         &[
@@ -300,10 +299,9 @@ fn unanswered_about<'a>(report: &'a Value, subject: &str) -> Vec<&'a Value> {
 /// (n1 pings n3 all along) and the idle one (west to south) are never named. Five rounds;
 /// the median time from the DROP to both findings is printed.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s() {
-    if !common::can_run("a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s") {
-        return;
-    }
+    common::require_root("a_firewall_dropping_wireguard_is_named_from_both_ends_within_30_s");
     let mut c = Cluster::with_nodes(
         &["east", "west", "south"],
         &[

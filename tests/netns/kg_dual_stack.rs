@@ -154,10 +154,9 @@ const A_MINUTE: Duration = Duration::from_secs(60);
 /// node's CNI conflist gets a range set per family, and each node masquerades its IPv6 pods'
 /// traffic leaving the cluster through `KILO-NAT`; a minute of resyncs changes nothing.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn dual_stack_pods_across_two_locations() {
-    if !common::can_run("dual_stack_pods_across_two_locations") {
-        return;
-    }
+    common::require_root("dual_stack_pods_across_two_locations");
     let c = steady_pod_mesh(Pods::DualStack, "location", "always", A_MINUTE);
     let allowed = c.node("a1").wg("allowed-ips");
     for cidr in ["10.42.3.0/24", "fd42:3::/64", "10.42.4.0/24", "fd42:4::/64"] {
@@ -208,27 +207,26 @@ fn dual_stack_pods_across_two_locations() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn dual_stack_pods_in_full_granularity() {
-    if common::can_run("dual_stack_pods_in_full_granularity") {
-        drop(steady_pod_mesh(Pods::DualStack, "full", "never", STEADY));
-    }
+    common::require_root("dual_stack_pods_in_full_granularity");
+    drop(steady_pod_mesh(Pods::DualStack, "full", "never", STEADY));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn ipv6_only_pods_across_two_locations() {
-    if common::can_run("ipv6_only_pods_across_two_locations") {
-        drop(steady_pod_mesh(Pods::Ipv6Only, "location", "never", STEADY));
-    }
+    common::require_root("ipv6_only_pods_across_two_locations");
+    drop(steady_pod_mesh(Pods::Ipv6Only, "location", "never", STEADY));
 }
 
 /// kgctl reads both families from the Nodes: the graph labels each node with its two pod
 /// CIDRs, `showconf peer` gives a Peer both, and a Peer with an IPv6 allowed IP, set up from
 /// that configuration, reaches IPv6 pods in both locations.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kgctl_and_a_peer_see_both_families() {
-    if !common::can_run("kgctl_and_a_peer_see_both_families") {
-        return;
-    }
+    common::require_root("kgctl_and_a_peer_see_both_families");
     let c = steady_pod_mesh(Pods::DualStack, "location", "never", STEADY);
     let dir = format!("--cluster-dir={}", c.dir.display());
     let graph = common::run(&[
@@ -270,11 +268,11 @@ fn kgctl_and_a_peer_see_both_families() {
 /// and the leader, with no route through a gateway of the other family and no failed route
 /// change; the IPv4 pods and the other location's IPv6 pods keep working.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works() {
-    if !common::can_run("a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works")
-    {
-        return;
-    }
+    common::require_root(
+        "a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works",
+    );
     let c = pod_mesh_with(Pods::DualStack, &["--encapsulate=never"], &["a1"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -325,10 +323,9 @@ fn a_leader_without_an_ipv6_address_is_named_and_the_rest_of_the_mesh_works() {
 /// of the Nodes' ranges, and an IPv6 address Calico lent out of a1's block to a pod on b1 is
 /// routed to b1.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn dual_stack_pods_in_calicos_blocks() {
-    if !common::can_run("dual_stack_pods_in_calicos_blocks") {
-        return;
-    }
+    common::require_root("dual_stack_pods_in_calicos_blocks");
     let c = pod_mesh(Pods::DualStack, &["--encapsulate=never", "--ipam=calico"]);
     let pod = |n: usize| (format!("10.60.{n}.1"), format!("fd60:{n}::1"));
     for n in 1..=4 {

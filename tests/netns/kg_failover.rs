@@ -56,11 +56,11 @@ fn east_west_pinging() -> (Cluster, (usize, &'static str), &'static str, Pinger)
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
-    if !common::can_run("a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back")
-    {
-        return;
-    }
+    common::require_root(
+        "a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back",
+    );
     let (mut c, (leader_index, leader), other, pinger) = east_west_pinging();
 
     // n1 dies: kg killed, its links cut.
@@ -134,10 +134,9 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_cordoned_leader_hands_over_before_it_goes() {
-    if !common::can_run("a_cordoned_leader_hands_over_before_it_goes") {
-        return;
-    }
+    common::require_root("a_cordoned_leader_hands_over_before_it_goes");
     let (c, (_, leader), other, pinger) = east_west_pinging();
     let cordoned = Instant::now();
     c.cordon(leader);
@@ -162,10 +161,9 @@ fn a_cordoned_leader_hands_over_before_it_goes() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_leader_with_its_port_blocked_gives_up_the_lead() {
-    if !common::can_run("a_leader_with_its_port_blocked_gives_up_the_lead") {
-        return;
-    }
+    common::require_root("a_leader_with_its_port_blocked_gives_up_the_lead");
     let (c, (_, leader), other, pinger) = east_west_pinging();
     let blocked = Instant::now();
     c.node(leader).block_wireguard();
@@ -199,10 +197,9 @@ fn marked_cut_off(c: &Cluster) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
-    if !common::can_run("a_leader_cut_off_with_its_whole_location_keeps_the_lead") {
-        return;
-    }
+    common::require_root("a_leader_cut_off_with_its_whole_location_keeps_the_lead");
     let (c, (_, leader), other, pinger) = east_west_pinging();
     // East sends to west too (through its leader), so the leader's tunnel sends while it hears
     // nothing.
@@ -267,10 +264,9 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
-    if !common::can_run("three_leaders_dying_in_a_row_are_each_replaced_within_seconds") {
-        return;
-    }
+    common::require_root("three_leaders_dying_in_a_row_are_each_replaced_within_seconds");
     let east = ["n1", "n2", "n4", "n5"];
     let mut c = Cluster::with_nodes(
         &["east", "west"],
@@ -345,10 +341,9 @@ fn three_leaders_dying_in_a_row_are_each_replaced_within_seconds() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
-    if !common::can_run("a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates") {
-        return;
-    }
+    common::require_root("a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates");
     // East runs kilotun with leases; west's node still elects by Kilo's rule (as Kilo's own
     // agent does, for every location). East must follow Kilo's rule too, or the two sides
     // would disagree about east's leader.

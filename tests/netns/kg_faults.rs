@@ -10,10 +10,9 @@ use std::time::Duration;
 use common::cluster::{Cluster, Laptop};
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_killed_leader_restarts_with_at_most_a_second_of_lost_pings() {
-    if !common::can_run("a_killed_leader_restarts_with_at_most_a_second_of_lost_pings") {
-        return;
-    }
+    common::require_root("a_killed_leader_restarts_with_at_most_a_second_of_lost_pings");
     let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
     let key_before = c.annotations("n1")["kilo.squat.ai/key"].clone();
     let routes_before = String::from_utf8_lossy(
@@ -87,12 +86,11 @@ fn pings_lost_across_a_restart_with(c: &mut Cluster, victim: usize, saved_state:
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_pings() {
-    if !common::can_run(
+    common::require_root(
         "a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_pings",
-    ) {
-        return;
-    }
+    );
     let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
     // n3 only answers: the pings reach it on the session that died with its engine, and a
     // restored peer starts no handshake by itself. The new engine starts them at once.
@@ -130,10 +128,9 @@ fn a_killed_kg_on_the_answering_side_restarts_with_at_most_a_second_of_lost_ping
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive() {
-    if !common::can_run("a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive") {
-        return;
-    }
+    common::require_root("a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive");
     let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
     let keepalive = Duration::from_secs(5);
     let mut laptop = Laptop::join(&c, "laptop", "east", 50, keepalive.as_secs() as u32);
@@ -180,10 +177,9 @@ fn a_peer_restarted_on_a_new_port_is_reached_again_within_one_keepalive() {
 /// `--clean-up=false` keeps the node for the successor (with the Kubernetes backend kg asks its
 /// DaemonSet instead; the file backend has none).
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second() {
-    if !common::can_run("a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second") {
-        return;
-    }
+    common::require_root("a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second");
     let flags = ["--encapsulate=never", "--clean-up=false"];
     let mut c = Cluster::meshed_east_west(&flags);
     let n2 = c.node("n2");

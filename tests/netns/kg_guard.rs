@@ -27,12 +27,11 @@ fn routes(c: &Cluster, node: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn allowed_location_ips_on_the_wrong_location_never_take_down_the_shared_subnet() {
-    if !common::can_run(
+    common::require_root(
         "allowed_location_ips_on_the_wrong_location_never_take_down_the_shared_subnet",
-    ) {
-        return;
-    }
+    );
     let mut c = Cluster::new(&["x"]);
     for (i, name) in ["a1", "a2"].into_iter().enumerate() {
         let spec = NodeSpec {
@@ -159,10 +158,9 @@ fn write_peer(c: &Cluster, name: &str, allowed: &[&str]) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
-    if !common::can_run("an_endpoint_inside_a_peers_allowed_ips_still_handshakes") {
-        return;
-    }
+    common::require_root("an_endpoint_inside_a_peers_allowed_ips_still_handshakes");
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n3", "west")]);
     // A Peer claims west's whole underlay subnet, n3's endpoint among it, before kg starts.
     write_peer(&c, "gateway", &["192.168.20.0/24"]);
@@ -208,10 +206,9 @@ fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn overlapping_allowed_location_ips_route_alike_on_every_node() {
-    if !common::can_run("overlapping_allowed_location_ips_route_alike_on_every_node") {
-        return;
-    }
+    common::require_root("overlapping_allowed_location_ips_route_alike_on_every_node");
     let mut c = Cluster::new(&["x", "y", "z"]);
     let specs = [
         ("n1", "x", "10.9.0.0/24"),

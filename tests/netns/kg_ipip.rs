@@ -42,10 +42,9 @@ fn route_to(node: &KgNode, dst: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn always_carries_location_traffic_over_userspace_ipip() {
-    if !common::can_run("always_carries_location_traffic_over_userspace_ipip") {
-        return;
-    }
+    common::require_root("always_carries_location_traffic_over_userspace_ipip");
     let mut c = Cluster::new(&["east", "west"]);
     c.add_node(&node("n1", "east"), 1);
     c.add_node(&node("n2", "east"), 2);
@@ -155,10 +154,9 @@ fn always_carries_location_traffic_over_userspace_ipip() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn crosssubnet_encapsulates_only_to_other_subnets() {
-    if !common::can_run("crosssubnet_encapsulates_only_to_other_subnets") {
-        return;
-    }
+    common::require_root("crosssubnet_encapsulates_only_to_other_subnets");
     let mut c = Cluster::new(&["east", "west"]);
     // east: n1 and n4 share 192.168.10.0/24, n2 sits on 192.168.11.0/24 of the same bridge.
     c.add_node(&node("n1", "east"), 1);
@@ -202,10 +200,9 @@ fn crosssubnet_encapsulates_only_to_other_subnets() {
 /// `cilium_tunl` and publishes `cilium_host`'s address as `cni-compatibility-ip`. The links are
 /// stand-ins (bridges) with the right names: kg only routes over them.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn compatibility_modes_route_over_the_cnis_links() {
-    if !common::can_run("compatibility_modes_route_over_the_cnis_links") {
-        return;
-    }
+    common::require_root("compatibility_modes_route_over_the_cnis_links");
     let mut c = Cluster::new(&["east"]);
     c.add_node(&node("n1", "east"), 1);
     c.add_node(&node("n2", "east"), 2);
@@ -268,14 +265,13 @@ fn compatibility_modes_route_over_the_cnis_links() {
 /// The iptables rules go through whichever `iptables` is first on `PATH`: here the legacy
 /// (x_tables) back end, while the other tests use the system's default (nft).
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn iptables_rules_work_on_the_legacy_backend() {
-    if !common::can_run("iptables_rules_work_on_the_legacy_backend") {
-        return;
-    }
-    if !common::which("iptables-legacy") {
-        eprintln!("skipped iptables_rules_work_on_the_legacy_backend: no iptables-legacy");
-        return;
-    }
+    common::require_root("iptables_rules_work_on_the_legacy_backend");
+    assert!(
+        common::which("iptables-legacy"),
+        "iptables_rules_work_on_the_legacy_backend: no iptables-legacy (Debian's iptables has it)"
+    );
     let mut c = Cluster::new(&["east"]);
     c.add_node(&node("n1", "east"), 1);
     c.add_node(&node("n2", "east"), 2);

@@ -157,45 +157,45 @@ fn steady_mesh(underlay: Underlay, granularity: &str, encapsulate: &str) -> Clus
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn location_granularity_over_a_dual_stack_underlay() {
-    if common::can_run("location_granularity_over_a_dual_stack_underlay") {
-        drop(steady_mesh(Underlay::DualStack, "location", "never"));
-    }
+    common::require_root("location_granularity_over_a_dual_stack_underlay");
+    drop(steady_mesh(Underlay::DualStack, "location", "never"));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn location_granularity_over_an_ipv6_only_underlay() {
-    if common::can_run("location_granularity_over_an_ipv6_only_underlay") {
-        drop(steady_mesh(Underlay::Ipv6Only, "location", "never"));
-    }
+    common::require_root("location_granularity_over_an_ipv6_only_underlay");
+    drop(steady_mesh(Underlay::Ipv6Only, "location", "never"));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn full_granularity_over_a_dual_stack_underlay() {
-    if common::can_run("full_granularity_over_a_dual_stack_underlay") {
-        drop(steady_mesh(Underlay::DualStack, "full", "never"));
-    }
+    common::require_root("full_granularity_over_a_dual_stack_underlay");
+    drop(steady_mesh(Underlay::DualStack, "full", "never"));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn full_granularity_over_an_ipv6_only_underlay() {
-    if common::can_run("full_granularity_over_an_ipv6_only_underlay") {
-        drop(steady_mesh(Underlay::Ipv6Only, "full", "never"));
-    }
+    common::require_root("full_granularity_over_an_ipv6_only_underlay");
+    drop(steady_mesh(Underlay::Ipv6Only, "full", "never"));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn cross_granularity_over_a_dual_stack_underlay() {
-    if common::can_run("cross_granularity_over_a_dual_stack_underlay") {
-        drop(steady_mesh(Underlay::DualStack, "cross", "never"));
-    }
+    common::require_root("cross_granularity_over_a_dual_stack_underlay");
+    drop(steady_mesh(Underlay::DualStack, "cross", "never"));
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn cross_granularity_over_an_ipv6_only_underlay() {
-    if common::can_run("cross_granularity_over_an_ipv6_only_underlay") {
-        drop(steady_mesh(Underlay::Ipv6Only, "cross", "never"));
-    }
+    common::require_root("cross_granularity_over_an_ipv6_only_underlay");
+    drop(steady_mesh(Underlay::Ipv6Only, "cross", "never"));
 }
 
 /// IPIP (Kilo's default `--encapsulate=always`) over IPv6 internal IPs: this kernel has no
@@ -203,10 +203,9 @@ fn cross_granularity_over_an_ipv6_only_underlay() {
 /// an outer IPv6 header (next header 4, the bytes of the kernel's `ip6tnl` in `ipip6` mode),
 /// addressed to the internal IP of the node whose pod CIDR the route covers.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
-    if !common::can_run("location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay") {
-        return;
-    }
+    common::require_root("location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay");
     let c = steady_mesh(Underlay::Ipv6Only, "location", "always");
     let route = c
         .node("a1")
@@ -268,34 +267,34 @@ fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
 /// the internal IP the user chose, in an outer IPv6 header, although each kg also publishes its
 /// IPv4 address (`kilotun.io/second-internal-ip`, the gateway for IPv6 destinations only).
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay() {
-    if common::can_run("location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay") {
-        let c = steady_mesh(Underlay::DualStack, "location", "always");
-        let route = c
-            .node("a1")
-            .ns
-            .run(&["ip", "route", "show", "10.42.2.0/24"]);
-        assert!(
-            route.contains("dev kilo-ipip") && !route.contains("via"),
-            "{route}\n{}",
-            c.logs()
-        );
-        assert_eq!(
-            c.annotations("a2")
-                .get("kilotun.io/second-internal-ip")
-                .map(String::as_str),
-            Some("192.168.10.2/24")
-        );
-    }
+    common::require_root("location_granularity_with_ipip_encapsulation_over_a_dual_stack_underlay");
+    let c = steady_mesh(Underlay::DualStack, "location", "always");
+    let route = c
+        .node("a1")
+        .ns
+        .run(&["ip", "route", "show", "10.42.2.0/24"]);
+    assert!(
+        route.contains("dev kilo-ipip") && !route.contains("via"),
+        "{route}\n{}",
+        c.logs()
+    );
+    assert_eq!(
+        c.annotations("a2")
+            .get("kilotun.io/second-internal-ip")
+            .map(String::as_str),
+        Some("192.168.10.2/24")
+    );
 }
 
 /// Full granularity has no encapsulation inside a location (every node is a segment of its
 /// own), so `--encapsulate=always` must change nothing on an IPv6-only underlay.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn full_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
-    if common::can_run("full_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay") {
-        drop(steady_mesh(Underlay::Ipv6Only, "full", "always"));
-    }
+    common::require_root("full_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay");
+    drop(steady_mesh(Underlay::Ipv6Only, "full", "always"));
 }
 
 /// Pings `target` from `node`'s host addresses (no pod source).
@@ -304,10 +303,9 @@ fn host_reaches(c: &Cluster, node: &str, target: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn hosts_reach_remote_pods_over_an_ipv6_internal_ip() {
-    if !common::can_run("hosts_reach_remote_pods_over_an_ipv6_internal_ip") {
-        return;
-    }
+    common::require_root("hosts_reach_remote_pods_over_an_ipv6_internal_ip");
     let c = ipv6_mesh(Underlay::DualStack, &["--encapsulate=never"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -327,10 +325,9 @@ fn hosts_reach_remote_pods_over_an_ipv6_internal_ip() {
 /// error naming the node, the annotation and the value, announces the detected IPv4 internal IP
 /// instead, and the node stays on the mesh.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection() {
-    if !common::can_run("a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection") {
-        return;
-    }
+    common::require_root("a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection");
     let mut c = Cluster::new(&["east", "west"]);
     let forced = [("kilo.squat.ai/force-internal-ip", "fd50::1/64")];
     for (i, (name, location)) in [("n1", "east"), ("n2", "east"), ("n3", "west")]
@@ -372,10 +369,9 @@ fn a_forced_internal_ip_of_a_family_the_host_lacks_falls_back_to_detection() {
 /// reaches every pod over an IPv6-only underlay: the leaders' endpoints it is given are IPv6, and
 /// the leaders answer at the IPv6 endpoint its keepalives come from.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay() {
-    if !common::can_run("a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay") {
-        return;
-    }
+    common::require_root("a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay");
     let c = ipv6_mesh(Underlay::Ipv6Only, &["--encapsulate=never"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -424,10 +420,9 @@ fn a_peer_from_kgctl_showconf_reaches_every_pod_over_an_ipv6_only_underlay() {
 /// An IPv6 `--subnet`: the leaders' WireGuard IPs come from it, and the IPv4 pods still reach
 /// each other (the WireGuard link needs no gateway of their family).
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips() {
-    if !common::can_run("an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips") {
-        return;
-    }
+    common::require_root("an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips");
     let c = ipv6_mesh(
         Underlay::DualStack,
         &[
@@ -482,10 +477,9 @@ fn an_ipv6_kilo_subnet_gives_the_leaders_ipv6_wireguard_ips() {
 /// of its own, each has the other location's two nodes as its peers over IPv6 endpoints, and
 /// every address reaches every other of its family.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn two_leaders_per_location_over_an_ipv6_only_underlay() {
-    if !common::can_run("two_leaders_per_location_over_an_ipv6_only_underlay") {
-        return;
-    }
+    common::require_root("two_leaders_per_location_over_an_ipv6_only_underlay");
     let underlay = Underlay::Ipv6Only;
     let c = ipv6_mesh(
         underlay,

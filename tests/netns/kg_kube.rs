@@ -14,10 +14,9 @@ use common::fake_kube::FakeKube;
 use serde_json::json;
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kg_publishes_its_node_and_configures_peers_from_the_api() {
-    if !common::can_run("kg_publishes_its_node_and_configures_peers_from_the_api") {
-        return;
-    }
+    common::require_root("kg_publishes_its_node_and_configures_peers_from_the_api");
     let mut c = Cluster::new(&["east"]);
     c.add_node(
         &NodeSpec {
@@ -131,10 +130,9 @@ fn kube_node(name: &str, region: &str, index: u8) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn an_api_outage_keeps_traffic_on_the_last_good_mesh() {
-    if !common::can_run("an_api_outage_keeps_traffic_on_the_last_good_mesh") {
-        return;
-    }
+    common::require_root("an_api_outage_keeps_traffic_on_the_last_good_mesh");
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
     // The API server lives in n1's namespace on its underlay address, so both nodes reach it.
     let api = c.nodes[0]

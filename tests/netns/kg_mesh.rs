@@ -34,10 +34,9 @@ fn peers(c: &Cluster, node: &str) -> usize {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
-    if !common::can_run("location_mesh_elects_kilos_leaders_and_connects_every_pod") {
-        return;
-    }
+    common::require_root("location_mesh_elects_kilos_leaders_and_connects_every_pod");
     let mut c = four_nodes(&["--encapsulate=never"]);
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -154,10 +153,9 @@ fn location_mesh_elects_kilos_leaders_and_connects_every_pod() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn full_granularity_builds_a_direct_mesh() {
-    if !common::can_run("full_granularity_builds_a_direct_mesh") {
-        return;
-    }
+    common::require_root("full_granularity_builds_a_direct_mesh");
     // Each node gets Kilo's shipped conflist to manage (--cni is on by default).
     let conflist = r#"{"cniVersion":"0.4.0","name":"kilo","plugins":[{"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},{"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}"#;
     let mut c = Cluster::with_nodes(&["east", "west"], &FOUR);
@@ -343,10 +341,10 @@ fn full_granularity_builds_a_direct_mesh() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
-    if !common::can_run("kg_drives_an_existing_wireguard_go_device_over_uapi")
-        || !common::which("wireguard-go")
-    {
+    common::require_root("kg_drives_an_existing_wireguard_go_device_over_uapi");
+    if !common::which("wireguard-go") {
         eprintln!("(needs wireguard-go too)");
         return;
     }
@@ -373,17 +371,14 @@ fn kg_drives_an_existing_wireguard_go_device_over_uapi() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refuses_removals() {
     let test =
         "kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refuses_removals";
-    if !common::can_run(test)
-        || !common::which("wireguard-go")
-        || !common::engine_available(common::Impl::WireguardGo2026, test)
-    {
-        eprintln!("(needs Debian's wireguard-go and wireguard-go 0.0.20260522)");
-        return;
-    }
-    let newest = common::engine_bin(common::Impl::WireguardGo2026).expect("engine_available");
+    common::require_root(test);
+    common::require_engine(common::Impl::WireguardGo, test);
+    common::require_engine(common::Impl::WireguardGo2026, test);
+    let newest = common::engine_bin(common::Impl::WireguardGo2026).expect("require_engine");
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
     // n1 drives Debian bookworm's wireguard-go (0.0.20220316, no `allowed_ip=-`), n2 the
     // newest; each kg only drives the device it finds.
@@ -427,10 +422,9 @@ fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refus
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
-    if !common::can_run("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders") {
-        return;
-    }
+    common::require_root("a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders");
     let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     // A laptop: a plain userspace WireGuard device configured as Kilo's PeerConf describes (one
@@ -466,10 +460,9 @@ fn a_peer_in_the_cluster_dir_reaches_every_location_through_the_leaders() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine() {
-    if !common::can_run("kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine") {
-        return;
-    }
+    common::require_root("kgctl_connect_joins_a_machine_to_the_mesh_with_the_userspace_engine");
     let c = Cluster::meshed_east_west(&["--encapsulate=never"]);
 
     let laptop_ns = common::Netns::new();
@@ -546,10 +539,9 @@ impl Drop for KillOnDrop {
 /// underlay address, never one inside its pod CIDR; a node whose Node lists an `InternalIP`
 /// publishes that one rather than the first address of its default route's link (Kilo #367).
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip() {
-    if !common::can_run("detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip") {
-        return;
-    }
+    common::require_root("detection_skips_the_pod_bridge_and_prefers_the_nodes_internal_ip");
     let mut c = Cluster::with_nodes(&["east"], &[("n1", "east"), ("n2", "east")]);
     // n1: no default route, so no link is preferred and every address is a candidate.
     c.nodes[0].ns.run(&["ip", "route", "del", "default"]);
@@ -598,17 +590,15 @@ fn kernel_has_wireguard(ns: &common::Netns) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none() {
-    if !common::can_run("wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none") {
-        return;
-    }
+    common::require_root("wireguard_auto_runs_the_embedded_engine_where_the_kernel_has_none");
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
-    if kernel_has_wireguard(&c.nodes[0].ns) {
-        eprintln!(
-            "skipped: this kernel has WireGuard (tests/real/kernel_vm.rs covers --wireguard=auto there)"
-        );
-        return;
-    }
+    assert!(
+        !kernel_has_wireguard(&c.nodes[0].ns),
+        "this kernel has WireGuard: .ci/run leaves this test out there (tests/real/kernel_vm.rs \
+         covers --wireguard=auto on such a kernel)"
+    );
     c.start_kg(0, &["--encapsulate=never", "--wireguard=auto"]);
     c.start_kg(1, &["--encapsulate=never"]);
     let meshed = c.wait_for(Duration::from_secs(30), |c| c.all_pods_reachable().is_ok());
@@ -671,10 +661,9 @@ fn refusing_nft(dir: &std::path::Path) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_kernel_that_refuses_nftables_gets_kilos_iptables_chains_instead() {
-    if !common::can_run("a_kernel_that_refuses_nftables_gets_kilos_iptables_chains_instead") {
-        return;
-    }
+    common::require_root("a_kernel_that_refuses_nftables_gets_kilos_iptables_chains_instead");
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n2", "west")]);
     let nft = refusing_nft(&c.work);
     let env = [("KILOTUN_NFT", nft)];

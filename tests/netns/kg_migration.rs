@@ -52,9 +52,7 @@ fn follower<'a>(location: &[&'a str; 2], leader: &str) -> &'a str {
 type Order = fn(&str, &str) -> Vec<String>;
 
 fn migrate_in_order(test: &str, order: Order, departure: Departure) {
-    if !common::can_run(test) {
-        return;
-    }
+    common::require_root(test);
     let mut c = Cluster::with_nodes(
         &["east", "west"],
         &[
@@ -153,6 +151,7 @@ fn migrate_in_order(test: &str, order: Order, departure: Departure) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nodes_migrate_from_kilo_leaders_first() {
     migrate_in_order(
         "nodes_migrate_from_kilo_leaders_first",
@@ -169,6 +168,7 @@ fn nodes_migrate_from_kilo_leaders_first() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nodes_migrate_from_kilo_leaders_last() {
     migrate_in_order(
         "nodes_migrate_from_kilo_leaders_last",
@@ -185,6 +185,7 @@ fn nodes_migrate_from_kilo_leaders_last() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nodes_migrate_from_kilo_location_by_location() {
     migrate_in_order(
         "nodes_migrate_from_kilo_location_by_location",
@@ -197,6 +198,7 @@ fn nodes_migrate_from_kilo_location_by_location() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn nodes_migrate_from_kilo_cleaning_up_as_kilos_manifests_do() {
     // Followers and leaders interleaved, each old agent cleaning up on SIGTERM.
     migrate_in_order(

@@ -67,10 +67,9 @@ fn cluster(pq_on: [bool; 3]) -> Cluster {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
-    if !common::can_run("a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo") {
-        return;
-    }
+    common::require_root("a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo");
     let c = cluster([true, true, true]);
     assert!(
         c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),
@@ -142,10 +141,9 @@ fn a_post_quantum_link_changes_its_key_every_period_without_losing_an_echo() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works() {
-    if !common::can_run("a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works") {
-        return;
-    }
+    common::require_root("a_link_to_a_node_without_post_quantum_has_no_preshared_key_and_works");
     let c = cluster([true, true, false]);
     assert!(
         c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n2")),
@@ -194,12 +192,11 @@ fn named_mismatch(report: &Value, peer: &str) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again() {
-    if !common::can_run(
+    common::require_root(
         "a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again",
-    ) {
-        return;
-    }
+    );
     let mut c = cluster([true, true, true]);
     assert!(
         c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),
@@ -303,12 +300,11 @@ fn a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again(
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load() {
-    if !common::can_run(
+    common::require_root(
         "a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load",
-    ) {
-        return;
-    }
+    );
     let c = cluster([true, true, true]);
     assert!(
         c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")
@@ -354,10 +350,9 @@ fn a_key_rotation_renews_the_ml_kem_key_and_the_links_are_keyed_again_under_load
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn an_announcement_that_flaps_costs_the_link_no_echo_and_it_is_keyed_again() {
-    if !common::can_run("an_announcement_that_flaps_costs_the_link_no_echo_and_it_is_keyed_again") {
-        return;
-    }
+    common::require_root("an_announcement_that_flaps_costs_the_link_no_echo_and_it_is_keyed_again");
     let c = cluster([true, true, true]);
     assert!(
         c.wait_for(Duration::from_secs(15), |c| keyed(c, "n1", "n3")),

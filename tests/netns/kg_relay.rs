@@ -49,10 +49,9 @@ fn cloud_and_two_nated_homes(keepalive: (&str, &str)) -> (Cluster, Vec<String>) 
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn locations_behind_nat_reach_each_other_through_a_relay() {
-    if !common::can_run("locations_behind_nat_reach_each_other_through_a_relay") {
-        return;
-    }
+    common::require_root("locations_behind_nat_reach_each_other_through_a_relay");
     let (c, _) = cloud_and_two_nated_homes(KEEPALIVE);
 
     // The homes peer only with the cloud; the cloud with both.
@@ -115,10 +114,9 @@ fn cloud_and_endpointless_home(home: &[(&str, &str)], resync: &str) -> (Cluster,
 /// A home node that announces no endpoint at all (`force-endpoint: "-"`) but keeps alive: the
 /// cloud has no endpoint for it until its first handshake, then answers where it came from.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
-    if !common::can_run("a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from") {
-        return;
-    }
+    common::require_root("a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from");
     let (c, outside) = cloud_and_endpointless_home(&[KEEPALIVE, NO_ENDPOINT], "2s");
     let meshed = c.wait_for(Duration::from_secs(60), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
@@ -163,10 +161,9 @@ fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
 /// Without a keepalive, a node with no endpoint could never be reached first: it stays out of
 /// the mesh and says why.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out() {
-    if !common::can_run("a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out") {
-        return;
-    }
+    common::require_root("a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out");
     let (c, _) = cloud_and_endpointless_home(&[NO_ENDPOINT], "30s");
     let said = c.wait_for(Duration::from_secs(20), |c| {
         c.node("h1")
@@ -188,10 +185,9 @@ fn endpoint_for(c: &Cluster, on: &str, peer: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes() {
-    if !common::can_run("a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes") {
-        return;
-    }
+    common::require_root("a_restarted_hub_keeps_the_endpoints_it_learned_from_its_nated_homes");
     // Two homes behind their own NAT routers reach each other only through the cloud's hub,
     // which knows them only by the NAT addresses their packets came from. A keepalive of 15 s
     // means a hub that forgot them would wait up to 15 s for a home to teach it again.
@@ -284,10 +280,9 @@ fn assert_restart_gap(c: &Cluster, pinger: &Pinger, killed: Instant, back: bool,
 /// NAT: the cloud's two shares both peer with each home, the homes reach each other through
 /// one cloud leader (the relay), and every pod reaches every other.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn homes_behind_nat_are_relayed_by_one_of_the_clouds_two_leaders() {
-    if !common::can_run("homes_behind_nat_are_relayed_by_one_of_the_clouds_two_leaders") {
-        return;
-    }
+    common::require_root("homes_behind_nat_are_relayed_by_one_of_the_clouds_two_leaders");
     let mut c = Cluster::new(&["cloud", "home1", "home2"]);
     for (name, index) in [("c1", 1), ("c2", 4)] {
         c.add_node(

@@ -86,12 +86,11 @@ fn pinging(c: &Cluster) -> [Pinger; 3] {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_rotated_key_costs_its_links_at_most_two_echoes_and_touches_no_other_link() {
-    if !common::can_run(
+    common::require_root(
         "a_rotated_key_costs_its_links_at_most_two_echoes_and_touches_no_other_link",
-    ) {
-        return;
-    }
+    );
     let c = Cluster::meshed_east_west(&["--mesh-granularity=full", "--encapsulate=never"]);
     let old = c.annotations("n1")[KEY].clone();
     let [to_n1_east, to_n1_west, between] = pinging(&c);
@@ -132,10 +131,9 @@ fn a_rotated_key_costs_its_links_at_most_two_echoes_and_touches_no_other_link() 
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_rotation_interrupted_by_a_killed_kg_ends_with_one_key_its_peers_know() {
-    if !common::can_run("a_rotation_interrupted_by_a_killed_kg_ends_with_one_key_its_peers_know") {
-        return;
-    }
+    common::require_root("a_rotation_interrupted_by_a_killed_kg_ends_with_one_key_its_peers_know");
     let mut c = Cluster::meshed_east_west(&["--mesh-granularity=full", "--encapsulate=never"]);
     let old = c.annotations("n1")[KEY].clone();
     let id = rotate_n1(&c);

@@ -30,10 +30,9 @@ fn peers(c: &Cluster, node: &str) -> BTreeSet<String> {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
-    if !common::can_run("two_leaders_per_location_carry_a_share_each_over_four_tunnels") {
-        return;
-    }
+    common::require_root("two_leaders_per_location_carry_a_share_each_over_four_tunnels");
     two_by_two(&["--encapsulate=never"]);
 }
 
@@ -41,20 +40,18 @@ fn two_leaders_per_location_carry_a_share_each_over_four_tunnels() {
 /// userspace IPIP device where the kernel has no ipip module): a follower reaches its
 /// location's other share straight over IPIP, and that share's nodes take it.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn two_leaders_per_location_over_ipip_inside_each_location() {
-    if !common::can_run("two_leaders_per_location_over_ipip_inside_each_location") {
-        return;
-    }
+    common::require_root("two_leaders_per_location_over_ipip_inside_each_location");
     two_by_two(&["--encapsulate=always"]);
 }
 
 /// The same with lease election: each location's lease holder is one of its leaders, the
 /// next candidate by Kilo's preference the other.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn two_leaders_per_location_with_lease_election() {
-    if !common::can_run("two_leaders_per_location_with_lease_election") {
-        return;
-    }
+    common::require_root("two_leaders_per_location_with_lease_election");
     let c = two_by_two(&["--encapsulate=never", "--leader-election=lease"]);
     for location in ["east", "west"] {
         let holder = c.lease_holder(location).expect("a lease holder");
@@ -125,10 +122,9 @@ fn two_by_two(extra: &[&str]) -> Cluster {
 /// A node run without the flag (as Kilo's kg, which publishes none) holds the cluster at one
 /// leader per location, and the others say so; the mesh works throughout.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_node_without_the_flag_holds_every_location_at_one_leader() {
-    if !common::can_run("a_node_without_the_flag_holds_every_location_at_one_leader") {
-        return;
-    }
+    common::require_root("a_node_without_the_flag_holds_every_location_at_one_leader");
     let mut c = Cluster::with_nodes(&["east", "west"], &NODES[..6]);
     for i in 0..6 {
         let flags: &[&str] = if i == 5 {

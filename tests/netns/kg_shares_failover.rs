@@ -83,9 +83,7 @@ struct Loaded {
 
 impl Loaded {
     fn start(test: &str) -> Option<Self> {
-        if !common::can_run(test) {
-            return None;
-        }
+        common::require_root(test);
         if !common::which("iperf3") {
             eprintln!("skipping {test}: needs iperf3");
             return None;
@@ -201,6 +199,7 @@ impl Loaded {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_lost_second_leader_costs_only_its_share() {
     let Some(mut l) = Loaded::start("a_lost_second_leader_costs_only_its_share") else {
         return;
@@ -232,6 +231,7 @@ fn a_lost_second_leader_costs_only_its_share() {
 
 /// The second leader cordoned: it hands its share to one of its followers at once.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_cordoned_second_leader_hands_its_share_over_at_once() {
     let Some(l) = Loaded::start("a_cordoned_second_leader_hands_its_share_over_at_once") else {
         return;
@@ -249,6 +249,7 @@ fn a_cordoned_second_leader_hands_its_share_over_at_once() {
 /// share's lease cut off, a node that leads nothing shows with a standby handshake that it
 /// reaches west, and takes the share over.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_second_leader_cut_off_gives_its_share_to_a_node_that_reaches_the_others() {
     let test = "a_second_leader_cut_off_gives_its_share_to_a_node_that_reaches_the_others";
     let Some(l) = Loaded::start(test) else {

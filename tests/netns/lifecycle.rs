@@ -6,13 +6,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{can_run, kilotun_bin, ping_ok, Impl, Link, Underlay, WgDevice};
+use common::{kilotun_bin, ping_ok, Impl, Link, Underlay, WgDevice};
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn attaches_to_an_existing_tun_device_and_leaves_it_on_exit() {
-    if !can_run("attaches_to_an_existing_tun_device_and_leaves_it_on_exit") {
-        return;
-    }
+    common::require_root("attaches_to_an_existing_tun_device_and_leaves_it_on_exit");
     let link = Link::new(Underlay::V4);
     let name = common::unique("wg");
     link.left.run(&[
@@ -97,10 +96,9 @@ fn attaches_to_an_existing_tun_device_and_leaves_it_on_exit() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn survives_mtu_address_and_link_state_changes() {
-    if !can_run("survives_mtu_address_and_link_state_changes") {
-        return;
-    }
+    common::require_root("survives_mtu_address_and_link_state_changes");
     let (_link, mut a, b) = common::peered(Impl::Kilotun, Impl::Kilotun, 75);
     a.add_peer(&b, "192.168.200.2:51821", "10.75.0.2/32,10.76.0.0/24");
     b.add_peer(&a, "192.168.200.1:51820", "10.75.0.1/32,10.76.0.1/32");
@@ -146,10 +144,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_deleted_link_under_a_running_device_does_not_make_it_spin() {
-    if !can_run("a_deleted_link_under_a_running_device_does_not_make_it_spin") {
-        return;
-    }
+    common::require_root("a_deleted_link_under_a_running_device_does_not_make_it_spin");
     let (_link, mut a, _b) = common::peered(Impl::Kilotun, Impl::Kilotun, 77);
     assert!(ping_ok(&a.ns, "10.77.0.2", Duration::from_secs(10)));
     a.ip(&["link", "del", &a.name]);
@@ -195,10 +192,9 @@ fn context_switches(pid: u32) -> u64 {
 /// run: a persistent keepalive to a peer that never answers keeps sending handshake
 /// initiations.
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn an_idle_device_without_peers_never_wakes_and_its_first_peer_gets_timers() {
-    if !can_run("an_idle_device_without_peers_never_wakes_and_its_first_peer_gets_timers") {
-        return;
-    }
+    common::require_root("an_idle_device_without_peers_never_wakes_and_its_first_peer_gets_timers");
     let ns = common::Netns::new();
     ns.run(&["ip", "link", "set", "lo", "up"]);
     let device = WgDevice::start(&ns, Impl::Kilotun);

@@ -33,6 +33,7 @@ mod kg_relay;
 mod kg_rotation;
 mod kg_shares;
 mod kg_shares_failover;
+mod leaks;
 mod lifecycle;
 mod memory;
 mod ordering;

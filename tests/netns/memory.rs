@@ -39,10 +39,9 @@ fn config_with_peers(device: &WgDevice, count: usize) -> String {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn a_thousand_peers_fit_in_forty_mebibytes() {
-    if !common::can_run("a_thousand_peers_fit_in_forty_mebibytes") {
-        return;
-    }
+    common::require_root("a_thousand_peers_fit_in_forty_mebibytes");
     let ns = Netns::new();
     let device = WgDevice::start(&ns, Impl::Kilotun);
     let idle = rss_kib(device.pid());

@@ -8,7 +8,7 @@ use crate::common;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::{can_run, peered, ping_ok, Impl};
+use common::{peered, ping_ok, Impl};
 
 /// Concurrent flows (distinct source and destination ports).
 const FLOWS: u16 = 4;
@@ -18,10 +18,9 @@ const DATAGRAMS: u32 = 5_000;
 const SIZE: usize = 1_000;
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn concurrent_flows_through_a_multi_worker_tunnel_each_arrive_in_order() {
-    if !can_run("concurrent_flows_through_a_multi_worker_tunnel_each_arrive_in_order") {
-        return;
-    }
+    common::require_root("concurrent_flows_through_a_multi_worker_tunnel_each_arrive_in_order");
     let (link, a, _b) = peered(Impl::Kilotun, Impl::Kilotun, 71);
     assert!(ping_ok(&a.ns, "10.71.0.2", Duration::from_secs(10)));
 

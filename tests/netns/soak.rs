@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{can_run, ping_ok, tcp_transfer, Impl};
+use common::{ping_ok, tcp_transfer, Impl};
 
 fn lost(summary: &str) -> u32 {
     // "1200 packets transmitted, 1200 received, 0% packet loss, ..."
@@ -18,10 +18,10 @@ fn lost(summary: &str) -> u32 {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
-    if !can_run("two_minutes_bidirectional_against_wireguard_go_loses_nothing")
-        || !common::which("wireguard-go")
-    {
+    common::require_root("two_minutes_bidirectional_against_wireguard_go_loses_nothing");
+    if !common::which("wireguard-go") {
         return;
     }
     let (link, a, b) = common::peered(Impl::Kilotun, Impl::WireguardGo, 73);

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{can_run, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
+use common::{ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
 
 fn pair(right: Impl) -> (Link, WgDevice, WgDevice) {
     common::peered(Impl::Kilotun, right, 71)
@@ -35,10 +35,9 @@ fn transfer(dev: &WgDevice) -> (u64, u64) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn wg_showconf_reports_exactly_what_was_set() {
-    if !can_run("wg_showconf_reports_exactly_what_was_set") {
-        return;
-    }
+    common::require_root("wg_showconf_reports_exactly_what_was_set");
     let link = Link::new(Underlay::V4);
     let a = WgDevice::start(&link.left, Impl::Kilotun);
     let peer_key = common::pipe_to(&["wg", "pubkey"], common::run(&["wg", "genkey"]).as_bytes());
@@ -101,10 +100,9 @@ fn wg_showconf_reports_exactly_what_was_set() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn handshake_time_is_recent_wall_clock_and_counters_grow() {
-    if !can_run("handshake_time_is_recent_wall_clock_and_counters_grow") {
-        return;
-    }
+    common::require_root("handshake_time_is_recent_wall_clock_and_counters_grow");
     let (_link, a, b) = pair(Impl::WireguardGo);
     assert_eq!(latest_handshake(&a), 0, "no handshake before traffic");
     assert!(ping_ok(&a.ns, "10.71.0.2", Duration::from_secs(10)));
@@ -122,10 +120,9 @@ fn handshake_time_is_recent_wall_clock_and_counters_grow() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn setconf_of_the_same_config_during_a_transfer_keeps_the_session() {
-    if !can_run("setconf_of_the_same_config_during_a_transfer_keeps_the_session") {
-        return;
-    }
+    common::require_root("setconf_of_the_same_config_during_a_transfer_keeps_the_session");
     let (link, a, b) = pair(Impl::Kilotun);
     assert!(ping_ok(&a.ns, "10.71.0.2", Duration::from_secs(10)));
     let (handshake_a, handshake_b) = (latest_handshake(&a), latest_handshake(&b));
@@ -171,10 +168,9 @@ fn setconf_of_the_same_config_during_a_transfer_keeps_the_session() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn endpoint_follows_the_peer_when_its_port_changes() {
-    if !can_run("endpoint_follows_the_peer_when_its_port_changes") {
-        return;
-    }
+    common::require_root("endpoint_follows_the_peer_when_its_port_changes");
     let (_link, a, b) = pair(Impl::WireguardGo);
     assert!(ping_ok(&b.ns, "10.71.0.1", Duration::from_secs(10)));
     assert!(a
@@ -189,10 +185,10 @@ fn endpoint_follows_the_peer_when_its_port_changes() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
 fn persistent_keepalive_is_sent_at_the_configured_interval() {
-    if !can_run("persistent_keepalive_is_sent_at_the_configured_interval")
-        || !common::which("tcpdump")
-    {
+    common::require_root("persistent_keepalive_is_sent_at_the_configured_interval");
+    if !common::which("tcpdump") {
         return;
     }
     let (link, a, b) = pair(Impl::WireguardGo);

@@ -15,10 +15,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{
-    can_run, engine_available, foreign_kilotun, ping_ok, tcp_transfer, Impl, Link, Underlay,
-    WgDevice,
-};
+use common::{foreign_kilotun, ping_ok, tcp_transfer, Impl, Link, Underlay, WgDevice};
 
 /// Bytes each way: qemu-user emulates the foreign engine's crypto at a few tens of MB/s.
 const TRANSFER: u64 = 16 * 1024 * 1024;
@@ -38,12 +35,9 @@ fn latest_handshake(device: &WgDevice) -> u64 {
 }
 
 fn cross(right: Impl, test: &str) {
-    if !can_run(test)
-        || !engine_available(Impl::ForeignKilotun, test)
-        || !engine_available(right, test)
-    {
-        return;
-    }
+    common::require_root(test);
+    common::require_engine(Impl::ForeignKilotun, test);
+    common::require_engine(right, test);
     let foreign = foreign_kilotun().unwrap().unwrap();
     let link = Link::new(Underlay::V4);
     let a = WgDevice::start(&link.left, Impl::ForeignKilotun);
@@ -173,11 +167,13 @@ fn cross(right: Impl, test: &str) {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn foreign_kilotun_with_this_machines_kilotun() {
     cross(Impl::Kilotun, "foreign_kilotun_with_this_machines_kilotun");
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn foreign_kilotun_with_wireguard_go() {
     cross(Impl::WireguardGo, "foreign_kilotun_with_wireguard_go");
 }

@@ -23,20 +23,17 @@ use serde_yaml::Value;
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// True when this test can build and run images; otherwise says why it is skipped.
-fn can_run(test: &str) -> bool {
-    if !common::can_run(test) {
-        return false;
-    }
+/// Fails `test`, naming what is missing, unless it can build and run images here.
+fn require_image_tools(test: &str) {
+    common::require_root(test);
     let missing: Vec<&str> = ["podman", "runc", "skopeo"]
         .into_iter()
         .filter(|t| !which(t))
         .collect();
-    if !missing.is_empty() {
-        eprintln!("skipped {test}: needs {missing:?} (.ci/run installs them)");
-        return false;
-    }
-    true
+    assert!(
+        missing.is_empty(),
+        "{test}: needs {missing:?} (.ci/run installs them)"
+    );
 }
 
 /// Runs `command` to its end and returns its output; a failure names `what` and shows the output.
@@ -515,10 +512,9 @@ fn check_platform_image(image: &PlatformImage) {
 /// Every file the manifests and README promise is in the image, with the right entrypoint,
 /// platform and layers; a second build of the same commit has the same digest.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn the_image_holds_the_contract_and_rebuilds_to_the_same_digest() {
-    if !can_run("the_image_holds_the_contract_and_rebuilds_to_the_same_digest") {
-        return;
-    }
+    require_image_tools("the_image_holds_the_contract_and_rebuilds_to_the_same_digest");
     let archive = archive();
     let unpacked = Unpacked::new(archive);
     let images = unpacked.images();
@@ -616,10 +612,9 @@ fn install_cni(podman: &Podman, netns: &str, host: &Path) {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn the_install_cni_init_container_installs_the_plugins_and_the_conflist() {
-    if !can_run("the_install_cni_init_container_installs_the_plugins_and_the_conflist") {
-        return;
-    }
+    require_image_tools("the_install_cni_init_container_installs_the_plugins_and_the_conflist");
     let podman = Podman::new();
     let ns = common::Netns::new();
     let host = std::env::temp_dir().join(unique("cnihost"));
@@ -634,10 +629,9 @@ fn the_install_cni_init_container_installs_the_plugins_and_the_conflist() {
 /// where they are in nf_tables; the CNI plugins and conflist come from the init container and kg keeps the conflist
 /// on the node's pod CIDR; `/graph?format=svg` renders inside the container.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
-    if !can_run("two_containerized_nodes_mesh_as_the_daemonset_runs_them") {
-        return;
-    }
+    require_image_tools("two_containerized_nodes_mesh_as_the_daemonset_runs_them");
     let podman = Podman::new();
     let manifest = Manifest::load();
     let mut cluster = Cluster::new(&["east", "west"]);
@@ -804,10 +798,9 @@ fn two_containerized_nodes_mesh_as_the_daemonset_runs_them() {
 /// The DaemonSet without `/dev/net/tun`, or without `NET_ADMIN`: kg says what is missing in
 /// one line and exits non-zero, with no stack trace.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn without_tun_or_net_admin_kg_exits_with_one_line() {
-    if !can_run("without_tun_or_net_admin_kg_exits_with_one_line") {
-        return;
-    }
+    require_image_tools("without_tun_or_net_admin_kg_exits_with_one_line");
     let podman = Podman::new();
     let manifest = Manifest::load();
     let cluster = Cluster::new(&["east"]);
@@ -863,14 +856,13 @@ fn without_tun_or_net_admin_kg_exits_with_one_line() {
 /// What `kind load image-archive` and `k3s ctr images import` run: containerd's import of the
 /// archive, with kind's flags, names the image as the manifests ask for it.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn containerd_imports_the_archive_under_the_manifests_name() {
-    if !can_run("containerd_imports_the_archive_under_the_manifests_name") {
-        return;
-    }
-    if !which("containerd") || !which("ctr") {
-        eprintln!("skipped containerd_imports_the_archive_under_the_manifests_name: needs containerd (.ci/run installs it)");
-        return;
-    }
+    require_image_tools("containerd_imports_the_archive_under_the_manifests_name");
+    assert!(
+        which("containerd") && which("ctr"),
+        "containerd_imports_the_archive_under_the_manifests_name: needs containerd (.ci/run installs it)"
+    );
     let dir = std::env::temp_dir().join(unique("containerd"));
     fs::create_dir_all(&dir).unwrap();
     let config = dir.join("config.toml");
@@ -949,19 +941,14 @@ fn containerd_imports_the_archive_under_the_manifests_name() {
 /// capabilities and `/dev/net/tun`, meshes with this machine's kilotun: a handshake, pings both
 /// ways and a transfer checked byte for byte.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn the_arm_images_run_under_emulation_and_the_arm64_engine_meshes() {
     let test = "the_arm_images_run_under_emulation_and_the_arm64_engine_meshes";
-    if !can_run(test) {
-        return;
-    }
-    if !expected_platforms().contains(&"linux/arm64/v8") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: CI builds the multi-arch image (KILOTUN_IMAGE_PLATFORMS=all in .ci/run)"
-        );
-        eprintln!("skipped {test}: the image is amd64 only (KILOTUN_IMAGE_PLATFORMS=all builds all three)");
-        return;
-    }
+    require_image_tools(test);
+    assert!(
+        expected_platforms().contains(&"linux/arm64/v8"),
+        "{test}: the image is amd64 only: KILOTUN_IMAGE_PLATFORMS=all builds all three (.ci/run sets it)"
+    );
     for (platform, triple) in [
         ("linux/arm64", "aarch64-unknown-linux-gnu"),
         ("linux/arm/v7", "armv7-unknown-linux-gnueabihf"),

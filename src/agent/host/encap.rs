@@ -473,12 +473,11 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "needs root: the userspace IPIP device is a TUN link"]
     async fn cilium_on_a_kernel_without_ipip_uses_the_userspace_device() {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping cilium_on_a_kernel_without_ipip_uses_the_userspace_device: the userspace IPIP device needs root");
-            return;
-        }
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(root, "the userspace IPIP device needs root");
         let kernel = host();
         // The userspace device is a real TUN link: create it in a namespace of its own.
         let tunnel = std::thread::spawn(move || {

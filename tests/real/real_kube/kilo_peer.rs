@@ -24,26 +24,20 @@ const KILO_DIR: &str = "/var/lib/kilo";
 /// `scripts/kilo.sh`'s cache directory (`<dir>/bin/kg`, `<dir>/bin/kgctl`), or `None` with a
 /// message when Kilo cannot be built here; with `CI` set, a missing Kilo fails the test.
 fn kilo_build(test: &str) -> Option<PathBuf> {
-    let unavailable = |why: String| {
-        if std::env::var_os("CI").is_some() {
-            panic!("{test}: no Kilo build, and CI is set: {why}");
-        }
-        eprintln!(
-            "skipped {test}: no build of Kilo's kg ({why}); run scripts/kilo.sh (KILOTUN_KILO_SRC names Kilo's source)"
-        );
-        None
+    let unavailable = |why: String| -> Option<PathBuf> {
+        panic!("{test}: no build of Kilo's kg ({why}); run scripts/kilo.sh (KILOTUN_KILO_SRC names Kilo's source)");
     };
     // Kilo is in no package registry: a machine without its source (a fresh CI machine) skips,
     // CI or not. With the source, a failed build fails the test under CI.
     let source = std::env::var_os("KILOTUN_KILO_SRC")
         .map_or_else(|| PathBuf::from(DEFAULT_KILO_SRC), PathBuf::from);
-    if !source.exists() {
-        eprintln!(
-            "skipped {test}: Kilo's source is not on this machine ({}; set KILOTUN_KILO_SRC to a checkout of github.com/squat/kilo with its vendor/)",
-            source.display()
-        );
-        return None;
-    }
+    // .ci/run leaves these tests out where the source is absent: the runner reports them skipped.
+    assert!(
+        source.exists(),
+        "{test}: Kilo's source is not on this machine ({}; set KILOTUN_KILO_SRC to a checkout of \
+         github.com/squat/kilo with its vendor/)",
+        source.display()
+    );
     if !common::which("wireguard-go") {
         return unavailable("wireguard-go is not installed (Debian package wireguard-go)".into());
     }
@@ -387,6 +381,7 @@ fn cross_pingers(m: &Mixed) -> Vec<(String, Pinger)> {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn kilo_and_kilotun_mesh_and_agree_on_every_leader() {
     let test = "kilo_and_kilotun_mesh_and_agree_on_every_leader";
     let started = Instant::now();
@@ -518,6 +513,7 @@ fn migrate_in_order_cleaning_up(test: &str, order: &[&str], kilo_clean_up: bool)
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn nodes_migrate_from_kilo_to_kilotun_leaders_first() {
     migrate_in_order(
         "nodes_migrate_from_kilo_to_kilotun_leaders_first",
@@ -526,6 +522,7 @@ fn nodes_migrate_from_kilo_to_kilotun_leaders_first() {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn nodes_migrate_from_kilo_to_kilotun_leaders_last() {
     migrate_in_order(
         "nodes_migrate_from_kilo_to_kilotun_leaders_last",
@@ -534,6 +531,7 @@ fn nodes_migrate_from_kilo_to_kilotun_leaders_last() {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn nodes_migrate_from_kilo_to_kilotun_location_by_location() {
     migrate_in_order(
         "nodes_migrate_from_kilo_to_kilotun_location_by_location",
@@ -548,6 +546,7 @@ fn nodes_migrate_from_kilo_to_kilotun_location_by_location() {
 /// WireGuard's 5 s REKEY_TIMEOUT; 1.14 to 1.36 s with a retry after a second; 0.63 to 0.75 s
 /// now, then 0.31 to 0.42 s).
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn nodes_migrate_from_kilo_cleaning_up_as_its_manifests_run_it_leaders_first() {
     migrate_in_order_cleaning_up(
         "nodes_migrate_from_kilo_cleaning_up_as_its_manifests_run_it_leaders_first",
@@ -575,6 +574,7 @@ fn nodes_migrate_from_kilo_cleaning_up_followers_first() {
 /// come back; Kilo's leaders replace their peers each time). Traffic must come back; the gap is
 /// printed (15.3 s measured, every pair).
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn kilo_alone_recovers_from_a_follower_restarting_with_clean_up() {
     let test = "kilo_alone_recovers_from_a_follower_restarting_with_clean_up";
     let Some(mut m) = Mixed::start_cleaning_up(test, &[Agent::Kilo; 4], true) else {
@@ -609,6 +609,7 @@ fn kilo_alone_recovers_from_a_follower_restarting_with_clean_up() {
 /// the Nodes' ranges, and names each node Kilo's kg runs, once: pod traffic between the two is
 /// refused on Kilo's side.
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam() {
     let test = "kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam";
     let Some(mut m) = Mixed::new(test, false) else {

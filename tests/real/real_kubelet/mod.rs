@@ -47,20 +47,16 @@ const KILO_SELECTOR: &str = "app.kubernetes.io/name=kilo";
 /// `.config/nextest.toml` keeps the clusters apart).
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Skips the test with `why`, or fails it when `CI` is set.
-fn unavailable(test: &str, why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: cannot run, and CI is set: {why}");
-    }
-    eprintln!("skipped {test}: {why}");
+/// Fails the test, saying why it cannot run here (it is `#[ignore]`d: it runs only when asked for).
+fn unavailable(test: &str, why: &str) -> ! {
+    panic!("{test}: cannot run here: {why}");
 }
 
-/// True when this host can run the cluster; otherwise says why the test is skipped.
-fn can_run(test: &str) -> bool {
+/// Fails the test, saying why, unless this host can run the cluster.
+fn require_the_cluster_tools(test: &str) {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         unavailable(test, "needs root (namespaces, cgroups, containerd)");
-        return false;
     }
     let mut tools = vec![
         "ip",
@@ -80,9 +76,7 @@ fn can_run(test: &str) -> bool {
     let missing: Vec<&str> = tools.into_iter().filter(|t| !which(t)).collect();
     if !missing.is_empty() {
         unavailable(test, &format!("needs {missing:?} (.ci/run installs them)"));
-        return false;
     }
-    true
 }
 
 /// The image archive under test: `KILOTUN_IMAGE_ARCHIVE`, or built once per test run by
@@ -121,16 +115,11 @@ impl KubeletCluster {
     /// runtimes as `runtimes` names them (`KUBE_NODE_RUNTIMES`: runc where empty), or `None`
     /// (the test skipped) when that cannot be done here.
     fn up(test: &str, count: usize, flavor: &str, runtimes: &str) -> Option<Self> {
-        if !can_run(test) {
-            return None;
-        }
+        require_the_cluster_tools(test);
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let archive = match image_archive() {
             Ok(a) => a,
-            Err(e) => {
-                unavailable(test, &e);
-                return None;
-            }
+            Err(e) => unavailable(test, &e),
         };
         let dir = std::env::temp_dir().join(unique("kubelet"));
         let started = Instant::now();
@@ -160,7 +149,6 @@ impl KubeletCluster {
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 ),
             );
-            return None;
         }
         eprintln!("{test}: cluster of {count} up in {:.0?}", started.elapsed());
         let env = parse_env(&dir.join("cluster.env"));
@@ -679,6 +667,7 @@ fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn kubeadm_daemonset_on_real_kubelets() {
     let test = "kubeadm_daemonset_on_real_kubelets";
     let Some(k) = KubeletCluster::up(test, 2, "kubeadm", "") else {
@@ -877,6 +866,7 @@ fn kubeadm_daemonset_on_real_kubelets() {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn k3s_daemonset_on_real_kubelets() {
     let test = "k3s_daemonset_on_real_kubelets";
     // The second node's runtime is crun 1.8, which leaves /dev/net/tun out of its default

@@ -35,6 +35,7 @@ fn status_of_peer(m: &Mixed, name: &str, key: &str) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
 fn kilo_follows_a_rotated_kilotun_key_and_the_post_quantum_link_to_kilo_runs_without_a_key() {
     let test =
         "kilo_follows_a_rotated_kilotun_key_and_the_post_quantum_link_to_kilo_runs_without_a_key";
