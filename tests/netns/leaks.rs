@@ -4,8 +4,8 @@
 //! log, `/status`, `/metrics`, `/graph`, `kgctl diagnose`, `kgctl graph`, `kgctl showconf` of a
 //! node with and without `--as-peer` and in each format, `kgctl showconf peer`) is scanned for
 //! every private and preshared key the test knows (the nodes' keys, n1's next key, the
-//! post-quantum keys, the Peer's), in base64 and in hex. Only the Peer's own configuration
-//! (`showconf peer`) may hold its preshared key. The files beside each key are 0600. A planted
+//! post-quantum keys, the Peer's), in base64 and in hex. Only a WireGuard configuration
+//! (`showconf`, as Kilo's) may hold a Peer's preshared key, which the Peer object holds anyway. The files beside each key are 0600. A planted
 //! key is found, so the scan is known to look.
 
 use crate::common;
@@ -21,7 +21,7 @@ use common::cluster::{kgctl_bin, Cluster};
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The secrets the test knows, by a name that says whose (never the secret itself), with
-/// whether `showconf peer` may hold it.
+/// whether a WireGuard configuration (`showconf`) may hold it.
 #[derive(Default)]
 struct Secrets(BTreeMap<String, (Vec<u8>, bool)>);
 
@@ -55,11 +55,12 @@ impl Secrets {
         }
     }
 
-    /// The secrets found in `text`, by name; `peer_conf` allows the ones a Peer is given.
-    fn leaks(&self, text: &str, peer_conf: bool) -> Vec<String> {
+    /// The secrets found in `text`, by name; `configuration` allows the ones a WireGuard
+    /// configuration holds.
+    fn leaks(&self, text: &str, configuration: bool) -> Vec<String> {
         self.0
             .iter()
-            .filter(|(_, (_, allowed))| !(peer_conf && *allowed))
+            .filter(|(_, (_, allowed))| !(configuration && *allowed))
             .filter(|(_, (raw, _))| {
                 let forms = [B64.encode(raw), hex::encode(&raw), hex::encode_upper(&raw)];
                 forms.iter().any(|form| text.contains(form.as_str()))
@@ -77,7 +78,7 @@ fn kgctl(c: &Cluster, args: &[&str]) -> String {
     common::output_text(&c.node("n1").ns.output(&command))
 }
 
-/// Every output surface of the cluster, as `(name, text, is the Peer's own configuration)`.
+/// Every output surface of the cluster, as `(name, text, is a WireGuard configuration)`.
 fn surfaces(c: &Cluster) -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
     for n in &c.nodes {
@@ -104,7 +105,12 @@ fn surfaces(c: &Cluster) -> Vec<(String, String, bool)> {
         &["showconf", "node", "n3", "--as-peer", "-o", "json"],
     ];
     for args in commands {
-        out.push((format!("kgctl {}", args.join(" ")), kgctl(c, args), false));
+        let configuration = args[0] == "showconf";
+        out.push((
+            format!("kgctl {}", args.join(" ")),
+            kgctl(c, args),
+            configuration,
+        ));
     }
     for format in ["wireguard", "json", "yaml"] {
         let args = ["showconf", "peer", "laptop", "-o", format];
@@ -225,8 +231,8 @@ fn no_key_appears_on_any_output_surface() {
         "every device holds the Peer's preshared key"
     );
 
-    // The planted leak: the scan finds a key in each form, and only the Peer's may be in its
-    // own configuration.
+    // The planted leak: the scan finds a key in each form, and only the Peer's may be in a
+    // configuration.
     let node_key = std::fs::read_to_string(c.work.join("keys").join("n1")).unwrap();
     let raw = B64.decode(node_key.trim()).unwrap();
     let planted = Secrets(BTreeMap::from([(
@@ -251,8 +257,15 @@ fn no_key_appears_on_any_output_surface() {
         1
     );
 
-    // A rotation under way: n1's next key is on disk and published.
-    let id = crate::kg_rotation::rotate_n1(&c);
+    // A rotation under way: n1's next key is on disk and published (--force: the Peer is
+    // configured with the leaders' keys and would not follow).
+    let said = kgctl(&c, &["rotate-key", "n1", "--force"]);
+    let id = said
+        .split("(request ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("kgctl rotate-key said: {said}"))
+        .to_string();
     let next = c.work.join("keys").join("n1.next");
     let published = c.wait_for(Duration::from_secs(20), |c| {
         next.exists() && c.annotations("n1").contains_key("kilotun.io/next-key")
