@@ -62,7 +62,7 @@ impl Secrets {
             .iter()
             .filter(|(_, (_, allowed))| !(configuration && *allowed))
             .filter(|(_, (raw, _))| {
-                let forms = [B64.encode(raw), hex::encode(&raw), hex::encode_upper(&raw)];
+                let forms = [B64.encode(raw), hex::encode(raw), hex::encode_upper(raw)];
                 forms.iter().any(|form| text.contains(form.as_str()))
             })
             .map(|(name, _)| name.clone())
