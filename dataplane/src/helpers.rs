@@ -518,7 +518,7 @@ fn spin_until_offered(shared: &Shared, seen: u64, idle_since: Instant) {
     let mut spins = 0u32;
     while shared.offers_made.load(Ordering::Acquire) == seen {
         spins += 1;
-        if spins % 64 == 0 {
+        if spins.is_multiple_of(64) {
             if idle_since.elapsed() >= SPIN_BEFORE_SLEEP {
                 return;
             }
