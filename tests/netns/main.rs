@@ -38,5 +38,4 @@ mod lifecycle;
 mod memory;
 mod ordering;
 mod soak;
-mod wg_quick;
 mod wg_tool;

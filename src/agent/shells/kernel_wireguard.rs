@@ -247,9 +247,6 @@ pub fn device_from_messages(messages: &[WireguardMessage]) -> (DeviceConfig, Vec
             }
         }
     }
-    for peer in &mut config.peers {
-        peer.allowed_ips = dataplane::config::unique_prefixes(&peer.allowed_ips);
-    }
     (config, stats)
 }
 
@@ -292,9 +289,8 @@ fn read_peer(peer: &WireguardPeer, config: &mut DeviceConfig, stats: &mut Vec<Pe
             WireguardPeerAttribute::TxBytes(bytes) => counters.tx_bytes = *bytes,
             WireguardPeerAttribute::AllowedIps(ips) => {
                 for ip in ips {
-                    // Made unique once the whole dump is read (linear, for a long list).
                     if let Some(net) = allowed_ip(ip) {
-                        out.allowed_ips.push(net.trunc());
+                        out.add_allowed_ip(net);
                     }
                 }
             }
