@@ -4,7 +4,9 @@
 //! clock. This scans the code (comments and `#[cfg(test)]` items left out) for
 //! `Instant::now()` and `SystemTime::now()` and fails on one outside [`MAY_READ_THE_CLOCK`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::layout::rust_files;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -44,17 +46,6 @@ const MAY_READ_THE_CLOCK: [&str; 20] = [
     // The fuzz targets' drivers of the engine.
     "dataplane/src/fuzzing.rs",
 ];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// True for a file that holds tests only (`tests.rs`, `*_tests.rs`, anything under `tests/`).
 fn is_test_file(relative: &str) -> bool {
