@@ -384,6 +384,8 @@ fn base64_key(key: &dataplane::PublicKey) -> String {
 }
 
 #[cfg(test)]
+mod check_tests;
+#[cfg(test)]
 mod pq_tests;
 #[cfg(test)]
 mod publish_tests;

@@ -229,9 +229,9 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             .and(self.tunnel.name().map(str::to_string));
         let withheld = want.withheld.iter().map(ToString::to_string).collect();
         self.status.update(|p| {
-            p.node = self.s.hostname.clone();
-            p.interface = self.s.args.interface.clone();
-            p.granularity = self.s.granularity.as_str().to_string();
+            p.node = self.settings.hostname.clone();
+            p.interface = self.settings.args.interface.clone();
+            p.granularity = self.settings.granularity.as_str().to_string();
             p.topology = Some(Arc::clone(&c.topology));
             p.encapsulate = want.encapsulate;
             p.tunnel = tunnel_name;
@@ -408,7 +408,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                 peers = desired.peers.len(),
                 "WireGuard configuration applied"
             );
-            if let Err(e) = state::save(&self.s.args.key_file, &desired) {
+            if let Err(e) = state::save(&self.settings.args.key_file, &desired) {
                 tracing::warn!(
                     error = format!("{e:#}"),
                     "saving the WireGuard state failed"
@@ -458,7 +458,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             self.record.applied.kernel_routes = Some(apply_ops(&observed, &ops));
         }
         if plan != self.owned {
-            if let Err(e) = state::save_routes(&self.s.args.key_file, &plan) {
+            if let Err(e) = state::save_routes(&self.settings.args.key_file, &plan) {
                 tracing::warn!(
                     error = format!("{e:#}"),
                     "saving the routes kg installed failed"
@@ -477,15 +477,13 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             FirewallStep::Write { previous } => previous,
         };
         let v6 = self.ip6tables;
-        let firewall = self.firewall.clone();
         let wanted = rules.clone();
         // What was written last: the firewall writes only the difference (none after a full
         // pass, which forgot it: then the host's rules are read and compared).
-        let reconciled =
-            tokio::task::spawn_blocking(move || firewall.reconcile(&wanted, previous.as_ref(), v6))
-                .await
-                .map_err(anyhow::Error::from)
-                .and_then(|r| r);
+        let reconciled = super::shells::firewall::off_loop(&self.firewall, move |firewall| {
+            firewall.reconcile(&wanted, previous.as_ref(), v6)
+        })
+        .await;
         match reconciled {
             Ok(changed) => {
                 if changed {

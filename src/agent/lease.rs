@@ -1,9 +1,8 @@
 //! Leader election by lease, the agent's shell around the lease step: it reads the tunnels the
 //! step needs ([`TunnelReadings`]) and sends the lease write the reconciler returns
-//! ([`super::reconciler::Reconciler::tend_lease`]) as a compare-and-swap.
+//! ([`super::reconciler::PassEffect::WriteLease`]) as a compare-and-swap.
 
 use control::leader::book::{LeaseWrite, TunnelReadings, TunnelTraffic};
-use control::leader::LEASE_RENEW_MS;
 use control::Key;
 
 use super::shells::{Engine, Firewall, Kernel};
@@ -82,7 +81,3 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
     }
 }
-
-/// How often the lease step runs.
-pub(super) const LEASE_PERIOD: std::time::Duration =
-    std::time::Duration::from_millis(LEASE_RENEW_MS as u64);

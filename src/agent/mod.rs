@@ -30,7 +30,6 @@ use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
 
 use crate::backend::{Backend, Snapshot};
-use crate::periodic::periodic;
 use args::Settings;
 use host::{encap, local::ProblemLog};
 use serve::{http, metrics::Metrics, status};
@@ -57,11 +56,9 @@ pub mod stages;
 mod start;
 pub mod twin_agent;
 
-pub use reconciler::CHECK_IN_PERIOD;
+pub use reconciler::{Timer, Wake, CHECK_IN_PERIOD};
 /// How long one DNS lookup may take.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
-/// Least time between two reconciles started for DNS lookups.
-const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long kg lets a burst of kernel notifications settle before listing the host again.
 pub const KERNEL_SETTLE: Duration = Duration::from_millis(200);
 
@@ -119,7 +116,8 @@ pub use control::pass::Trigger;
 /// The running agent, over the kernel `N`, the firewall `F` and the WireGuard device `W` (the
 /// host's by default; in-memory twins in tests and benchmarks).
 pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
-    s: Settings,
+    /// The agent's configuration.
+    settings: Settings,
     key: SecretKey,
     /// The next key of a rotation under way: on disk, published, not yet in use.
     next_key: Option<SecretKey>,
@@ -152,6 +150,46 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     core: reconciler::Reconciler,
     /// What the shells wrote to the host.
     record: apply::HostRecord,
+    /// DNS names due for a lookup, for the driver's resolver ([`Agent::take_due_lookups`]).
+    due_lookups: Vec<String>,
+}
+
+/// What wakes the agent ([`Agent::step`]).
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// The backend's snapshot changed.
+    Snapshot,
+    /// The kernel's links, addresses or routes changed (a settled burst of notifications).
+    Kernel,
+    /// A timer of [`Agent::poll_timeout`] fell due.
+    Timeout(Timer),
+    /// Answers to the lookups asked.
+    Lookups(Vec<LookupAnswer>),
+    /// A post-quantum exchange's datagram from `from`.
+    PqDatagram {
+        /// Where it came from.
+        from: std::net::SocketAddr,
+        /// Its bytes.
+        datagram: &'a [u8],
+    },
+}
+
+/// Where the agent reads the backend's latest snapshot from: kg's watch, or a value.
+pub trait SnapshotSource {
+    /// Calls `read` with the latest snapshot (marking it seen), with nothing awaited between.
+    fn read_latest<R>(&mut self, read: impl FnOnce(&Snapshot) -> R) -> R;
+}
+
+impl SnapshotSource for watch::Receiver<Arc<Snapshot>> {
+    fn read_latest<R>(&mut self, read: impl FnOnce(&Snapshot) -> R) -> R {
+        read(&self.borrow_and_update())
+    }
+}
+
+impl SnapshotSource for Arc<Snapshot> {
+    fn read_latest<R>(&mut self, read: impl FnOnce(&Snapshot) -> R) -> R {
+        read(self)
+    }
 }
 
 /// The shells an [`Agent`] is built on.
@@ -177,14 +215,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 
     /// True when kg takes its location's lease ([`args::Settings::elects_by_lease`]).
     pub fn leases_on(&self) -> bool {
-        self.s.elects_by_lease()
-    }
-
-    /// When the next DNS lookup is due: `None` with no name to resolve (or no resolver), so
-    /// the loop sets no timer for it.
-    pub fn dns_deadline(&self) -> Option<Instant> {
-        self.resolver.as_ref()?;
-        self.core.dns_deadline()
+        self.settings.elects_by_lease()
     }
 
     /// When the readiness flips or the firewall write held back are due: `None` when none
@@ -193,41 +224,81 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         self.core.readiness_deadline()
     }
 
-    /// When a lease this node saw held runs out unless renewed (see
-    /// [`reconciler::Reconciler::lease_deadline`]).
-    pub fn lease_deadline(&self) -> Option<Instant> {
-        self.core.lease_deadline()
+    /// The next moment the agent must wake without an event, and why: one table for every
+    /// timer ([`reconciler::Reconciler::poll_timeout`]).
+    pub fn poll_timeout(&self) -> Option<(Instant, Timer)> {
+        self.core.poll_timeout()
     }
 
-    /// When a key rotation's next step is due (see
-    /// [`reconciler::Reconciler::rotation_deadline`]).
-    pub fn rotation_deadline(&self) -> Option<Instant> {
-        self.core.rotation_deadline()
+    /// The DNS names due for a lookup since the last call, for the driver's resolver.
+    pub fn take_due_lookups(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.due_lookups)
     }
 
-    /// The deadlines of the lease step, the held readiness flips and the key rotation, in
-    /// that order: what a driver other than [`run`] (the reference model) waits for.
-    pub fn timer_deadlines(&self) -> [Option<Instant>; 3] {
-        [
-            self.lease_deadline(),
-            self.readiness_deadline(),
-            self.rotation_deadline(),
-        ]
+    /// Everything the agent does when woken by `input` at `now`, the one loop body of kg and of
+    /// the reference model: a pass (reading the latest snapshot from `snapshots`) when the
+    /// input asks for one, lookups or the post-quantum links' timers otherwise. Returns the
+    /// pass's outcome (`None`: no pass ran); a failed pass was counted, put on `/status` and
+    /// logged.
+    pub async fn step(
+        &mut self,
+        input: Input<'_>,
+        snapshots: &mut impl SnapshotSource,
+        now: Now,
+    ) -> Option<Result<()>> {
+        let trigger = match input {
+            Input::Snapshot => Trigger::Event,
+            Input::Kernel => Trigger::Kernel,
+            Input::Lookups(answers) => {
+                self.take_lookups(answers, now);
+                Trigger::Dns
+            }
+            Input::PqDatagram { from, datagram } => {
+                self.pq_datagram(from, datagram, now);
+                self.schedule_post_quantum(now);
+                return None;
+            }
+            Input::Timeout(timer) => match self.core.on_timeout(timer, now) {
+                Wake::Pass(trigger) => trigger,
+                Wake::Lookups(names) => {
+                    self.due_lookups.extend(names);
+                    return None;
+                }
+                Wake::PostQuantum => {
+                    self.pq_poll(now);
+                    self.schedule_post_quantum(now);
+                    return None;
+                }
+            },
+        };
+        // Only what changed is taken from the snapshot, before any await: the backend, writing
+        // the next event, never finds it shared and copies it.
+        snapshots.read_latest(|snapshot| self.ingest(snapshot, now));
+        tracing::trace!(?trigger, "reconcile");
+        let settled = self.settle(trigger, now).await;
+        if let Err(e) = &settled {
+            self.metrics.error("apply");
+            self.status.error(format!("reconcile failed: {e:#}"));
+            tracing::warn!(error = format!("{e:#}"), "reconcile failed");
+        }
+        self.pq_refresh(now);
+        self.schedule_post_quantum(now);
+        Some(settled)
+    }
+
+    /// Puts the post-quantum links' next moment, judged at `now`, into the timer table.
+    fn schedule_post_quantum(&mut self, now: Now) {
+        let at = self.pq_due_ms().map(|due| {
+            let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
+            now.instant + Duration::from_millis(after)
+        });
+        self.core.schedule_post_quantum(at);
     }
 
     fn warn_once(&mut self, what: &'static str, message: &str) {
         if !self.warned.insert(what, true).unwrap_or(false) {
             tracing::warn!("{message}");
         }
-    }
-
-    /// The DNS names whose lookup is due at `now`, marked as asked
-    /// ([`control::dns::DnsBook::start`]); none without a resolver.
-    pub fn start_lookups(&mut self, now: Now) -> Vec<String> {
-        if self.resolver.is_none() {
-            return Vec::new();
-        }
-        self.core.start_lookups(now)
     }
 
     /// Takes in lookup answers that came at `now`: a failure keeps the last good address.
@@ -239,7 +310,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 }
 /// Runs kg until SIGINT or SIGTERM.
 pub async fn run(settings: Settings) -> Result<()> {
-    let resync = settings.resync;
     let listen = settings.args.listen.clone();
     // Held until the engine is stopped: the next kg of this node waits on it (see `engine_lock`).
     let engine_lock = if settings.args.create_interface {
@@ -260,17 +330,10 @@ pub async fn run(settings: Settings) -> Result<()> {
     let bound = http::serve(&listen, state).await?;
     tracing::info!(address = %bound, "serving /health, /ready, /metrics, /graph and /status");
     let mut snapshots = agent.subscribe();
-    let mut resync_timer = periodic(resync);
-    let mut check_in_timer = periodic(CHECK_IN_PERIOD);
-    let leases = agent.leases_on();
-    let mut lease_timer = periodic(lease::LEASE_PERIOD);
     let (mut kernel_changes, routing) =
         kernel_watch::watch_changes(KERNEL_SETTLE, agent.netlink.port())?;
     agent.record.routing = Some(routing);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // DNS lookups run when the book says one is due, at most once a second: a reconcile that
-    // fails before it resolves leaves the deadline in the past, and must not spin.
-    let mut last_dns: Option<Instant> = None;
     let mut lookups = agent
         .resolver
         .clone()
@@ -278,52 +341,23 @@ pub async fn run(settings: Settings) -> Result<()> {
     let pq_socket = agent.pq_socket();
     let mut pq_buffer = vec![0u8; 2048];
     loop {
-        let dns_deadline = agent
-            .dns_deadline()
-            .map(|due| last_dns.map_or(due, |last| due.max(last + DNS_MIN_INTERVAL)));
-        let trigger = tokio::select! {
+        let timeout = agent.poll_timeout();
+        let input = tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
-            changed = snapshots.changed() => if changed.is_err() { break } else { Trigger::Event },
-            _ = resync_timer.tick() => Trigger::Resync,
-            _ = check_in_timer.tick() => Trigger::CheckIn,
-            Some(()) = kernel_changes.recv() => Trigger::Kernel,
-            () = sleep_until(dns_deadline) => {
-                let now = read_clock();
-                last_dns = Some(now.instant);
-                if let Some(lookups) = &lookups {
-                    lookups.ask(agent.start_lookups(now));
-                }
-                continue;
-            }
-            Some(answers) = next_answers(&mut lookups) => {
-                agent.take_lookups(answers, read_clock());
-                Trigger::Dns
-            }
-            () = sleep_until(agent.readiness_deadline()) => Trigger::Readiness,
-            _ = lease_timer.tick(), if leases => Trigger::Lease,
-            () = sleep_until(agent.lease_deadline()), if leases => Trigger::Lease,
-            () = sleep_until(agent.rotation_deadline()) => Trigger::Key,
+            changed = snapshots.changed() => if changed.is_err() { break } else { Input::Snapshot },
+            Some(()) = kernel_changes.recv() => Input::Kernel,
+            Some(answers) = next_answers(&mut lookups) => Input::Lookups(answers),
             Some((len, from)) = receive(pq_socket.as_deref(), &mut pq_buffer) => {
-                agent.pq_datagram(from, &pq_buffer[..len], read_clock());
-                continue;
+                Input::PqDatagram { from, datagram: &pq_buffer[..len] }
             }
-            () = sleep_until(agent.pq_deadline()) => {
-                agent.pq_poll(read_clock());
-                continue;
-            }
+            Some(timer) = fire(timeout) => Input::Timeout(timer),
         };
-        // Only what changed is taken from the snapshot, under the channel's lock and before
-        // any await: the backend, writing the next event, never finds it shared and copies it.
-        let now = read_clock();
-        agent.ingest(&snapshots.borrow_and_update(), now);
-        tracing::trace!(?trigger, "reconcile");
-        if let Err(e) = agent.settle(trigger, now).await {
-            agent.metrics.error("apply");
-            agent.status.error(format!("reconcile failed: {e:#}"));
-            tracing::warn!(error = format!("{e:#}"), "reconcile failed");
+        // A failed pass was said where it failed; the next input tries again.
+        let _ = agent.step(input, &mut snapshots, read_clock()).await;
+        if let Some(lookups) = &lookups {
+            lookups.ask(agent.take_due_lookups());
         }
-        agent.pq_refresh(read_clock());
     }
     tracing::info!("shutting down");
     agent.shut_down().await;
@@ -352,10 +386,14 @@ async fn receive(
     }
 }
 
-/// Sleeps until `deadline`; with none, never returns (a `select!` branch that never fires).
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+/// Sleeps until `timeout`'s moment and returns its timer; with none, never returns (a
+/// `select!` branch that never fires).
+async fn fire(timeout: Option<(Instant, Timer)>) -> Option<Timer> {
+    match timeout {
+        Some((at, timer)) => {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+            Some(timer)
+        }
         None => std::future::pending().await,
     }
 }

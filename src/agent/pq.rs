@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use control::clock::Now;
@@ -310,14 +310,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         [pq.book.next_timeout(), check].into_iter().flatten().min()
     }
 
-    /// [`Agent::pq_due_ms`] on the clock.
-    pub fn pq_deadline(&self) -> Option<Instant> {
-        let due = self.pq_due_ms()?;
-        let now = super::read_clock();
-        let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
-        Some(now.instant + Duration::from_millis(after))
-    }
-
     /// The socket the exchanges arrive on, with `--post-quantum`.
     pub fn pq_socket(&self) -> Option<Arc<tokio::net::UdpSocket>> {
         match &self.pq.as_ref()?.wire {
@@ -387,7 +379,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             );
         }
         // The device's saved state too: a restarted kg restores its peers from it.
-        if let Err(e) = super::shells::state::save(&self.s.args.key_file, &device) {
+        if let Err(e) = super::shells::state::save(&self.settings.args.key_file, &device) {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "saving the WireGuard state failed"

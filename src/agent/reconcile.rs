@@ -1,7 +1,7 @@
 //! One reconcile pass, carried out: the [`Reconciler`](super::reconciler::Reconciler) decides
 //! each step from values (the backend's changed objects, the host as listed, the tunnels'
-//! readings, the shells' results) and this driver runs the shells it names, times the stages
-//! ([`super::stages`]) and feeds the results back. A pass whose inputs moved nothing but a
+//! readings, the shells' results) and hands out the effects; this driver carries each out,
+//! times the stages ([`super::stages`]) and hands the answer back. A pass whose inputs moved nothing but a
 //! `last-seen` (the steady churn of every Kilo cluster) stops after the node table and
 //! touches neither the kernel nor the firewall nor WireGuard. Resyncs and kernel notifications
 //! list the host again and run every stage.
@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::Result;
 use control::clock::Now;
 
-use super::host::{read_host, OwnSide};
-use super::reconciler::Start;
+use super::host::{read_host, DetectionInputs, HostView, OwnSide};
+use super::reconciler::{PassAnswer, PassEffect};
 use super::shells::{Engine, Firewall, Kernel};
 use super::stages::Stage;
 use super::{read_clock, Agent, Trigger};
@@ -47,8 +47,11 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Carries what [`Agent::ingest`] took in (and the time passed, to `now`) through as many
     /// stages as it changes, and says where the time went ([`super::stages`]).
     pub async fn settle(&mut self, trigger: Trigger, now: Now) -> Result<()> {
-        let settled = self.run_pass(trigger, now).await;
-        self.core.finish(now);
+        self.metrics.reconciles.inc();
+        if self.core.begin_pass(trigger, self.backend.healthy(), now) {
+            self.run_pass(trigger, now).await;
+        }
+        let settled = self.core.end_pass(now);
         for line in self.core.take_errors() {
             self.status.error(line);
         }
@@ -56,70 +59,76 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         settled
     }
 
-    /// [`Agent::settle`]'s pass: each step asks the reconciler, then runs the shells it names.
-    async fn run_pass(&mut self, trigger: Trigger, now: Now) -> Result<()> {
-        self.metrics.reconciles.inc();
-        match self.core.start(trigger, self.backend.healthy(), now) {
-            Start::Wait => return Ok(()),
-            Start::Decide => {}
-            Start::ListHost(detection) => {
-                let own = OwnSide {
-                    kilo_index: self.kilo_index,
-                    tunnel: self.tunnel.name(),
-                    hostname_ips: &self.hostname_ips,
-                    subnet: self.s.subnet,
-                    internal_cidrs: &self.s.internal_cidrs,
-                };
-                let started = Instant::now();
-                let kept = self.record.kept_dump(trigger, &self.owned);
-                let dumped = kept.is_none();
-                let count = self.record.count_before_dump();
-                let host = read_host(&self.netlink, &own, &detection, kept).await?;
-                if dumped {
-                    self.record
-                        .dumped(count, &host.net.main_routes, &self.owned);
-                }
-                self.stages.lap(Stage::Host, started);
-                self.core.host_listed(host, detection);
-            }
-        }
-        let observed = self.core.observe(now)?;
-        if let Some(step) = self.core.rotation_step(now) {
-            self.rotate_key(step, now);
-        }
-        if observed.elect {
+    /// [`Agent::settle`]'s pass: carries out each effect the reconciler asks for and hands it
+    /// the answer, until it asks for nothing more. A shell's failure is an answer too: the
+    /// reconciler ends the pass with it.
+    async fn run_pass(&mut self, trigger: Trigger, now: Now) {
+        loop {
             let started = Instant::now();
-            self.core.elect(now);
-            self.stages.lap(Stage::Leases, started);
-        }
-        let started = Instant::now();
-        if let Some(step) = self.core.mesh(now)? {
-            self.metrics.nodes.set(step.nodes as i64);
-            self.metrics.peers.set(step.peers as i64);
-            if step.computed {
-                self.stages.lap(Stage::Topology, started);
+            let Some(effect) = self.core.poll_effect(now) else {
+                return;
+            };
+            match effect {
+                PassEffect::ListHost(detection) => {
+                    let started = Instant::now();
+                    let listed = self.list_host(trigger, &detection).await;
+                    self.stages.lap(Stage::Host, started);
+                    self.core.handle(PassAnswer::HostListed(listed), now);
+                }
+                PassEffect::RotateKey(step) => self.rotate_key(step, now),
+                PassEffect::Elected => self.stages.lap(Stage::Leases, started),
+                PassEffect::Meshed(report) => {
+                    self.metrics.nodes.set(report.nodes as i64);
+                    self.metrics.peers.set(report.peers as i64);
+                    if report.computed {
+                        self.stages.lap(Stage::Topology, started);
+                    }
+                }
+                PassEffect::Converge(c) => {
+                    let applied = self.apply(&c, now).await;
+                    let routes_known = self.record.routes_known();
+                    let answer = PassAnswer::Converged {
+                        applied,
+                        routes_known,
+                    };
+                    self.core.handle(answer, now);
+                }
+                PassEffect::ReadTunnels => {
+                    let readings = self.tunnel_readings();
+                    self.core.handle(PassAnswer::TunnelsRead(readings), now);
+                }
+                PassEffect::WriteLease(write) => self.write_lease(write).await,
+                PassEffect::PatchAnnotations(patch) => {
+                    let hostname = &self.settings.hostname;
+                    let patched = self.backend.patch_annotations(hostname, &patch).await;
+                    self.core.handle(PassAnswer::Patched(patched), now);
+                }
             }
-            if let Some(c) = step.converge {
-                let applied = self.apply(&c, now).await;
-                let routes_known = self.record.routes_known();
-                self.core.converged(c, applied.is_ok(), routes_known);
-                applied?;
-            }
         }
-        if self.core.lease_due() {
-            let readings = self.tunnel_readings();
-            if let Some(write) = self.core.tend_lease(&readings, now) {
-                self.write_lease(write).await;
-            }
+    }
+
+    /// The host listed for a pass after `trigger`, its addresses read as `detection` says; the
+    /// last route dump is kept when nothing changed since ([`super::apply`]).
+    async fn list_host(
+        &mut self,
+        trigger: Trigger,
+        detection: &DetectionInputs,
+    ) -> Result<HostView> {
+        let own = OwnSide {
+            kilo_index: self.kilo_index,
+            tunnel: self.tunnel.name(),
+            hostname_ips: &self.hostname_ips,
+            subnet: self.settings.subnet,
+            internal_cidrs: &self.settings.internal_cidrs,
+        };
+        let kept = self.record.kept_dump(trigger, &self.owned);
+        let dumped = kept.is_none();
+        let count = self.record.count_before_dump();
+        let host = read_host(&self.netlink, &own, detection, kept).await?;
+        if dumped {
+            self.record
+                .dumped(count, &host.net.main_routes, &self.owned);
         }
-        if let Some(patch) = self.core.annotation_patch(trigger == Trigger::CheckIn, now) {
-            let patched = self
-                .backend
-                .patch_annotations(&self.s.hostname, &patch)
-                .await;
-            self.core.patched(patch, patched.is_ok());
-            patched?;
-        }
-        Ok(())
+        Ok(host)
     }
 }

@@ -14,7 +14,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
     /// Carries out `step` at `now`. A step that fails is said and retried at the next pass;
     /// the key in use stays.
     pub(super) fn rotate_key(&mut self, step: RotationStep, now: Now) {
-        let path = &self.s.args.key_file;
+        let path = &self.settings.args.key_file;
         match step {
             RotationStep::MakeNextKey { request } => {
                 let next = SecretKey::generate();

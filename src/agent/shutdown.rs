@@ -14,8 +14,8 @@ impl Agent {
     /// and the engine. When another kg replaces this one (`--keep-on-replace` and a backend
     /// that says so), only the engine stops: the node keeps everything else for its successor.
     pub async fn shut_down(self) {
-        let cleaning = self.s.args.clean_up || self.s.args.clean_up_interface;
-        if cleaning && self.s.args.keep_on_replace {
+        let cleaning = self.settings.args.clean_up || self.settings.args.clean_up_interface;
+        if cleaning && self.settings.args.keep_on_replace {
             match self.backend.departure().await {
                 crate::backend::Departure::Replaced { by } => {
                     tracing::info!(
@@ -28,7 +28,7 @@ impl Agent {
                 }
             }
         }
-        if self.s.args.clean_up {
+        if self.settings.args.clean_up {
             let v6 = self.ip6tables;
             let firewall = self.firewall;
             match tokio::task::spawn_blocking(move || firewall.clean_up(v6)).await {
@@ -51,7 +51,7 @@ impl Agent {
                 }
                 if failed.is_empty() {
                     let _ = super::shells::state::save_routes(
-                        &self.s.args.key_file,
+                        &self.settings.args.key_file,
                         &RoutePlan::default(),
                     );
                 }
@@ -66,7 +66,7 @@ impl Agent {
                 .collect();
             if let Err(e) = self
                 .backend
-                .patch_annotations(&self.s.hostname, &removal)
+                .patch_annotations(&self.settings.hostname, &removal)
                 .await
             {
                 tracing::warn!(
@@ -78,7 +78,7 @@ impl Agent {
         if let Some(name) = self
             .tunnel
             .ipv6_outer()
-            .filter(|_| self.s.args.clean_up_interface)
+            .filter(|_| self.settings.args.clean_up_interface)
         {
             if let Ok(Some(link)) = self.netlink.link_by_name(name).await {
                 if let Err(e) = self.netlink.delete_link(link.index).await {
@@ -90,7 +90,7 @@ impl Agent {
                 }
             }
         }
-        let delete_link = self.s.args.clean_up_interface;
+        let delete_link = self.settings.args.clean_up_interface;
         self.stop_engine(delete_link).await;
     }
 

@@ -148,10 +148,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         } = shells;
         // The iptables back end is the host's, chosen once before the first rule is read; its
         // child processes run while the device is configured and the last run's peers restored.
-        let preparing = {
-            let firewall = firewall.clone();
-            tokio::task::spawn_blocking(move || firewall.prepare())
-        };
+        let preparing = super::shells::firewall::off_loop(&firewall, |firewall| firewall.prepare());
         let public = Key(*key.public_key().as_bytes());
         let kilo_index = netlink
             .link_by_name(&s.args.interface)
@@ -237,7 +234,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             }
         };
         let hostname_ips = hostname_ips.await;
-        preparing.await.context("preparing the firewall")??;
+        preparing.await.context("preparing the firewall")?;
         let tunnel =
             encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility, s.args.ipip).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
@@ -256,7 +253,10 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             );
             None
         });
-        let mut core = Reconciler::new(s.clone(), public, discovered);
+        let mut core = Reconciler::new(s.clone(), public, discovered, now);
+        if resolver.is_some() {
+            core.enable_lookups();
+        }
         let pq = if s.args.post_quantum {
             let shell = super::pq::PqShell::start(
                 &s.args.key_file,
@@ -283,7 +283,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             pq,
             record: Default::default(),
             ip6tables: firewall.v6_available(),
-            s,
+            settings: s,
             key,
             backend,
             netlink,
@@ -301,6 +301,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             status: board,
             tunnel,
             stages: Default::default(),
+            due_lookups: Vec::new(),
         })
     }
 }

@@ -12,28 +12,148 @@ use ipnet::IpNet;
 
 use super::sim::{Election, Sim, SimNode};
 
-/// After every step, on every running agent: no two peers of its device share a key, and no
-/// allowed IP of one peer overlaps one of another (WireGuard would route it to only one).
+/// The WireGuard link's index on every model node's kernel ([`MemKernel::host_at`]).
+///
+/// [`MemKernel::host_at`]: crate::agent::shells::twins::MemKernel::host_at
+const WIREGUARD_LINK: u32 = 3;
+
+/// After every step, on every node: what its agent did to its host is never wrong, whatever
+/// the agent was told or is still to learn ([`checks`] names each invariant).
 pub fn always(sim: &Sim) -> Result<(), String> {
     for (name, node) in &sim.nodes {
-        let Some(peers) = node.device_peers() else {
-            continue;
-        };
-        let keys: BTreeSet<&control::Key> = peers.iter().map(|(k, _)| k).collect();
-        if keys.len() != peers.len() {
-            return Err(format!("{name}'s device has two peers with one key"));
+        for (_, check) in checks() {
+            check(name, node)?;
         }
-        for (i, (a, a_ips)) in peers.iter().enumerate() {
-            for (b, b_ips) in &peers[i + 1..] {
-                for x in a_ips {
-                    if let Some(y) = b_ips.iter().find(|y| x.contains(*y) || y.contains(x)) {
-                        return Err(format!(
-                            "{name}'s device routes {x} to peer {a} and {y} to peer {b}"
-                        ));
-                    }
+    }
+    Ok(())
+}
+
+/// An invariant judged on one node.
+type NodeCheck = fn(&str, &SimNode) -> Result<(), String>;
+
+/// Every invariant [`always`] checks, with what it says.
+pub fn checks() -> [(&'static str, NodeCheck); 6] {
+    [
+        ("no two peers of a device share a key", distinct_keys),
+        (
+            "no allowed IP of one peer overlaps one of another (WireGuard would route it to one)",
+            disjoint_allowed_ips,
+        ),
+        ("no device holds its own node's key as a peer", no_peer_is_itself),
+        (
+            "no route takes the node's own pod CIDR into the WireGuard link",
+            own_pods_stay_home,
+        ),
+        (
+            "no peer's endpoint is routed into the WireGuard link (the engine's own packets would loop into the tunnel)",
+            endpoints_stay_outside,
+        ),
+        (
+            "every route and rule kg holds in the kernel is in its saved record (a successor claims all of it)",
+            routes_are_recorded,
+        ),
+    ]
+}
+
+/// The device's peers of a running agent: key, endpoint and allowed IPs.
+fn device(node: &SimNode) -> Option<Vec<dataplane::PeerConfig>> {
+    Some(node.running.as_ref()?.twin.engine.config().peers)
+}
+
+fn distinct_keys(name: &str, node: &SimNode) -> Result<(), String> {
+    let Some(peers) = device(node) else {
+        return Ok(());
+    };
+    let keys: BTreeSet<_> = peers.iter().map(|p| p.public_key.as_bytes()).collect();
+    if keys.len() != peers.len() {
+        return Err(format!("{name}'s device has two peers with one key"));
+    }
+    Ok(())
+}
+
+fn disjoint_allowed_ips(name: &str, node: &SimNode) -> Result<(), String> {
+    let Some(peers) = node.device_peers() else {
+        return Ok(());
+    };
+    for (i, (a, a_ips)) in peers.iter().enumerate() {
+        for (b, b_ips) in &peers[i + 1..] {
+            for x in a_ips {
+                if let Some(y) = b_ips.iter().find(|y| x.contains(*y) || y.contains(x)) {
+                    return Err(format!(
+                        "{name}'s device routes {x} to peer {a} and {y} to peer {b}"
+                    ));
                 }
             }
         }
+    }
+    Ok(())
+}
+
+fn no_peer_is_itself(name: &str, node: &SimNode) -> Result<(), String> {
+    let own = node.public_key();
+    match node.device_peers() {
+        Some(peers) if peers.iter().any(|(k, _)| *k == own) => {
+            Err(format!("{name}'s device holds its own key {own} as a peer"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn own_pods_stay_home(name: &str, node: &SimNode) -> Result<(), String> {
+    let own = node.pod_cidr;
+    let routes = node.kernel.routes().routes;
+    match routes
+        .iter()
+        .find(|r| r.link == WIREGUARD_LINK && (r.dst.contains(&own) || own.contains(&r.dst)))
+    {
+        Some(r) => Err(format!(
+            "{name} routes {} (its own pod CIDR is {own}) into the WireGuard link",
+            r.dst
+        )),
+        None => Ok(()),
+    }
+}
+
+fn endpoints_stay_outside(name: &str, node: &SimNode) -> Result<(), String> {
+    let Some(peers) = device(node) else {
+        return Ok(());
+    };
+    let routes = node.kernel.routes().routes;
+    for peer in &peers {
+        let Some(endpoint) = peer.endpoint else {
+            continue;
+        };
+        let ip = endpoint.ip();
+        let chosen = routes
+            .iter()
+            .filter(|r| r.table == MAIN_TABLE && r.dst.contains(&ip))
+            .max_by_key(|r| r.dst.prefix_len());
+        if let Some(r) = chosen.filter(|r| r.link == WIREGUARD_LINK) {
+            return Err(format!(
+                "{name} sends WireGuard's packets to {endpoint} into its own tunnel: {} is routed into the WireGuard link",
+                r.dst
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn routes_are_recorded(name: &str, node: &SimNode) -> Result<(), String> {
+    let held = node.kernel.routes();
+    if held.routes.is_empty() && held.rules.is_empty() {
+        return Ok(());
+    }
+    let recorded = crate::agent::shells::state::load_routes(&node.key_file())
+        .map_err(|e| format!("{name}'s record of its routes cannot be read: {e:#}"))?;
+    if let Some(r) = held.routes.iter().find(|r| !recorded.routes.contains(r)) {
+        return Err(format!(
+            "{name}'s kernel holds kg's route {r:?}, which its saved record does not"
+        ));
+    }
+    if let Some(r) = held.rules.iter().find(|r| !recorded.rules.contains(r)) {
+        return Err(format!(
+            "{name}'s kernel holds kg's rule {r:?}, which its saved record does not"
+        ));
     }
     Ok(())
 }

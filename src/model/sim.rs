@@ -1,7 +1,8 @@
 //! The simulated cluster: agents on the shells' in-memory twins, one in-memory API server, and a
-//! manual clock. Time moves only in [`Sim::advance`], which fires every agent's timers as they
-//! fall due (resync, check-in, lease) and delivers every change of the cluster to the agents that
-//! can see it, in name order, until nothing changes any more.
+//! manual clock. Every agent runs kg's own loop body ([`crate::agent::Agent::step`]) and timer
+//! table ([`crate::agent::Agent::poll_timeout`]). Time moves only in [`Sim::advance`], which
+//! fires every agent's timers as they fall due and delivers every change of the cluster to the
+//! agents that can see it, in name order, until nothing changes any more.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
 use crate::agent::shells::state;
 use crate::agent::shells::twins::{MemEngine, MemKernel};
 use crate::agent::twin_agent::{Start, TwinAgent};
-use crate::agent::{Trigger, CHECK_IN_PERIOD};
+use crate::agent::Input;
 use crate::backend::memory::{MemoryBackend, MemoryCluster};
 use crate::backend::{Backend, Snapshot};
 
@@ -29,8 +30,6 @@ mod tunnel;
 
 /// The agents' `--resync-period`.
 pub const RESYNC: Duration = Duration::from_secs(30);
-/// How often the lease step runs.
-const LEASE_PERIOD: Duration = Duration::from_millis(control::leader::LEASE_RENEW_MS as u64);
 /// How many rounds of change delivery one moment may take before the agents are said to keep
 /// answering each other's writes.
 const MAX_ROUNDS: usize = 50;
@@ -93,15 +92,12 @@ impl SimNode {
     }
 }
 
-/// A running agent and its timers.
+/// A running agent.
 pub struct Running {
     /// The agent and its twins.
     pub twin: TwinAgent,
     /// The snapshot it last took in.
     seen: Option<Arc<Snapshot>>,
-    next_resync: Instant,
-    next_check_in: Instant,
-    next_lease: Instant,
     /// The last reconcile's error, if it failed.
     pub last_error: Option<String>,
 }
@@ -111,7 +107,6 @@ pub const NAT_KEEPALIVE: &str = "10";
 
 /// The model: a cluster, its nodes and the clock.
 pub struct Sim {
-    runtime: tokio::runtime::Runtime,
     /// The API server's state.
     pub cluster: Arc<MemoryCluster>,
     /// The nodes by name (those that left are gone).
@@ -162,12 +157,8 @@ impl Sim {
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kilotun-model-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let start = Instant::now();
         Ok(Self {
-            runtime,
             cluster: MemoryCluster::new(),
             nodes: BTreeMap::new(),
             now: Now {
@@ -293,9 +284,7 @@ impl Sim {
         let engine = MemEngine::default();
         let backend = Backend::Memory(Arc::clone(&node.backend));
         let kernel = node.kernel.clone();
-        let twin = self
-            .runtime
-            .block_on(TwinAgent::start_with(&args, backend, kernel, engine, start))?;
+        let twin = run_to_end(TwinAgent::start_with(&args, backend, kernel, engine, start))?;
         // The saved peers come back before the first reconcile, unless another node holds
         // this location's valid lease and this node is not preferred: then it may have led
         // before it died and its peers are stale.
@@ -315,9 +304,6 @@ impl Sim {
         node.running = Some(Running {
             twin,
             seen: None,
-            next_resync: now.instant,
-            next_check_in: now.instant,
-            next_lease: now.instant,
             last_error: None,
         });
         // The event loop's timers all fire at once when it starts.
@@ -404,21 +390,8 @@ impl Sim {
             let next = self
                 .nodes
                 .values()
-                .filter_map(|n| n.running.as_ref())
-                .map(|r| {
-                    let timers = r.next_resync.min(r.next_check_in).min(r.next_lease);
-                    let pq = r.twin.agent.pq_due_ms().map(|due| {
-                        let after = u64::try_from(due - self.now.unix_ms).unwrap_or(0);
-                        self.now.instant + Duration::from_millis(after)
-                    });
-                    r.twin
-                        .agent
-                        .timer_deadlines()
-                        .into_iter()
-                        .chain([pq])
-                        .flatten()
-                        .fold(timers, Instant::min)
-                })
+                .filter_map(|n| n.running.as_ref()?.twin.agent.poll_timeout())
+                .map(|(at, _)| at)
                 .min();
             let Some(next) = next.filter(|at| *at <= end) else {
                 break;
@@ -449,49 +422,24 @@ impl Sim {
         Ok(())
     }
 
-    /// Fires `name`'s timers that are due now, each once, and sets the next.
+    /// Fires `name`'s timers that are due now, each once, in the agent's own order
+    /// ([`crate::agent::Agent::poll_timeout`]).
     fn fire_due(&mut self, name: &str) {
-        let now = self.now.instant;
-        let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) else {
-            return;
-        };
-        let mut due = Vec::new();
-        if running.next_resync <= now {
-            running.next_resync = now + RESYNC;
-            due.push(Trigger::Resync);
-        }
-        if running.next_check_in <= now {
-            running.next_check_in = now + CHECK_IN_PERIOD;
-            due.push(Trigger::CheckIn);
-        }
-        let [lease_ran_out, readiness, key] = (running.twin.agent.timer_deadlines())
-            .map(|deadline| deadline.is_some_and(|at| at <= now));
-        if running.next_lease <= now {
-            running.next_lease = now + LEASE_PERIOD;
-            due.push(Trigger::Lease);
-        } else if lease_ran_out {
-            // A lease ran out between two lease steps: the step runs now, as kg's does.
-            due.push(Trigger::Lease);
-        }
-        if readiness {
-            due.push(Trigger::Readiness);
-        }
-        if key {
-            due.push(Trigger::Key);
-        }
-        let pq_due = running
-            .twin
-            .agent
-            .pq_due_ms()
-            .is_some_and(|due| due <= self.now.unix_ms);
-        for trigger in due {
-            self.reconcile(name, trigger);
-        }
-        if pq_due {
-            let now = self.now;
-            if let Some(running) = self.nodes.get_mut(name).and_then(|n| n.running.as_mut()) {
-                running.twin.agent.pq_poll(now);
-            }
+        let mut fired = std::collections::BTreeSet::new();
+        loop {
+            let Some(running) = self.nodes.get(name).and_then(|n| n.running.as_ref()) else {
+                return;
+            };
+            let due = running.twin.agent.poll_timeout();
+            // A timer its pass left due fires again in the next round (where the model says
+            // the agent spins), not here.
+            let Some((_, timer)) =
+                due.filter(|(at, t)| *at <= self.now.instant && !fired.contains(t))
+            else {
+                return;
+            };
+            fired.insert(timer);
+            self.wake(name, Input::Timeout(timer));
         }
     }
 
@@ -503,19 +451,20 @@ impl Sim {
         }
     }
 
-    /// One reconcile of `name`'s agent after `trigger`, on what it can see.
-    fn reconcile(&mut self, name: &str, trigger: Trigger) {
-        let snapshot = self.visible(name);
+    /// `name`'s agent woken by `input`, through the agent's own loop body
+    /// ([`crate::agent::Agent::step`]), on what it can see.
+    pub(super) fn wake(&mut self, name: &str, input: Input<'_>) {
+        let mut snapshot = self.visible(name);
         let now = self.now;
-        let runtime = &self.runtime;
         let Some(node) = self.nodes.get_mut(name) else {
             return;
         };
         let Some(running) = node.running.as_mut() else {
             return;
         };
-        let result = runtime.block_on(running.twin.agent.reconcile_at(&snapshot, trigger, now));
-        running.twin.agent.pq_refresh(now);
+        let Some(result) = run_to_end(running.twin.agent.step(input, &mut snapshot, now)) else {
+            return;
+        };
         running.last_error = result.err().map(|e| format!("{e:#}"));
         running.seen = Some(snapshot);
         // A rotated key is the node's from now on (its key file holds it too).
@@ -538,7 +487,7 @@ impl Sim {
                     .as_ref()
                     .is_some_and(|r| !r.seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &visible)));
                 if stale {
-                    self.reconcile(&name, Trigger::Event);
+                    self.wake(&name, Input::Snapshot);
                     delivered = true;
                 }
             }
@@ -550,4 +499,11 @@ impl Sim {
             "the agents still answered each other's writes after {MAX_ROUNDS} rounds at one moment"
         )
     }
+}
+
+/// Runs `work` to its end on this thread, with no runtime: every shell of the model is an
+/// in-memory twin that answers at once, so nothing it awaits waits on a reactor or a timer (one
+/// that did would panic here, and the model would say so).
+fn run_to_end<T>(work: impl std::future::Future<Output = T>) -> T {
+    futures::executor::block_on(work)
 }

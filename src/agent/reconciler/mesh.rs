@@ -12,6 +12,7 @@ use control::nat::DevicePeer;
 use control::routes::RoutePlan;
 use control::{Peer, Topology, TopologyParams};
 
+use super::pass::{MeshReport, Observed, Pass, Step};
 use super::Reconciler;
 
 /// What the host must be brought to: the topology, and how the shells compare each part.
@@ -27,20 +28,6 @@ pub struct Convergence {
     /// True when readiness flips alone changed the mesh: the firewall may wait
     /// ([`Reconciler::firewall_step`]).
     pub flips_only: bool,
-}
-
-/// What one mesh step found.
-#[derive(Debug, Clone)]
-pub struct MeshStep {
-    /// The ready nodes the topology was computed from (the local one included when ready).
-    pub nodes: usize,
-    /// The ready Peers.
-    pub peers: usize,
-    /// True when the topology was computed (false while the local node is not ready).
-    pub computed: bool,
-    /// What the host must be brought to (`None`: it already is, or the local node is not
-    /// ready yet).
-    pub converge: Option<Convergence>,
 }
 
 /// Whether the firewall is written now ([`Reconciler::firewall_step`]).
@@ -59,23 +46,28 @@ pub enum FirewallStep {
 }
 
 impl Reconciler {
-    /// Computes the topology when something it is made of changed (or the last attempt did
-    /// not settle). `None`: the mesh is not due this pass.
-    pub fn mesh(&mut self, now: Now) -> anyhow::Result<Option<MeshStep>> {
-        let pass = self.pass.as_mut().expect("mesh follows observe");
-        let changes = pass.changes;
-        if !changes.mesh(pass.leaders_changed, self.settled) {
+    /// Computes the topology for `pass` from what it `observed`, when something the topology is
+    /// made of changed (or the last attempt did not settle): `None` when the mesh is not due
+    /// this pass, else what the step found and the convergence the host must follow, if any.
+    pub(super) fn mesh(
+        &mut self,
+        pass: &Pass,
+        observed: &mut Observed,
+        now: Now,
+    ) -> anyhow::Result<Option<(MeshReport, Option<Convergence>)>> {
+        let changes = observed.changes;
+        if !changes.mesh(observed.leaders_changed, self.settled) {
             return Ok(None);
         }
-        let local = pass.local.clone().expect("mesh follows observe");
-        let flips_only = changes.flips_only(pass.leaders_changed) && !pass.full;
+        let local = observed.local.clone();
+        let flips_only = changes.flips_only(observed.leaders_changed) && !pass.full;
         let (full, readiness_now) = (pass.full, pass.readiness_now);
-        let ready = pass.ready.clone();
+        let ready = observed.ready.clone();
         self.readiness_batch.meshed(now.instant);
         self.local = Some(local.clone());
         self.settled = false;
 
-        let hostname = self.s.hostname.clone();
+        let hostname = self.settings.hostname.clone();
         let mut nodes = ready.unwrap_or_else(|| self.ready_nodes(&local));
         let mut peers = self.peers.clone();
         for e in nodes
@@ -100,18 +92,21 @@ impl Reconciler {
             );
             self.topology = None;
             self.settled = true;
-            return Ok(Some(MeshStep {
+            let report = MeshReport {
                 nodes: node_count,
                 peers: peer_count,
                 computed: false,
-                converge: None,
-            }));
+            };
+            return Ok(Some((report, None)));
         }
         let params = TopologyParams {
-            granularity: self.s.granularity,
+            granularity: self.settings.granularity,
             hostname: hostname.clone(),
-            port: local.endpoint.as_ref().map_or(self.s.args.port, |e| e.port),
-            subnet: self.s.subnet,
+            port: local
+                .endpoint
+                .as_ref()
+                .map_or(self.settings.args.port, |e| e.port),
+            subnet: self.settings.subnet,
             persistent_keepalive: local.persistent_keepalive,
             leaders_per_location: self.leaders_per_location(&nodes),
             kept_out: self.leases.kept_out(),
@@ -142,15 +137,13 @@ impl Reconciler {
             self.settled = true;
             None
         };
-        if let Some(pass) = self.pass.as_mut() {
-            pass.meshed = Some((nodes, peers));
-        }
-        Ok(Some(MeshStep {
+        observed.meshed = Some((nodes, peers));
+        let report = MeshReport {
             nodes: node_count,
             peers: peer_count,
             computed: true,
-            converge,
-        }))
+        };
+        Ok(Some((report, converge)))
     }
 
     /// The shells brought the host to `c` (`ok`), or failed part way (the pass then ends and
@@ -191,9 +184,12 @@ impl Reconciler {
     }
 
     /// Takes in the endpoints the device's handshakes came from (`device`, read on a full
-    /// pass), for the peers of the mesh just computed: NAT discovery.
+    /// pass, while the host converges), for the peers of the mesh just computed: NAT discovery.
     pub fn learn_endpoints(&mut self, device: &[DevicePeer]) {
-        let Some((nodes, peers)) = self.pass.as_ref().and_then(|p| p.meshed.as_ref()) else {
+        let Some(Step::AwaitConverged(observed, _)) = self.pass.as_ref().map(|p| &p.step) else {
+            return;
+        };
+        let Some((nodes, peers)) = &observed.meshed else {
             return;
         };
         self.discovered = discover_nat_endpoints(device, nodes, peers, &self.discovered);
@@ -213,17 +209,17 @@ impl Reconciler {
             .host
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
-        let a = &self.s.args;
+        let a = &self.settings.args;
         let settings = HostSettings {
             interface: a.interface.clone(),
-            mtu: self.s.mtu,
+            mtu: self.settings.mtu,
             cni: a.cni,
             cni_conflist: self.ipam_source().is_none_or(|s| s == IpamSource::Node),
             local: a.local,
-            encapsulate: self.s.encapsulate,
-            compatibility: self.s.compatibility,
+            encapsulate: self.settings.encapsulate,
+            compatibility: self.settings.compatibility,
             forward_rules: a.iptables_forward_rules,
-            service_cidrs: self.s.service_cidrs.clone(),
+            service_cidrs: self.settings.service_cidrs.clone(),
             tunnel,
         };
         Ok(desired::plan(

@@ -1,23 +1,23 @@
 //! The agent's decisions, as a state machine that does no I/O: values in, values out, `now`
-//! an argument everywhere. The event loop ([`super::run`]) and the pass driver
-//! ([`super::reconcile`]) feed it what the shells saw and carry out what it returns:
+//! an argument everywhere. The driver ([`super::reconcile`]) runs a pass as a protocol
+//! ([`pass`]):
 //!
 //! 1. [`Reconciler::ingest`] takes a backend snapshot's changes into the node table;
-//! 2. [`Reconciler::start`] says whether the pass waits (nothing listed yet), must list the
-//!    host first ([`Start::ListHost`], answered by [`Reconciler::host_listed`]) or may decide;
-//! 3. [`Reconciler::observe`] works out the local node and what changed ([`Changes`]);
-//! 4. [`Reconciler::elect`] elects leaders when that is due;
-//! 5. [`Reconciler::mesh`] computes the topology and returns a [`Convergence`] when the host must
-//!    follow it; the shells converge it part by part, asking [`Reconciler::firewall_step`]
-//!    whether the firewall is written now, and report with [`Reconciler::converged`];
-//! 6. [`Reconciler::tend_lease`] returns the lease write due, if any;
-//! 7. [`Reconciler::annotation_patch`] returns the annotations to publish, answered by
-//!    [`Reconciler::patched`];
-//! 8. [`Reconciler::finish`] ends the pass.
+//! 2. [`Reconciler::begin_pass`] opens a pass (none while the backend has not listed
+//!    everything);
+//! 3. [`Reconciler::poll_effect`] hands out what the shells must do next ([`PassEffect`]: list
+//!    the host, take a key rotation's step, converge the host to a topology, read the tunnels,
+//!    write the lease, patch the annotations), deciding everything between them (the local node,
+//!    what changed, the leaders, the topology) itself;
+//! 4. [`Reconciler::handle`] takes each answer ([`PassAnswer`]), a shell's failure among them;
+//! 5. [`Reconciler::end_pass`] closes the pass with its outcome.
 //!
-//! Each step's output is a plain value compared with the last one, so a pass that changes
-//! nothing stops early and touches no shell. Unit tests drive it with values alone
-//! (`tests.rs`); the reference model (`crate::model`) drives whole agents on the shells' twins.
+//! While the shells converge the host they ask [`Reconciler::desired`] for the desired state
+//! and [`Reconciler::firewall_step`] whether the firewall is written now. Each step's output is
+//! a plain value compared with the last one, so a pass that changes nothing stops early and
+//! touches no shell. [`Reconciler::poll_timeout`] names the next moment a pass or lookup is due
+//! without an event ([`Timer`]). Unit tests drive it with values alone (`tests.rs`); the
+//! reference model (`crate::model`) drives whole agents on the shells' twins.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,7 +28,7 @@ use control::coalesce::{FirewallHold, ReadinessBatch};
 use control::dns::DnsBook;
 use control::iptables::RuleSet;
 use control::node::Node;
-use control::pass::{tends_lease, Changes, Trigger};
+use control::pass::{Changes, Trigger};
 use control::table::{differs_beyond_check_in, NodeTable};
 use control::{translate_peer, Key, Peer, Topology};
 use k8s_openapi::api::core::v1::Node as KubeNode;
@@ -40,6 +40,7 @@ use crate::backend::Snapshot;
 
 mod ipam;
 mod mesh;
+mod pass;
 mod pq;
 mod publish;
 mod rotation;
@@ -48,54 +49,20 @@ mod shares;
 mod tests;
 mod timers;
 
-pub use mesh::{Convergence, FirewallStep, MeshStep};
+pub use mesh::{Convergence, FirewallStep};
+pub use pass::{MeshReport, PassAnswer, PassEffect};
+use pass::{Observed, Pass, Step};
+pub use timers::{Timer, Wake};
 
 /// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
 pub const CHECK_IN_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// How a pass begins ([`Reconciler::start`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Start {
-    /// The backend has not listed everything yet: nothing is decided from a partial picture.
-    Wait,
-    /// The host must be listed first, with what address detection reads from the local Node.
-    ListHost(DetectionInputs),
-    /// The host as last listed serves: go on to [`Reconciler::observe`].
-    Decide,
-}
-
-/// What [`Reconciler::observe`] found: whether leaders are elected this pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Observed {
-    /// True when [`Reconciler::elect`] is due.
-    pub elect: bool,
-}
-
-/// The pass in progress: what its steps hand to the next ones.
-struct Pass {
-    trigger: Trigger,
-    /// True when the host was listed this pass (every part is compared afresh).
-    full: bool,
-    /// The local Node's object as the backend has it.
-    local_object: Option<Arc<KubeNode>>,
-    /// The local node as kg sees it this pass.
-    local: Option<Node>,
-    changes: Changes,
-    /// The time readiness is judged at (frozen during an outage).
-    readiness_now: i64,
-    /// The ready nodes, listed by the election.
-    ready: Option<Vec<Node>>,
-    elected: bool,
-    leaders_changed: bool,
-    /// The ready nodes and Peers the mesh was computed from (for NAT discovery).
-    meshed: Option<(Vec<Node>, Vec<Peer>)>,
-}
 
 /// The agent's decisions and everything they remember: the node table, the Peers, the host as
 /// last listed, the leases, the last topology, and the pacing of readiness flips and firewall
 /// writes.
 pub struct Reconciler {
-    s: Settings,
+    /// The agent's configuration.
+    settings: Settings,
     public: Key,
     /// Every Node, translated.
     table: NodeTable,
@@ -154,6 +121,7 @@ pub struct Reconciler {
     warned: BTreeMap<&'static str, bool>,
     /// Errors for `/status`, taken by [`Reconciler::take_errors`].
     errors: Vec<String>,
+    /// The pass in progress ([`pass`]).
     pass: Option<Pass>,
     /// The IPAM objects the pod ranges were last taken from (`--ipam`).
     ipam: ipam::IpamState,
@@ -163,16 +131,24 @@ pub struct Reconciler {
     key_made_ms: i64,
     /// The fingerprint of this node's ML-KEM key, published with `--post-quantum`.
     pq_announcement: Option<control::pq::PqAnnouncement>,
+    /// When the periodic steps are next due ([`Reconciler::poll_timeout`]).
+    timers: timers::TimerTable,
 }
 
 impl Reconciler {
-    /// Nothing decided yet, for the node of `s` whose public key is `public`; `discovered`
-    /// holds the endpoints the last run used.
-    pub fn new(s: Settings, public: Key, discovered: BTreeMap<Key, SocketAddr>) -> Self {
+    /// Nothing decided yet at `now`, for the node of `settings` whose public key is `public`;
+    /// `discovered` holds the endpoints the last run used.
+    pub fn new(
+        settings: Settings,
+        public: Key,
+        discovered: BTreeMap<Key, SocketAddr>,
+        now: Now,
+    ) -> Self {
         Self {
-            table: NodeTable::new(&s.args.topology_label),
-            dns: DnsBook::new(s.resync),
-            s,
+            table: NodeTable::new(&settings.args.topology_label),
+            dns: DnsBook::new(settings.resync),
+            timers: timers::TimerTable::new(now.instant),
+            settings,
             public,
             revision: None,
             peer_revision: None,
@@ -210,7 +186,7 @@ impl Reconciler {
 
     /// True when kg takes its location's lease ([`Settings::elects_by_lease`]).
     pub fn leases_on(&self) -> bool {
-        self.s.elects_by_lease()
+        self.settings.elects_by_lease()
     }
 
     /// The last topology applied, if any.
@@ -235,7 +211,7 @@ impl Reconciler {
     /// has to copy a snapshot a reader still holds.
     pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
         self.listed |= snapshot.listed.all();
-        self.local_object = snapshot.nodes.get(&self.s.hostname).cloned();
+        self.local_object = snapshot.nodes.get(&self.settings.hostname).cloned();
         if let (Some(sent), Some(object)) = (&mut self.last_patch, &self.local_object) {
             sent.observe(
                 object
@@ -292,23 +268,23 @@ impl Reconciler {
         }
     }
 
-    /// Begins a pass woken by `trigger` at `now`, with the backend reachable or not
-    /// (`backend_healthy`): judges readiness by the clock or freezes it, and says whether the
-    /// host must be listed first.
-    pub fn start(&mut self, trigger: Trigger, backend_healthy: bool, now: Now) -> Start {
+    /// Opens a pass woken by `trigger` at `now`, with the backend reachable or not
+    /// (`backend_healthy`): judges readiness by the clock or freezes it. Returns false, and
+    /// opens none, while the backend has not listed everything.
+    pub fn begin_pass(&mut self, trigger: Trigger, backend_healthy: bool, now: Now) -> bool {
         self.pass = None;
         if !self.listed {
             // Nodes without their leases would elect by Kilo's rule, a leader the leases may
             // not name: nothing is decided from a partial picture.
             tracing::debug!("waiting for the backend's first list of Nodes, Peers and Leases");
-            return Start::Wait;
+            return false;
         }
         let detection = DetectionInputs::of(self.local_object.as_deref());
         let full = Changes::host_listing(trigger, self.host.is_some(), self.detection != detection);
         let healthy = backend_healthy && !self.patch_failed;
         self.leases.observe_backend(healthy, now.unix_ms);
         let was_frozen = self.readiness.is_frozen();
-        let grace = (CHECK_IN_PERIOD + self.s.resync).as_secs() as i64;
+        let grace = (CHECK_IN_PERIOD + self.settings.resync).as_secs() as i64;
         self.readiness.observe(now.unix_secs(), healthy, grace);
         if self.readiness.is_frozen() != was_frozen {
             if was_frozen {
@@ -323,34 +299,34 @@ impl Reconciler {
             trigger,
             full,
             local_object: self.local_object.clone(),
-            local: None,
-            changes: Changes::default(),
             readiness_now,
-            ready: None,
-            elected: false,
-            leaders_changed: false,
-            meshed: None,
+            step: if full {
+                Step::ListHost(detection)
+            } else {
+                Step::Observe
+            },
+            failure: None,
         });
-        if full {
-            Start::ListHost(detection)
-        } else {
-            Start::Decide
-        }
+        true
     }
 
-    /// The host as listed for this pass, with the detection inputs it was read with.
-    pub fn host_listed(&mut self, host: HostView, detection: DetectionInputs) {
-        self.host = Some(host);
-        self.detection = detection;
+    /// Closes the pass at `now` and returns how it went. Held flips or firewall writes whose
+    /// deadline passed (the pass failed before it could take them) wait another interval, so
+    /// the loop never spins.
+    pub fn end_pass(&mut self, now: Now) -> anyhow::Result<()> {
+        self.readiness_batch.reconciled(now.instant);
+        self.firewall_hold.reconciled(now.instant);
+        match self.pass.take().and_then(|p| p.failure) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Works out the local node (its translation filled in from the host and kg's own state)
     /// and what changed since the last pass. Fails when the host was never listed.
-    pub fn observe(&mut self, now: Now) -> anyhow::Result<Observed> {
-        let pass = self.pass.as_ref().expect("observe follows start");
-        let (trigger, full, local_object) = (pass.trigger, pass.full, pass.local_object.clone());
+    fn observe(&mut self, pass: &Pass, now: Now) -> anyhow::Result<Observed> {
         if !self.discovery_seeded {
-            if let Some(own) = self.table.get(&self.s.hostname) {
+            if let Some(own) = self.table.get(&self.settings.hostname) {
                 // What the last run published, where the restored device knows nothing newer.
                 for (key, addr) in &own.discovered_endpoints {
                     self.discovered.entry(*key).or_insert(*addr);
@@ -359,7 +335,8 @@ impl Reconciler {
             }
         }
         let empty = BTreeMap::new();
-        let annotations = local_object
+        let annotations = pass
+            .local_object
             .as_ref()
             .and_then(|o| o.metadata.annotations.as_ref())
             .unwrap_or(&empty);
@@ -383,7 +360,7 @@ impl Reconciler {
             .readiness_batch
             .due(table_changes.readiness, now.instant);
         let changes = Changes {
-            host: full,
+            host: pass.full,
             nodes: table_changes.nodes,
             readiness: readiness_due,
             firewall: self.firewall_hold.due(now.instant),
@@ -395,18 +372,22 @@ impl Reconciler {
         if changes.names_may_change() {
             self.track_dns_names(&local, now);
         }
-        let elect = changes.elect(self.leases_on(), trigger);
-        let pass = self.pass.as_mut().expect("observe follows start");
-        pass.changes = changes;
-        pass.local = Some(local);
-        Ok(Observed { elect })
+        let elect = changes.elect(self.leases_on(), pass.trigger);
+        Ok(Observed {
+            local,
+            changes,
+            elect,
+            ready: None,
+            elected: false,
+            leaders_changed: false,
+            meshed: None,
+        })
     }
 
-    /// Elects leaders from the leases and the ready nodes.
-    pub fn elect(&mut self, now: Now) {
-        let pass = self.pass.as_ref().expect("elect follows observe");
-        let local = pass.local.as_ref().expect("elect follows observe");
-        let readiness_now = pass.readiness_now;
+    /// Elects leaders from the leases and the ready nodes, readiness judged at
+    /// `readiness_now`.
+    fn elect(&mut self, observed: &mut Observed, readiness_now: i64, now: Now) {
+        let local = &observed.local;
         let nodes = self.ready_nodes(local);
         let local_name = local.name.clone();
         let shares = self.leaders_per_location(&nodes);
@@ -426,18 +407,9 @@ impl Reconciler {
             ),
             None => {}
         }
-        let pass = self.pass.as_mut().expect("elect follows observe");
-        pass.leaders_changed = elected.leaders_changed;
-        pass.elected = true;
-        pass.ready = Some(nodes);
-    }
-
-    /// Ends the pass at `now`: held flips or firewall writes whose deadline passed (the pass
-    /// failed before it could take them) wait another interval, so the loop never spins.
-    pub fn finish(&mut self, now: Now) {
-        self.readiness_batch.reconciled(now.instant);
-        self.firewall_hold.reconciled(now.instant);
-        self.pass = None;
+        observed.leaders_changed = elected.leaders_changed;
+        observed.elected = true;
+        observed.ready = Some(nodes);
     }
 
     /// The local node: its translation, filled in from the host and kg's own state, and the
@@ -451,16 +423,20 @@ impl Reconciler {
             .host
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
-        let mut local = self.table.get(&self.s.hostname).cloned().unwrap_or(Node {
-            name: self.s.hostname.clone(),
-            ..Default::default()
-        });
+        let mut local = self
+            .table
+            .get(&self.settings.hostname)
+            .cloned()
+            .unwrap_or(Node {
+                name: self.settings.hostname.clone(),
+                ..Default::default()
+            });
         let refused = local::fill_local(
             &mut local,
             annotations,
             &host.detected,
-            self.s.args.prioritise_private_addresses,
-            self.s.args.port,
+            self.settings.args.prioritise_private_addresses,
+            self.settings.args.port,
         );
         let published = local.second_internal_ip;
         local.second_internal_ip = local
@@ -468,7 +444,7 @@ impl Reconciler {
             .and_then(|internal| host.second_internal_ip(internal, published));
         local.key = Some(self.public);
         local.last_seen = now_unix;
-        local.granularity = Some(self.s.granularity);
+        local.granularity = Some(self.settings.granularity);
         // What this kg does, not what its Node said before its annotations were written.
         local.lease_election = self.leases_on();
         local.discovered_endpoints = self.discovered.clone();
@@ -477,7 +453,7 @@ impl Reconciler {
 
     /// The ready Nodes, and the local one (`local`, ready or not).
     fn ready_nodes(&self, local: &Node) -> Vec<Node> {
-        let hostname = &self.s.hostname;
+        let hostname = &self.settings.hostname;
         let mut nodes: Vec<Node> = Vec::new();
         let mut local_listed = false;
         for (node, ready) in self.table.iter() {
@@ -498,12 +474,5 @@ impl Reconciler {
         if !self.warned.insert(what, true).unwrap_or(false) {
             tracing::warn!("{message}");
         }
-    }
-
-    /// True when the lease step runs this pass.
-    fn tends_lease(&self) -> bool {
-        self.pass
-            .as_ref()
-            .is_some_and(|p| tends_lease(p.trigger, p.elected))
     }
 }

@@ -1,37 +1,27 @@
-//! The steps of a pass that write to the backend: the lease step and the local Node's
-//! annotations, each returned as the write to send.
+//! The step of a pass that publishes the local Node's annotations, returned as the patch to
+//! send.
 
 use control::clock::Now;
-use control::leader::book::{LeaseWrite, TunnelReadings};
 use control::node::WrittenAnnotations;
 
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
+use super::pass::{Observed, Pass};
 use super::{Reconciler, CHECK_IN_PERIOD};
 use crate::agent::host::local::{self, AnnotationPatch};
 
 impl Reconciler {
-    /// True when the lease step runs this pass (on the lease timer, with leaders just
-    /// elected): the shells then read the tunnels ([`TunnelReadings`]) for
-    /// [`Reconciler::tend_lease`].
-    pub fn lease_due(&self) -> bool {
-        self.tends_lease()
-    }
-
-    /// The lease step at `now`, given what the tunnels say: the compare-and-swap that renews,
-    /// takes or hands over this node's location's lease, if one is due.
-    pub fn tend_lease(&mut self, readings: &TunnelReadings, now: Now) -> Option<LeaseWrite> {
-        if !self.tends_lease() {
-            return None;
-        }
-        let nodes = self.pass.as_ref()?.ready.as_ref()?;
-        self.leases
-            .tend(&self.s.hostname, nodes, readings, now.unix_ms)
-    }
-
     /// The patch that makes the local Node's annotations say what this kg publishes at `now`
+    /// in `pass`
     /// (`check_in`: the check-in period elapsed, so `last-seen` is refreshed), if one is due.
-    pub fn annotation_patch(&self, check_in: bool, now: Now) -> Option<AnnotationPatch> {
-        let pass = self.pass.as_ref()?;
-        let local = pass.local.as_ref()?;
+    pub(super) fn annotation_patch(
+        &self,
+        pass: &Pass,
+        observed: &Observed,
+        check_in: bool,
+        now: Now,
+    ) -> Option<AnnotationPatch> {
+        let local = &observed.local;
         let empty = Default::default();
         let annotations = pass
             .local_object
@@ -47,7 +37,7 @@ impl Reconciler {
             check_in,
             CHECK_IN_PERIOD.as_secs() as i64,
         );
-        let cni_compatibility_ip = match self.s.compatibility {
+        let cni_compatibility_ip = match self.settings.compatibility {
             control::routes::Compatibility::Cilium => {
                 self.host.as_ref().and_then(|h| h.cilium_host_ip())
             }
@@ -64,11 +54,11 @@ impl Reconciler {
                 .filter(|t| t.leader)
                 .map(|t| t.wireguard_cidr),
             discovered_endpoints: self.discovered.clone(),
-            granularity: self.s.granularity,
+            granularity: self.settings.granularity,
             cni_compatibility_ip,
             second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
-            leaders_per_location: self.s.args.leaders_per_location,
+            leaders_per_location: self.settings.args.leaders_per_location,
             next_key: self.rotation.next.as_ref().map(|n| n.key),
             pq: self.pq_announcement,
             key_rotated: self
@@ -83,15 +73,17 @@ impl Reconciler {
         local::patch_due(annotations, &written, self.last_patch.as_ref())
     }
 
-    /// The backend took `patch` (`ok`) or refused it: a refusal counts the backend as
-    /// unhealthy until a patch is taken again.
-    pub fn patched(&mut self, patch: AnnotationPatch, ok: bool) {
+    /// The backend took `patch` (`ok`) or refused it, sent against `local_object`: a refusal
+    /// counts the backend as unhealthy until a patch is taken again.
+    pub(super) fn patched(
+        &mut self,
+        patch: AnnotationPatch,
+        ok: bool,
+        local_object: Option<&KubeNode>,
+    ) {
         self.patch_failed = !ok;
         if ok {
-            let annotations = self
-                .pass
-                .as_ref()
-                .and_then(|p| p.local_object.as_ref())
+            let annotations = local_object
                 .and_then(|o| o.metadata.annotations.clone())
                 .unwrap_or_default();
             self.last_patch = Some(local::SentPatch::new(annotations, patch));

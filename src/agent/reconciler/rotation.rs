@@ -6,6 +6,8 @@ use control::node::annotation;
 use control::rotation::{RotationInputs, RotationStep};
 use control::Key;
 
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
 use super::Reconciler;
 
 impl Reconciler {
@@ -19,10 +21,13 @@ impl Reconciler {
         self.key_made_ms = key_made_ms;
     }
 
-    /// The rotation step due this pass at `now`, if any (after [`Reconciler::observe`]).
-    pub fn rotation_step(&mut self, now: Now) -> Option<RotationStep> {
-        let pass = self.pass.as_ref()?;
-        let annotations = pass.local_object.as_ref()?.metadata.annotations.as_ref();
+    /// The rotation step due at `now`, if any, for the local Node `local_object`.
+    pub(super) fn rotation_step(
+        &mut self,
+        local_object: Option<&KubeNode>,
+        now: Now,
+    ) -> Option<RotationStep> {
+        let annotations = local_object?.metadata.annotations.as_ref();
         let get = |name| annotations.and_then(|a| a.get(name)).map(String::as_str);
         let inputs = RotationInputs {
             requested: get(annotation::ROTATE_KEY)
@@ -31,7 +36,7 @@ impl Reconciler {
             published_next: get(annotation::NEXT_KEY).and_then(|k| Key::parse(k).ok()),
             key_made_ms: self.key_made_ms,
             period_ms: self
-                .s
+                .settings
                 .key_rotation
                 .and_then(|p| i64::try_from(p.as_millis()).ok()),
         };
@@ -71,7 +76,7 @@ impl Reconciler {
     pub fn rotation_deadline(&self) -> Option<std::time::Instant> {
         let at = self.ingested_at?;
         let commit = self.rotation.deadline_ms();
-        let period = match (&self.rotation.next, self.s.key_rotation) {
+        let period = match (&self.rotation.next, self.settings.key_rotation) {
             (None, Some(p)) => i64::try_from(p.as_millis())
                 .ok()
                 .map(|p| self.key_made_ms.saturating_add(p)),

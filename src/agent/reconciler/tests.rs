@@ -32,6 +32,8 @@ struct PassLog {
     firewall: Option<FirewallStep>,
     lease: Option<LeaseWrite>,
     patch: Option<local::AnnotationPatch>,
+    /// True when the pass ended with a failure.
+    failed: bool,
 }
 
 /// One reconciler, the snapshot it reads, the host's links, addresses and routes as the
@@ -143,7 +145,7 @@ impl Bench {
             snapshot.put_node(&n.name.clone(), kube_node(&n, rv));
         }
         Self {
-            core: Reconciler::new(s, Key::padded("a-public"), Default::default()),
+            core: Reconciler::new(s, Key::padded("a-public"), Default::default(), now),
             snapshot,
             rv,
             now,
@@ -155,73 +157,81 @@ impl Bench {
         }
     }
 
-    /// One pass woken by `trigger`, driven as the agent drives it.
+    /// One pass woken by `trigger`: every effect the reconciler hands out is answered as the
+    /// bench's shells would, and recorded.
     fn pass(&mut self, trigger: Trigger) -> PassLog {
         let now = self.now;
         let mut log = PassLog::default();
         self.core.ingest(&self.snapshot, now);
-        match self.core.start(trigger, self.backend_healthy, now) {
-            Start::Wait => {
-                log.waited = true;
-                self.core.finish(now);
-                return log;
-            }
-            Start::Decide => {}
-            Start::ListHost(detection) => {
-                let own = OwnSide {
-                    kilo_index: 3,
-                    tunnel: None,
-                    hostname_ips: &[],
-                    subnet: "10.4.0.0/16".parse().unwrap(),
-                    internal_cidrs: &[],
-                };
-                let host = HostView::of(self.listing.clone(), &own, &detection).unwrap();
-                self.core.host_listed(host, detection);
-                log.listed_host = true;
-            }
-        }
-        if self.core.observe(now).unwrap().elect {
-            self.core.elect(now);
-            log.elected = true;
-        }
-        if let Some(step) = self.core.mesh(now).unwrap() {
-            log.meshed = Some(step.computed);
-            if let Some(c) = step.converge {
-                let links = ResolvedLinks {
-                    kilo: 3,
-                    ..Default::default()
-                };
-                let want = self
-                    .core
-                    .desired(&c.topology, &links, &RoutePlan::default(), None)
-                    .unwrap();
-                let step = self.core.firewall_step(&want.firewall, c.flips_only, now);
-                if matches!(step, FirewallStep::Write { .. }) {
-                    let written = self.firewall_ok.then(|| want.firewall.clone());
-                    self.core.firewall_written(written, now);
+        log.waited = !self.core.begin_pass(trigger, self.backend_healthy, now);
+        while let Some(effect) = self.core.poll_effect(now) {
+            let answer = match effect {
+                PassEffect::ListHost(detection) => {
+                    let own = OwnSide {
+                        kilo_index: 3,
+                        tunnel: None,
+                        hostname_ips: &[],
+                        subnet: "10.4.0.0/16".parse().unwrap(),
+                        internal_cidrs: &[],
+                    };
+                    log.listed_host = true;
+                    PassAnswer::HostListed(HostView::of(self.listing.clone(), &own, &detection))
                 }
-                log.firewall = Some(step);
-                let ok = self.converge_ok;
-                self.core.converged(c.clone(), ok, ok);
-                log.converged = Some(c);
-                if !ok {
-                    self.core.finish(now);
-                    return log;
+                PassEffect::RotateKey(_) => continue,
+                PassEffect::Elected => {
+                    log.elected = true;
+                    continue;
                 }
-            }
-        }
-        if self.core.lease_due() {
-            let readings = TunnelReadings {
-                traffic: TunnelTraffic::NotLeading,
-                standby_reached: Vec::new(),
+                PassEffect::Meshed(report) => {
+                    log.meshed = Some(report.computed);
+                    continue;
+                }
+                PassEffect::Converge(c) => {
+                    let links = ResolvedLinks {
+                        kilo: 3,
+                        ..Default::default()
+                    };
+                    let want = self
+                        .core
+                        .desired(&c.topology, &links, &RoutePlan::default(), None)
+                        .unwrap();
+                    let step = self.core.firewall_step(&want.firewall, c.flips_only, now);
+                    if matches!(step, FirewallStep::Write { .. }) {
+                        let written = self.firewall_ok.then(|| want.firewall.clone());
+                        self.core.firewall_written(written, now);
+                    }
+                    log.firewall = Some(step);
+                    log.converged = Some(c);
+                    let ok = self.converge_ok;
+                    PassAnswer::Converged {
+                        applied: if ok {
+                            Ok(())
+                        } else {
+                            Err(anyhow::anyhow!("the bench's shells failed"))
+                        },
+                        routes_known: ok,
+                    }
+                }
+                PassEffect::ReadTunnels => PassAnswer::TunnelsRead(TunnelReadings {
+                    traffic: TunnelTraffic::NotLeading,
+                    standby_reached: Vec::new(),
+                }),
+                PassEffect::WriteLease(write) => {
+                    log.lease = Some(write);
+                    continue;
+                }
+                PassEffect::PatchAnnotations(patch) => {
+                    log.patch = Some(patch);
+                    PassAnswer::Patched(if self.patch_ok {
+                        Ok(())
+                    } else {
+                        Err(anyhow::anyhow!("the bench's backend refused the patch"))
+                    })
+                }
             };
-            log.lease = self.core.tend_lease(&readings, now);
+            self.core.handle(answer, now);
         }
-        if let Some(patch) = self.core.annotation_patch(trigger == Trigger::CheckIn, now) {
-            self.core.patched(patch.clone(), self.patch_ok);
-            log.patch = Some(patch);
-        }
-        self.core.finish(now);
+        log.failed = self.core.end_pass(now).is_err();
         log
     }
 
@@ -488,7 +498,7 @@ fn an_unreachable_backend_freezes_readiness_and_keeps_the_mesh() {
     bench.backend_healthy = true;
     let back = bench.pass(Trigger::Event);
     assert!(back.converged.is_none(), "{back:?}");
-    let grace = CHECK_IN_PERIOD + bench.core.s.resync;
+    let grace = CHECK_IN_PERIOD + bench.core.settings.resync;
     bench.advance(grace + Duration::from_secs(1));
     let pass = bench.pass(Trigger::CheckIn);
     let c = pass

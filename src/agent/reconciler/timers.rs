@@ -1,16 +1,155 @@
-//! What is due when: the moments a pass is wanted without an event (held readiness flips and
-//! firewall writes, a lease running out, a DNS lookup), and the DNS lookups themselves.
+//! What is due when, as one table: the periodic passes (resync, check-in, the lease step), the
+//! moments a pass is wanted without an event (held readiness flips and firewall writes, a lease
+//! running out, a key rotation's step), the DNS lookups and the post-quantum links' timers.
+//! [`Reconciler::poll_timeout`] names the next, [`Reconciler::on_timeout`] says what its
+//! firing asks for and sets it again.
+
+use std::time::{Duration, Instant};
 
 use control::clock::Now;
 use control::dns::Answer;
 use control::node::Node;
+use control::pass::Trigger;
 
-use super::Reconciler;
+use super::{Reconciler, CHECK_IN_PERIOD};
+
+/// How often the lease step runs.
+const LEASE_PERIOD: Duration = Duration::from_millis(control::leader::LEASE_RENEW_MS as u64);
+/// Least time between two rounds of DNS lookups.
+const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the agent wakes without an event. Timers due at one moment fire in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Timer {
+    /// `--resync-period`: list the host and run every stage.
+    Resync,
+    /// Kilo's check-in period: refresh `last-seen`.
+    CheckIn,
+    /// The lease step's period (with lease election).
+    LeaseStep,
+    /// A lease this node saw held runs out unless renewed.
+    LeaseExpiry,
+    /// Held readiness flips or a held firewall write are due.
+    Readiness,
+    /// A key rotation's next step is due.
+    Rotation,
+    /// DNS names are due for a lookup.
+    Lookups,
+    /// The post-quantum links' timers are due.
+    PostQuantum,
+}
+
+/// What a timer's firing asks of the driver ([`Reconciler::on_timeout`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Run a pass.
+    Pass(Trigger),
+    /// Look these names up.
+    Lookups(Vec<String>),
+    /// Run the post-quantum links' timers.
+    PostQuantum,
+}
+
+/// The periodic timers' next moments, and what the table holds for the driver's own work.
+#[derive(Debug, Clone)]
+pub(super) struct TimerTable {
+    resync: Instant,
+    check_in: Instant,
+    lease_step: Instant,
+    /// When lookups last started (they start at most every [`DNS_MIN_INTERVAL`]).
+    last_lookups: Option<Instant>,
+    /// True when names can be looked up (kg has a resolver).
+    lookups: bool,
+    /// When the post-quantum links are next due, as the driver last said.
+    post_quantum: Option<Instant>,
+}
+
+impl TimerTable {
+    /// A table whose periodic timers all fire at `start`.
+    pub(super) fn new(start: Instant) -> Self {
+        Self {
+            resync: start,
+            check_in: start,
+            lease_step: start,
+            last_lookups: None,
+            lookups: false,
+            post_quantum: None,
+        }
+    }
+}
 
 impl Reconciler {
+    /// The next moment the agent must wake without an event, and why: the earliest of every
+    /// timer (those due together in [`Timer`]'s order).
+    pub fn poll_timeout(&self) -> Option<(Instant, Timer)> {
+        let t = &self.timers;
+        let lookups = t.lookups.then(|| self.dns_deadline()).flatten().map(|due| {
+            t.last_lookups
+                .map_or(due, |last| due.max(last + DNS_MIN_INTERVAL))
+        });
+        let leases = self.leases_on();
+        [
+            (Some(t.resync), Timer::Resync),
+            (Some(t.check_in), Timer::CheckIn),
+            (leases.then_some(t.lease_step), Timer::LeaseStep),
+            (
+                leases.then(|| self.lease_deadline()).flatten(),
+                Timer::LeaseExpiry,
+            ),
+            (self.readiness_deadline(), Timer::Readiness),
+            (self.rotation_deadline(), Timer::Rotation),
+            (lookups, Timer::Lookups),
+            (t.post_quantum, Timer::PostQuantum),
+        ]
+        .into_iter()
+        .filter_map(|(at, timer)| Some((at?, timer)))
+        .min()
+    }
+
+    /// `timer` fired at `now`: sets it again (a periodic one a period from now) and says what
+    /// it asks for.
+    pub fn on_timeout(&mut self, timer: Timer, now: Now) -> Wake {
+        let t = &mut self.timers;
+        match timer {
+            Timer::Resync => {
+                t.resync = now.instant + self.settings.resync;
+                Wake::Pass(Trigger::Resync)
+            }
+            Timer::CheckIn => {
+                t.check_in = now.instant + CHECK_IN_PERIOD;
+                Wake::Pass(Trigger::CheckIn)
+            }
+            Timer::LeaseStep => {
+                t.lease_step = now.instant + LEASE_PERIOD;
+                Wake::Pass(Trigger::Lease)
+            }
+            Timer::LeaseExpiry => Wake::Pass(Trigger::Lease),
+            Timer::Readiness => Wake::Pass(Trigger::Readiness),
+            Timer::Rotation => Wake::Pass(Trigger::Key),
+            Timer::Lookups => {
+                t.last_lookups = Some(now.instant);
+                Wake::Lookups(self.dns.start(now.instant))
+            }
+            Timer::PostQuantum => {
+                t.post_quantum = None;
+                Wake::PostQuantum
+            }
+        }
+    }
+
+    /// Names may be looked up from now on (the driver has a resolver).
+    pub fn enable_lookups(&mut self) {
+        self.timers.lookups = true;
+    }
+
+    /// The post-quantum links are next due at `at` (`None`: nothing is due).
+    pub fn schedule_post_quantum(&mut self, at: Option<Instant>) {
+        self.timers.post_quantum = at;
+    }
+
     /// When the readiness flips or the firewall write held back are due: `None` when none
     /// is held.
-    pub fn readiness_deadline(&self) -> Option<std::time::Instant> {
+    pub fn readiness_deadline(&self) -> Option<Instant> {
         let batch = self.readiness_batch.deadline();
         let firewall = self.firewall_hold.deadline();
         batch.into_iter().chain(firewall).min()
@@ -20,24 +159,19 @@ impl Reconciler {
     /// held expires unless renewed, so that a dead leader's successor is elected (and every
     /// node routes through it) when its lease runs out, not up to a lease step later. `None`
     /// without leases, or while the backend is unreachable.
-    pub fn lease_deadline(&self) -> Option<std::time::Instant> {
+    pub fn lease_deadline(&self) -> Option<Instant> {
         let at = self.ingested_at?;
         if !self.leases_on() {
             return None;
         }
         let expiry = self.leases.next_expiry_ms(at.unix_ms)?;
         let after = u64::try_from(expiry - at.unix_ms).ok()?;
-        Some(at.instant + std::time::Duration::from_millis(after))
+        Some(at.instant + Duration::from_millis(after))
     }
 
     /// When the next DNS lookup is due (`None`: no name to resolve).
-    pub fn dns_deadline(&self) -> Option<std::time::Instant> {
+    pub fn dns_deadline(&self) -> Option<Instant> {
         self.dns.next_deadline()
-    }
-
-    /// The DNS names whose lookup is due at `now`, marked as asked.
-    pub fn start_lookups(&mut self, now: Now) -> Vec<String> {
-        self.dns.start(now.instant)
     }
 
     /// Takes in lookup answers that came at `now` (a failure keeps the last good address);
@@ -67,7 +201,7 @@ impl Reconciler {
 
     /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.
     pub(super) fn track_dns_names(&mut self, local: &Node, now: Now) {
-        let hostname = &self.s.hostname;
+        let hostname = &self.settings.hostname;
         let names: Vec<String> = self
             .table
             .iter()

@@ -158,3 +158,31 @@ pub fn drift(rules: &RuleSet, v6: bool) -> Result<Vec<String>> {
         _ => iptables::drift(rules, v6),
     }
 }
+
+/// Starts `work` on a clone of `firewall` and returns its result to await: on a blocking
+/// thread, started at once, when its calls wait on child processes ([`Firewall::blocks`]), so
+/// the caller and the event loop's other tasks go on meanwhile; run here otherwise (the twin,
+/// which needs no runtime).
+pub fn off_loop<F: Firewall, T: Send + 'static>(
+    firewall: &F,
+    work: impl FnOnce(F) -> anyhow::Result<T> + Send + 'static,
+) -> impl std::future::Future<Output = anyhow::Result<T>> {
+    let firewall = firewall.clone();
+    let started = if firewall.blocks() {
+        Started::Running(tokio::task::spawn_blocking(move || work(firewall)))
+    } else {
+        Started::Done(work(firewall))
+    };
+    async move {
+        match started {
+            Started::Running(handle) => handle.await.map_err(anyhow::Error::from)?,
+            Started::Done(result) => result,
+        }
+    }
+}
+
+/// Work [`off_loop`] started.
+enum Started<T> {
+    Running(tokio::task::JoinHandle<anyhow::Result<T>>),
+    Done(anyhow::Result<T>),
+}

@@ -167,6 +167,11 @@ pub trait Firewall: Clone + Send + Sync + 'static {
     fn prepare(&self) -> Result<()> {
         Ok(())
     }
+    /// True when its calls wait on child processes, so the driver runs them off its loop
+    /// ([`firewall::off_loop`]); the in-memory twin answers at once.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 /// The WireGuard device.

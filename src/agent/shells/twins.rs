@@ -60,7 +60,7 @@ impl KernelState {
     }
 }
 
-/// An in-memory kernel: links, addresses, a default route, kg's routes and rules.
+/// An in-memory kernel: links, addresses, a default route per family, kg's routes and rules.
 #[derive(Debug, Clone, Default)]
 pub struct MemKernel {
     state: Arc<Mutex<KernelState>>,
@@ -195,16 +195,24 @@ impl Kernel for MemKernel {
     }
     async fn main_routes(&self) -> Result<Vec<Route>> {
         Ok(self.read(|s| {
-            let default = s.default_link.map(|link| Route {
-                table: MAIN_TABLE,
-                dst: "0.0.0.0/0".parse().expect("default route"),
-                gateway: None,
-                link,
-                src: None,
-                onlink: false,
+            // A default route over the default link for IPv4, and for IPv6 when that link
+            // holds an IPv6 address (as an IPv6 host's router advertisement gives it).
+            let v6 = s
+                .addresses
+                .iter()
+                .any(|(i, a)| Some(*i) == s.default_link && a.addr().is_ipv6());
+            let families = ["0.0.0.0/0"].into_iter().chain(v6.then_some("::/0"));
+            let default = s.default_link.into_iter().flat_map(|link| {
+                families.clone().map(move |dst| Route {
+                    table: MAIN_TABLE,
+                    dst: dst.parse().expect("default route"),
+                    gateway: None,
+                    link,
+                    src: None,
+                    onlink: false,
+                })
             });
             default
-                .into_iter()
                 .chain(
                     s.routes
                         .routes
@@ -314,6 +322,10 @@ impl MemFirewall {
 }
 
 impl Firewall for MemFirewall {
+    fn blocks(&self) -> bool {
+        false
+    }
+
     fn reconcile(
         &self,
         rules: &RuleSet,

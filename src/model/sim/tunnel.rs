@@ -230,10 +230,12 @@ impl Sim {
                 if self.tunnel(&devices, &from, &to_key, now.instant) != TunnelState::Up {
                     continue;
                 }
-                if let Some(running) = self.nodes.get_mut(&to).and_then(|n| n.running.as_mut()) {
-                    let source = SocketAddr::new(source, control::pq::PQ_PORT);
-                    running.twin.agent.pq_datagram(source, &datagram, now);
-                }
+                let from = SocketAddr::new(source, control::pq::PQ_PORT);
+                let datagram = crate::agent::Input::PqDatagram {
+                    from,
+                    datagram: &datagram,
+                };
+                self.wake(&to, datagram);
             }
         }
         anyhow::bail!("the post-quantum exchanges still answered each other after {MAX_ROUNDS} rounds at one moment")

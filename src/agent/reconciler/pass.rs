@@ -1,0 +1,300 @@
+//! A pass as a protocol: [`Reconciler::begin_pass`] opens it, [`Reconciler::poll_effect`] hands
+//! out the next thing the shells must do, [`Reconciler::handle`] takes each answer back, and
+//! [`Reconciler::end_pass`] closes it with its outcome. Where the pass stands is a [`Step`]
+//! that carries what the steps before it found, so a step can only run once its inputs exist:
+//! the order lives in the state, not in the caller.
+
+use std::sync::Arc;
+
+use control::clock::Now;
+use control::leader::book::{LeaseWrite, TunnelReadings};
+use control::node::Node;
+use control::pass::{tends_lease, Changes, Trigger};
+use control::rotation::RotationStep;
+use control::Peer;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+
+use super::{Convergence, Reconciler};
+use crate::agent::host::local::AnnotationPatch;
+use crate::agent::host::{DetectionInputs, HostView};
+
+/// The next thing a pass needs done outside the reconciler ([`Reconciler::poll_effect`]).
+/// Those marked "answer" wait for [`Reconciler::handle`] before the pass goes on.
+#[derive(Debug)]
+pub enum PassEffect {
+    /// List the host's links, addresses and routes, reading the addresses as `DetectionInputs`
+    /// says. Answer: [`PassAnswer::HostListed`].
+    ListHost(DetectionInputs),
+    /// Carry out a key rotation's step (the driver reports back through
+    /// [`Reconciler::key_prepared`] and [`Reconciler::key_committed`]).
+    RotateKey(RotationStep),
+    /// Leaders were elected (for the driver's stage timing).
+    Elected,
+    /// The mesh step ran: the counts for the metrics.
+    Meshed(MeshReport),
+    /// Bring the host to this topology. Answer: [`PassAnswer::Converged`].
+    Converge(Convergence),
+    /// Read the tunnels for the lease step. Answer: [`PassAnswer::TunnelsRead`].
+    ReadTunnels,
+    /// Send this compare-and-swap of the location's lease.
+    WriteLease(LeaseWrite),
+    /// Patch the local Node's annotations. Answer: [`PassAnswer::Patched`].
+    PatchAnnotations(AnnotationPatch),
+}
+
+/// A shell's answer to a [`PassEffect`].
+#[derive(Debug)]
+pub enum PassAnswer {
+    /// The host as listed, or why it could not be.
+    HostListed(anyhow::Result<HostView>),
+    /// The host was brought to the topology, or a part failed; `routes_known`: the kernel's
+    /// routes and rules are known after it (false when a change failed and they must be
+    /// listed again).
+    Converged {
+        /// What the shells returned.
+        applied: anyhow::Result<()>,
+        /// True when kg's record of the kernel's routes still holds.
+        routes_known: bool,
+    },
+    /// What the tunnels say, for the lease step.
+    TunnelsRead(TunnelReadings),
+    /// The backend took the patch, or why it did not.
+    Patched(anyhow::Result<()>),
+}
+
+/// What one mesh step found ([`PassEffect::Meshed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshReport {
+    /// The ready nodes the topology was computed from (the local one included when ready).
+    pub nodes: usize,
+    /// The ready Peers.
+    pub peers: usize,
+    /// True when the topology was computed (false while the local node is not ready).
+    pub computed: bool,
+}
+
+/// What the pass found about the local node and the cluster once the host was known: what
+/// every later step works from.
+pub(super) struct Observed {
+    /// The local node as kg sees it this pass.
+    pub(super) local: Node,
+    pub(super) changes: Changes,
+    /// True when leaders are elected this pass.
+    pub(super) elect: bool,
+    /// The ready nodes, listed by the election.
+    pub(super) ready: Option<Vec<Node>>,
+    /// True once leaders were elected this pass.
+    pub(super) elected: bool,
+    pub(super) leaders_changed: bool,
+    /// The ready nodes and Peers the mesh was computed from (for NAT discovery).
+    pub(super) meshed: Option<(Vec<Node>, Vec<Peer>)>,
+}
+
+/// Where a pass stands: each step holds what the steps before it found.
+pub(super) enum Step {
+    /// The host must be listed first.
+    ListHost(DetectionInputs),
+    /// Waiting for the host as listed.
+    AwaitHost(DetectionInputs),
+    /// The host is known: work out the local node and what changed.
+    Observe,
+    /// Elect leaders when due, then mesh.
+    Elect(Observed),
+    /// Compute the topology.
+    Mesh(Observed),
+    /// Have the shells converge the host.
+    Converge(Observed, Convergence),
+    /// Waiting for the shells to converge the host.
+    AwaitConverged(Observed, Convergence),
+    /// The lease step, when due.
+    Lease(Observed),
+    /// Waiting for the tunnels' readings.
+    AwaitReadings(Observed),
+    /// Send the lease write, then publish.
+    SendLease(Observed, LeaseWrite),
+    /// Publish the local Node's annotations.
+    Publish(Observed),
+    /// Waiting for the backend to take the patch.
+    AwaitPatched(AnnotationPatch),
+    /// Nothing left to do.
+    Done,
+}
+
+/// The pass in progress.
+pub(super) struct Pass {
+    pub(super) trigger: Trigger,
+    /// True when the host was listed this pass (every part is compared afresh).
+    pub(super) full: bool,
+    /// The local Node's object as the backend has it.
+    pub(super) local_object: Option<Arc<KubeNode>>,
+    /// The time readiness is judged at (frozen during an outage).
+    pub(super) readiness_now: i64,
+    pub(super) step: Step,
+    /// Why the pass failed, if it did.
+    pub(super) failure: Option<anyhow::Error>,
+}
+
+/// What one turn of [`Reconciler::advance`] did.
+enum Progress {
+    /// Moved to the next step with nothing for the shells.
+    Moved,
+    /// The shells must do this.
+    Effect(PassEffect),
+    /// Done, or waiting for an answer.
+    Idle,
+}
+
+impl Reconciler {
+    /// The next thing the pass in progress needs done, at `now`; `None` when it is over or
+    /// waits for the answer to the last effect. Decisions that need no shell run here.
+    pub fn poll_effect(&mut self, now: Now) -> Option<PassEffect> {
+        let mut pass = self.pass.take()?;
+        let effect = loop {
+            match self.advance(&mut pass, now) {
+                Ok(Progress::Moved) => {}
+                Ok(Progress::Effect(effect)) => break Some(effect),
+                Ok(Progress::Idle) => break None,
+                Err(e) => {
+                    pass.failure = Some(e);
+                    pass.step = Step::Done;
+                    break None;
+                }
+            }
+        };
+        self.pass = Some(pass);
+        effect
+    }
+
+    /// Takes a shell's answer to the last effect at `now`. A failure ends the pass (the next
+    /// one tries again); an answer the pass does not wait for is ignored.
+    pub fn handle(&mut self, answer: PassAnswer, now: Now) {
+        let Some(mut pass) = self.pass.take() else {
+            tracing::debug!(?answer, "an answer after its pass ended; ignored");
+            return;
+        };
+        let step = std::mem::replace(&mut pass.step, Step::Done);
+        pass.step = match (step, answer) {
+            (Step::AwaitHost(detection), PassAnswer::HostListed(listed)) => match listed {
+                Ok(host) => {
+                    self.host = Some(host);
+                    self.detection = detection;
+                    Step::Observe
+                }
+                Err(e) => fail(&mut pass.failure, e),
+            },
+            (
+                Step::AwaitConverged(observed, c),
+                PassAnswer::Converged {
+                    applied,
+                    routes_known,
+                },
+            ) => {
+                self.converged(c, applied.is_ok(), routes_known);
+                match applied {
+                    Ok(()) => Step::Lease(observed),
+                    Err(e) => fail(&mut pass.failure, e),
+                }
+            }
+            (Step::AwaitReadings(observed), PassAnswer::TunnelsRead(readings)) => {
+                let nodes = observed.ready.as_deref().unwrap_or_default();
+                let hostname = &self.settings.hostname;
+                match self.leases.tend(hostname, nodes, &readings, now.unix_ms) {
+                    Some(write) => Step::SendLease(observed, write),
+                    None => Step::Publish(observed),
+                }
+            }
+            (Step::AwaitPatched(patch), PassAnswer::Patched(result)) => {
+                self.patched(patch, result.is_ok(), pass.local_object.as_deref());
+                match result {
+                    Ok(()) => Step::Done,
+                    Err(e) => fail(&mut pass.failure, e),
+                }
+            }
+            (step, answer) => {
+                tracing::debug!(?answer, "an answer the pass does not wait for; ignored");
+                step
+            }
+        };
+        self.pass = Some(pass);
+    }
+
+    /// One step of `pass` at `now`.
+    fn advance(&mut self, pass: &mut Pass, now: Now) -> anyhow::Result<Progress> {
+        let step = std::mem::replace(&mut pass.step, Step::Done);
+        let (next, progress) = match step {
+            Step::Done => (Step::Done, Progress::Idle),
+            Step::ListHost(detection) => {
+                let effect = PassEffect::ListHost(detection.clone());
+                (Step::AwaitHost(detection), Progress::Effect(effect))
+            }
+            waiting @ (Step::AwaitHost(_)
+            | Step::AwaitConverged(..)
+            | Step::AwaitReadings(_)
+            | Step::AwaitPatched(_)) => (waiting, Progress::Idle),
+            Step::Observe => {
+                let observed = self.observe(pass, now)?;
+                match self.rotation_step(pass.local_object.as_deref(), now) {
+                    Some(rotation) => (
+                        Step::Elect(observed),
+                        Progress::Effect(PassEffect::RotateKey(rotation)),
+                    ),
+                    None => (Step::Elect(observed), Progress::Moved),
+                }
+            }
+            Step::Elect(mut observed) => {
+                if observed.elect {
+                    self.elect(&mut observed, pass.readiness_now, now);
+                    (Step::Mesh(observed), Progress::Effect(PassEffect::Elected))
+                } else {
+                    (Step::Mesh(observed), Progress::Moved)
+                }
+            }
+            Step::Mesh(mut observed) => match self.mesh(pass, &mut observed, now)? {
+                None => (Step::Lease(observed), Progress::Moved),
+                Some((report, converge)) => {
+                    let next = match converge {
+                        Some(c) => Step::Converge(observed, c),
+                        None => Step::Lease(observed),
+                    };
+                    (next, Progress::Effect(PassEffect::Meshed(report)))
+                }
+            },
+            Step::Converge(observed, c) => {
+                let effect = PassEffect::Converge(c.clone());
+                (Step::AwaitConverged(observed, c), Progress::Effect(effect))
+            }
+            Step::Lease(observed) => {
+                if tends_lease(pass.trigger, observed.elected) {
+                    (
+                        Step::AwaitReadings(observed),
+                        Progress::Effect(PassEffect::ReadTunnels),
+                    )
+                } else {
+                    (Step::Publish(observed), Progress::Moved)
+                }
+            }
+            Step::SendLease(observed, write) => (
+                Step::Publish(observed),
+                Progress::Effect(PassEffect::WriteLease(write)),
+            ),
+            Step::Publish(observed) => {
+                let check_in = pass.trigger == Trigger::CheckIn;
+                match self.annotation_patch(pass, &observed, check_in, now) {
+                    Some(patch) => {
+                        let effect = PassEffect::PatchAnnotations(patch.clone());
+                        (Step::AwaitPatched(patch), Progress::Effect(effect))
+                    }
+                    None => (Step::Done, Progress::Idle),
+                }
+            }
+        };
+        pass.step = next;
+        Ok(progress)
+    }
+}
+
+/// Records `e` as the pass's failure; the pass is done.
+fn fail(failure: &mut Option<anyhow::Error>, e: anyhow::Error) -> Step {
+    *failure = Some(e);
+    Step::Done
+}
