@@ -23,13 +23,16 @@ pub enum Trigger {
     Readiness,
     /// A key rotation's next step is due ([`crate::rotation`]).
     Key,
+    /// The last pass failed and its backoff ran out: the host is listed and every part
+    /// compared again.
+    Retry,
 }
 
 impl Trigger {
     /// True when this reconcile lists the host (links, addresses, routes, rules, iptables, the
     /// device) instead of trusting what kg last read and applied.
     pub fn lists_the_host(self) -> bool {
-        matches!(self, Self::Resync | Self::Kernel)
+        matches!(self, Self::Resync | Self::Kernel | Self::Retry)
     }
 }
 

@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use super::reconciler::{Convergence, FirewallStep};
 use super::serve::status;
 use super::shells::kernel_watch::RoutingChanges;
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::stages::Stage;
 use super::{state, Agent, Trigger};
 
@@ -121,7 +121,7 @@ impl HostRecord {
     }
 }
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Brings the host to `c`'s topology at `now`: [`control::desired::plan`] computes the
     /// desired state as one value before any shell runs, then each part is converged.
     ///
@@ -279,7 +279,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         }
         if let (true, Some(name)) = (want.tunnel_missing(&links), self.tunnel.name()) {
             let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
-            self.warn_once("tunnel-missing", &message);
+            self.problems.warn_once("tunnel-missing", &message);
         }
         self.report_withheld(&want.withheld);
         let lines = want
@@ -503,7 +503,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
 }
 
 /// The CNI configuration kg keeps in step with the node (Kilo's `--cni`).
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Keeps the CNI conflist's IPAM ranges on the pod CIDRs (one set per family) and its MTU
     /// on the link's. A missing or unreadable file is a warning, never a failure.
     pub(super) fn sync_cni(&mut self, pod_cidrs: &[IpNet], mtu: u32) {
@@ -511,7 +511,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
         let text = match self.cni_file.read() {
             Ok(t) => t,
             Err(e) => {
-                self.warn_once(
+                self.problems.warn_once(
                     "cni",
                     &format!("cannot read the CNI configuration {path}: {e}; not managing it"),
                 );
@@ -532,7 +532,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
                     )
                 }
             },
-            Err(e) => self.warn_once(
+            Err(e) => self.problems.warn_once(
                 "cni",
                 &format!("CNI configuration {path}: {e}; not managing it"),
             ),

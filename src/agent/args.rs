@@ -245,6 +245,32 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// What the reconciler decides with, taken from these flags.
+    pub fn reconciler_config(&self) -> super::reconciler::Config {
+        let a = &self.args;
+        super::reconciler::Config {
+            hostname: self.hostname.clone(),
+            interface: a.interface.clone(),
+            granularity: self.granularity,
+            encapsulate: self.encapsulate,
+            compatibility: self.compatibility,
+            subnet: self.subnet,
+            service_cidrs: self.service_cidrs.clone(),
+            resync: self.resync,
+            mtu: self.mtu,
+            key_rotation: self.key_rotation,
+            port: a.port,
+            leaders_per_location: a.leaders_per_location,
+            prioritise_private_addresses: a.prioritise_private_addresses,
+            elects_by_lease: self.elects_by_lease(),
+            topology_label: a.topology_label.clone(),
+            ipam: a.ipam.source(),
+            cni: a.cni,
+            local: a.local,
+            forward_rules: a.iptables_forward_rules,
+        }
+    }
+
     /// True when this kg takes and renews its location's lease: `--leader-election=lease` in
     /// location granularity. In full and cross granularity no location has a leader to elect,
     /// so the flag changes nothing and kg writes no Lease.

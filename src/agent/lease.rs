@@ -5,10 +5,10 @@
 use control::leader::book::{LeaseWrite, TunnelReadings, TunnelTraffic};
 use control::Key;
 
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Sends `write`, and says why when it was worth saying and it held.
     pub(super) async fn write_lease(&self, write: LeaseWrite) {
         let LeaseWrite {

@@ -17,7 +17,6 @@
 //! Imports go one way: the driver uses the four folders, never the reverse, and the reconciler
 //! uses no shell.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,7 +37,7 @@ use shells::lookups::{LookupAnswer, Lookups};
 use shells::netlink::Netlink;
 use shells::wireguard::WireGuard;
 use shells::{kernel_watch, state};
-use shells::{Engine, Firewall, Kernel};
+use shells::{Device, Firewall, Kernel};
 use start::take_engine;
 
 mod apply;
@@ -135,7 +134,6 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     owned: RoutePlan,
     /// Problems of the host state already said, so each is said once.
     problems: ProblemLog,
-    warned: BTreeMap<&'static str, bool>,
     /// Kilo's metrics and kilotun's own.
     pub metrics: Arc<Metrics>,
     /// What `/graph` draws the last topology from.
@@ -207,7 +205,7 @@ pub struct Shells<N, F, W> {
     pub pq_outbox: Option<pq::PqOutbox>,
 }
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Snapshots from the backend.
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.backend.subscribe()
@@ -293,12 +291,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             now.instant + Duration::from_millis(after)
         });
         self.core.schedule_post_quantum(at);
-    }
-
-    fn warn_once(&mut self, what: &'static str, message: &str) {
-        if !self.warned.insert(what, true).unwrap_or(false) {
-            tracing::warn!("{message}");
-        }
     }
 
     /// Takes in lookup answers that came at `now`: a failure keeps the last good address.

@@ -16,7 +16,7 @@ use control::pq::{PqAnnouncement, PqIdentity};
 use control::Key;
 use rand_core::RngCore;
 
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
 pub use control::pq::PQ_PORT;
@@ -205,7 +205,7 @@ impl PqShell {
     }
 }
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Brings the post-quantum links to the peers of the topology last applied (after each
     /// reconcile).
     pub fn pq_refresh(&mut self, now: Now) {

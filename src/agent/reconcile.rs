@@ -13,12 +13,12 @@ use control::clock::Now;
 
 use super::host::{read_host, DetectionInputs, HostView, OwnSide};
 use super::reconciler::{PassAnswer, PassEffect};
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::stages::Stage;
 use super::{read_clock, Agent, Trigger};
 use crate::backend::Snapshot;
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// One reconcile after `trigger`, now: [`Agent::reconcile_at`] the clock's time.
     pub async fn reconcile(&mut self, snapshot: &Snapshot, trigger: Trigger) -> Result<()> {
         self.reconcile_at(snapshot, trigger, read_clock()).await

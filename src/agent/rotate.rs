@@ -7,10 +7,10 @@ use control::Key;
 use dataplane::SecretKey;
 
 use super::shells::keyfile;
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Carries out `step` at `now`. A step that fails is said and retried at the next pass;
     /// the key in use stays.
     pub(super) fn rotate_key(&mut self, step: RotationStep, now: Now) {

@@ -22,7 +22,7 @@ use super::shells::firewall::HostFirewall;
 use super::shells::netlink::Netlink;
 use super::shells::wireguard::{WireGuard, WireGuardChoice};
 use super::shells::{keyfile, state};
-use super::shells::{Engine, Firewall, Kernel};
+use super::shells::{Device, Firewall, Kernel};
 use super::{read_clock, Agent, Shells, DNS_TIMEOUT};
 use crate::backend::{file::FileBackend, kube::KubeBackend, Backend, Snapshot};
 use control::clock::Now;
@@ -126,7 +126,7 @@ impl Agent {
     }
 }
 
-impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Builds the agent on `shells` at `now`: finds the interface, sets the key and port (and
     /// the `restored` peers of the last run), picks the tunnel. `hostname_ips` gives the
     /// addresses the node's own name resolves to (awaited after the engine is configured).
@@ -253,7 +253,7 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             );
             None
         });
-        let mut core = Reconciler::new(s.clone(), public, discovered, now);
+        let mut core = Reconciler::new(s.reconciler_config(), public, discovered, now);
         if resolver.is_some() {
             core.enable_lookups();
         }
@@ -295,7 +295,6 @@ impl<N: Kernel, F: Firewall, W: Engine> Agent<N, F, W> {
             hostname_ips,
             owned: last_routes,
             problems: ProblemLog::default(),
-            warned: BTreeMap::new(),
             metrics: Arc::new(Metrics::new()),
             graph: Arc::new(parking_lot::Mutex::new(None)),
             status: board,

@@ -7,7 +7,7 @@ use dataplane::{DeviceConfig, SecretKey};
 
 use super::args::Settings;
 use super::shells::cni_file::MemCniFile;
-use super::shells::twins::{Calls, MemEngine, MemFirewall, MemKernel};
+use super::shells::twins::{Calls, MemDevice, MemFirewall, MemKernel};
 use crate::backend::Backend;
 
 /// How a [`TwinAgent`] starts: its key, the peers it restores (as `kg` restores the last run's
@@ -31,13 +31,13 @@ fn settings(args: &[&str]) -> Result<Settings> {
 /// An agent on in-memory twins, and the twins, to count what it does.
 pub struct TwinAgent {
     /// The agent.
-    pub agent: crate::agent::Agent<MemKernel, MemFirewall, MemEngine>,
+    pub agent: crate::agent::Agent<MemKernel, MemFirewall, MemDevice>,
     /// Its kernel.
     pub kernel: MemKernel,
     /// Its firewall.
     pub firewall: MemFirewall,
     /// Its WireGuard device.
-    pub engine: MemEngine,
+    pub engine: MemDevice,
     /// Its CNI configuration file (`--cni-path`, missing at start).
     pub cni: MemCniFile,
     /// The post-quantum exchanges' datagrams it sent (`--post-quantum`), for a test's network
@@ -50,12 +50,12 @@ impl TwinAgent {
     /// directory it may write its Node into) on a fresh kernel ([`MemKernel::host`]), firewall
     /// and device.
     pub async fn start(args: &[&str]) -> Result<Self> {
-        Self::start_on(args, MemEngine::default()).await
+        Self::start_on(args, MemDevice::default()).await
     }
 
     /// [`TwinAgent::start`] on `engine`, a device that may hold a configuration already (one
     /// that outlived the last kg).
-    pub async fn start_on(args: &[&str], engine: MemEngine) -> Result<Self> {
+    pub async fn start_on(args: &[&str], engine: MemDevice) -> Result<Self> {
         let settings = settings(args)?;
         let backend = Backend::File(crate::backend::file::FileBackend::open(
             std::path::Path::new(&settings.args.cluster_dir),
@@ -75,7 +75,7 @@ impl TwinAgent {
         args: &[&str],
         backend: Backend,
         kernel: MemKernel,
-        engine: MemEngine,
+        engine: MemDevice,
         start: Start,
     ) -> Result<Self> {
         Self::start_settled(settings(args)?, backend, kernel, engine, start).await
@@ -86,7 +86,7 @@ impl TwinAgent {
         settings: Settings,
         backend: Backend,
         kernel: MemKernel,
-        engine: MemEngine,
+        engine: MemDevice,
         start: Start,
     ) -> Result<Self> {
         let firewall = MemFirewall::default();
@@ -159,7 +159,7 @@ mod tests {
             peers: vec![peer],
             ..DeviceConfig::default()
         };
-        let engine = MemEngine::holding(outlived.clone());
+        let engine = MemDevice::holding(outlived.clone());
         let twin = TwinAgent::start_on(
             &[
                 "--backend=file",
@@ -258,7 +258,7 @@ mod tests {
             &args,
             open(),
             MemKernel::host(control::DEFAULT_INTERFACE),
-            MemEngine::default(),
+            MemDevice::default(),
             fresh(None),
         )
         .await
@@ -280,7 +280,7 @@ mod tests {
             &args,
             open(),
             MemKernel::host(control::DEFAULT_INTERFACE),
-            MemEngine::default(),
+            MemDevice::default(),
             fresh(Some(saved.clone())),
         )
         .await

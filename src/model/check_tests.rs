@@ -31,7 +31,7 @@ fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
     let mut extra = PeerConfig::new(dataplane::SecretKey::from_bytes([99; 32]).public_key());
     extra.add_allowed_ip(sim.nodes["n02"].pod_cidr);
     config.peers.push(extra);
-    crate::agent::shells::Engine::apply(engine, &config).unwrap();
+    crate::agent::shells::Device::apply(engine, &config).unwrap();
     let error = check::always(&sim).unwrap_err();
     assert!(error.contains("routes 10.42.2.0/24 to peer"), "{error}");
 
@@ -104,7 +104,7 @@ fn every_invariant_catches_its_own_damage() {
     config
         .peers
         .push(PeerConfig::new(sim.nodes[&name].key.public_key()));
-    crate::agent::shells::Engine::apply(engine, &config).unwrap();
+    crate::agent::shells::Device::apply(engine, &config).unwrap();
     let error = check::always(&sim).unwrap_err();
     assert!(error.contains("holds its own key"), "{error}");
 

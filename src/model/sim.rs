@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node as KubeNode, NodeSpec};
 
 use crate::agent::shells::state;
-use crate::agent::shells::twins::{MemEngine, MemKernel};
+use crate::agent::shells::twins::{MemDevice, MemKernel};
 use crate::agent::twin_agent::{Start, TwinAgent};
 use crate::agent::Input;
 use crate::backend::memory::{MemoryBackend, MemoryCluster};
@@ -281,7 +281,7 @@ impl Sim {
             now,
         };
         // The embedded engine dies with its agent: a new one starts empty.
-        let engine = MemEngine::default();
+        let engine = MemDevice::default();
         let backend = Backend::Memory(Arc::clone(&node.backend));
         let kernel = node.kernel.clone();
         let twin = run_to_end(TwinAgent::start_with(&args, backend, kernel, engine, start))?;
@@ -468,7 +468,7 @@ impl Sim {
         running.last_error = result.err().map(|e| format!("{e:#}"));
         running.seen = Some(snapshot);
         // A rotated key is the node's from now on (its key file holds it too).
-        let device = crate::agent::shells::Engine::configuration(&running.twin.engine).ok();
+        let device = crate::agent::shells::Device::configuration(&running.twin.engine).ok();
         node.key = device
             .and_then(|d| d.interface.private_key)
             .unwrap_or(node.key.clone());

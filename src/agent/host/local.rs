@@ -223,9 +223,18 @@ pub fn patch_due(
 #[derive(Debug, Default)]
 pub struct ProblemLog {
     seen: BTreeMap<String, Vec<String>>,
+    /// What [`ProblemLog::warn_once`] said.
+    said_once: std::collections::BTreeSet<&'static str>,
 }
 
 impl ProblemLog {
+    /// Logs `message` at warning level the first time `what` is said, and never again.
+    pub fn warn_once(&mut self, what: &'static str, message: &str) {
+        if self.said_once.insert(what) {
+            tracing::warn!("{message}");
+        }
+    }
+
     /// Returns the problems of `object` not reported last time, and remembers the current set.
     pub fn fresh(&mut self, object: &str, problems: &[AnnotationProblem]) -> Vec<String> {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();

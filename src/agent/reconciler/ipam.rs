@@ -5,7 +5,6 @@
 use control::ipam::{detect, kilo_agents_under, pod_ranges, IpamObjects, IpamSource};
 
 use super::Reconciler;
-use crate::agent::args::IpamChoice;
 
 /// What the reconciler remembers of the IPAM objects.
 #[derive(Debug, Default)]
@@ -19,21 +18,21 @@ pub(super) struct IpamState {
 impl Reconciler {
     /// The IPAM source in use: `--ipam`'s, or what `auto` chose last (`None` before it did).
     pub fn ipam_source(&self) -> Option<IpamSource> {
-        self.settings.args.ipam.source().or(self.ipam.source)
+        self.config.ipam.or(self.ipam.source)
     }
 
     /// Brings the node table's pod ranges to `objects` (at `revision`; `listed` once the
     /// backend listed every IPAM kind it watches) when they changed since the last call (with `--ipam=node`, the Nodes keep their own and nothing is
     /// read). Problems (ranges refused for overlapping) are said once each.
     pub(super) fn take_ipam(&mut self, objects: &IpamObjects, revision: u64, listed: bool) {
-        let choice = self.settings.args.ipam;
+        let choice = self.config.ipam;
         // `auto` decides once every kind it looks for was listed, not on the first to arrive.
-        let undecided = choice == IpamChoice::Auto && !listed;
-        if choice == IpamChoice::Node || undecided || self.ipam.seen == Some(revision) {
+        let undecided = choice.is_none() && !listed;
+        if choice == Some(IpamSource::Node) || undecided || self.ipam.seen == Some(revision) {
             return;
         }
         self.ipam.seen = Some(revision);
-        let source = match choice.source() {
+        let source = match choice {
             Some(source) => source,
             None => {
                 let (source, why) = detect(objects);

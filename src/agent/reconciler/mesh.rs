@@ -67,7 +67,7 @@ impl Reconciler {
         self.local = Some(local.clone());
         self.settled = false;
 
-        let hostname = self.settings.hostname.clone();
+        let hostname = self.config.hostname.clone();
         let mut nodes = ready.unwrap_or_else(|| self.ready_nodes(&local));
         let mut peers = self.peers.clone();
         for e in nodes
@@ -86,7 +86,7 @@ impl Reconciler {
             } else {
                 "it needs spec.podCIDR"
             };
-            self.warn_once(
+            self.problems.warn_once(
                 "local-not-ready",
                 &format!("node {hostname} is not ready ({why}); not configuring the mesh yet"),
             );
@@ -100,13 +100,10 @@ impl Reconciler {
             return Ok(Some((report, None)));
         }
         let params = TopologyParams {
-            granularity: self.settings.granularity,
+            granularity: self.config.granularity,
             hostname: hostname.clone(),
-            port: local
-                .endpoint
-                .as_ref()
-                .map_or(self.settings.args.port, |e| e.port),
-            subnet: self.settings.subnet,
+            port: local.endpoint.as_ref().map_or(self.config.port, |e| e.port),
+            subnet: self.config.subnet,
             persistent_keepalive: local.persistent_keepalive,
             leaders_per_location: self.leaders_per_location(&nodes),
             kept_out: self.leases.kept_out(),
@@ -209,17 +206,17 @@ impl Reconciler {
             .host
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
-        let a = &self.settings.args;
+        let a = &self.config;
         let settings = HostSettings {
             interface: a.interface.clone(),
-            mtu: self.settings.mtu,
+            mtu: self.config.mtu,
             cni: a.cni,
             cni_conflist: self.ipam_source().is_none_or(|s| s == IpamSource::Node),
             local: a.local,
-            encapsulate: self.settings.encapsulate,
-            compatibility: self.settings.compatibility,
-            forward_rules: a.iptables_forward_rules,
-            service_cidrs: self.settings.service_cidrs.clone(),
+            encapsulate: self.config.encapsulate,
+            compatibility: self.config.compatibility,
+            forward_rules: a.forward_rules,
+            service_cidrs: self.config.service_cidrs.clone(),
             tunnel,
         };
         Ok(desired::plan(

@@ -33,11 +33,11 @@ use control::table::{differs_beyond_check_in, NodeTable};
 use control::{translate_peer, Key, Peer, Topology};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
-use crate::agent::args::Settings;
 use crate::agent::host::local::{self, ProblemLog};
 use crate::agent::host::{DetectionInputs, HostView};
 use crate::backend::Snapshot;
 
+mod config;
 mod ipam;
 mod mesh;
 mod pass;
@@ -49,6 +49,7 @@ mod shares;
 mod tests;
 mod timers;
 
+pub use config::Config;
 pub use mesh::{Convergence, FirewallStep};
 pub use pass::{MeshReport, PassAnswer, PassEffect};
 use pass::{Observed, Pass, Step};
@@ -61,8 +62,8 @@ pub const CHECK_IN_PERIOD: std::time::Duration = std::time::Duration::from_secs(
 /// last listed, the leases, the last topology, and the pacing of readiness flips and firewall
 /// writes.
 pub struct Reconciler {
-    /// The agent's configuration.
-    settings: Settings,
+    /// What it decides with.
+    config: Config,
     public: Key,
     /// Every Node, translated.
     table: NodeTable,
@@ -118,7 +119,6 @@ pub struct Reconciler {
     patch_failed: bool,
     /// Problems already said, so each is said once.
     problems: ProblemLog,
-    warned: BTreeMap<&'static str, bool>,
     /// Errors for `/status`, taken by [`Reconciler::take_errors`].
     errors: Vec<String>,
     /// The pass in progress ([`pass`]).
@@ -136,19 +136,19 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// Nothing decided yet at `now`, for the node of `settings` whose public key is `public`;
+    /// Nothing decided yet at `now`, configured by `config`, for the node whose public key is `public`;
     /// `discovered` holds the endpoints the last run used.
     pub fn new(
-        settings: Settings,
+        config: Config,
         public: Key,
         discovered: BTreeMap<Key, SocketAddr>,
         now: Now,
     ) -> Self {
         Self {
-            table: NodeTable::new(&settings.args.topology_label),
-            dns: DnsBook::new(settings.resync),
+            table: NodeTable::new(&config.topology_label),
+            dns: DnsBook::new(config.resync),
             timers: timers::TimerTable::new(now.instant),
-            settings,
+            config,
             public,
             revision: None,
             peer_revision: None,
@@ -174,7 +174,6 @@ impl Reconciler {
             discovery_seeded: false,
             patch_failed: false,
             problems: ProblemLog::default(),
-            warned: BTreeMap::new(),
             errors: Vec::new(),
             pass: None,
             ipam: Default::default(),
@@ -184,9 +183,9 @@ impl Reconciler {
         }
     }
 
-    /// True when kg takes its location's lease ([`Settings::elects_by_lease`]).
+    /// True when kg takes its location's lease ([`Config::elects_by_lease`]).
     pub fn leases_on(&self) -> bool {
-        self.settings.elects_by_lease()
+        self.config.elects_by_lease
     }
 
     /// The last topology applied, if any.
@@ -211,7 +210,7 @@ impl Reconciler {
     /// has to copy a snapshot a reader still holds.
     pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
         self.listed |= snapshot.listed.all();
-        self.local_object = snapshot.nodes.get(&self.settings.hostname).cloned();
+        self.local_object = snapshot.nodes.get(&self.config.hostname).cloned();
         if let (Some(sent), Some(object)) = (&mut self.last_patch, &self.local_object) {
             sent.observe(
                 object
@@ -284,7 +283,7 @@ impl Reconciler {
         let healthy = backend_healthy && !self.patch_failed;
         self.leases.observe_backend(healthy, now.unix_ms);
         let was_frozen = self.readiness.is_frozen();
-        let grace = (CHECK_IN_PERIOD + self.settings.resync).as_secs() as i64;
+        let grace = (CHECK_IN_PERIOD + self.config.resync).as_secs() as i64;
         self.readiness.observe(now.unix_secs(), healthy, grace);
         if self.readiness.is_frozen() != was_frozen {
             if was_frozen {
@@ -310,13 +309,16 @@ impl Reconciler {
         true
     }
 
-    /// Closes the pass at `now` and returns how it went. Held flips or firewall writes whose
-    /// deadline passed (the pass failed before it could take them) wait another interval, so
-    /// the loop never spins.
+    /// Closes the pass at `now` and returns how it went; a failed one is tried again after a
+    /// backoff ([`Timer::Retry`]). Held flips or firewall writes whose deadline passed (the
+    /// pass failed before it could take them) wait another interval, so the loop never spins.
     pub fn end_pass(&mut self, now: Now) -> anyhow::Result<()> {
         self.readiness_batch.reconciled(now.instant);
         self.firewall_hold.reconciled(now.instant);
-        match self.pass.take().and_then(|p| p.failure) {
+        let failure = self.pass.take().and_then(|p| p.failure);
+        self.timers
+            .pass_ended(failure.is_some(), now.instant, self.config.resync);
+        match failure {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -326,7 +328,7 @@ impl Reconciler {
     /// and what changed since the last pass. Fails when the host was never listed.
     fn observe(&mut self, pass: &Pass, now: Now) -> anyhow::Result<Observed> {
         if !self.discovery_seeded {
-            if let Some(own) = self.table.get(&self.settings.hostname) {
+            if let Some(own) = self.table.get(&self.config.hostname) {
                 // What the last run published, where the restored device knows nothing newer.
                 for (key, addr) in &own.discovered_endpoints {
                     self.discovered.entry(*key).or_insert(*addr);
@@ -425,18 +427,18 @@ impl Reconciler {
             .ok_or_else(|| anyhow::anyhow!("the host has not been listed"))?;
         let mut local = self
             .table
-            .get(&self.settings.hostname)
+            .get(&self.config.hostname)
             .cloned()
             .unwrap_or(Node {
-                name: self.settings.hostname.clone(),
+                name: self.config.hostname.clone(),
                 ..Default::default()
             });
         let refused = local::fill_local(
             &mut local,
             annotations,
             &host.detected,
-            self.settings.args.prioritise_private_addresses,
-            self.settings.args.port,
+            self.config.prioritise_private_addresses,
+            self.config.port,
         );
         let published = local.second_internal_ip;
         local.second_internal_ip = local
@@ -444,7 +446,7 @@ impl Reconciler {
             .and_then(|internal| host.second_internal_ip(internal, published));
         local.key = Some(self.public);
         local.last_seen = now_unix;
-        local.granularity = Some(self.settings.granularity);
+        local.granularity = Some(self.config.granularity);
         // What this kg does, not what its Node said before its annotations were written.
         local.lease_election = self.leases_on();
         local.discovered_endpoints = self.discovered.clone();
@@ -453,7 +455,7 @@ impl Reconciler {
 
     /// The ready Nodes, and the local one (`local`, ready or not).
     fn ready_nodes(&self, local: &Node) -> Vec<Node> {
-        let hostname = &self.settings.hostname;
+        let hostname = &self.config.hostname;
         let mut nodes: Vec<Node> = Vec::new();
         let mut local_listed = false;
         for (node, ready) in self.table.iter() {
@@ -468,11 +470,5 @@ impl Reconciler {
             nodes.push(local.clone());
         }
         nodes
-    }
-
-    fn warn_once(&mut self, what: &'static str, message: &str) {
-        if !self.warned.insert(what, true).unwrap_or(false) {
-            tracing::warn!("{message}");
-        }
     }
 }

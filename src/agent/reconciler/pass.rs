@@ -197,7 +197,7 @@ impl Reconciler {
             }
             (Step::AwaitReadings(observed), PassAnswer::TunnelsRead(readings)) => {
                 let nodes = observed.ready.as_deref().unwrap_or_default();
-                let hostname = &self.settings.hostname;
+                let hostname = &self.config.hostname;
                 match self.leases.tend(hostname, nodes, &readings, now.unix_ms) {
                     Some(write) => Step::SendLease(observed, write),
                     None => Step::Publish(observed),

@@ -37,7 +37,7 @@ impl Reconciler {
             check_in,
             CHECK_IN_PERIOD.as_secs() as i64,
         );
-        let cni_compatibility_ip = match self.settings.compatibility {
+        let cni_compatibility_ip = match self.config.compatibility {
             control::routes::Compatibility::Cilium => {
                 self.host.as_ref().and_then(|h| h.cilium_host_ip())
             }
@@ -54,11 +54,11 @@ impl Reconciler {
                 .filter(|t| t.leader)
                 .map(|t| t.wireguard_cidr),
             discovered_endpoints: self.discovered.clone(),
-            granularity: self.settings.granularity,
+            granularity: self.config.granularity,
             cni_compatibility_ip,
             second_internal_ip: local.second_internal_ip,
             leader_election: self.leases_on(),
-            leaders_per_location: self.settings.args.leaders_per_location,
+            leaders_per_location: self.config.leaders_per_location,
             next_key: self.rotation.next.as_ref().map(|n| n.key),
             pq: self.pq_announcement,
             key_rotated: self

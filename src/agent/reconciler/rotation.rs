@@ -36,7 +36,7 @@ impl Reconciler {
             published_next: get(annotation::NEXT_KEY).and_then(|k| Key::parse(k).ok()),
             key_made_ms: self.key_made_ms,
             period_ms: self
-                .settings
+                .config
                 .key_rotation
                 .and_then(|p| i64::try_from(p.as_millis()).ok()),
         };
@@ -76,7 +76,7 @@ impl Reconciler {
     pub fn rotation_deadline(&self) -> Option<std::time::Instant> {
         let at = self.ingested_at?;
         let commit = self.rotation.deadline_ms();
-        let period = match (&self.rotation.next, self.settings.key_rotation) {
+        let period = match (&self.rotation.next, self.config.key_rotation) {
             (None, Some(p)) => i64::try_from(p.as_millis())
                 .ok()
                 .map(|p| self.key_made_ms.saturating_add(p)),

@@ -12,14 +12,14 @@ impl Reconciler {
     /// included, so that every agent and kgctl compute the same; never above this kg's
     /// `--leaders-per-location`. While another node holds it below the flag, says once which.
     pub(super) fn leaders_per_location(&mut self, nodes: &[Node]) -> usize {
-        let wanted = self.settings.args.leaders_per_location;
+        let wanted = self.config.leaders_per_location;
         if wanted <= 1 {
             return 1;
         }
-        if self.settings.granularity != control::node::Granularity::Location {
+        if self.config.granularity != control::node::Granularity::Location {
             let line = format!(
                 "--leaders-per-location={wanted} applies to --mesh-granularity=location; with {} every node leads itself",
-                self.settings.granularity.as_str()
+                self.config.granularity.as_str()
             );
             for line in self
                 .problems
@@ -29,7 +29,7 @@ impl Reconciler {
             }
             return 1;
         }
-        let hostname = &self.settings.hostname;
+        let hostname = &self.config.hostname;
         let published = |n: &Node| n.leaders_per_location.unwrap_or(1);
         let effective = control::topology::shares::agreed_leaders_per_location(nodes).min(wanted);
         let holding: Vec<String> = nodes

@@ -145,7 +145,12 @@ impl Bench {
             snapshot.put_node(&n.name.clone(), kube_node(&n, rv));
         }
         Self {
-            core: Reconciler::new(s, Key::padded("a-public"), Default::default(), now),
+            core: Reconciler::new(
+                s.reconciler_config(),
+                Key::padded("a-public"),
+                Default::default(),
+                now,
+            ),
             snapshot,
             rv,
             now,
@@ -382,6 +387,40 @@ fn a_convergence_that_failed_is_tried_again_on_the_next_pass() {
     assert!(bench.pass(Trigger::Event).converged.is_none());
 }
 
+/// A failed pass is tried again on the retry timer, a second after it, then two, four, ... up
+/// to the resync period; a pass that works clears it.
+#[test]
+fn a_failed_pass_is_retried_after_a_backoff_that_doubles_up_to_the_resync_period() {
+    let mut bench = Bench::settled(&[]);
+    let retry = |bench: &Bench| {
+        bench
+            .core
+            .timers_due()
+            .into_iter()
+            .find(|(_, timer)| *timer == Timer::Retry)
+            .map(|(at, _)| at.saturating_duration_since(bench.now.instant))
+    };
+    assert_eq!(retry(&bench), None, "nothing failed");
+    bench.converge_ok = false;
+    let mut waits = Vec::new();
+    for round in 0..7 {
+        bench.annotate("c", annotation::LOCATION, &format!("l{}", 3 + round));
+        assert!(bench.pass(Trigger::Event).failed);
+        let wait = retry(&bench).expect("a retry is due");
+        waits.push(wait.as_secs());
+        bench.advance(wait);
+        assert_eq!(retry(&bench), Some(Duration::ZERO), "due now");
+        let now = bench.now;
+        let wake = bench.core.on_timeout(Timer::Retry, now);
+        assert_eq!(wake, Wake::Pass(Trigger::Retry));
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+    bench.converge_ok = true;
+    let retried = bench.pass(Trigger::Retry);
+    assert!(!retried.failed && retried.listed_host, "{retried:?}");
+    assert_eq!(retry(&bench), None, "cleared once a pass works");
+}
+
 #[test]
 fn a_firewall_write_that_failed_is_tried_again_with_the_next_change_reading_the_host() {
     let mut bench = Bench::new(&[]);
@@ -498,7 +537,7 @@ fn an_unreachable_backend_freezes_readiness_and_keeps_the_mesh() {
     bench.backend_healthy = true;
     let back = bench.pass(Trigger::Event);
     assert!(back.converged.is_none(), "{back:?}");
-    let grace = CHECK_IN_PERIOD + bench.core.settings.resync;
+    let grace = CHECK_IN_PERIOD + bench.core.config.resync;
     bench.advance(grace + Duration::from_secs(1));
     let pass = bench.pass(Trigger::CheckIn);
     let c = pass

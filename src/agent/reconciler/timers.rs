@@ -17,6 +17,9 @@ use super::{Reconciler, CHECK_IN_PERIOD};
 const LEASE_PERIOD: Duration = Duration::from_millis(control::leader::LEASE_RENEW_MS as u64);
 /// Least time between two rounds of DNS lookups.
 const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long after a failed pass the first retry runs; each failure after doubles it, up to the
+/// resync period.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
 
 /// Why the agent wakes without an event. Timers due at one moment fire in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -33,6 +36,9 @@ pub enum Timer {
     Readiness,
     /// A key rotation's next step is due.
     Rotation,
+    /// The last pass failed: it is tried again after a backoff ([`RETRY_FIRST`], doubling up
+    /// to the resync period).
+    Retry,
     /// DNS names are due for a lookup.
     Lookups,
     /// The post-quantum links' timers are due.
@@ -62,6 +68,8 @@ pub(super) struct TimerTable {
     lookups: bool,
     /// When the post-quantum links are next due, as the driver last said.
     post_quantum: Option<Instant>,
+    /// When a failed pass is tried again, and how many passes failed in a row.
+    retry: Option<(Instant, u32)>,
 }
 
 impl TimerTable {
@@ -74,7 +82,19 @@ impl TimerTable {
             last_lookups: None,
             lookups: false,
             post_quantum: None,
+            retry: None,
         }
+    }
+
+    /// A pass ended at `now`, failed or not, with `resync` the longest backoff: a failure sets
+    /// the retry a backoff later (doubled for each failure in a row), a success clears it.
+    pub(super) fn pass_ended(&mut self, failed: bool, now: Instant, resync: Duration) {
+        self.retry = failed.then(|| {
+            let failures = self.retry.map_or(0, |(_, n)| n).saturating_add(1);
+            let doublings = (failures - 1).min(16);
+            let backoff = RETRY_FIRST.saturating_mul(1 << doublings).min(resync);
+            (now + backoff, failures)
+        });
     }
 }
 
@@ -82,6 +102,11 @@ impl Reconciler {
     /// The next moment the agent must wake without an event, and why: the earliest of every
     /// timer (those due together in [`Timer`]'s order).
     pub fn poll_timeout(&self) -> Option<(Instant, Timer)> {
+        self.timers_due().into_iter().min()
+    }
+
+    /// Every timer set, with its moment.
+    pub fn timers_due(&self) -> Vec<(Instant, Timer)> {
         let t = &self.timers;
         let lookups = t.lookups.then(|| self.dns_deadline()).flatten().map(|due| {
             t.last_lookups
@@ -99,11 +124,12 @@ impl Reconciler {
             (self.readiness_deadline(), Timer::Readiness),
             (self.rotation_deadline(), Timer::Rotation),
             (lookups, Timer::Lookups),
+            (t.retry.map(|(at, _)| at), Timer::Retry),
             (t.post_quantum, Timer::PostQuantum),
         ]
         .into_iter()
         .filter_map(|(at, timer)| Some((at?, timer)))
-        .min()
+        .collect()
     }
 
     /// `timer` fired at `now`: sets it again (a periodic one a period from now) and says what
@@ -112,7 +138,7 @@ impl Reconciler {
         let t = &mut self.timers;
         match timer {
             Timer::Resync => {
-                t.resync = now.instant + self.settings.resync;
+                t.resync = now.instant + self.config.resync;
                 Wake::Pass(Trigger::Resync)
             }
             Timer::CheckIn => {
@@ -126,6 +152,13 @@ impl Reconciler {
             Timer::LeaseExpiry => Wake::Pass(Trigger::Lease),
             Timer::Readiness => Wake::Pass(Trigger::Readiness),
             Timer::Rotation => Wake::Pass(Trigger::Key),
+            Timer::Retry => {
+                // Set again by the pass's end: later if it fails too, cleared if it does not.
+                if let Some((at, _)) = &mut t.retry {
+                    *at = now.instant + self.config.resync;
+                }
+                Wake::Pass(Trigger::Retry)
+            }
             Timer::Lookups => {
                 t.last_lookups = Some(now.instant);
                 Wake::Lookups(self.dns.start(now.instant))
@@ -201,7 +234,7 @@ impl Reconciler {
 
     /// Tracks every DNS name in use (Nodes, ready or not, and Peers) for re-resolution.
     pub(super) fn track_dns_names(&mut self, local: &Node, now: Now) {
-        let hostname = &self.settings.hostname;
+        let hostname = &self.config.hostname;
         let names: Vec<String> = self
             .table
             .iter()

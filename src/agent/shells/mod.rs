@@ -1,6 +1,6 @@
 //! The three shells kg changes the host through, as small traits: the kernel's links, addresses,
 //! routes and rules ([`Kernel`], rtnetlink in [`Netlink`]), the firewall ([`Firewall`],
-//! nftables or `iptables-restore` in [`firewall::HostFirewall`]) and the WireGuard device ([`Engine`], [`WireGuard`]).
+//! nftables or `iptables-restore` in [`firewall::HostFirewall`]) and the WireGuard device ([`Device`], [`WireGuard`]).
 //! [`twins`] holds in-memory twins of each that count what they are asked to do. Every adapter
 //! that talks to the kernel, a child process or a file lives in this folder; nothing here
 //! imports the pipeline above it.
@@ -175,11 +175,11 @@ pub trait Firewall: Clone + Send + Sync + 'static {
 }
 
 /// The WireGuard device.
-pub trait Engine: Send + Sync {
+pub trait Device: Send + Sync {
     /// Makes the device's configuration `desired`, changing only what differs; true when
     /// something changed.
     fn apply(&self, desired: &DeviceConfig) -> Result<bool>;
-    /// [`Engine::apply`] for a device this process just started: the peers of the last run
+    /// [`Device::apply`] for a device this process just started: the peers of the last run
     /// after a restart, or the first configuration. A device that has no sessions yet (the
     /// embedded engine) also starts handshakes with every peer at once: the other ends may
     /// still send on sessions that died with the last process (kg's own, or Kilo's
@@ -205,13 +205,13 @@ pub trait Engine: Send + Sync {
         false
     }
     /// Per peer with any, what the device counted of those handshakes (see
-    /// [`Engine::counts_failed_handshakes`]); empty for a device that does not count them.
+    /// [`Device::counts_failed_handshakes`]); empty for a device that does not count them.
     fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
         std::collections::BTreeMap::new()
     }
 }
 
-impl Engine for WireGuard {
+impl Device for WireGuard {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         WireGuard::apply(self, desired)
     }

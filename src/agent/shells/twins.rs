@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use parking_lot::Mutex;
 
 use super::netlink::Link;
-use super::{Engine, Firewall, Kernel};
+use super::{Device, Firewall, Kernel};
 
 /// What a twin was asked to do.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -362,7 +362,7 @@ impl Firewall for MemFirewall {
 
 /// An in-memory WireGuard device: its configuration and how often it was read or changed.
 #[derive(Debug, Clone, Default)]
-pub struct MemEngine {
+pub struct MemDevice {
     state: Arc<Mutex<EngineState>>,
 }
 
@@ -374,7 +374,7 @@ struct EngineState {
     kernel: Option<MemKernel>,
     /// Each change of the configuration, with kg's routes in `kernel` at that moment.
     changes: Vec<(DeviceConfig, RoutePlan)>,
-    /// Bytes received and sent per peer, as a test's network says ([`MemEngine::set_traffic`]).
+    /// Bytes received and sent per peer, as a test's network says ([`MemDevice::set_traffic`]).
     traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
     /// The peers with a completed handshake, as a test's network says.
     handshakes: std::collections::BTreeSet<control::Key>,
@@ -383,7 +383,7 @@ struct EngineState {
     failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
 }
 
-impl MemEngine {
+impl MemDevice {
     /// A device that already holds `config`, as one that outlived the last kg.
     pub fn holding(config: DeviceConfig) -> Self {
         let engine = Self::default();
@@ -392,13 +392,13 @@ impl MemEngine {
     }
 
     /// Records, with every change of the configuration from now on, kg's routes in `kernel`
-    /// at that moment (see [`MemEngine::changes`]): what a packet the engine sends right
+    /// at that moment (see [`MemDevice::changes`]): what a packet the engine sends right
     /// after the change would be routed by.
     pub fn record_routes_of(&self, kernel: &MemKernel) {
         self.state.lock().kernel = Some(kernel.clone());
     }
 
-    /// The changes recorded since [`MemEngine::record_routes_of`], oldest first: each new
+    /// The changes recorded since [`MemDevice::record_routes_of`], oldest first: each new
     /// configuration and the routes the kernel held when the engine took it.
     pub fn changes(&self) -> Vec<(DeviceConfig, RoutePlan)> {
         self.state.lock().changes.clone()
@@ -437,7 +437,7 @@ impl MemEngine {
     }
 }
 
-impl Engine for MemEngine {
+impl Device for MemDevice {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         let mut s = self.state.lock();
         s.calls.reads += 1;
