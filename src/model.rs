@@ -176,6 +176,8 @@ struct Model {
     cut_off: BTreeSet<String>,
     /// Nodes whose WireGuard port is blocked.
     blocked: BTreeSet<String>,
+    /// Nodes whose kernel refuses changes.
+    refusing: BTreeSet<String>,
     /// Nodes behind NAT (not a fault: they stay so).
     behind_nat: BTreeSet<String>,
     /// The Peers in the cluster, valid or not, by number.
@@ -217,6 +219,7 @@ impl Model {
             | Event::Prefer { node, .. }
             | Event::Outage { node, .. }
             | Event::Block { node, .. }
+            | Event::Refuse { node, .. }
             | Event::Nat { node, .. } => sim.nth(*node),
             _ => None,
         }
@@ -250,6 +253,7 @@ impl Model {
                 self.left.insert(sim.nodes[&name].pod_cidr);
                 self.cut_off.remove(&name);
                 self.blocked.remove(&name);
+                self.refusing.remove(&name);
                 self.broken.retain(|(n, _)| *n != name);
                 sim.leave(&name);
             }
@@ -307,6 +311,10 @@ impl Model {
                 sim.set_blocked(&name, *on);
                 mark(&mut self.blocked, name, *on);
             }
+            (Event::Refuse { on, .. }, Some(name)) => {
+                sim.nodes[&name].kernel.refuse_changes(*on);
+                mark(&mut self.refusing, name, *on);
+            }
             (Event::OutageAll { on }, _) => {
                 let names: Vec<String> = sim.nodes.keys().cloned().collect();
                 for name in names {
@@ -346,7 +354,7 @@ impl Model {
         mark(&mut self.cut_off, name, on);
     }
 
-    /// Ends every fault: outages, malformed annotations and malformed Peers.
+    /// Ends every fault: outages, malformed annotations, blocked ports and refusing kernels.
     fn heal(&mut self, sim: &mut Sim) {
         for name in std::mem::take(&mut self.cut_off) {
             sim.set_outage(&name, false);
@@ -356,6 +364,9 @@ impl Model {
         }
         for name in std::mem::take(&mut self.blocked) {
             sim.set_blocked(&name, false);
+        }
+        for name in std::mem::take(&mut self.refusing) {
+            sim.nodes[&name].kernel.refuse_changes(false);
         }
     }
 
@@ -389,6 +400,8 @@ mod check_tests;
 mod pq_tests;
 #[cfg(test)]
 mod publish_tests;
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod rotation_tests;
 #[cfg(test)]

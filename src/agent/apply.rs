@@ -454,18 +454,25 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             self.status.error(format!("route change failed: {e:#}"));
             tracing::warn!(error = format!("{e:#}"), "route change failed");
         }
+        // What kg may hold now: the plan, and after a failed change also every route and rule
+        // it held before (one it could not remove stays its own, for the next pass or the next
+        // kg to remove).
+        let mut held = plan;
         if errors.is_empty() {
             self.record.applied.kernel_routes = Some(apply_ops(&observed, &ops));
+        } else {
+            held.routes.extend(self.owned.routes.iter().cloned());
+            held.rules.extend(self.owned.rules.iter().cloned());
         }
-        if plan != self.owned {
-            if let Err(e) = state::save_routes(&self.settings.args.key_file, &plan) {
+        if held != self.owned {
+            if let Err(e) = state::save_routes(&self.settings.args.key_file, &held) {
                 tracing::warn!(
                     error = format!("{e:#}"),
                     "saving the routes kg installed failed"
                 );
             }
         }
-        self.owned = plan;
+        self.owned = held;
         Ok(())
     }
 

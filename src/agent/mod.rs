@@ -228,6 +228,17 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         self.core.poll_timeout()
     }
 
+    /// True when the host is not yet what the last topology wants and the agent is retrying
+    /// ([`reconciler::Reconciler::host_behind`]).
+    pub fn host_behind(&self) -> bool {
+        self.core.host_behind()
+    }
+
+    /// Every timer set, with its moment.
+    pub fn timers_due(&self) -> Vec<(Instant, Timer)> {
+        self.core.timers_due()
+    }
+
     /// The DNS names due for a lookup since the last call, for the driver's resolver.
     pub fn take_due_lookups(&mut self) -> Vec<String> {
         std::mem::take(&mut self.due_lookups)

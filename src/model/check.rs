@@ -41,11 +41,11 @@ pub fn checks() -> [(&'static str, NodeCheck); 6] {
         ),
         ("no device holds its own node's key as a peer", no_peer_is_itself),
         (
-            "no route takes the node's own pod CIDR into the WireGuard link",
+            "no route takes the node's own pod CIDR into the WireGuard link (unless its kernel refuses changes and its agent retries)",
             own_pods_stay_home,
         ),
         (
-            "no peer's endpoint is routed into the WireGuard link (the engine's own packets would loop into the tunnel)",
+            "no peer's endpoint is routed into the WireGuard link, the engine's own packets looping into the tunnel (unless its kernel refuses changes and its agent retries)",
             endpoints_stay_outside,
         ),
         (
@@ -99,7 +99,20 @@ fn no_peer_is_itself(name: &str, node: &SimNode) -> Result<(), String> {
     }
 }
 
+/// True when the node's routes cannot be judged: its kernel refuses changes, or refused them
+/// and its agent is still retrying ([`crate::agent::Agent::host_behind`]).
+fn routes_behind(node: &SimNode) -> bool {
+    node.kernel.refuses_changes()
+        || node
+            .running
+            .as_ref()
+            .is_some_and(|r| r.twin.agent.host_behind())
+}
+
 fn own_pods_stay_home(name: &str, node: &SimNode) -> Result<(), String> {
+    if routes_behind(node) {
+        return Ok(());
+    }
     let own = node.pod_cidr;
     let routes = node.kernel.routes().routes;
     match routes
@@ -115,6 +128,9 @@ fn own_pods_stay_home(name: &str, node: &SimNode) -> Result<(), String> {
 }
 
 fn endpoints_stay_outside(name: &str, node: &SimNode) -> Result<(), String> {
+    if routes_behind(node) {
+        return Ok(());
+    }
     let Some(peers) = device(node) else {
         return Ok(());
     };

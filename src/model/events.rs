@@ -104,6 +104,14 @@ pub enum Event {
         /// Behind NAT or not.
         on: bool,
     },
+    /// The node's kernel refuses every change of links, addresses and routes (its agent's
+    /// passes fail and are retried), or takes them again.
+    Refuse {
+        /// Which node.
+        node: usize,
+        /// Refusing or not.
+        on: bool,
+    },
     /// A Kilo Peer is added (a valid one, or one with a malformed field), or removed.
     Peer {
         /// Which of three Peers.
@@ -211,6 +219,10 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
                 node: node(&mut bytes),
                 on: bytes.flag(),
             },
+            20 => Event::Refuse {
+                node: node(&mut bytes),
+                on: bytes.flag(),
+            },
             21 => Event::Nat {
                 node: node(&mut bytes),
                 on: bytes.flag(),
@@ -261,6 +273,9 @@ impl fmt::Display for Event {
             Self::OutageAll { on } => write!(f, "every node cut off from the API: {on}"),
             Self::Block { node, on } => write!(f, "node #{node}'s WireGuard port blocked: {on}"),
             Self::Nat { node, on } => write!(f, "node #{node} behind NAT: {on}"),
+            Self::Refuse { node, on } => {
+                write!(f, "node #{node}'s kernel refuses changes: {on}")
+            }
             Self::Peer { which, change } => write!(f, "Peer p{which}: {change:?}"),
         }
     }

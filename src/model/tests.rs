@@ -97,6 +97,7 @@ fn encode(events: &[Event]) -> Vec<u8> {
             Event::OutageAll { on } => out.extend([17, u8::from(on)]),
             Event::Block { node, on } => out.extend([18, node as u8, u8::from(on)]),
             Event::Nat { node, on } => out.extend([21, node as u8, u8::from(on)]),
+            Event::Refuse { node, on } => out.extend([20, node as u8, u8::from(on)]),
             Event::Peer { which, change } => out.extend([
                 19,
                 which as u8,

@@ -183,6 +183,12 @@ impl Reconciler {
         }
     }
 
+    /// True when the host is not yet what the last topology wants: a part failed to converge
+    /// and is being retried ([`Timer::Retry`]).
+    pub fn host_behind(&self) -> bool {
+        self.timers.retrying()
+    }
+
     /// True when kg takes its location's lease ([`Config::elects_by_lease`]).
     pub fn leases_on(&self) -> bool {
         self.config.elects_by_lease
@@ -305,19 +311,28 @@ impl Reconciler {
                 Step::Observe
             },
             failure: None,
+            converged: None,
         });
         true
     }
 
-    /// Closes the pass at `now` and returns how it went; a failed one is tried again after a
-    /// backoff ([`Timer::Retry`]). Held flips or firewall writes whose deadline passed (the
+    /// Closes the pass at `now` and returns how it went; a failed one, or one that left a part
+    /// of the host unconverged, is tried again after a backoff ([`Timer::Retry`]). Held flips or firewall writes whose deadline passed (the
     /// pass failed before it could take them) wait another interval, so the loop never spins.
     pub fn end_pass(&mut self, now: Now) -> anyhow::Result<()> {
         self.readiness_batch.reconciled(now.instant);
         self.firewall_hold.reconciled(now.instant);
-        let failure = self.pass.take().and_then(|p| p.failure);
+        let (failure, converged) = match self.pass.take() {
+            Some(pass) => (pass.failure, pass.converged),
+            None => (None, None),
+        };
+        let outcome = match (&failure, converged) {
+            (Some(_), _) | (None, Some(false)) => timers::PassOutcome::Failed,
+            (None, Some(true)) => timers::PassOutcome::Whole,
+            (None, None) => timers::PassOutcome::Untried,
+        };
         self.timers
-            .pass_ended(failure.is_some(), now.instant, self.config.resync);
+            .pass_ended(outcome, now.instant, self.config.resync);
         match failure {
             Some(e) => Err(e),
             None => Ok(()),

@@ -132,6 +132,8 @@ pub(super) struct Pass {
     pub(super) step: Step,
     /// Why the pass failed, if it did.
     pub(super) failure: Option<anyhow::Error>,
+    /// Whether the host was converged whole this pass (`None`: no convergence was tried).
+    pub(super) converged: Option<bool>,
 }
 
 /// What one turn of [`Reconciler::advance`] did.
@@ -190,6 +192,9 @@ impl Reconciler {
                 },
             ) => {
                 self.converged(c, applied.is_ok(), routes_known);
+                // A part that failed without failing the pass (a route change, the firewall)
+                // is tried again on the retry timer too.
+                pass.converged = Some(self.converged_whole);
                 match applied {
                     Ok(()) => Step::Lease(observed),
                     Err(e) => fail(&mut pass.failure, e),

@@ -86,16 +86,37 @@ impl TimerTable {
         }
     }
 
-    /// A pass ended at `now`, failed or not, with `resync` the longest backoff: a failure sets
-    /// the retry a backoff later (doubled for each failure in a row), a success clears it.
-    pub(super) fn pass_ended(&mut self, failed: bool, now: Instant, resync: Duration) {
-        self.retry = failed.then(|| {
-            let failures = self.retry.map_or(0, |(_, n)| n).saturating_add(1);
-            let doublings = (failures - 1).min(16);
-            let backoff = RETRY_FIRST.saturating_mul(1 << doublings).min(resync);
-            (now + backoff, failures)
-        });
+    /// A pass ended at `now` with `outcome`, `resync` the longest backoff: a failure sets the
+    /// retry a backoff later (doubled for each failure in a row), a host converged whole
+    /// clears it, and a pass that tried nothing leaves it as it is.
+    pub(super) fn pass_ended(&mut self, outcome: PassOutcome, now: Instant, resync: Duration) {
+        match outcome {
+            PassOutcome::Untried => {}
+            PassOutcome::Whole => self.retry = None,
+            PassOutcome::Failed => {
+                let failures = self.retry.map_or(0, |(_, n)| n).saturating_add(1);
+                let doublings = (failures - 1).min(16);
+                let backoff = RETRY_FIRST.saturating_mul(1 << doublings).min(resync);
+                self.retry = Some((now + backoff, failures));
+            }
+        }
     }
+
+    /// True while a retry is set.
+    pub(super) fn retrying(&self) -> bool {
+        self.retry.is_some()
+    }
+}
+
+/// How a pass ended, for the retry timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PassOutcome {
+    /// It failed, or left a part of the host unconverged.
+    Failed,
+    /// It converged the host whole.
+    Whole,
+    /// It tried no convergence and did not fail.
+    Untried,
 }
 
 impl Reconciler {

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use control::iptables::RuleSet;
-use control::nat::DevicePeer;
-use control::pq::link::FailedHandshakes;
 use control::routes::{apply_ops, Route, RouteOp, RoutePlan, MAIN_TABLE};
-use dataplane::DeviceConfig;
 use ipnet::IpNet;
 use parking_lot::Mutex;
 
 use super::netlink::Link;
-use super::{Device, Firewall, Kernel};
+use super::{Firewall, Kernel};
+
+mod device;
+pub use device::MemDevice;
 
 /// What a twin was asked to do.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +42,9 @@ struct KernelState {
     kinds: std::collections::BTreeMap<String, String>,
     /// `set_up` fails, as on a host whose link cannot be brought up.
     refuse_link_up: bool,
+    /// Every change of links, addresses and routes fails and changes nothing, as on a host
+    /// whose netlink refuses them (a full table, a lost capability).
+    refuse_changes: bool,
 }
 
 impl KernelState {
@@ -178,6 +181,14 @@ impl MemKernel {
         f(&mut s)
     }
 
+    /// Fails when this kernel refuses changes ([`MemKernel::refuse_changes`]).
+    fn refusing(&self, index: u32) -> Result<()> {
+        if self.state.lock().refuse_changes {
+            anyhow::bail!("changing link {index}: refused");
+        }
+        Ok(())
+    }
+
     fn link_mut(s: &mut KernelState, index: u32) -> Result<&mut Link> {
         s.links
             .iter_mut()
@@ -265,9 +276,11 @@ impl Kernel for MemKernel {
         Ok(())
     }
     async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        self.refusing(index)?;
         self.write(|s| Self::link_mut(s, index).map(|l| l.mtu = mtu))
     }
     async fn set_up(&self, index: u32, up: bool) -> Result<()> {
+        self.refusing(index)?;
         if self.state.lock().refuse_link_up {
             anyhow::bail!("setting link {index} up: refused")
         }
@@ -283,6 +296,7 @@ impl Kernel for MemKernel {
                 .collect()
         });
         if have != want.into_iter().collect::<Vec<_>>() {
+            self.refusing(index)?;
             self.write(|s| {
                 s.addresses.retain(|(i, _)| *i != index);
                 s.addresses.extend(want.map(|n| (index, n)));
@@ -294,6 +308,12 @@ impl Kernel for MemKernel {
         Ok(self.read(|s| s.routes.clone()))
     }
     async fn apply(&self, ops: &[RouteOp]) -> Vec<anyhow::Error> {
+        if self.state.lock().refuse_changes {
+            return ops
+                .iter()
+                .map(|op| anyhow::anyhow!("{op:?}: refused"))
+                .collect();
+        }
         for op in ops {
             self.write(|s| s.routes = apply_ops(&s.routes, std::slice::from_ref(op)));
         }
@@ -360,138 +380,6 @@ impl Firewall for MemFirewall {
     }
 }
 
-/// An in-memory WireGuard device: its configuration and how often it was read or changed.
-#[derive(Debug, Clone, Default)]
-pub struct MemDevice {
-    state: Arc<Mutex<EngineState>>,
-}
-
-#[derive(Debug, Default)]
-struct EngineState {
-    config: DeviceConfig,
-    calls: Calls,
-    /// The kernel whose routes each change is recorded with, if any.
-    kernel: Option<MemKernel>,
-    /// Each change of the configuration, with kg's routes in `kernel` at that moment.
-    changes: Vec<(DeviceConfig, RoutePlan)>,
-    /// Bytes received and sent per peer, as a test's network says ([`MemDevice::set_traffic`]).
-    traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
-    /// The peers with a completed handshake, as a test's network says.
-    handshakes: std::collections::BTreeSet<control::Key>,
-    /// Per peer, the handshakes that failed the way differing preshared keys make them fail,
-    /// as a test's network says.
-    failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
-}
-
-impl MemDevice {
-    /// A device that already holds `config`, as one that outlived the last kg.
-    pub fn holding(config: DeviceConfig) -> Self {
-        let engine = Self::default();
-        engine.state.lock().config = config;
-        engine
-    }
-
-    /// Records, with every change of the configuration from now on, kg's routes in `kernel`
-    /// at that moment (see [`MemDevice::changes`]): what a packet the engine sends right
-    /// after the change would be routed by.
-    pub fn record_routes_of(&self, kernel: &MemKernel) {
-        self.state.lock().kernel = Some(kernel.clone());
-    }
-
-    /// The changes recorded since [`MemDevice::record_routes_of`], oldest first: each new
-    /// configuration and the routes the kernel held when the engine took it.
-    pub fn changes(&self) -> Vec<(DeviceConfig, RoutePlan)> {
-        self.state.lock().changes.clone()
-    }
-
-    /// The calls so far: every `apply` reads the configuration; one that changes it writes.
-    pub fn calls(&self) -> Calls {
-        self.state.lock().calls
-    }
-
-    /// The device's configuration.
-    pub fn config(&self) -> DeviceConfig {
-        self.state.lock().config.clone()
-    }
-
-    /// Sets the bytes received and sent per peer and the peers with a completed handshake, as
-    /// the network around this device would make them (a peer not named has none).
-    pub fn set_traffic(
-        &self,
-        traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
-        handshakes: std::collections::BTreeSet<control::Key>,
-    ) {
-        let mut s = self.state.lock();
-        s.traffic = traffic;
-        s.handshakes = handshakes;
-    }
-
-    /// Sets, per peer, the handshakes that failed under differing preshared keys, as the
-    /// network around this device counts them (the embedded engine's counts; a peer not named
-    /// has none).
-    pub fn set_failed_handshakes(
-        &self,
-        failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
-    ) {
-        self.state.lock().failed = failed;
-    }
-}
-
-impl Device for MemDevice {
-    fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
-        let mut s = self.state.lock();
-        s.calls.reads += 1;
-        if s.config == *desired {
-            return Ok(false);
-        }
-        s.calls.writes += 1;
-        s.config = desired.clone();
-        if let Some(routes) = s.kernel.as_ref().map(MemKernel::routes) {
-            s.changes.push((desired.clone(), routes));
-        }
-        Ok(true)
-    }
-    fn configuration(&self) -> Result<DeviceConfig> {
-        let mut s = self.state.lock();
-        s.calls.reads += 1;
-        Ok(s.config.clone())
-    }
-    fn device_peers(&self) -> Result<Vec<DevicePeer>> {
-        let mut s = self.state.lock();
-        s.calls.reads += 1;
-        Ok(s.config
-            .peers
-            .iter()
-            .map(|p| {
-                let public_key = control::Key(*p.public_key.as_bytes());
-                DevicePeer {
-                    public_key,
-                    endpoint: p.endpoint,
-                    has_handshake: s.handshakes.contains(&public_key),
-                }
-            })
-            .collect())
-    }
-    fn counts_failed_handshakes(&self) -> bool {
-        true
-    }
-    fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
-        self.state.lock().failed.clone()
-    }
-    fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>> {
-        let mut s = self.state.lock();
-        s.calls.reads += 1;
-        Ok(s.config
-            .peers
-            .iter()
-            .map(|p| {
-                let key = control::Key(*p.public_key.as_bytes());
-                (key, s.traffic.get(&key).copied().unwrap_or_default())
-            })
-            .collect())
-    }
-}
-
 impl MemKernel {
     /// A host with a loopback, `eth0` (192.168.0.10/24, the default route, MTU 1500) and the
     /// WireGuard link `interface` (down, MTU 1420).
@@ -516,6 +404,17 @@ impl MemKernel {
             vec![(1, "127.0.0.1/8".parse().expect("CIDR")), (2, address)],
             Some(2),
         )
+    }
+
+    /// Makes every change of links, addresses and routes fail from now on (`true`), changing
+    /// nothing, or work again.
+    pub fn refuse_changes(&self, refuse: bool) {
+        self.state.lock().refuse_changes = refuse;
+    }
+
+    /// True while this kernel refuses changes.
+    pub fn refuses_changes(&self) -> bool {
+        self.state.lock().refuse_changes
     }
 
     /// Makes every `set_up` fail from now on (`true`) or work again.
