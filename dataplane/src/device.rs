@@ -10,6 +10,11 @@
 //! link) uses every core. The timer thread keeps the helpers closed while the machine has no
 //! idle core for them (read from `/proc/stat` once a tick). Configuration changes swap the engine's snapshot; a listen-port change binds the new
 //! sockets first, so a port in use fails the change and leaves everything as it was.
+//!
+//! A worker whose TUN queue is detached (the link was deleted) ends, and one whose queue keeps
+//! failing gives it up after a bounded number of retries ([`link`]); either way the device
+//! reports it through [`Device::link_lost`] and [`Device::link_lost_fd`], and its owner
+//! decides what follows (the `kilotun` daemon exits, as wireguard-go does).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,10 +30,17 @@ use crate::engine::{Engine, TIMER_TICK};
 use crate::eventfd::{poll, readable, EventFd};
 use crate::helpers::{CpuTimes, Helpers, IdleCores};
 use crate::io::udp::UdpSocketIo;
-use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
+use crate::io::{TunIo, UdpIo};
 use crate::outbox::Outbox;
 use crate::stats::PeerStats;
 use crate::uapi::{self, UapiError};
+
+pub mod link;
+mod worker;
+
+pub use link::LinkLost;
+use link::LossLatch;
+use worker::{pick, worker};
 
 /// Datagrams read per batch from a socket.
 pub const BATCH: usize = 64;
@@ -137,6 +149,8 @@ struct Shared<S> {
     timers_now: AtomicBool,
     wakers: Vec<EventFd>,
     tun_write_errors: AtomicU64,
+    /// Why the TUN link stopped carrying packets, once it has.
+    lost: LossLatch,
 }
 
 /// A running userspace WireGuard device.
@@ -192,6 +206,7 @@ impl<B: UdpBinder> Device<B> {
             timers_now: AtomicBool::new(false),
             wakers,
             tun_write_errors: AtomicU64::new(0),
+            lost: LossLatch::new()?,
         });
         let helpers = Arc::new(Helpers::start(helpers)?);
         // Closed until the timer thread has seen idle cores for them.
@@ -233,6 +248,27 @@ impl<B: UdpBinder> Device<B> {
     /// Decrypted packets the TUN device refused (for example while the link was down).
     pub fn tun_write_errors(&self) -> u64 {
         self.shared.tun_write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Why the TUN link stopped carrying packets: `None` while it works. Once set it stays, and
+    /// the workers have ended (a deleted link) or given their queue up (one that kept
+    /// failing); the rest of the device still answers until [`Device::stop`].
+    pub fn link_lost(&self) -> Option<LinkLost> {
+        self.shared.lost.get()
+    }
+
+    /// A descriptor that polls readable once [`Device::link_lost`] has an answer, and from
+    /// then on (for an owner that waits in `poll` beside other descriptors).
+    pub fn link_lost_fd(&self) -> std::os::fd::RawFd {
+        self.shared.lost.fd()
+    }
+
+    /// Waits up to `timeout` (`None`: for ever) for the TUN link to be lost; returns why, or
+    /// `None` on timeout.
+    pub fn wait_link_lost(&self, timeout: Option<std::time::Duration>) -> Option<LinkLost> {
+        let mut fds = [readable(self.link_lost_fd())];
+        poll(&mut fds, timeout);
+        self.link_lost()
     }
 
     /// Applies `desired` as a diff (see [`Engine::apply`]), rebinding first if the listen port
@@ -360,98 +396,6 @@ impl<B: UdpBinder> crate::uapi_server::UapiHandler for Device<B> {
     fn set(&self, body: &str) -> Result<(), UapiError> {
         self.uapi_set(body)
     }
-}
-
-/// The worker loop: poll, read a batch, run it through the engine, write the output.
-fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
-    let mut out = Outbox::with_capacity(BATCH * 2, 2048);
-    let mut tun_batch = TunBatch::new(TUN_BATCH, MAX_PACKET);
-    // With UDP GRO each slot may hold up to 64 datagrams, so few slots still make big batches.
-    let mut udp_batch = RecvBatch::new(UDP_SLOTS, MAX_PACKET);
-    let waker = &shared.wakers[index];
-    let mut generation = u64::MAX;
-    let mut sockets = shared.sockets.load_full();
-    while !shared.stop.load(Ordering::Acquire) {
-        let current = shared.generation.load(Ordering::Acquire);
-        if current != generation {
-            sockets = shared.sockets.load_full();
-            generation = current;
-        }
-        let v4 = pick(&sockets.v4, index);
-        let v6 = pick(&sockets.v6, index);
-        // Negative descriptors (a family with no socket) are ignored by poll. No timeout: a
-        // shutdown or a socket change wakes the worker through its eventfd.
-        let mut fds = [
-            readable(tun.readiness_fd()),
-            readable(v4.map_or(-1, UdpIo::readiness_fd)),
-            readable(v6.map_or(-1, UdpIo::readiness_fd)),
-            readable(waker.fd()),
-        ];
-        if poll(&mut fds, None) == 0 {
-            continue;
-        }
-        if fds[3].revents != 0 {
-            waker.drain();
-        }
-        if shared.generation.load(Ordering::Acquire) != generation {
-            // The sockets were replaced while we slept: reload before sending anything.
-            continue;
-        }
-        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-            // The TUN device is gone or broken (deleted under us): do not spin on it.
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        if fds[0].revents & libc::POLLIN != 0 && tun.recv_batch(&mut tun_batch).is_ok() {
-            shared
-                .engine
-                .handle_tunnel_packets(Instant::now(), tun_batch.iter(), &mut out);
-            flush(shared, tun, v4, v6, &mut out);
-        }
-        for (slot, socket) in [(1, v4), (2, v6)] {
-            let Some(socket) = socket else { continue };
-            if fds[slot].revents & libc::POLLIN == 0 {
-                continue;
-            }
-            if socket.recv_batch(&mut udp_batch).is_ok() {
-                shared
-                    .engine
-                    .handle_datagrams(Instant::now(), udp_batch.iter(), &mut out);
-                flush(shared, tun, v4, v6, &mut out);
-            }
-        }
-    }
-}
-
-fn pick<S>(sockets: &[S], index: usize) -> Option<&S> {
-    if sockets.is_empty() {
-        None
-    } else {
-        sockets.get(index % sockets.len())
-    }
-}
-
-/// Writes the outbox: decrypted packets to the TUN queue, datagrams to the sockets.
-fn flush<S: UdpIo, T: TunIo>(
-    shared: &Shared<S>,
-    tun: &T,
-    v4: Option<&S>,
-    v6: Option<&S>,
-    out: &mut Outbox,
-) {
-    if !out.to_tunnel.is_empty() {
-        let failed = tun.send_batch(&out.to_tunnel);
-        if failed > 0 {
-            shared
-                .tun_write_errors
-                .fetch_add(failed as u64, Ordering::Relaxed);
-        }
-    }
-    if !out.to_network.is_empty() {
-        for socket in [v4, v6].into_iter().flatten() {
-            let _ = socket.send_batch(&out.to_network);
-        }
-    }
-    out.clear();
 }
 
 /// The timer loop: every [`TIMER_TICK`] while the engine has a peer, run the engine's timers and

@@ -32,6 +32,15 @@ pub trait TunIo: Send + Sync + 'static {
     /// A descriptor that polls readable when [`TunIo::recv`] may return a packet.
     fn readiness_fd(&self) -> RawFd;
 
+    /// Whether this queue still belongs to a link: false once the link was deleted, which no
+    /// retry mends. Asked only after a failed read, never on the packet path.
+    ///
+    /// # Errors
+    /// When the device cannot tell.
+    fn is_attached(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
     /// Reads waiting packets into `batch` without blocking, replacing its contents; returns
     /// how many. A device with segmentation offload splits each large TCP segment it reads
     /// into MTU-sized packets here, so the engine only ever sees ordinary IP packets.

@@ -11,9 +11,13 @@ use std::time::UNIX_EPOCH;
 
 use ipnet::IpNet;
 
-use crate::config::{DeviceConfig, PeerConfig};
+use crate::config::{unique_prefixes, DeviceConfig, PeerConfig};
 use crate::key::{PublicKey, SecretKey};
 use crate::stats::PeerStats;
+
+mod draft;
+
+use draft::Draft;
 
 /// `EINVAL`, for malformed or invalid input.
 pub const EINVAL: i32 = 22;
@@ -54,7 +58,7 @@ impl UapiError {
 /// # Errors
 /// [`UapiError`] with `EINVAL` naming the line for any malformed line, unknown key or bad value.
 pub fn apply_set(current: &DeviceConfig, body: &str) -> Result<DeviceConfig, UapiError> {
-    let mut next = current.clone();
+    let mut next = Draft::new(current);
     let mut own_public = next
         .interface
         .private_key
@@ -84,11 +88,11 @@ pub fn apply_set(current: &DeviceConfig, body: &str) -> Result<DeviceConfig, Uap
             Some(cursor) => cursor.set(&mut next, key, value).map_err(|e| at(&e))?,
         }
     }
-    Ok(next)
+    Ok(next.finish())
 }
 
 fn set_interface_key(
-    next: &mut DeviceConfig,
+    next: &mut Draft,
     own_public: &mut Option<PublicKey>,
     key: &str,
     value: &str,
@@ -102,7 +106,7 @@ fn set_interface_key(
             } else {
                 let public = secret.public_key();
                 // wireguard-go drops a peer whose key is now our own.
-                next.peers.retain(|p| p.public_key != public);
+                next.remove(&public);
                 *own_public = Some(public);
                 next.interface.private_key = Some(secret);
             }
@@ -119,7 +123,7 @@ fn set_interface_key(
         }
         "replace_peers" => {
             expect_true(key, value)?;
-            next.peers.clear();
+            next.clear_peers();
         }
         _ => return Err(format!("unknown interface key {key:?}")),
     }
@@ -137,64 +141,68 @@ fn expect_true(key: &str, value: &str) -> Result<(), String> {
 /// The peer that the lines after a `public_key=` line change.
 struct PeerCursor {
     key: PublicKey,
-    /// False when the lines are to be ignored: the device's own key, or `update_only` for a
-    /// peer that does not exist.
-    active: bool,
+    /// Where the peer is in the draft; `None` when the lines are to be ignored: the device's
+    /// own key, or `update_only` for a peer that does not exist.
+    at: Option<usize>,
     /// True when this request created the peer (so `update_only` removes it again).
     created: bool,
 }
 
 impl PeerCursor {
-    fn open(next: &mut DeviceConfig, key: PublicKey, own_public: Option<PublicKey>) -> Self {
+    fn open(next: &mut Draft, key: PublicKey, own_public: Option<PublicKey>) -> Self {
         if Some(key) == own_public {
             return Self {
                 key,
-                active: false,
+                at: None,
                 created: false,
             };
         }
-        let created = next.peer(&key).is_none();
-        if created {
-            next.peers.push(PeerConfig::new(key));
-        }
+        let (at, created) = match next.position(&key) {
+            Some(at) => (at, false),
+            None => (next.push(PeerConfig::new(key)), true),
+        };
         Self {
             key,
-            active: true,
+            at: Some(at),
             created,
         }
     }
 
-    fn set(&mut self, next: &mut DeviceConfig, key: &str, value: &str) -> Result<(), String> {
+    fn set(&mut self, next: &mut Draft, key: &str, value: &str) -> Result<(), String> {
         // Validate every line, even ignored ones, so a bad request is refused whole.
         let change = PeerChange::parse(key, value)?;
-        if !self.active {
+        let Some(at) = self.at else {
             return Ok(());
-        }
+        };
         match change {
             PeerChange::UpdateOnly => {
                 if self.created {
-                    next.peers.retain(|p| p.public_key != self.key);
-                    self.active = false;
+                    next.remove(&self.key);
+                    self.at = None;
                 }
                 return Ok(());
             }
             PeerChange::Remove => {
-                next.peers.retain(|p| p.public_key != self.key);
-                self.active = false;
+                next.remove(&self.key);
+                self.at = None;
                 return Ok(());
             }
             _ => {}
         }
-        let Some(peer) = next.peer_mut(&self.key) else {
+        let Some(peer) = next.peer_mut(at) else {
             return Ok(());
         };
         match change {
-            PeerChange::PresharedKey(psk) => peer.preshared_key = psk,
-            PeerChange::Endpoint(addr) => peer.endpoint = Some(addr),
-            PeerChange::Keepalive(seconds) => peer.persistent_keepalive = seconds,
-            PeerChange::ReplaceAllowedIps => peer.allowed_ips.clear(),
-            PeerChange::AddAllowedIp(net) => peer.add_allowed_ip(net),
-            PeerChange::RemoveAllowedIp(net) => peer.remove_allowed_ip(net),
+            PeerChange::PresharedKey(psk) => peer.config.preshared_key = psk,
+            PeerChange::Endpoint(addr) => peer.config.endpoint = Some(addr),
+            PeerChange::Keepalive(seconds) => peer.config.persistent_keepalive = seconds,
+            PeerChange::ReplaceAllowedIps => peer.clear_allowed_ips(),
+            PeerChange::AddAllowedIp(net) => {
+                peer.allowed_ips().insert(net);
+            }
+            PeerChange::RemoveAllowedIp(net) => {
+                peer.allowed_ips().remove(net);
+            }
             PeerChange::ProtocolVersion | PeerChange::UpdateOnly | PeerChange::Remove => {}
         }
         Ok(())
@@ -265,6 +273,8 @@ fn parse_prefix(value: &str) -> Result<IpNet, String> {
 /// The answer to `get=1` (without the final `errno=0` and empty line).
 pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) -> String {
     let mut out = String::with_capacity(256 + stats.len() * 256);
+    let live_by_key: std::collections::HashMap<PublicKey, &PeerStats> =
+        stats.iter().rev().map(|s| (s.public_key, s)).collect();
     if let Some(key) = &config.interface.private_key {
         let _ = writeln!(out, "private_key={}", key.expose_hex().as_str());
     }
@@ -275,7 +285,7 @@ pub fn format_get(config: &DeviceConfig, listen_port: u16, stats: &[PeerStats]) 
         let _ = writeln!(out, "fwmark={}", config.interface.fwmark);
     }
     for peer in &config.peers {
-        let live = stats.iter().find(|s| s.public_key == peer.public_key);
+        let live = live_by_key.get(&peer.public_key).copied();
         let _ = writeln!(out, "public_key={}", peer.public_key.to_hex());
         match &peer.preshared_key {
             Some(psk) => {
@@ -386,11 +396,17 @@ pub fn parse_get(answer: &str) -> Result<(DeviceConfig, Vec<PeerStats>), UapiErr
                 "persistent_keepalive_interval" => {
                     peer.persistent_keepalive = value.parse().map_err(|_| bad())?;
                 }
-                "allowed_ip" => peer.add_allowed_ip(value.parse().map_err(|_| bad())?),
+                // Made unique once the whole answer is read.
+                "allowed_ip" => peer
+                    .allowed_ips
+                    .push(value.parse::<IpNet>().map_err(|_| bad())?.trunc()),
                 _ => return Err(UapiError::invalid(format!("unknown key {key:?}"))),
             },
             _ => return Err(UapiError::invalid(format!("unknown key {key:?}"))),
         }
+    }
+    for peer in &mut config.peers {
+        peer.allowed_ips = unique_prefixes(&peer.allowed_ips);
     }
     Ok((config, stats))
 }

@@ -6,6 +6,7 @@
 //! Unlike a full `replace_peers=true` push, untouched peers are not mentioned, so wireguard-go
 //! and the kernel keep their sessions too.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 
@@ -87,14 +88,15 @@ pub fn change(current: &DeviceConfig, desired: &DeviceConfig) -> Option<DeviceCh
     if current.interface.fwmark != desired.interface.fwmark {
         change.fwmark = Some(desired.interface.fwmark);
     }
+    let (current_peers, desired_peers) = (by_key(current), by_key(desired));
     change.removed = current
         .peers
         .iter()
-        .filter(|p| desired.peer(&p.public_key).is_none())
+        .filter(|p| !desired_peers.contains_key(&p.public_key))
         .map(|p| p.public_key)
         .collect();
     for peer in &desired.peers {
-        match current.peer(&peer.public_key) {
+        match current_peers.get(&peer.public_key).copied() {
             Some(now) if same_peer(now, peer) => {}
             now => change.peers.push(peer_change(now, peer)),
         }
@@ -179,6 +181,16 @@ pub fn render_set(change: &DeviceChange, style: AllowedIpsStyle) -> String {
 /// before the removal existed refuse.
 pub fn removes_allowed_ips(body: &str) -> bool {
     body.lines().any(|l| l.starts_with("allowed_ip=-"))
+}
+
+/// `config`'s peers by public key (a key listed twice: the first, as [`DeviceConfig::peer`]).
+fn by_key(config: &DeviceConfig) -> HashMap<PublicKey, &PeerConfig> {
+    config
+        .peers
+        .iter()
+        .rev()
+        .map(|p| (p.public_key, p))
+        .collect()
 }
 
 fn same_peer(a: &PeerConfig, b: &PeerConfig) -> bool {

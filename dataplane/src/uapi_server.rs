@@ -3,7 +3,9 @@
 //! The socket is mode 0600 in a 0755 directory, so only root reaches it. A socket left by a
 //! crashed run (nobody accepts on it) is replaced; a live one is an error. Each connection is
 //! served on its own thread and may carry several requests; a malformed request is answered
-//! with `errno=-N` and never disturbs the device.
+//! with `errno=-N` and never disturbs the device. A stopped server removes its socket file
+//! before it stops listening, and only while the file is still its own, so a device started
+//! again under the same name meanwhile keeps its socket.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
@@ -109,12 +111,49 @@ fn bind_private(path: &Path) -> io::Result<UnixListener> {
     bound
 }
 
-/// A running UAPI server; dropping it stops accepting and removes the socket file.
+/// Removes the socket file [`bind`] made when dropped, unless [`SocketGuard::keep`] was
+/// called: a start that fails after binding leaves no socket behind.
+#[derive(Debug)]
+#[must_use = "dropping the guard removes the socket file"]
+pub struct SocketGuard(Option<PathBuf>);
+
+impl SocketGuard {
+    /// Guards the socket file at `path`.
+    pub fn new(path: &Path) -> Self {
+        Self(Some(path.to_owned()))
+    }
+
+    /// Leaves the file in place (a [`UapiServer`] now owns it).
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A running UAPI server; dropping it removes the socket file and stops accepting.
 #[derive(Debug)]
 pub struct UapiServer {
     path: PathBuf,
+    /// Device and inode of the socket file when the server started: the file is removed only
+    /// while it is still this one.
+    file: Option<(u64, u64)>,
     stop: Arc<StopSignal>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// The device and inode of the file at `path`.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl UapiServer {
@@ -128,6 +167,7 @@ impl UapiServer {
         handler: Arc<dyn UapiHandler>,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
+        let file = file_id(&path);
         let stop = Arc::new(StopSignal::new()?);
         let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -135,6 +175,7 @@ impl UapiServer {
             .spawn(move || accept_loop(&listener, &handler, &thread_stop))?;
         Ok(Self {
             path,
+            file,
             stop,
             thread: Some(thread),
         })
@@ -143,11 +184,15 @@ impl UapiServer {
 
 impl Drop for UapiServer {
     fn drop(&mut self) {
+        // While still listening: once the listener closes, another device may take the path
+        // as stale and bind its own socket there.
+        if self.file.is_some() && file_id(&self.path) == self.file {
+            let _ = std::fs::remove_file(&self.path);
+        }
         self.stop.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -379,6 +424,30 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         drop(second);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_server_removes_its_own_socket_and_never_a_successors() {
+        let dir = std::env::temp_dir().join(format!("kilotun-uapi-own-{}", std::process::id()));
+        let path = socket_path(&dir, "t1");
+        let handler: Arc<dyn UapiHandler> = Arc::new(Recorder(Mutex::new(Vec::new())));
+        let server =
+            UapiServer::start(bind(&path).unwrap(), path.clone(), handler.clone()).unwrap();
+        drop(server);
+        assert!(!path.exists(), "the server's own socket is removed");
+
+        let server = UapiServer::start(bind(&path).unwrap(), path.clone(), handler).unwrap();
+        // Another device's socket where this one's was (as after a stale replacement).
+        std::fs::remove_file(&path).unwrap();
+        let successor = UnixListener::bind(&path).unwrap();
+        drop(server);
+        assert!(path.exists(), "a successor's socket stays");
+        drop(successor);
+
+        let guard = SocketGuard::new(&path);
+        drop(guard);
+        assert!(!path.exists(), "a guard removes the file");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

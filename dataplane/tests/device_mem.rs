@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use dataplane::device::Device;
+use dataplane::device::{link, Device, LinkLost};
 use dataplane::io::mem::{MemBinder, MemNet, MemTun};
 use dataplane::testing::ip_packet;
 use dataplane::SecretKey;
@@ -109,4 +109,59 @@ fn a_stopped_device_frees_its_port_while_others_still_hold_it() {
     device.stop(); // twice is harmless
     drop(device);
     drop(other_holder);
+}
+
+/// Two queues over one in-memory link, as a multi-queue TUN device has.
+fn two_queue_device(tun: &MemTun) -> Device<MemBinder> {
+    let net = MemNet::new();
+    Device::start(
+        vec![tun.clone(), tun.clone()],
+        MemBinder::new(&net, [192, 0, 2, 1].into()),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_deleted_link_is_reported_at_once_and_the_device_stops_cleanly() {
+    let tun = MemTun::new();
+    let device = two_queue_device(&tun);
+    assert_eq!(device.wait_link_lost(Some(Duration::from_millis(50))), None);
+    let deleted = std::time::Instant::now();
+    tun.delete();
+    let lost = device.wait_link_lost(Some(Duration::from_secs(5)));
+    let took = deleted.elapsed();
+    println!("link loss seen {took:?} after the deletion");
+    assert_eq!(lost, Some(LinkLost::Deleted));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Still reported (and the descriptor still readable) on every later look.
+    assert_eq!(device.wait_link_lost(None), Some(LinkLost::Deleted));
+    device.shutdown();
+}
+
+#[test]
+fn a_queue_that_keeps_failing_is_retried_then_given_up_and_one_that_mends_is_kept() {
+    let tun = MemTun::new();
+    let device = two_queue_device(&tun);
+    tun.fail_reads(Some(libc::EIO));
+    std::thread::sleep(link::RETRY_PAUSE * 3);
+    tun.fail_reads(None);
+    assert_eq!(
+        device.wait_link_lost(Some(link::RETRY_PAUSE * (link::MAX_FAILURES + 5))),
+        None,
+        "a few failed reads are retried"
+    );
+    tun.fail_reads(Some(libc::EIO));
+    let started = std::time::Instant::now();
+    let lost = device.wait_link_lost(Some(link::RETRY_PAUSE * (link::MAX_FAILURES + 20)));
+    println!("given up after {:?}: {lost:?}", started.elapsed());
+    match lost {
+        Some(LinkLost::Failed {
+            failures, error, ..
+        }) => {
+            assert_eq!(failures, link::MAX_FAILURES);
+            assert!(error.contains("Input/output error"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    device.shutdown();
 }

@@ -385,6 +385,9 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
 
     /// The WireGuard device, brought to `want`'s configuration.
     fn converge_device(&mut self, leader: bool, want: &DesiredHost) -> Result<()> {
+        if let Some(why) = self.wg.lost() {
+            anyhow::bail!("{why}: it carries no packet until kg starts it again");
+        }
         let mut desired = crate::wiring::device_config(&want.device, &self.key);
         self.pq_keys_into(&mut desired);
         if self.record.applied.device.as_ref() == Some(&desired) {

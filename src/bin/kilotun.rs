@@ -5,17 +5,19 @@
 //! the device is up, or with the device's error if it could not come up.
 
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use dataplane::device::{Device, LinuxUdpBinder};
-use dataplane::io::linux_tun::LinuxTun;
-use dataplane::uapi_server::{self, UapiServer};
+use dataplane::device::{Device, LinkLost, LinuxUdpBinder};
+use dataplane::io::linux_tun::{existing_link, LinuxTun};
+use dataplane::uapi_server::{self, SocketGuard, UapiBindError, UapiServer};
 
 /// Environment variable naming the pipe a detached child reports readiness on.
 const READY_FD_ENV: &str = "KILOTUN_READY_FD";
@@ -124,6 +126,9 @@ fn report_to_parent(message: &str) {
 
 fn run_foreground(args: &Args) -> Result<()> {
     init_logging(&args.log_level);
+    // Before anything exists: a SIGTERM while the device comes up still ends it through the
+    // path below, which removes the socket.
+    let signals = SignalPipe::new().context("installing signal handlers")?;
     let up = bring_up(args);
     let (device, server, created) = match up {
         Ok(up) => up,
@@ -140,23 +145,104 @@ fn run_foreground(args: &Args) -> Result<()> {
     );
     report_to_parent("ok");
 
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
-    if let Some(signal) = signals.forever().next() {
-        tracing::info!(signal, "shutting down");
-    }
+    let end = wait_for_end(&signals, &device);
+    // The socket first, so a device started again under this name finds the name free.
     drop(server);
-    match Arc::try_unwrap(device) {
-        Ok(device) => device.shutdown(),
-        Err(shared) => drop(shared),
+    device.stop();
+    match end {
+        End::Signal(signal) => {
+            tracing::info!(signal, "shut down");
+            Ok(())
+        }
+        End::Lost(LinkLost::Deleted) => {
+            tracing::info!(interface = %args.interface, "the interface was deleted: exiting");
+            Ok(())
+        }
+        End::Lost(loss) => Err(anyhow::anyhow!("interface {}: {loss}", args.interface)),
     }
-    Ok(())
+}
+
+/// Why the daemon ends.
+enum End {
+    /// SIGINT or SIGTERM.
+    Signal(i32),
+    /// The device lost its TUN link.
+    Lost(LinkLost),
+}
+
+/// SIGINT and SIGTERM, each noted on a socket pair of its own that this process polls.
+struct SignalPipe {
+    pipes: Vec<(i32, UnixStream)>,
+}
+
+impl SignalPipe {
+    fn new() -> Result<Self> {
+        let mut pipes = Vec::new();
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            let (read, write) = UnixStream::pair()?;
+            read.set_nonblocking(true)?;
+            signal_hook::low_level::pipe::register_raw(signal, write.into_raw_fd())?;
+            pipes.push((signal, read));
+        }
+        Ok(Self { pipes })
+    }
+
+    /// The signal received, if one was.
+    fn take(&self) -> Option<i32> {
+        let mut byte = [0u8; 1];
+        self.pipes
+            .iter()
+            .find(|(_, read)| matches!((&*read).read(&mut byte), Ok(1)))
+            .map(|(signal, _)| *signal)
+    }
+}
+
+/// Sleeps until a signal arrives or the device loses its link.
+fn wait_for_end(signals: &SignalPipe, device: &Device<LinuxUdpBinder>) -> End {
+    loop {
+        if let Some(loss) = device.link_lost() {
+            return End::Lost(loss);
+        }
+        if let Some(signal) = signals.take() {
+            return End::Signal(signal);
+        }
+        let mut fds: Vec<libc::pollfd> = signals
+            .pipes
+            .iter()
+            .map(|(_, read)| read.as_raw_fd())
+            .chain([device.link_lost_fd()])
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of pollfd of the given length.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+    }
 }
 
 type Up = (Arc<Device<LinuxUdpBinder>>, UapiServer, bool);
+
+/// How long a live socket whose interface no longer exists may take to go: the device that
+/// served the name is exiting, its link deleted a moment ago (`wg-quick down`, then `up`).
+const EXITING_DEVICE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// [`uapi_server::bind`], waiting up to [`EXITING_DEVICE_PATIENCE`] for a device whose link is
+/// gone to release the name.
+fn bind_socket(path: &Path, name: &str) -> Result<UnixListener> {
+    let deadline = Instant::now() + EXITING_DEVICE_PATIENCE;
+    loop {
+        match uapi_server::bind(path) {
+            Err(UapiBindError::InUse { .. })
+                if existing_link(name).is_none() && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            bound => return Ok(bound?),
+        }
+    }
+}
 
 /// True when this process holds CAP_NET_ADMIN (bit 12 of `CapEff` in /proc/self/status).
 fn has_net_admin() -> bool {
@@ -177,22 +263,16 @@ fn bring_up(args: &Args) -> Result<Up> {
     }
     let path = uapi_server::socket_path(Path::new(&args.socket_dir), name);
     // The socket first: if another device serves this name, touch nothing.
-    let listener = uapi_server::bind(&path)?;
+    let listener = bind_socket(&path, name)?;
+    let guard = SocketGuard::new(&path);
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let opened = if args.no_offload {
+    let (queues, existed) = if args.no_offload {
         LinuxTun::open(name, threads)
     } else {
         LinuxTun::open_offloaded(name, threads)
-    };
-    let (queues, existed) = match opened {
-        Ok(opened) => opened,
-        Err(e) => {
-            let _ = std::fs::remove_file(&path);
-            return Err(e.into());
-        }
-    };
+    }?;
     tracing::info!(
         queues = queues.len(),
         offload = queues[0].has_offload(),
@@ -203,6 +283,7 @@ fn bring_up(args: &Args) -> Result<Up> {
     let device = Arc::new(device);
     let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
         .context("serving the UAPI socket")?;
+    guard.keep();
     Ok((device, server, !existed))
 }
 

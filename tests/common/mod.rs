@@ -500,7 +500,12 @@ impl WgDevice {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_none()
+        self.try_wait().is_none()
+    }
+
+    /// The daemon's exit status, once it has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// The daemon's process id (`ip netns exec` execs it in place).
@@ -521,9 +526,12 @@ impl WgDevice {
 
 impl Drop for WgDevice {
     fn drop(&mut self) {
-        // SIGTERM first so the device removes its socket and interface.
-        // SAFETY: kill with a pid we spawned.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // SIGTERM first so the device removes its socket and interface (unless it has exited
+        // and been reaped: its pid may be another process's by now).
+        if self.is_running() {
+            // SAFETY: kill with a pid we spawned and have not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

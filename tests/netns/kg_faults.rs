@@ -241,3 +241,21 @@ fn a_surge_handover_beside_the_running_kg_loses_at_most_half_a_second() {
     assert!(lost <= 5, "{lost} pings lost:\n{text}\n{}", c.logs());
     assert!(c.all_pods_reachable().is_ok(), "{}", c.logs());
 }
+
+/// The engine's TUN link deleted under a running kg (`ip link del`): kg's next reconcile fails
+/// naming it, in its log and in `/status`, and kg keeps running.
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn a_deleted_engine_link_is_a_reconcile_error_in_the_log_and_status() {
+    common::require_root("a_deleted_engine_link_is_a_reconcile_error_in_the_log_and_status");
+    let mut c = Cluster::meshed_east_west(&["--encapsulate=never"]);
+    let iface = c.node("n1").iface.clone();
+    c.node("n1").ns.run(&["ip", "link", "del", &iface]);
+    let said = format!("the embedded engine's TUN link {iface}: the TUN link was deleted");
+    let seen = c.wait_for(Duration::from_secs(30), |c| {
+        c.node("n1").log_text().contains(&said)
+            && c.node("n1").http_get("/status").1.contains(&said)
+    });
+    assert!(seen, "{}", c.logs());
+    assert!(c.nodes[0].is_running(), "kg keeps running");
+}

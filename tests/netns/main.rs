@@ -38,4 +38,5 @@ mod lifecycle;
 mod memory;
 mod ordering;
 mod soak;
+mod wg_quick;
 mod wg_tool;

@@ -229,3 +229,54 @@ fn persistent_keepalive_is_sent_at_the_configured_interval() {
         assert!((0.9..1.4).contains(&gap), "keepalive gap {gap:.3}s: {text}");
     }
 }
+
+/// A `wg setconf` file: one peer with `count` allowed IPs (distinct /32s from 10.0.0.0 up),
+/// 256 to an `AllowedIPs` line.
+fn big_config(private_key: &str, peer: &str, count: u32) -> String {
+    let mut conf = format!(
+        "[Interface]\nPrivateKey = {}\n\n[Peer]\nPublicKey = {peer}\n",
+        private_key.trim()
+    );
+    let ips: Vec<String> = (0..count)
+        .map(|i| format!("{}/32", std::net::Ipv4Addr::from(0x0a00_0000 + i)))
+        .collect();
+    for line in ips.chunks(256) {
+        conf.push_str(&format!("AllowedIPs = {}\n", line.join(", ")));
+    }
+    conf
+}
+
+/// `wg setconf` of one peer with 8,000, 32,000 and 130,560 allowed IPs: the times are printed
+/// (wireguard-go's beside them when it is installed), and every prefix is there after.
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn wg_setconf_of_130560_allowed_ips_on_one_peer() {
+    common::require_root("wg_setconf_of_130560_allowed_ips_on_one_peer");
+    let link = Link::new(Underlay::V4);
+    let mut engines = vec![Impl::Kilotun];
+    if common::which("wireguard-go") {
+        engines.push(Impl::WireguardGo);
+    }
+    let peer = common::pipe_to(&["wg", "pubkey"], common::run(&["wg", "genkey"]).as_bytes());
+    for engine in engines {
+        let device = WgDevice::start(&link.left, engine);
+        let key = std::fs::read_to_string(&device.key_file).unwrap();
+        for count in [8_000, 32_000, 130_560] {
+            let path = format!("/tmp/{}-{count}.conf", device.name);
+            std::fs::write(&path, big_config(&key, peer.trim(), count)).unwrap();
+            let started = std::time::Instant::now();
+            device.wg(&["setconf", &device.name, &path]);
+            let took = started.elapsed();
+            std::fs::remove_file(&path).unwrap();
+            println!("{engine:?}: wg setconf of {count} allowed IPs on one peer: {took:?}");
+            let shown = device.wg(&["show", &device.name, "allowed-ips"]);
+            assert_eq!(
+                shown.split_whitespace().count(),
+                count as usize + 1,
+                "{engine:?}: every prefix is there"
+            );
+            // A loose bound: the time is the figure printed above.
+            assert!(took < Duration::from_secs(10), "{engine:?}: {took:?}");
+        }
+    }
+}

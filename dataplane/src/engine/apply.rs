@@ -10,7 +10,7 @@ use boringtun::noise::rate_limiter::RateLimiter;
 use super::peer::{new_tunn, PeerEntry, PeerShared};
 use super::{Engine, Identity, State, DEVICE_HANDSHAKE_RATE_LIMIT};
 use crate::allowed_ips::AllowedIps;
-use crate::config::{ApplyReport, DeviceConfig, PeerConfig};
+use crate::config::{unique_prefixes, ApplyReport, DeviceConfig, PeerConfig};
 use crate::key::SecretKey;
 
 impl Engine {
@@ -162,14 +162,10 @@ impl Engine {
     }
 }
 
-/// `config` with canonical allowed IPs and no duplicates.
+/// `config` with canonical allowed IPs and no duplicates (linear in their number).
 fn canonical(config: &PeerConfig) -> PeerConfig {
-    let mut out = PeerConfig {
-        allowed_ips: Vec::with_capacity(config.allowed_ips.len()),
+    PeerConfig {
+        allowed_ips: unique_prefixes(&config.allowed_ips),
         ..config.clone()
-    };
-    for prefix in &config.allowed_ips {
-        out.add_allowed_ip(*prefix);
     }
-    out
 }

@@ -10,9 +10,10 @@
 //! packet. Where the kernel refuses, the device opens without offload and moves one packet per
 //! syscall.
 //!
-//! The device never changes its own MTU, addresses or link state after creation, so an agent
-//! (or an operator with `ip`) may change them at any time; while the link is down, writes fail
-//! with `EIO` and are dropped.
+//! The device never changes its link's state: a link it creates starts down, as the kernel makes
+//! it (and as wireguard-go leaves it), and an existing link keeps its state. Its MTU is set only
+//! when it creates the link. An agent (or an operator with `ip`) may change the MTU, addresses
+//! and state at any time; while the link is down, writes fail with `EIO` and are dropped.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -216,10 +217,12 @@ impl LinuxTun {
     }
 
     fn build(name: &str, multi_queue: bool, existed: bool, offload: bool) -> io::Result<Self> {
+        // tun-rs brings a link up unless told to leave its state alone.
         let mut builder = DeviceBuilder::new()
             .name(name)
             .multi_queue(multi_queue)
-            .offload(offload);
+            .offload(offload)
+            .inherit_enable_state();
         if !existed {
             builder = builder.mtu(DEFAULT_MTU);
         }
@@ -324,6 +327,15 @@ impl TunIo for LinuxTun {
 
     fn readiness_fd(&self) -> RawFd {
         self.device.as_raw_fd()
+    }
+
+    fn is_attached(&self) -> io::Result<bool> {
+        // TUNGETIFF (what tun-rs reads the name with) answers EBADFD once the link is gone.
+        match self.device.name() {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EBADFD) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn recv_batch(&self, batch: &mut TunBatch) -> io::Result<usize> {

@@ -40,10 +40,15 @@ impl<T> Queue<T> {
 
     fn push(&self, item: T) {
         self.items.lock().push_back(item);
+        self.poke();
+        self.arrived.notify_all();
+    }
+
+    /// Makes the queue poll readable (with or without an item).
+    fn poke(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.ready.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        self.arrived.notify_all();
     }
 
     fn pop(&self) -> Option<T> {
@@ -74,6 +79,8 @@ impl<T> Queue<T> {
 pub struct MemTun {
     inbound: Arc<Queue<Vec<u8>>>,
     outbound: Arc<Queue<Vec<u8>>>,
+    /// `Some(errno)` while reads fail: `EBADFD` once [`MemTun::delete`]d.
+    read_error: Arc<Mutex<Option<i32>>>,
 }
 
 impl Default for MemTun {
@@ -88,7 +95,21 @@ impl MemTun {
         Self {
             inbound: Arc::new(Queue::new()),
             outbound: Arc::new(Queue::new()),
+            read_error: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Deletes the link under the device, as `ip link del` does: reads fail with `EBADFD` and
+    /// [`TunIo::is_attached`] answers false from now on.
+    pub fn delete(&self) {
+        *self.read_error.lock() = Some(libc::EBADFD);
+        self.inbound.poke();
+    }
+
+    /// Makes every read fail with `errno` (`None`: read again) while the link stays attached.
+    pub fn fail_reads(&self, errno: Option<i32>) {
+        *self.read_error.lock() = errno;
+        self.inbound.poke();
     }
 
     /// Injects a packet as if an application sent it into the tunnel.
@@ -104,6 +125,9 @@ impl MemTun {
 
 impl TunIo for MemTun {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(errno) = *self.read_error.lock() {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         let packet = self.inbound.pop().ok_or(io::ErrorKind::WouldBlock)?;
         let n = packet.len().min(buf.len());
         buf[..n].copy_from_slice(&packet[..n]);
@@ -117,6 +141,10 @@ impl TunIo for MemTun {
 
     fn readiness_fd(&self) -> RawFd {
         self.inbound.ready.as_raw_fd()
+    }
+
+    fn is_attached(&self) -> io::Result<bool> {
+        Ok(*self.read_error.lock() != Some(libc::EBADFD))
     }
 }
 

@@ -241,3 +241,88 @@ fn replace_peers_then_same_peer_gives_a_fresh_peer_config() {
     .unwrap();
     assert_eq!(next.peers, vec![PeerConfig::new(key(1))]);
 }
+
+/// `count` distinct /32s from 10.0.0.0 up.
+fn host_prefixes(count: u32) -> Vec<IpNet> {
+    (0..count)
+        .map(|i| {
+            IpNet::from(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                0x0a00_0000 + i,
+            )))
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_of_130560_allowed_ips_is_linear_and_its_edits_too() {
+    let prefixes = host_prefixes(130_560);
+    let mut lines = vec![
+        "replace_peers=true".to_string(),
+        format!("public_key={}", key(1).to_hex()),
+        "replace_allowed_ips=true".into(),
+    ];
+    lines.extend(prefixes.iter().map(|p| format!("allowed_ip={p}")));
+    let started = std::time::Instant::now();
+    let next = set(&DeviceConfig::default(), &lines).unwrap();
+    let took = started.elapsed();
+    println!("apply_set of 130,560 allowed IPs on one peer: {took:?}");
+    assert_eq!(next.peers[0].allowed_ips, prefixes);
+
+    // Every other prefix removed, the first one removed and added again (it goes last), a
+    // repeat ignored: each line in constant time.
+    let mut edit = vec![format!("public_key={}", key(1).to_hex())];
+    edit.extend(
+        prefixes
+            .iter()
+            .step_by(2)
+            .map(|p| format!("allowed_ip=-{p}")),
+    );
+    edit.push(format!("allowed_ip={}", prefixes[0]));
+    edit.push(format!("allowed_ip={}", prefixes[1]));
+    let started = std::time::Instant::now();
+    let edited = set(&next, &edit).unwrap();
+    println!("65,280 removals from it: {:?}", started.elapsed());
+    let mut expected: Vec<IpNet> = prefixes.iter().skip(1).step_by(2).copied().collect();
+    expected.push(prefixes[0]);
+    assert_eq!(edited.peers[0].allowed_ips, expected);
+    // A loose bound: quadratic, this took minutes.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // The answer to get=1 and its reading back are linear too.
+    let started = std::time::Instant::now();
+    let answer = format_get(&next, 51820, &[]);
+    let (read, _) = parse_get(&answer).unwrap();
+    println!(
+        "get=1 of it, rendered and read back: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(read.peers[0].allowed_ips, prefixes);
+}
+
+#[test]
+fn a_peer_removed_and_added_again_in_one_request_goes_last() {
+    let mut current = DeviceConfig::default();
+    for byte in 1..=3 {
+        let mut peer = PeerConfig::new(key(byte));
+        peer.allowed_ips = host_prefixes(u32::from(byte));
+        current.peers.push(peer);
+    }
+    let lines = vec![
+        format!("public_key={}", key(1).to_hex()),
+        "remove=true".into(),
+        "allowed_ip=10.9.9.9/32".into(),
+        format!("public_key={}", key(1).to_hex()),
+        "allowed_ip=10.8.8.8/32".into(),
+        format!("public_key={}", key(2).to_hex()),
+        "allowed_ip=-10.0.0.0/32".into(),
+    ];
+    let next = set(&current, &lines).unwrap();
+    let order: Vec<PublicKey> = next.peers.iter().map(|p| p.public_key).collect();
+    assert_eq!(order, [key(2), key(3), key(1)]);
+    assert_eq!(next.peers[2].allowed_ips, ["10.8.8.8/32".parse().unwrap()]);
+    assert_eq!(next.peers[0].allowed_ips, host_prefixes(2)[1..]);
+    assert_eq!(
+        next.peers[1], current.peers[2],
+        "an untouched peer is kept whole"
+    );
+}

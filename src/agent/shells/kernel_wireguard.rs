@@ -247,6 +247,9 @@ pub fn device_from_messages(messages: &[WireguardMessage]) -> (DeviceConfig, Vec
             }
         }
     }
+    for peer in &mut config.peers {
+        peer.allowed_ips = dataplane::config::unique_prefixes(&peer.allowed_ips);
+    }
     (config, stats)
 }
 
@@ -289,8 +292,9 @@ fn read_peer(peer: &WireguardPeer, config: &mut DeviceConfig, stats: &mut Vec<Pe
             WireguardPeerAttribute::TxBytes(bytes) => counters.tx_bytes = *bytes,
             WireguardPeerAttribute::AllowedIps(ips) => {
                 for ip in ips {
+                    // Made unique once the whole dump is read (linear, for a long list).
                     if let Some(net) = allowed_ip(ip) {
-                        out.add_allowed_ip(net);
+                        out.allowed_ips.push(net.trunc());
                     }
                 }
             }

@@ -188,6 +188,11 @@ pub trait Device: Send + Sync {
     fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
         self.apply(desired)
     }
+    /// Why the device no longer carries packets, for one that can tell (the embedded engine
+    /// whose TUN link was deleted); `None` while it works.
+    fn lost(&self) -> Option<String> {
+        None
+    }
     /// The device's configuration now: empty for a device this process just created, the
     /// peers of the last run for one that outlived it (the kernel's link, a userspace device
     /// over UAPI).
@@ -214,6 +219,14 @@ pub trait Device: Send + Sync {
 impl Device for WireGuard {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         WireGuard::apply(self, desired)
+    }
+    fn lost(&self) -> Option<String> {
+        self.link_lost().map(|loss| {
+            format!(
+                "the embedded engine's TUN link {}: {loss}",
+                self.interface()
+            )
+        })
     }
     fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
         let changed = WireGuard::apply(self, desired)?;

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use control::nat::DevicePeer;
-use dataplane::device::{Device, LinuxUdpBinder};
+use dataplane::device::{Device, LinkLost, LinuxUdpBinder};
 use dataplane::io::linux_tun::LinuxTun;
-use dataplane::uapi_server::{self, UapiServer};
+use dataplane::uapi_server::{self, SocketGuard, UapiServer};
 use dataplane::{DeviceConfig, PeerStats};
 
 use super::kernel_wireguard::KernelWireGuard;
@@ -57,13 +57,9 @@ impl WireGuard {
         std::fs::create_dir_all(socket_dir)
             .with_context(|| format!("creating {}", socket_dir.display()))?;
         let listener = uapi_server::bind(&path)?;
-        let (queues, _existed) = match LinuxTun::open_offloaded(name, threads) {
-            Ok(opened) => opened,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                return Err(e).with_context(|| format!("opening TUN device {name}"));
-            }
-        };
+        let guard = SocketGuard::new(&path);
+        let (queues, _existed) = LinuxTun::open_offloaded(name, threads)
+            .with_context(|| format!("opening TUN device {name}"))?;
         tracing::info!(
             queues = queues.len(),
             offload = queues[0].has_offload(),
@@ -80,6 +76,7 @@ impl WireGuard {
         );
         let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
             .context("serving the UAPI socket")?;
+        guard.keep();
         Ok(Self::Embedded {
             device,
             server: parking_lot::Mutex::new(Some(server)),
@@ -175,6 +172,16 @@ impl WireGuard {
     /// are known; a device over UAPI reports only what `wg show` does.
     pub fn is_embedded(&self) -> bool {
         matches!(self, Self::Embedded { .. })
+    }
+
+    /// Why the embedded engine's TUN link stopped carrying packets: deleted under it, or
+    /// failing past the engine's retries (see [`dataplane::device::link`]). `None` while it
+    /// works, and always for a device kg does not run.
+    pub fn link_lost(&self) -> Option<LinkLost> {
+        match self {
+            Self::Embedded { device, .. } => device.link_lost(),
+            Self::Kernel(_) | Self::Uapi { .. } => None,
+        }
     }
 
     /// The device's configuration and live peer state.
