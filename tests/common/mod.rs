@@ -42,6 +42,15 @@ pub fn require_root(test: &str) {
     );
 }
 
+/// Fails the test, naming it, unless tcpdump is here: a capture that cannot start must not read
+/// as one that saw nothing (nor let the test pass without its check).
+pub fn require_tcpdump(test: &str) {
+    assert!(
+        which("tcpdump"),
+        "{test} needs tcpdump to capture on the underlay (.ci/run installs it)"
+    );
+}
+
 pub fn which(tool: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])

@@ -206,6 +206,9 @@ fn cross_granularity_over_an_ipv6_only_underlay() {
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
     common::require_root("location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay");
+    common::require_tcpdump(
+        "location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay",
+    );
     let c = steady_mesh(Underlay::Ipv6Only, "location", "always");
     let route = c
         .node("a1")
@@ -234,7 +237,7 @@ fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
             "ip6 proto 4",
         ])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
@@ -258,7 +261,9 @@ fn location_granularity_with_ipip_encapsulation_over_an_ipv6_only_underlay() {
             .filter(|l| l.contains("fd50::1 > fd50::2") || l.contains("fd50::2 > fd50::1"))
             .count()
             >= 3,
-        "no IPv4-in-IPv6 on a2's underlay: {text}\n{}",
+        "no IPv4-in-IPv6 on a2's underlay: {text}\n(tcpdump: {}, {})\n{}",
+        captured.status,
+        String::from_utf8_lossy(&captured.stderr).trim(),
         c.logs()
     );
 }

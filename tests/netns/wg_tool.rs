@@ -188,9 +188,7 @@ fn endpoint_follows_the_peer_when_its_port_changes() {
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn persistent_keepalive_is_sent_at_the_configured_interval() {
     common::require_root("persistent_keepalive_is_sent_at_the_configured_interval");
-    if !common::which("tcpdump") {
-        return;
-    }
+    common::require_tcpdump("persistent_keepalive_is_sent_at_the_configured_interval");
     let (link, a, b) = pair(Impl::WireguardGo);
     assert!(ping_ok(&a.ns, "10.71.0.2", Duration::from_secs(10)));
     let capture = std::process::Command::new("ip")
