@@ -17,6 +17,30 @@ pub fn mode_or(path: &std::path::Path, default: u32) -> u32 {
 /// past `mode`), written, synced, and renamed over `path`; the directory is synced after. A
 /// failure removes the temporary file.
 pub fn replace(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
+    write_and_rename(path, text, mode, Durability::Synced)
+}
+
+/// [`replace`] without the syncs, for a file rewritten every few seconds whose loss at a crash
+/// costs nothing (the next write brings it back): the file backend's Nodes and Leases. An fsync
+/// waits for every dirty page of the file system, seconds while another process writes a lot,
+/// and these writes happen on kg's event loop, where such a wait costs a leader its lease.
+pub fn replace_unsynced(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
+    write_and_rename(path, text, mode, Durability::Unsynced)
+}
+
+/// Whether [`write_and_rename`] syncs the file and its directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Synced,
+    Unsynced,
+}
+
+fn write_and_rename(
+    path: &std::path::Path,
+    text: &str,
+    mode: u32,
+    durability: Durability,
+) -> Result<()> {
     use anyhow::Context as _;
     use std::io::Write as _;
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -35,15 +59,21 @@ pub fn replace(path: &std::path::Path, text: &str, mode: u32) -> Result<()> {
             .with_context(|| format!("setting mode {mode:04o} on {}", tmp.display()))?;
         file.write_all(text.as_bytes())
             .with_context(|| format!("writing {}", tmp.display()))?;
-        file.sync_all()
-            .with_context(|| format!("syncing {}", tmp.display()))?;
+        if durability == Durability::Synced {
+            file.sync_all()
+                .with_context(|| format!("syncing {}", tmp.display()))?;
+        }
         std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
         return written;
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    let synced = durability == Durability::Synced;
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| synced && !d.as_os_str().is_empty())
+    {
         // Best effort: the rename is durable once the directory is; a directory that cannot be
         // opened for reading changes nothing about the file's contents or mode.
         if let Ok(dir) = std::fs::File::open(dir) {
@@ -67,6 +97,25 @@ mod tests {
 
     fn mode(path: &std::path::Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn an_unsynced_replace_gives_the_same_file_and_mode() {
+        let dir = scratch("unsynced");
+        let path = dir.join("lease.yaml");
+        replace_unsynced(&path, "one", 0o644).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        replace_unsynced(&path, "two", mode_or(&path, 0o644)).unwrap();
+        assert_eq!(
+            (std::fs::read_to_string(&path).unwrap(), mode(&path)),
+            ("two".into(), 0o640)
+        );
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["lease.yaml"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

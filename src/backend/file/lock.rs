@@ -36,7 +36,8 @@ impl Drop for DirLock {
 }
 
 /// Replaces `path` with `text` atomically, keeping the mode the file has (0644 for a new one):
-/// an owner who made a file private keeps it private across kg's rewrites.
+/// an owner who made a file private keeps it private across kg's rewrites. Not synced
+/// ([`crate::files::replace_unsynced`]): these are rewritten every lease period and check-in.
 pub(super) fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    crate::files::replace(path, text, crate::files::mode_or(path, 0o644))
+    crate::files::replace_unsynced(path, text, crate::files::mode_or(path, 0o644))
 }
