@@ -7,20 +7,24 @@ use std::time::Duration;
 use super::check;
 use super::sim::{Election, Sim};
 
+/// Nodes in l0, l1 and l0 by lease, 10 s after they joined: converged, every invariant held.
+fn three_nodes_converged() -> Sim {
+    let mut sim = Sim::new(Election::Lease).unwrap();
+    for location in [0, 1, 0] {
+        sim.join(&format!("l{location}")).unwrap();
+    }
+    sim.advance(Duration::from_secs(10)).unwrap();
+    check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
+    check::always(&sim).unwrap();
+    sim
+}
+
 /// The checks themselves: a mesh that converged passes, and each kind of damage done to it
 /// behind the agents' backs is caught.
 #[test]
 fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
     use dataplane::PeerConfig;
-    let converged = || {
-        let mut sim = Sim::new(Election::Lease).unwrap();
-        for location in [0, 1, 0] {
-            sim.join(&format!("l{location}")).unwrap();
-        }
-        sim.advance(Duration::from_secs(10)).unwrap();
-        check::converged(&sim, &BTreeSet::new(), &[]).unwrap();
-        sim
-    };
+    let converged = three_nodes_converged;
     let leader_of = |sim: &Sim, location: &str| sim.lease_holder(location).unwrap();
 
     // A second peer claiming an address the first one carries.
@@ -76,15 +80,7 @@ fn the_checks_catch_a_second_leader_an_overlap_and_a_missing_route() {
 fn every_invariant_catches_its_own_damage() {
     use control::routes::{Route, MAIN_TABLE};
     use dataplane::PeerConfig;
-    let converged = || {
-        let mut sim = Sim::new(Election::Lease).unwrap();
-        for location in [0, 1, 0] {
-            sim.join(&format!("l{location}")).unwrap();
-        }
-        sim.advance(Duration::from_secs(10)).unwrap();
-        check::always(&sim).unwrap();
-        sim
-    };
+    let converged = three_nodes_converged;
     let route = |dst: &str, link| Route {
         table: MAIN_TABLE,
         dst: dst.parse().unwrap(),
