@@ -84,6 +84,8 @@ cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
 # now_ms, secs, log, die, usage, step, quietly, need.
 # shellcheck source=scripts/timed-log.sh
 source "$(dirname "${BASH_SOURCE[0]}")/timed-log.sh"
+# shellcheck source=scripts/private-mounts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/private-mounts.sh"
 
 # --- arguments ------------------------------------------------------------------------------------
 arch=arm64
@@ -225,16 +227,16 @@ build_image() {
 
 	# Under the exclusive lock nobody else builds or runs: leftovers of interrupted builds and
 	# images of older recipes can go.
-	rm -rf "$vm_root"/.tmp.*
+	remove_tree "$vm_root"/.tmp.*
 	for m in "$vm_root/$SUITE"-*; do
 		[[ -e $m && $m != "$image_dir" ]] || continue
 		log "removing the image of an older recipe, $m"
-		rm -rf "$m"
+		remove_tree "$m"
 	done
 
 	work=$(mktemp -d "$vm_root/.tmp.XXXXXX")
 	# shellcheck disable=SC2064 # expand $work now.
-	trap "rm -rf '$work'" EXIT
+	trap "remove_tree '$work'" EXIT
 	root=$work/root
 	mkdir -p "$work/pre/etc/initramfs-tools/conf.d"
 	printf '%s\n' "$INITRAMFS_CONF" >"$work/pre/etc/initramfs-tools/conf.d/kilotun"
@@ -245,7 +247,7 @@ build_image() {
 	# nothing). No Recommends (firmware, apparmor, ...), no documentation or translations. The
 	# essential hook puts the initramfs settings in place before the kernel is installed.
 	if ! step "mmdebstrap ($deb_arch $SUITE, maintainer scripts under qemu-user)" \
-		quietly "$work/mmdebstrap.log" mmdebstrap --mode=root --variant=essential --architectures="$deb_arch" \
+		quietly "$work/mmdebstrap.log" in_private_mounts mmdebstrap --mode=root --variant=essential --architectures="$deb_arch" \
 		--aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Languages "none"' \
 		--aptopt='APT::Install-Recommends "false"' \
 		--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -288,7 +290,7 @@ build_image() {
 	step "mkfs.ext4 -d (${used} MiB of files, ${size} MiB image)" \
 		quietly "$work/mkfs.log" mkfs.ext4 -q -F -t ext4 -O ^has_journal -L kilotun-root -d "$root" "$work/rootfs.img" "${size}M" ||
 		die "mkfs.ext4 failed: $(cat "$work/mkfs.log")"
-	step "removing the build tree" rm -rf "$root" "$work/pre" "$work/mkfs.log"
+	step "removing the build tree" remove_tree "$root" "$work/pre" "$work/mkfs.log"
 	mv "$work/mmdebstrap.log" "$work/build.log"
 	chmod 755 "$work" # mktemp's 0700 would keep runs by other users out.
 	mv -T "$work" "$image_dir"

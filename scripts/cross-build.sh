@@ -52,6 +52,8 @@ cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
 cross_dir=$cache_root/cross
 suite=${KILOTUN_CROSS_SUITE:-sid}
 chroot_dir=$cross_dir/$suite
+# shellcheck source=scripts/private-mounts.sh
+source "$script_dir/private-mounts.sh"
 
 log() { printf 'cross-build.sh: %s\n' "$*" >&2; }
 die() {
@@ -127,16 +129,16 @@ create_root() {
 	need arch-test arch-test
 	work=$(mktemp -d "$cross_dir/.tmp.XXXXXX")
 	# shellcheck disable=SC2064 # expand $work now.
-	trap "rm -rf '$work'" EXIT
+	trap "remove_tree '$work'" EXIT
 	log "creating $kind in $dir (mmdebstrap $* $suite $mirror)"
-	if ! mmdebstrap --mode=root --quiet --aptopt='Acquire::Check-Valid-Until "false"' \
+	if ! in_private_mounts mmdebstrap --mode=root --quiet --aptopt='Acquire::Check-Valid-Until "false"' \
 		--aptopt='Acquire::Languages "none"' "$@" "$suite" "$work/root" "$mirror" >"$work/log" 2>&1; then
 		tail -30 "$work/log" >&2
 		die "mmdebstrap failed for $kind (above); the mirror is $mirror (KILOTUN_DEBIAN_MIRROR overrides it)"
 	fi
-	rm -rf "$dir"
+	remove_tree "$dir"
 	mv -T "$work/root" "$dir"
-	rm -rf "$work"
+	remove_tree "$work"
 	trap - EXIT
 	log "$kind: $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
 }

@@ -27,9 +27,17 @@ id=$$; work=$(mktemp -d); dir="$work/cluster"; mkdir -p "$dir"
 router="demo${id}r"
 nodes=(n1 n2 n3 n4)
 ns() { echo "demo${id}$1"; }
+agents=()
 cleanup() {
   for n in "${nodes[@]}"; do ip netns pids "$(ns "$n")" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-  sleep 0.5
+  # A kg that got SIGTERM still writes its last state into the cluster directory: the directory
+  # goes only once every agent has exited (at most 10 s each, then SIGKILL).
+  local pid i
+  for pid in "${agents[@]}"; do
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   for n in "${nodes[@]}"; do ip netns del "$(ns "$n")" 2>/dev/null || true; done
   ip netns del "$router" 2>/dev/null || true
   rm -rf "$work"
@@ -71,6 +79,7 @@ EOF
   ip netns exec "$n_ns" "$kg" --backend=file --cluster-dir="$dir" --hostname="$n" \
     --interface="kilo-$n" --key-file="$work/keys/$n" --encapsulate=always --resync-period=5s \
     --threads=1 --cni=false 2>"$work/$n.log" &
+  agents+=($!)
 done
 
 echo "== waiting for the mesh (n2 in east pings n4's pod address 10.42.4.1 in west)"
