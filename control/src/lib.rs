@@ -17,6 +17,7 @@ pub mod host;
 pub mod ip;
 pub mod ipam;
 pub mod iptables;
+pub mod journal;
 pub mod key;
 pub mod leader;
 pub mod nat;

@@ -8,6 +8,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+/// How many recent events `/status` keeps.
+pub const EVENTS_KEPT: usize = 64;
+
 /// One node as its kg sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct NodeStatus {
@@ -53,6 +56,10 @@ pub struct NodeStatus {
     pub withheld: Vec<String>,
     /// Errors of recent reconciles, oldest first (a few).
     pub errors: Vec<String>,
+    /// What the agent recently noticed and decided, oldest first (the last
+    /// [`EVENTS_KEPT`]; empty from a kg before it).
+    #[serde(default)]
+    pub events: Vec<crate::journal::Event>,
     /// Path probes, when asked for (`/status?probe=true`).
     pub probes: Option<Probes>,
 }

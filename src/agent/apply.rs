@@ -15,6 +15,7 @@ use control::desired::{
     self, CniState, DesiredHost, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
 };
 use control::iptables::RuleSet;
+use control::journal::Reason;
 use control::routes::{apply_ops, diff, Route, RoutePlan, Withheld};
 use control::wgconf::Conf;
 use control::Topology;
@@ -279,27 +280,31 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         }
         if let (true, Some(name)) = (want.tunnel_missing(&links), self.tunnel.name()) {
             let message = format!("the tunnel link {name} does not exist (yet); routing inside the location without encapsulation");
-            self.problems.warn_once("tunnel-missing", &message);
+            if self.problems.first_time("tunnel-missing") {
+                self.core
+                    .journal()
+                    .record(Reason::TunnelMissing, name, message);
+            }
         }
         self.report_withheld(&want.withheld);
-        let lines = want
+        let bypasses = want
             .bypasses
             .iter()
             .filter(|b| !b.standby)
-            .map(ToString::to_string)
+            .map(|b| (b.endpoint.to_string(), b.to_string()))
             .collect();
-        for line in self.problems.fresh_lines("endpoint bypasses", lines) {
-            tracing::warn!("{line}");
-        }
-        let lines = want
+        self.record_fresh("endpoint bypasses", Reason::EndpointBypassed, bypasses);
+        let unrouted = want
             .routes
             .no_gateway
             .iter()
-            .map(ToString::to_string)
+            .map(|r| (r.dst.to_string(), r.to_string()))
             .collect();
-        for line in self.problems.fresh_lines("routes without a gateway", lines) {
-            tracing::warn!("{line}");
-        }
+        self.record_fresh(
+            "routes without a gateway",
+            Reason::RouteWithoutGateway,
+            unrouted,
+        );
         if let Some(index) = links.tunnel {
             self.tunnel.update(&want.routes, index, t);
         }
@@ -432,9 +437,24 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         if let Some(graph) = self.graph.lock().as_mut() {
             graph.withheld = std::sync::Arc::new(withheld.to_vec());
         }
-        let lines = withheld.iter().map(ToString::to_string).collect();
-        for line in self.problems.fresh_lines("withheld routes", lines) {
-            tracing::warn!("{line}");
+        let withheld = withheld
+            .iter()
+            .map(|w| (w.cidr.to_string(), w.to_string()))
+            .collect();
+        self.record_fresh("withheld routes", Reason::RouteWithheld, withheld);
+    }
+
+    /// Records, for `reason`, each (subject, message) of `items` not recorded the last time
+    /// `object` was reported.
+    fn record_fresh(&mut self, object: &str, reason: Reason, items: Vec<(String, String)>) {
+        let lines = items.iter().map(|(_, line)| line.clone()).collect();
+        for line in self.problems.fresh_lines(object, lines) {
+            let subject = items
+                .iter()
+                .find(|(_, l)| *l == line)
+                .map(|(subject, _)| subject.clone())
+                .unwrap_or_default();
+            self.core.journal().record(reason, subject, line);
         }
     }
 
@@ -450,6 +470,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         };
         let ops = diff(&plan, &observed, &self.owned, self.kilo_index);
         if !ops.is_empty() {
+            self.metrics.route_changes.inc();
             tracing::debug!(changes = ops.len(), "reconciling routes");
         }
         let errors = self.netlink.apply(&ops).await;
@@ -508,44 +529,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                     .error(format!("applying iptables rules failed: {e:#}"));
                 tracing::warn!(error = format!("{e:#}"), "applying iptables rules failed");
             }
-        }
-    }
-}
-
-/// The CNI configuration kg keeps in step with the node (Kilo's `--cni`).
-impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
-    /// Keeps the CNI conflist's IPAM ranges on the pod CIDRs (one set per family) and its MTU
-    /// on the link's. A missing or unreadable file is a warning, never a failure.
-    pub(super) fn sync_cni(&mut self, pod_cidrs: &[IpNet], mtu: u32) {
-        let path = self.cni_file.path().display().to_string();
-        let text = match self.cni_file.read() {
-            Ok(t) => t,
-            Err(e) => {
-                self.problems.warn_once(
-                    "cni",
-                    &format!("cannot read the CNI configuration {path}: {e}; not managing it"),
-                );
-                return;
-            }
-        };
-        match control::cni::update_conflist(&text, pod_cidrs, Some(mtu)) {
-            Ok(None) => {}
-            Ok(Some(updated)) => match self.cni_file.write(&updated) {
-                Ok(()) => {
-                    tracing::info!(path, pod_cidrs = ?pod_cidrs, mtu, "CNI configuration updated")
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        path,
-                        error = format!("{e:#}"),
-                        "writing the CNI configuration failed"
-                    )
-                }
-            },
-            Err(e) => self.problems.warn_once(
-                "cni",
-                &format!("CNI configuration {path}: {e}; not managing it"),
-            ),
         }
     }
 }

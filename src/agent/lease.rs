@@ -9,8 +9,8 @@ use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
-    /// Sends `write`, and says why when it was worth saying and it held.
-    pub(super) async fn write_lease(&self, write: LeaseWrite) {
+    /// Sends `write`, and records why when it was worth saying and it held.
+    pub(super) async fn write_lease(&mut self, write: LeaseWrite) {
         let LeaseWrite {
             name,
             next,
@@ -20,7 +20,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         match self.backend.write_lease(&name, &next, &expected).await {
             Ok(true) => {
                 if let Some(why) = why {
-                    tracing::info!(lease = %name, "{why}");
+                    self.core.journal().record(why.reason, name, why.message);
                 }
             }
             Ok(false) => tracing::debug!(lease = %name, "another node wrote the lease first"),

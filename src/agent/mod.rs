@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use control::clock::Now;
+use control::journal::{EventKind, Reason};
 use control::routes::RoutePlan;
 use dataplane::SecretKey;
 use hickory_resolver::TokioResolver;
@@ -42,6 +43,7 @@ use start::take_engine;
 
 mod apply;
 pub mod args;
+mod cni;
 pub mod host;
 mod lease;
 pub mod pq;
@@ -288,11 +290,33 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         if let Err(e) = &settled {
             self.metrics.error("apply");
             self.status.error(format!("reconcile failed: {e:#}"));
-            tracing::warn!(error = format!("{e:#}"), "reconcile failed");
+            let hostname = self.settings.hostname.clone();
+            self.core.journal().record(
+                Reason::ReconcileFailed,
+                hostname,
+                format!("reconcile failed: {e:#}"),
+            );
         }
         self.pq_refresh(now);
         self.schedule_post_quantum(now);
+        self.publish_events(now);
         Some(settled)
+    }
+
+    /// Takes the events the step recorded: logs each, and keeps them for `/status`.
+    fn publish_events(&mut self, now: Now) {
+        let events = self.core.take_events(now.unix_ms);
+        if events.is_empty() {
+            return;
+        }
+        for e in &events {
+            let (reason, subject) = (e.reason.as_str(), e.subject.as_str());
+            match e.kind {
+                EventKind::Warning => tracing::warn!(reason, subject, "{}", e.message),
+                EventKind::Normal => tracing::info!(reason, subject, "{}", e.message),
+            }
+        }
+        self.status.events(events);
     }
 
     /// Puts the post-quantum links' next moment, judged at `now`, into the timer table.

@@ -97,7 +97,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                     let readings = self.tunnel_readings();
                     self.core.handle(PassAnswer::TunnelsRead(readings), now);
                 }
-                PassEffect::WriteLease(write) => self.write_lease(write).await,
+                PassEffect::WriteLease(write) => self.write_lease(*write).await,
                 PassEffect::PatchAnnotations(patch) => {
                     let hostname = &self.settings.hostname;
                     let patched = self.backend.patch_annotations(hostname, &patch).await;

@@ -163,6 +163,31 @@ impl KgNode {
         super::http_get(&self.ns, "127.0.0.1:1107", path)
     }
 
+    /// kg's `/status`, when it answers with one.
+    #[allow(dead_code)]
+    pub fn status(&self) -> Option<control::status::NodeStatus> {
+        let (code, body) = self.http_get("/status");
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// The events kg's `/status` holds, oldest first; none while it does not answer.
+    #[allow(dead_code)]
+    pub fn events(&self) -> Vec<control::journal::Event> {
+        self.status().map(|s| s.events).unwrap_or_default()
+    }
+
+    /// The events of `reason` in kg's `/status`, oldest first.
+    #[allow(dead_code)]
+    pub fn events_of(&self, reason: control::journal::Reason) -> Vec<control::journal::Event> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.reason == reason)
+            .collect()
+    }
+
     /// Makes the node resolve names through `nameserver` (`ip netns exec` bind-mounts it).
     pub fn use_nameserver(&mut self, nameserver: &str) {
         let etc = PathBuf::from("/etc/netns").join(&self.ns.name);
@@ -739,9 +764,10 @@ impl Cluster {
         self.nodes
             .iter()
             .map(|n| {
-                let log = n.log_text();
-                log.matches("WireGuard configuration applied").count()
-                    + log.matches("reconciling routes").count()
+                let (_, metrics) = n.http_get("/metrics");
+                let counted = |name: &str| super::metric_value(&metrics, name).unwrap_or(0.0);
+                (counted("kilotun_wireguard_configurations_total")
+                    + counted("kilotun_route_changes_total")) as usize
             })
             .collect()
     }

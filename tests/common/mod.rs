@@ -691,6 +691,15 @@ pub fn ping_received(output: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// The value of the unlabelled series `name` in a Prometheus text exposition, if present.
+#[allow(dead_code)]
+pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let (series, value) = line.split_once(' ')?;
+        (series == name).then(|| value.trim().parse().ok())?
+    })
+}
+
 /// `GET path` against `addr` from inside `ns`: (status, body).
 pub fn http_get(ns: &Netns, addr: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get_accepting(ns, addr, path, None);

@@ -6,6 +6,7 @@
 //! withdraws its cut-off mark once its verifiers found no way out either.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::time::{Duration, Instant};
 
@@ -183,9 +184,9 @@ fn a_leader_with_its_port_blocked_gives_up_the_lead() {
     );
     // It went to a candidate that had shown it reaches west, not blindly to the next one.
     let taken = c.wait_for(Duration::from_secs(5), |c| {
-        c.node(other)
-            .log_text()
-            .contains("is cut off and this node has a handshake with the leader of west")
+        !c.node(other)
+            .events_of(Reason::LeaderReplacedCutOff)
+            .is_empty()
     });
     assert!(taken, "{}", c.logs());
 }
@@ -214,8 +215,9 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
             ]);
         }
     };
-    // What the other east node logs from here on (at start both may have raced for the lease).
-    let other_from = c.node(other).log_text().len();
+    // What the other east node records from here on (at start both may have raced for the
+    // lease).
+    let other_from = c.node(other).events().last().map_or(0, |e| e.sequence);
     block("-I");
     let marked = c.wait_for(Duration::from_secs(25), marked_cut_off);
     assert!(marked, "east's leader never marked its lease\n{}", c.logs());
@@ -226,9 +228,9 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
     assert!(withdrawn, "the mark stayed\n{}", c.logs());
     let stood = marked_at.elapsed();
     assert!(
-        c.node(leader)
-            .log_text()
-            .contains("no candidate of east reached another location within 20 s either"),
+        !c.node(leader)
+            .events_of(Reason::LeaderCutOffUnconfirmed)
+            .is_empty(),
         "{}",
         c.logs()
     );
@@ -238,9 +240,10 @@ fn a_leader_cut_off_with_its_whole_location_keeps_the_lead() {
         "{}",
         c.logs()
     );
+    let taken = c.node(other).events_of(Reason::LeaderElected);
     assert!(
-        !c.node(other).log_text()[other_from..].contains("taking the lead"),
-        "{}",
+        taken.iter().all(|e| e.sequence <= other_from),
+        "{taken:?}\n{}",
         c.logs()
     );
     // West hears again: traffic flows through the same leader, and no mark comes back.
@@ -365,11 +368,11 @@ fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
         c.lease_holder("east").as_deref() == Some("n1")
     });
     assert!(mirrored, "{:?}\n{}", c.lease_holder("east"), c.logs());
-    assert!(
-        c.node("n1")
-            .log_text()
-            .contains("leaders are chosen by Kilo's rule: 1 ready node(s), n3 first"),
-        "{}",
+    let rule = c.node("n1").events_of(Reason::LeadersByKiloRule);
+    assert_eq!(
+        rule.last().map(|e| e.subject.as_str()),
+        Some("n3"),
+        "{rule:?}\n{}",
         c.logs()
     );
     let pinger = Pinger::start(&c.node("n3").ns.name, "10.42.2.1");
@@ -411,8 +414,5 @@ fn a_mixed_cluster_follows_kilos_rule_until_its_last_kilo_agent_migrates() {
     );
     assert!(gap <= Duration::from_secs(2), "gap {gap:?}\n{}", c.logs());
     assert_eq!(c.leading(&["n1", "n2"]), ["n1"], "no leader moved");
-    assert!(c
-        .node("n1")
-        .log_text()
-        .contains("leaders are chosen by lease"));
+    assert!(!c.node("n1").events_of(Reason::LeadersByLease).is_empty());
 }

@@ -3,6 +3,7 @@
 //! check-in expires, compound faults) is checked against a model in `src/model/`; these keep
 //! what only real packets show.
 
+use control::journal::Reason;
 use crate::common;
 
 use std::time::Duration;
@@ -253,8 +254,12 @@ fn a_deleted_engine_link_is_a_reconcile_error_in_the_log_and_status() {
     c.node("n1").ns.run(&["ip", "link", "del", &iface]);
     let said = format!("the embedded engine's TUN link {iface}: the TUN link was deleted");
     let seen = c.wait_for(Duration::from_secs(30), |c| {
-        c.node("n1").log_text().contains(&said)
-            && c.node("n1").http_get("/status").1.contains(&said)
+        c.node("n1").status().is_some_and(|s| {
+            s.errors.iter().any(|e| e.contains(&said))
+                && s.events
+                    .iter()
+                    .any(|e| e.reason == Reason::ReconcileFailed && e.message.contains(&said))
+        })
     });
     assert!(seen, "{}", c.logs());
     assert!(c.nodes[0].is_running(), "kg keeps running");

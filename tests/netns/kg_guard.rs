@@ -4,6 +4,7 @@
 //! `allowed-location-ips` (the mistake Kilo's users make).
 
 use crate::common;
+use control::journal::Reason;
 
 use std::time::Duration;
 
@@ -12,13 +13,13 @@ use common::cluster::{Cluster, NodeSpec};
 const ALLOWED_LOCATION_IPS: &str = "kilo.squat.ai/allowed-location-ips";
 const SHARED: &str = "192.168.10.0/24";
 
-/// The lines of `node`'s log that warn about withholding `cidr`.
+/// The messages of `node`'s events about withholding `cidr`.
 fn withheld_lines(c: &Cluster, node: &str, cidr: &str) -> Vec<String> {
     c.node(node)
-        .log_text()
-        .lines()
-        .filter(|l| l.contains(" WARN ") && l.contains(&format!("{cidr} contains")))
-        .map(str::to_string)
+        .events_of(Reason::RouteWithheld)
+        .into_iter()
+        .filter(|e| e.subject == cidr)
+        .map(|e| e.message)
         .collect()
 }
 
@@ -181,12 +182,11 @@ fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
             .any(|l| l.starts_with(&format!("{endpoint} via 192.168.10.254 dev eth0"))),
         "n3's endpoint keeps to the underlay: {table}"
     );
-    let needle = format!("WireGuard endpoint {endpoint} of node n3 is inside 192.168.20.0/24");
     let warned = |c: &Cluster| {
         c.node("n1")
-            .log_text()
-            .lines()
-            .filter(|l| l.contains(" WARN ") && l.contains(&needle))
+            .events_of(Reason::EndpointBypassed)
+            .iter()
+            .filter(|e| e.subject == endpoint)
             .count()
     };
     // The log is written a moment after the route.
@@ -255,13 +255,9 @@ fn overlapping_allowed_location_ips_route_alike_on_every_node() {
     for node in ["n1", "n2", "n3"] {
         let named = c
             .node(node)
-            .log_text()
-            .lines()
-            .filter(|l| {
-                l.contains(" WARN ")
-                    && l.contains("location:x: 10.9.0.0/24 dropped")
-                    && l.contains("10.9.0.0/16 of location:y")
-            })
+            .events_of(Reason::RangeDropped)
+            .iter()
+            .filter(|e| e.subject == "10.9.0.0/24")
             .count();
         assert_eq!(named, 1, "{node}: {}", c.node(node).log_text());
     }

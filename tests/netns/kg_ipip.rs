@@ -3,6 +3,7 @@
 //! their leader, and only the location's nodes may send protocol 4 (KILO-IPIP).
 
 use crate::common;
+use control::journal::Reason;
 
 use std::time::Duration;
 
@@ -57,9 +58,11 @@ fn always_carries_location_traffic_over_userspace_ipip() {
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
     for n in &c.nodes {
-        assert!(
-            n.log_text().contains("userspace IPIP"),
-            "{} did not log its IPIP path:\n{}",
+        let tunnel = n.status().and_then(|s| s.tunnel);
+        assert_eq!(
+            tunnel.as_deref(),
+            Some("kilo-ipip"),
+            "{} does not encapsulate over the userspace IPIP link:\n{}",
             n.name,
             n.log_text()
         );
@@ -209,7 +212,10 @@ fn compatibility_modes_route_over_the_cnis_links() {
     c.start_kg(0, &["--compatibility=flannel"]);
     c.start_kg(1, &["--compatibility=flannel"]);
     let warned = c.wait_for(Duration::from_secs(20), |c| {
-        c.node("n2").log_text().contains("flannel.1 does not exist")
+        c.node("n2")
+            .events_of(Reason::TunnelMissing)
+            .iter()
+            .any(|e| e.subject == "flannel.1")
     });
     assert!(warned, "{}", c.logs());
     let n2 = c.node("n2");
@@ -253,10 +259,9 @@ fn compatibility_modes_route_over_the_cnis_links() {
         route_to(c.node("n2"), "10.42.1.1"),
         c.logs()
     );
-    assert!(
-        c.node("n2")
-            .log_text()
-            .contains("over Cilium's cilium_tunl"),
+    assert_eq!(
+        c.node("n2").status().and_then(|s| s.tunnel).as_deref(),
+        Some("cilium_tunl"),
         "{}",
         c.logs()
     );

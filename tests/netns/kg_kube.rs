@@ -6,6 +6,7 @@
 //! and `tests/real/kube_backend.rs`.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::time::Duration;
 
@@ -163,9 +164,9 @@ fn an_api_outage_keeps_traffic_on_the_last_good_mesh() {
     );
     for node in ["n1", "n2"] {
         assert!(
-            c.node(node)
-                .log_text()
-                .contains("the backend is unreachable"),
+            !c.node(node)
+                .events_of(Reason::BackendUnreachable)
+                .is_empty(),
             "{node} did not notice the outage:\n{}",
             c.logs()
         );

@@ -3,6 +3,7 @@
 //! through the reachable one, and their leaders have no peer for each other.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::time::{Duration, Instant};
 
@@ -141,13 +142,18 @@ fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
 
     // Said once, as information, over several resyncs; nothing about it is a warning.
     std::thread::sleep(Duration::from_secs(6));
-    let log = c.node("c1").log_text();
-    let said: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("node h1 announces no endpoint"))
+    let said: Vec<_> = c
+        .node("c1")
+        .events_of(Reason::NoEndpoint)
+        .into_iter()
+        .filter(|e| e.message.contains("node h1 "))
         .collect();
-    assert_eq!(said.len(), 1, "{log}");
-    assert!(said[0].contains("INFO"), "{}", said[0]);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(
+        said[0].kind,
+        control::journal::EventKind::Normal,
+        "{said:?}"
+    );
     for node in ["c1", "h1"] {
         let log = c.node(node).log_text();
         let bad: Vec<&str> = log
@@ -167,8 +173,9 @@ fn a_node_with_no_endpoint_and_no_keepalive_says_why_it_stays_out() {
     let (c, _) = cloud_and_endpointless_home(&[NO_ENDPOINT], "30s");
     let said = c.wait_for(Duration::from_secs(20), |c| {
         c.node("h1")
-            .log_text()
-            .contains("needs kilo.squat.ai/persistent-keepalive")
+            .events_of(Reason::NotReady)
+            .iter()
+            .any(|e| e.subject == "h1" && e.message.contains("kilo.squat.ai/persistent-keepalive"))
     });
     assert!(said, "{}", c.logs());
     assert!(c.node("c1").wg("peers").trim().is_empty(), "{}", c.logs());

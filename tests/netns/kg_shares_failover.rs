@@ -5,6 +5,7 @@
 //! take its share back.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -258,9 +259,6 @@ fn a_second_leader_cut_off_gives_its_share_to_a_node_that_reaches_the_others() {
     let blocked = Instant::now();
     l.c.node(&l.second).block_wireguard();
     l.second_share_moves(blocked, "cut off", Duration::from_secs(30));
-    let log = l.c.node(&l.second).log_text();
-    assert!(
-        log.contains("asking the next candidates of east (share 2)"),
-        "{log}"
-    );
+    let marked = l.c.node(&l.second).events_of(Reason::LeaderCutOff);
+    assert!(marked.iter().any(|e| e.subject == SECOND), "{marked:?}");
 }

@@ -162,3 +162,17 @@ fn the_link_checker_catches_a_missing_file_and_a_missing_heading() {
         ["x.md", "y.md#z"]
     );
 }
+
+#[test]
+fn every_event_reason_is_named_in_the_troubleshooting_guide() {
+    let guide = std::fs::read_to_string(root().join("docs/troubleshooting.md")).unwrap();
+    let missing: Vec<&str> = control::journal::Reason::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .filter(|name| !guide.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/troubleshooting.md does not name these event reasons: {missing:?}"
+    );
+}

@@ -16,11 +16,14 @@ use super::{
     Expectation, LeaseState, TrafficSample, CUT_OFF_WINDOW_MS, LEASE_DURATION_MS, LEASE_RENEW_MS,
     VERIFY_WINDOW_MS,
 };
+use crate::journal::Reason;
 use crate::topology::ShareLeader;
 use crate::{Key, Node};
 
 mod cut_off;
+mod write;
 use cut_off::Mark;
+pub use write::{LeaseWhy, LeaseWrite};
 
 /// A lease as last seen, and when this node saw it change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,21 +105,6 @@ pub struct TunnelReadings {
     /// The locations whose leader one of this node's standby tunnels completed a handshake
     /// with (empty when it keeps no standby tunnel).
     pub standby_reached: Vec<String>,
-}
-
-/// A lease write the step wants: `next` over the lease `name`, if the backend still holds
-/// what `expected` says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseWrite {
-    /// The lease.
-    pub name: String,
-    /// Its new state.
-    pub next: LeaseState,
-    /// The compare of the compare-and-swap.
-    pub expected: Expectation,
-    /// Why, when worth saying (a change of hands or of the cut-off mark); `None` for a
-    /// renewal.
-    pub why: Option<String>,
 }
 
 impl LeaseBook {
@@ -421,13 +409,19 @@ impl LeaseBook {
                 },
             };
             let why = if taking {
-                Some(format!("taking the lead of {location}"))
+                Some(LeaseWhy::new(
+                    Reason::LeaderElected,
+                    format!("taking the lead of {location}"),
+                ))
             } else if cut_off && !current.cut_off {
-                Some(format!("no tunnel of this leader has received anything for {} s while sending; asking the next candidates of {location} whether they reach the other locations", CUT_OFF_WINDOW_MS / 1000))
+                Some(LeaseWhy::new(Reason::LeaderCutOff, format!("no tunnel of this leader has received anything for {} s while sending; asking the next candidates of {location} whether they reach the other locations", CUT_OFF_WINDOW_MS / 1000)))
             } else if mark == Mark::Unverified && current.cut_off {
-                Some(format!("no candidate of {location} reached another location within {} s either; keeping the lead until this leader's tunnels hear something or another location's leader changes", VERIFY_WINDOW_MS / 1000))
+                Some(LeaseWhy::new(Reason::LeaderCutOffUnconfirmed, format!("no candidate of {location} reached another location within {} s either; keeping the lead until this leader's tunnels hear something or another location's leader changes", VERIFY_WINDOW_MS / 1000)))
             } else if !cut_off && current.cut_off {
-                Some("the tunnels of this leader hear the other locations again".to_string())
+                Some(LeaseWhy::new(
+                    Reason::LeaderReconnected,
+                    "the tunnels of this leader hear the other locations again".to_string(),
+                ))
             } else {
                 None
             };
@@ -446,6 +440,7 @@ impl LeaseBook {
                 "handing the lead of {location} to {} (this node is cordoned, or a node annotated kilo.squat.ai/leader is preferred)",
                 election.leader
             );
+            let why = LeaseWhy::new(Reason::LeaderHandedOver, why);
             (handing(&election.leader, false), Some(why), false)
         } else if current.cut_off && election.verifiers.iter().any(|v| v == hostname) {
             // (Verifiers are named only while the share's holder marks its lease cut off.)
@@ -465,6 +460,7 @@ impl LeaseBook {
                 election.leader,
                 reached.join(", ")
             );
+            let why = LeaseWhy::new(Reason::LeaderReplacedCutOff, why);
             (handing(hostname, true), Some(why), true)
         } else {
             self.samples.clear();
@@ -506,9 +502,12 @@ impl LeaseBook {
                 transitions: current.transitions + 1,
                 ..LeaseState::default()
             },
-            why: Some(format!(
-                "releasing the lead of {}: the location has fewer leaders now",
-                share_label(location, share)
+            why: Some(LeaseWhy::new(
+                Reason::LeaderReleased,
+                format!(
+                    "releasing the lead of {}: the location has fewer leaders now",
+                    share_label(location, share)
+                ),
             )),
             name,
         }

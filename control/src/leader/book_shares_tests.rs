@@ -105,10 +105,7 @@ fn each_shares_leader_takes_and_renews_its_own_lease() {
     assert!(names.contains(&"kilotun-leader-east.share2"));
     assert_eq!((c.holder(0), c.holder(1)), (Some("e1"), Some("e2")));
     let share2 = taken.iter().find(|w| w.name.ends_with("share2")).unwrap();
-    assert_eq!(
-        share2.why.as_deref(),
-        Some("taking the lead of east (share 2)")
-    );
+    assert_eq!(share2.reason(), Some(Reason::LeaderElected));
     let renewals = c.step(&ALL, 2, T0 + 2_000);
     assert!(renewals.iter().all(|w| w.why.is_none()), "{renewals:?}");
     assert_eq!(c.leaders_seen_by("w1"), ["e1", "e2"]);
@@ -163,10 +160,7 @@ fn fewer_shares_release_the_leases_that_elect_nobody() {
         .find(|w| w.name == share_lease_name("east", 2))
         .expect("share 3's lease released");
     assert_eq!(release.next.holder, None);
-    assert_eq!(
-        release.why.as_deref(),
-        Some("releasing the lead of east (share 3): the location has fewer leaders now")
-    );
+    assert_eq!(release.reason(), Some(Reason::LeaderReleased));
     // A released lease keeps nobody out: back to three shares, e3 may lead again.
     c.step(&ALL, 3, T0 + 4_000);
     assert_eq!(c.holder(2), Some("e3"));

@@ -230,9 +230,14 @@ pub struct ProblemLog {
 impl ProblemLog {
     /// Logs `message` at warning level the first time `what` is said, and never again.
     pub fn warn_once(&mut self, what: &'static str, message: &str) {
-        if self.said_once.insert(what) {
+        if self.first_time(what) {
             tracing::warn!("{message}");
         }
+    }
+
+    /// True the first time `what` is asked about, and never again.
+    pub fn first_time(&mut self, what: &'static str) -> bool {
+        self.said_once.insert(what)
     }
 
     /// Returns the problems of `object` not reported last time, and remembers the current set.

@@ -3,6 +3,7 @@
 //! ranges follows them.
 
 use control::ipam::{detect, kilo_agents_under, pod_ranges, IpamObjects, IpamSource};
+use control::journal::Reason;
 
 use super::Reconciler;
 
@@ -37,7 +38,9 @@ impl Reconciler {
             None => {
                 let (source, why) = detect(objects);
                 if self.ipam.source != Some(source) {
-                    tracing::info!("--ipam=auto: pod ranges from {} ({why})", source.as_str());
+                    let line = format!("--ipam=auto: pod ranges from {} ({why})", source.as_str());
+                    self.journal
+                        .record(Reason::IpamSource, source.as_str(), line);
                 }
                 source
             }
@@ -49,7 +52,7 @@ impl Reconciler {
             .map(|r| r.problems.clone())
             .unwrap_or_default();
         for line in self.problems.fresh_lines("ipam", problems) {
-            tracing::warn!("{line}");
+            self.journal.record(Reason::IpamProblem, "ipam", line);
         }
         self.table.set_pod_ranges(ranges.map(|r| r.by_node));
     }
@@ -68,7 +71,7 @@ impl Reconciler {
             .problems
             .fresh_lines("ipam kilo agents", kilo_agents_under(source, nodes))
         {
-            tracing::warn!("{line}");
+            self.journal.record(Reason::IpamProblem, "ipam", line);
         }
     }
 }

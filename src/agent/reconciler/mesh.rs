@@ -7,6 +7,7 @@ use control::clock::Now;
 use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks, TunnelKind};
 use control::ipam::IpamSource;
 use control::iptables::RuleSet;
+use control::journal::Reason;
 use control::nat::discover_nat_endpoints;
 use control::nat::DevicePeer;
 use control::routes::RoutePlan;
@@ -86,10 +87,13 @@ impl Reconciler {
             } else {
                 "it needs spec.podCIDR"
             };
-            self.problems.warn_once(
-                "local-not-ready",
-                &format!("node {hostname} is not ready ({why}); not configuring the mesh yet"),
-            );
+            if self.problems.first_time("local-not-ready") {
+                self.journal.record(
+                    Reason::NotReady,
+                    &hostname,
+                    format!("node {hostname} is not ready ({why}); not configuring the mesh yet"),
+                );
+            }
             self.topology = None;
             self.settled = true;
             let report = MeshReport {
@@ -239,14 +243,15 @@ impl Reconciler {
             .map(|s| format!("node {} announces no endpoint: it is reached at the endpoint its handshakes come from (it keeps its tunnels alive every {} s)", s.leader_member().name, s.persistent_keepalive))
             .collect();
         for line in self.problems.fresh_lines("endpointless", endpointless) {
-            tracing::info!("{line}");
+            self.journal.record(Reason::NoEndpoint, "", line);
         }
         for d in &t.dropped {
             for line in self.problems.fresh_lines(
                 &format!("dropped/{}/{}", d.owner, d.cidr),
                 vec![format!("{}: {} dropped: {}", d.owner, d.cidr, d.reason)],
             ) {
-                tracing::warn!("{line}");
+                self.journal
+                    .record(Reason::RangeDropped, d.cidr.to_string(), line);
             }
         }
     }

@@ -27,6 +27,7 @@ use control::clock::Now;
 use control::coalesce::{FirewallHold, ReadinessBatch};
 use control::dns::DnsBook;
 use control::iptables::RuleSet;
+use control::journal::{Event, Journal, Reason};
 use control::node::Node;
 use control::pass::{Changes, Trigger};
 use control::table::{differs_beyond_check_in, NodeTable};
@@ -119,6 +120,8 @@ pub struct Reconciler {
     patch_failed: bool,
     /// Problems already said, so each is said once.
     problems: ProblemLog,
+    /// What this agent noticed and decided since the driver last took it.
+    journal: Journal,
     /// Errors for `/status`, taken by [`Reconciler::take_errors`].
     errors: Vec<String>,
     /// The pass in progress ([`pass`]).
@@ -174,6 +177,7 @@ impl Reconciler {
             discovery_seeded: false,
             patch_failed: false,
             problems: ProblemLog::default(),
+            journal: Journal::default(),
             errors: Vec::new(),
             pass: None,
             ipam: Default::default(),
@@ -202,6 +206,16 @@ impl Reconciler {
     /// The host as last listed, if it was.
     pub fn host(&self) -> Option<&HostView> {
         self.host.as_ref()
+    }
+
+    /// The events recorded since the last call, stamped `at_unix_ms` (the step's time).
+    pub fn take_events(&mut self, at_unix_ms: i64) -> Vec<Event> {
+        self.journal.take(at_unix_ms)
+    }
+
+    /// Where the driver records what its shells' results say ([`Journal::record`]).
+    pub fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     /// Errors for `/status` said since the last call.
@@ -246,7 +260,11 @@ impl Reconciler {
         self.take_ipam(&snapshot.ipam, ipam_revision, snapshot.listed.ipam);
         for (name, problems) in translated {
             for line in self.problems.fresh(&name, &problems) {
-                tracing::warn!("bad annotation on node {line}");
+                self.journal.record(
+                    Reason::BadAnnotation,
+                    &name,
+                    format!("bad annotation on node {line}"),
+                );
             }
         }
         let peer_revision = snapshot.changes.peer_revision();
@@ -264,7 +282,8 @@ impl Reconciler {
                 Err(e) => vec![format!("{name}: {e}; ignoring this Peer")],
             };
             for line in self.problems.fresh_lines(&format!("peer/{name}"), lines) {
-                tracing::warn!("bad Peer {line}");
+                self.journal
+                    .record(Reason::BadPeer, name, format!("bad Peer {line}"));
             }
         }
         if peers != self.peers {
@@ -292,10 +311,15 @@ impl Reconciler {
         let grace = (CHECK_IN_PERIOD + self.config.resync).as_secs() as i64;
         self.readiness.observe(now.unix_secs(), healthy, grace);
         if self.readiness.is_frozen() != was_frozen {
+            let backend = "backend";
             if was_frozen {
-                tracing::info!("the backend is reachable again; judging check-ins by the clock");
+                self.journal.record(
+                    Reason::BackendReachable,
+                    backend,
+                    "the backend is reachable again; judging check-ins by the clock",
+                );
             } else {
-                tracing::warn!("the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
+                self.journal.record(Reason::BackendUnreachable, backend, "the backend is unreachable; keeping the last good mesh (other nodes' check-ins are judged as of the last contact)");
             }
         }
         let readiness_now = self.readiness.now(now.unix_secs());
@@ -363,7 +387,8 @@ impl Reconciler {
             .problems
             .fresh_lines("local force-internal-ip", refusals)
         {
-            tracing::error!("{line}");
+            self.journal
+                .record(Reason::BadAnnotation, &self.config.hostname, &line);
             self.errors.push(line);
         }
         let local_changed = match &self.local {
@@ -414,13 +439,15 @@ impl Reconciler {
         let judged_at = self.leases.judged_at(now.unix_ms);
         let elected = self.leases.elect(electors, shares, judged_at);
         match elected.agreement {
-            Some(control::leader::Agreement::Leases) => tracing::info!(
-                "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease"
+            Some(control::leader::Agreement::Leases) => self.journal.record(
+                Reason::LeadersByLease,
+                &local_name,
+                "every ready node runs kilotun with --leader-election=lease: leaders are chosen by lease",
             ),
-            Some(control::leader::Agreement::KiloRule { holdout, count }) => tracing::info!(
-                node = %holdout,
-                without_leases = count,
-                "leaders are chosen by Kilo's rule: {count} ready node(s), {holdout} first, do not take part in lease election (Kilo's agent, or kg with --leader-election=kilo) and pick every location's leader by Kilo's rule"
+            Some(control::leader::Agreement::KiloRule { holdout, count }) => self.journal.record(
+                Reason::LeadersByKiloRule,
+                &holdout,
+                format!("leaders are chosen by Kilo's rule: {count} ready node(s), {holdout} first, do not take part in lease election (Kilo's agent, or kg with --leader-election=kilo) and pick every location's leader by Kilo's rule"),
             ),
             None => {}
         }

@@ -37,7 +37,7 @@ pub enum PassEffect {
     /// Read the tunnels for the lease step. Answer: [`PassAnswer::TunnelsRead`].
     ReadTunnels,
     /// Send this compare-and-swap of the location's lease.
-    WriteLease(LeaseWrite),
+    WriteLease(Box<LeaseWrite>),
     /// Patch the local Node's annotations. Answer: [`PassAnswer::Patched`].
     PatchAnnotations(AnnotationPatch),
 }
@@ -280,7 +280,7 @@ impl Reconciler {
             }
             Step::SendLease(observed, write) => (
                 Step::Publish(observed),
-                Progress::Effect(PassEffect::WriteLease(write)),
+                Progress::Effect(PassEffect::WriteLease(Box::new(write))),
             ),
             Step::Publish(observed) => {
                 let check_in = pass.trigger == Trigger::CheckIn;

@@ -2,6 +2,7 @@
 //! and what the shells report back when the next key is on disk and when it is in use.
 
 use control::clock::Now;
+use control::journal::Reason;
 use control::node::annotation;
 use control::rotation::{RotationInputs, RotationStep};
 use control::Key;
@@ -15,7 +16,9 @@ impl Reconciler {
     /// answers) and when the key in use was made (Unix milliseconds).
     pub fn resume_rotation(&mut self, next: Option<(Key, Option<String>)>, key_made_ms: i64) {
         if let Some((key, _)) = &next {
-            tracing::info!(next = %key, "resuming a key rotation: the next key is on disk");
+            let line = format!("resuming a key rotation: the next key {key} is on disk");
+            self.journal
+                .record(Reason::KeyRotation, &self.config.hostname, line);
         }
         self.rotation = control::rotation::Rotation::resumed(next);
         self.key_made_ms = key_made_ms;
@@ -45,7 +48,12 @@ impl Reconciler {
 
     /// The next key `key`, answering `request`, is on disk: the annotations publish it.
     pub fn key_prepared(&mut self, key: Key, request: Option<String>) {
-        tracing::info!(next = %key, request = request.as_deref().unwrap_or("period"), "key rotation: next key made, publishing it beside the current one");
+        let line = format!(
+            "key rotation: next key {key} made (request {}), publishing it beside the current one",
+            request.as_deref().unwrap_or("period")
+        );
+        self.journal
+            .record(Reason::KeyRotation, &self.config.hostname, line);
         self.rotation.prepared(key, request);
     }
 
@@ -53,7 +61,12 @@ impl Reconciler {
     /// applied again and the annotations publish it as `kilo.squat.ai/key`.
     pub fn key_committed(&mut self, now: Now) {
         if let Some(key) = self.rotation.committed() {
-            tracing::info!(key = %key, old = %self.public, "key rotation: using the next key");
+            let line = format!(
+                "key rotation: using the next key {key} (was {})",
+                self.public
+            );
+            self.journal
+                .record(Reason::KeyRotation, &self.config.hostname, line);
             self.public = key;
             self.key_made_ms = now.unix_ms;
             self.settled = false;

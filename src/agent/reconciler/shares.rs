@@ -2,6 +2,7 @@
 //! node runs with, so that every agent computes the same shares, and one while any node runs
 //! Kilo's kg (which publishes none) or an agent without the flag.
 
+use control::journal::Reason;
 use control::Node;
 
 use super::Reconciler;
@@ -25,7 +26,8 @@ impl Reconciler {
                 .problems
                 .fresh_lines("leaders-per-location granularity", vec![line])
             {
-                tracing::warn!("{line}");
+                self.journal
+                    .record(Reason::LeaderSharesLimited, &self.config.hostname, line);
             }
             return 1;
         }
@@ -55,7 +57,8 @@ impl Reconciler {
             ));
         }
         for line in self.problems.fresh_lines("leaders-per-location", lines) {
-            tracing::warn!("{line}");
+            self.journal
+                .record(Reason::LeaderSharesLimited, &self.config.hostname, line);
         }
         usize::from(effective)
     }

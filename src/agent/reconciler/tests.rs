@@ -222,7 +222,7 @@ impl Bench {
                     standby_reached: Vec::new(),
                 }),
                 PassEffect::WriteLease(write) => {
-                    log.lease = Some(write);
+                    log.lease = Some(*write);
                     continue;
                 }
                 PassEffect::PatchAnnotations(patch) => {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use control::clock::Now;
 use control::dns::Answer;
+use control::journal::Reason;
 use control::node::Node;
 use control::pass::Trigger;
 
@@ -241,11 +242,19 @@ impl Reconciler {
             match self.dns.record(&name, result, now.instant) {
                 Answer::Changed { old, new } => {
                     self.dns_changed = true;
-                    tracing::info!(name = %name, ?old, %new, "DNS endpoint resolved")
+                    let was = old.map_or("nothing".to_string(), |o| o.to_string());
+                    let line = format!("DNS endpoint {name} resolved to {new} (was {was})");
+                    self.journal.record(Reason::EndpointResolved, &name, line);
                 }
                 Answer::Failed { kept } => {
                     failed += 1;
-                    tracing::warn!(name = %name, error = error.unwrap_or_default(), ?kept, "DNS lookup failed; keeping the last good address");
+                    let kept = kept.map_or("none".to_string(), |k| k.to_string());
+                    let line = format!(
+                        "DNS lookup of {name} failed ({}); keeping the last good address ({kept})",
+                        error.unwrap_or_default()
+                    );
+                    self.journal
+                        .record(Reason::EndpointLookupFailed, &name, line);
                 }
                 Answer::Unchanged | Answer::Untracked => {}
             }

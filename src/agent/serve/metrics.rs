@@ -4,23 +4,21 @@
 //! standard `process_*` series. Served as OpenMetrics to scrapers that ask for it and in the
 //! Prometheus text format 0.0.4 otherwise.
 
-use std::time::UNIX_EPOCH;
-
 use dataplane::{DeviceConfig, DropReason, PeerStats};
 use parking_lot::Mutex;
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 mod keys;
 pub use keys::PqLinkLabel;
+mod collectors;
 mod process;
+use collectors::{encode_one, LocationCollector, WireGuardCollector};
 pub use process::ProcessCollector;
 
 /// The `event` values of `kilo_errors_total` kg counts, each exported from the start (at 0) so
@@ -57,35 +55,6 @@ pub struct LocationLabel {
     /// `location:<name>#share:<n>` or `location:<name>#<leader>` for a share of a location with
     /// several leaders).
     pub location: String,
-}
-
-/// The labels of the exporter-compatible per-peer series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WireGuardPeerLabels {
-    interface: String,
-    public_key: String,
-    allowed_ips: String,
-}
-
-/// The labels of kilotun's per-peer series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PeerLabels {
-    interface: String,
-    public_key: String,
-}
-
-/// The labels of `kilotun_wireguard_info`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ImplementationLabels {
-    interface: String,
-    implementation: String,
-}
-
-/// The labels of `kilotun_dropped_packets_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DropLabels {
-    interface: String,
-    reason: String,
 }
 
 /// An exposition format, chosen from the scraper's `Accept` header.
@@ -238,172 +207,6 @@ impl WireGuardScrape {
     }
 }
 
-/// `kilotun_location_info{location}`: an OpenMetrics info metric (a gauge named `_info` in the
-/// 0.0.4 format), once the node has a location.
-#[derive(Debug, Default)]
-struct LocationCollector(Mutex<Option<String>>);
-
-impl Collector for LocationCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let Some(location) = self.0.lock().clone() else {
-            return Ok(());
-        };
-        encode_one(
-            &mut encoder,
-            "kilotun_location",
-            "The location (topology segment) of the node, as Kilo's topology names it.",
-            None,
-            &Info::new(LocationLabel { location }),
-        )
-    }
-}
-
-/// Encodes one metric (usually a family built for this scrape) under `name`.
-fn encode_one(
-    encoder: &mut DescriptorEncoder,
-    name: &'static str,
-    help: &str,
-    unit: Option<&'static Unit>,
-    metric: &impl EncodeMetric,
-) -> std::fmt::Result {
-    let metric_encoder = encoder.encode_descriptor(name, help, unit, metric.metric_type())?;
-    metric.encode(metric_encoder)
-}
-
-/// The per-peer and drop series of the scrape being encoded.
-#[derive(Debug, Default)]
-struct WireGuardCollector {
-    scrape: Mutex<Option<WireGuardScrape>>,
-}
-
-impl Collector for WireGuardCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let scrape = self.scrape.lock();
-        let Some(scrape) = scrape.as_ref() else {
-            return Ok(());
-        };
-        encode_one(
-            &mut encoder,
-            "kilotun_wireguard",
-            "The WireGuard kg drives: embedded (the engine inside kg), kernel (the kernel's module) or uapi (another process's device).",
-            None,
-            &Info::new(ImplementationLabels {
-                interface: scrape.interface.clone(),
-                implementation: scrape.implementation.to_string(),
-            }),
-        )?;
-        let sent = Family::<WireGuardPeerLabels, Counter>::default();
-        let received = Family::<WireGuardPeerLabels, Counter>::default();
-        let latest = Family::<WireGuardPeerLabels, Gauge>::default();
-        let handshakes = Family::<PeerLabels, Counter>::default();
-        let failures = Family::<PeerLabels, Counter>::default();
-        let roams = Family::<PeerLabels, Counter>::default();
-        let unanswered = Family::<PeerLabels, Gauge>::default();
-        for (p, allowed_ips) in &scrape.peers {
-            let public_key = p.public_key.to_base64();
-            let exporter = WireGuardPeerLabels {
-                interface: scrape.interface.clone(),
-                public_key: public_key.clone(),
-                allowed_ips: allowed_ips.clone(),
-            };
-            sent.get_or_create(&exporter).inc_by(p.tx_bytes);
-            received.get_or_create(&exporter).inc_by(p.rx_bytes);
-            let at = p
-                .last_handshake
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs() as i64);
-            latest.get_or_create(&exporter).set(at);
-            let own = PeerLabels {
-                interface: scrape.interface.clone(),
-                public_key,
-            };
-            handshakes.get_or_create(&own).inc_by(p.handshakes);
-            failures.get_or_create(&own).inc_by(p.handshake_failures);
-            roams.get_or_create(&own).inc_by(p.endpoint_changes);
-            let since = p
-                .unanswered_since
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs() as i64);
-            unanswered.get_or_create(&own).set(since);
-        }
-        if !scrape.peers.is_empty() {
-            encode_one(
-                &mut encoder,
-                "wireguard_sent",
-                "Bytes sent to the peer.",
-                Some(&Unit::Bytes),
-                &sent,
-            )?;
-            encode_one(
-                &mut encoder,
-                "wireguard_received",
-                "Bytes received from the peer.",
-                Some(&Unit::Bytes),
-                &received,
-            )?;
-            encode_one(
-                &mut encoder,
-                "wireguard_latest_handshake",
-                "Unix time of the latest handshake with the peer, 0 when there was none.",
-                Some(&Unit::Seconds),
-                &latest,
-            )?;
-        }
-        let Some(drops) = &scrape.engine else {
-            return Ok(());
-        };
-        if !scrape.peers.is_empty() {
-            encode_one(
-                &mut encoder,
-                "kilotun_peer_handshakes",
-                "Handshakes completed with the peer.",
-                None,
-                &handshakes,
-            )?;
-            encode_one(
-                &mut encoder,
-                "kilotun_peer_handshake_failures",
-                "Failed handshakes with the peer: unanswered initiations and handshake messages that did not verify.",
-                None,
-                &failures,
-            )?;
-            encode_one(
-                &mut encoder,
-                "kilotun_peer_endpoint_changes",
-                "Times the peer's endpoint moved to another address (roaming or reconfiguration).",
-                None,
-                &roams,
-            )?;
-            encode_one(
-                &mut encoder,
-                "kilotun_peer_unanswered_since",
-                "Unix time of the oldest data packet or handshake initiation sent to the peer that nothing has answered since, 0 while nothing awaits an answer; traffic unanswered for 15 s or more is failing (a firewall or NAT dropping WireGuard's UDP, or the peer down).",
-                Some(&Unit::Seconds),
-                &unanswered,
-            )?;
-        }
-        if !drops.is_empty() {
-            let family = Family::<DropLabels, Counter>::default();
-            for (reason, count) in drops {
-                family
-                    .get_or_create(&DropLabels {
-                        interface: scrape.interface.clone(),
-                        reason: reason.name().to_string(),
-                    })
-                    .inc_by(*count);
-            }
-            encode_one(
-                &mut encoder,
-                "kilotun_dropped_packets",
-                "Packets the engine dropped, by reason.",
-                None,
-                &family,
-            )?;
-        }
-        Ok(())
-    }
-}
-
 /// Every metric kg exports.
 pub struct Metrics {
     registry: Registry,
@@ -425,6 +228,9 @@ pub struct Metrics {
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
+    /// `kilotun_route_changes_total`: batches of route and rule changes kg applied to the
+    /// kernel (a pass that finds the kernel as planned adds nothing).
+    pub route_changes: Counter,
     /// The keys' series: rotations and post-quantum preshared keys.
     pub keys: keys::KeyMetrics,
     /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
@@ -464,6 +270,7 @@ impl Metrics {
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
+            route_changes: Counter::default(),
             keys: Default::default(),
             withheld_cidrs: Gauge::default(),
             stages: StageHistograms::new_with_constructor(stage_histogram),
@@ -498,6 +305,11 @@ impl Metrics {
             "kilotun_wireguard_configurations",
             "WireGuard device configurations kg applied that changed the device",
             m.device_changes.clone(),
+        );
+        registry.register(
+            "kilotun_route_changes",
+            "Batches of route and rule changes kg applied to the kernel",
+            m.route_changes.clone(),
         );
         m.keys.register(&mut registry);
         registry.register(

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use control::iptables::RuleSet;
+use control::journal::Event;
 use control::routes::{diff, Encapsulate, RouteOp, RoutePlan};
 use control::status::{
     NodeStatus, PeerKind, PeerStatus, PqLinkStatus, PqState, Probes, RejectedHandshakeStatus,
+    EVENTS_KEPT,
 };
 use control::Topology;
 use parking_lot::Mutex;
@@ -52,6 +54,8 @@ pub struct Published {
     pub withheld: Vec<String>,
     /// Recent reconcile errors, oldest first.
     pub errors: VecDeque<String>,
+    /// The agent's recent events, oldest first (the last [`EVENTS_KEPT`]).
+    pub events: VecDeque<Event>,
     /// How far the engine is from carrying traffic (`/ready`).
     pub engine: EngineReadiness,
     /// With `--post-quantum`: the state of each link that takes part, by the peer's public key
@@ -108,6 +112,14 @@ impl StatusBoard {
             published.errors.pop_front();
         }
         published.errors.push_back(message);
+    }
+
+    /// Keeps `events`, dropping the oldest beyond [`EVENTS_KEPT`].
+    pub fn events(&self, events: Vec<Event>) {
+        let mut published = self.0.lock();
+        published.events.extend(events);
+        let excess = published.events.len().saturating_sub(EVENTS_KEPT);
+        published.events.drain(..excess);
     }
 
     /// How far the engine is from carrying traffic.
@@ -362,6 +374,7 @@ pub async fn collect(
         tunnel: published.tunnel.clone(),
         withheld: published.withheld.clone(),
         errors: published.errors.iter().cloned().collect(),
+        events: published.events.iter().cloned().collect(),
         tracks_answers,
         ..Default::default()
     };

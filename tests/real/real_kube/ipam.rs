@@ -5,6 +5,7 @@
 //! stand in for pods in the blocks; with `--ipam=pods`, Pods whose status a test writes as a
 //! kubelet would.
 
+use control::journal::Reason;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -194,10 +195,11 @@ fn cilium_node_ranges_of_both_ipam_modes_route_pods_and_auto_finds_them() {
         answers(&k, "n1", "10.70.1.1", "10.70.2.1") && answers(&k, "n2", "10.70.2.1", "10.70.1.1")
     });
     assert!(meshed, "{}", k.c.logs());
-    let said = k.c.node("n1").log_text();
-    assert!(
-        said.contains("--ipam=auto: pod ranges from cilium (2 CiliumNode objects hold pod ranges)"),
-        "{said}"
+    let said = k.c.node("n1").events_of(Reason::IpamSource);
+    assert_eq!(
+        said.last().map(|e| e.subject.as_str()),
+        Some("cilium"),
+        "{said:?}"
     );
     let peer = allowed_ips_with(&k, "n1", "10.70.2.0/27");
     assert!(!peer.contains("10.42."), "the Node's own pod CIDR: {peer}");

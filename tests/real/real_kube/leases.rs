@@ -2,6 +2,7 @@
 //! a dead leader, each handing over through the `kube-system` Lease.
 
 use super::*;
+use control::journal::Reason;
 
 impl KubeCluster {
     /// n1 and n2 in east, n3 in west, every kg electing by lease. Returns the cluster, east's
@@ -86,9 +87,9 @@ fn a_leader_with_its_port_blocked_hands_over_through_a_kubernetes_lease() {
     });
     assert!(moved, "{:?}\n{}", east_lease_holder(&k), k.c.logs());
     assert!(
-        k.c.node(other)
-            .log_text()
-            .contains("is cut off and this node has a handshake with the leader of west"),
+        !k.c.node(other)
+            .events_of(Reason::LeaderReplacedCutOff)
+            .is_empty(),
         "{}",
         k.c.logs()
     );

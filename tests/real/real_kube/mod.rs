@@ -12,6 +12,7 @@ mod leases;
 mod peers;
 
 use crate::common;
+use control::journal::Reason;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -582,9 +583,9 @@ fn an_api_server_outage_keeps_pings_flowing_and_changes_land_after_it() {
     );
     for node in ["n1", "n2"] {
         assert!(
-            k.c.node(node)
-                .log_text()
-                .contains("the backend is unreachable"),
+            !k.c.node(node)
+                .events_of(Reason::BackendUnreachable)
+                .is_empty(),
             "{node} did not notice the outage:\n{}",
             k.c.logs()
         );

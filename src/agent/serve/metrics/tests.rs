@@ -2,7 +2,7 @@
 
 use super::*;
 use dataplane::PeerConfig;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
@@ -68,6 +68,7 @@ fn kilos_exporters_engines_and_process_series_are_exported() {
             "kilotun_location_info{location=\"east\"} 1".into(),
             "kilotun_dns_resolution_failures_total 0".into(),
             "kilotun_wireguard_configurations_total 0".into(),
+            "kilotun_route_changes_total 0".into(),
             "kilotun_withheld_cidrs 0".into(),
             format!("wireguard_sent_bytes_total{exporter} 200"),
             format!("wireguard_received_bytes_total{exporter} 100"),
