@@ -3,8 +3,8 @@
 //! check-in expires, compound faults) is checked against a model in `src/model/`; these keep
 //! what only real packets show.
 
-use control::journal::Reason;
 use crate::common;
+use control::journal::Reason;
 
 use std::time::Duration;
 
