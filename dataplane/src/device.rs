@@ -423,12 +423,8 @@ fn timers<S: UdpIo>(shared: &Shared<S>, waker_index: usize, helpers: &Helpers) {
             }
             if !out.to_network.is_empty() {
                 let sockets = shared.sockets.load();
-                for socket in [pick(&sockets.v4, 0), pick(&sockets.v6, 0)]
-                    .into_iter()
-                    .flatten()
-                {
-                    let _ = socket.send_batch(&out.to_network);
-                }
+                let sockets = [pick(&sockets.v4, 0), pick(&sockets.v6, 0)];
+                worker::send(shared, sockets, &out.to_network);
             }
             out.clear();
             next = now + TIMER_TICK;

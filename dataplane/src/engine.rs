@@ -21,6 +21,7 @@ mod run;
 mod timers;
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -32,6 +33,7 @@ use parking_lot::Mutex;
 
 use crate::allowed_ips::AllowedIps;
 use crate::config::{DeviceConfig, InterfaceConfig};
+use crate::endpoint::LocalAddr;
 use crate::helpers::Helpers;
 use crate::key::{PublicKey, SecretKey};
 use crate::stats::{DropCounters, DropReason, PeerStats, RejectedHandshake, RejectedHandshakes};
@@ -256,6 +258,32 @@ impl Engine {
         };
         entry.shared.core.lock().rekey_due = true;
         true
+    }
+
+    /// Forgets `local` as the source address of every peer that was reached at it: what goes to
+    /// them leaves from the address the kernel picks, until a datagram from the peer names
+    /// another. For an address that left the host (the sockets report it:
+    /// [`SendOutcome::refused_source`](crate::io::SendOutcome::refused_source)). Returns how
+    /// many peers had it.
+    pub fn forget_local(&self, local: IpAddr) -> usize {
+        let state = self.state.load();
+        let mut forgotten = 0;
+        for entry in state.peers.values() {
+            let mut core = entry.shared.core.lock();
+            if core.local.is_some_and(|l| l.ip == local) {
+                core.local = None;
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
+    /// The local address what goes to `peer` leaves from, once learnt from what it sent (see
+    /// [`crate::endpoint`]). `None` for an unknown peer too.
+    pub fn local_addr(&self, peer: &PublicKey) -> Option<LocalAddr> {
+        let state = self.state.load();
+        let local = state.peers.get(peer)?.shared.core.lock().local;
+        local
     }
 
     /// Whether any peer is configured. Without one the timers have nothing to do, so a device

@@ -10,9 +10,10 @@ pub mod mem;
 pub mod udp;
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 
+use crate::endpoint::Endpoint;
 use crate::outbox::Batch;
 
 /// One queue of a TUN device (or its twin): IP packets in and out, no packet-info header.
@@ -118,13 +119,14 @@ impl TunBatch {
 
 /// Received datagrams. The buffer has one slot per receive; a slot may hold several
 /// datagrams of one sender when the kernel coalesced them (UDP GRO), so datagrams are kept as
-/// a separate list of (range in the buffer, source). Everything is reused across calls.
+/// a separate list of (range in the buffer, source with the local address it was sent to).
+/// Everything is reused across calls.
 #[derive(Debug)]
 pub struct RecvBatch {
     pub(crate) buffer: Vec<u8>,
     pub(crate) slot_size: usize,
     slots: usize,
-    datagrams: Vec<(std::ops::Range<usize>, SocketAddr)>,
+    datagrams: Vec<(std::ops::Range<usize>, Endpoint)>,
 }
 
 impl RecvBatch {
@@ -145,6 +147,14 @@ impl RecvBatch {
 
     /// Datagrams received by the last call, with their sources.
     pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
+        self.datagrams
+            .iter()
+            .map(|(range, source)| (source.peer, &self.buffer[range.clone()]))
+    }
+
+    /// Datagrams received by the last call, each with its source and the local address it
+    /// was sent to (when the socket could tell).
+    pub fn iter_endpoints(&self) -> impl Iterator<Item = (Endpoint, &[u8])> + '_ {
         self.datagrams
             .iter()
             .map(|(range, source)| (*source, &self.buffer[range.clone()]))
@@ -178,7 +188,7 @@ impl RecvBatch {
         slot: usize,
         len: usize,
         segment: usize,
-        source: SocketAddr,
+        source: Endpoint,
     ) {
         let start = slot * self.slot_size;
         let end = start + len.min(self.slot_size);
@@ -203,9 +213,12 @@ pub trait UdpIo: Send + Sync + 'static {
     /// `WouldBlock` when none is waiting.
     fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize>;
 
-    /// Sends every packet of `batch` whose destination is of this socket's family.
+    /// Sends every packet of `batch` whose destination is of this socket's family, from the
+    /// local address its [`Endpoint`] names, if any.
     ///
-    /// Datagrams the kernel refuses (no route, buffer full) are counted in the result's second
+    /// A local address the kernel refuses (it left the host, or its interface did) is left
+    /// out and the datagrams go out without it, the kernel choosing their source; the
+    /// result's `refused_source` names it, for the caller to forget. Datagrams the kernel refuses (no route, buffer full) are counted in the result's second
     /// field and dropped, as a lossy network would; they never stop the rest of the batch.
     ///
     /// # Errors
@@ -223,4 +236,8 @@ pub struct SendOutcome {
     pub sent: usize,
     /// Datagrams the kernel refused.
     pub failed: usize,
+    /// A local address the kernel refused as a source (the first, if several were): the
+    /// datagrams that named it went out without it. The caller should forget it
+    /// ([`Engine::forget_local`](crate::Engine::forget_local)).
+    pub refused_source: Option<IpAddr>,
 }

@@ -10,6 +10,7 @@
 pub mod allowed_ips;
 pub mod config;
 pub mod device;
+pub mod endpoint;
 pub mod engine;
 mod eventfd;
 pub mod fuzzing;
@@ -27,6 +28,7 @@ pub mod uapi_diff;
 pub mod uapi_server;
 
 pub use config::{ApplyReport, DeviceConfig, InterfaceConfig, PeerConfig};
+pub use endpoint::{Endpoint, LocalAddr};
 pub use engine::{Engine, GaveUp};
 pub use key::{KeyError, PublicKey, SecretKey};
 pub use outbox::Outbox;

@@ -7,9 +7,11 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
+use crate::endpoint::Endpoint;
 use crate::engine::CryptoScratch;
 
-/// A batch of packets in one contiguous buffer.
+/// A batch of packets in one contiguous buffer. A datagram for the network has an
+/// [`Endpoint`]: where it goes and, when known, the local address it leaves from.
 ///
 /// The buffer never shrinks: bytes past the last packet are scratch left from earlier packets,
 /// so reserving room for the next packet zeroes memory only the first time the batch grows
@@ -19,7 +21,7 @@ pub struct Batch {
     data: Vec<u8>,
     /// End of the last committed packet; `data` past it is scratch.
     end: usize,
-    entries: Vec<(Option<SocketAddr>, Range<usize>)>,
+    entries: Vec<(Option<Endpoint>, Range<usize>)>,
     reserved_at: usize,
 }
 
@@ -58,15 +60,22 @@ impl Batch {
 
     /// The packet at `i` with its destination (network batches only).
     pub fn get(&self, i: usize) -> Option<(Option<SocketAddr>, &[u8])> {
-        let (addr, range) = self.entries.get(i)?;
-        Some((*addr, &self.data[range.clone()]))
+        let (to, range) = self.entries.get(i)?;
+        Some((to.map(|e| e.peer), &self.data[range.clone()]))
     }
 
     /// Iterates over `(destination, packet)`.
     pub fn iter(&self) -> impl Iterator<Item = (Option<SocketAddr>, &[u8])> + '_ {
         self.entries
             .iter()
-            .map(|(addr, range)| (*addr, &self.data[range.clone()]))
+            .map(|(to, range)| (to.map(|e| e.peer), &self.data[range.clone()]))
+    }
+
+    /// Iterates over `(endpoint, packet)`: the destination with the source to send from.
+    pub fn iter_endpoints(&self) -> impl Iterator<Item = (Option<Endpoint>, &[u8])> + '_ {
+        self.entries
+            .iter()
+            .map(|(to, range)| (*to, &self.data[range.clone()]))
     }
 
     /// Reserves `max` bytes at the end for the next packet and returns them. They hold
@@ -84,7 +93,7 @@ impl Batch {
     }
 
     /// Keeps `len` bytes starting `offset` bytes into the reservation as a packet to `addr`.
-    pub(crate) fn commit(&mut self, addr: Option<SocketAddr>, offset: usize, len: usize) {
+    pub(crate) fn commit(&mut self, addr: Option<Endpoint>, offset: usize, len: usize) {
         let start = self.reserved_at;
         if offset != 0 {
             self.data
@@ -102,7 +111,7 @@ impl Batch {
 
     /// Appends a packet of `len` bytes to `addr` whose bytes the caller writes later (through
     /// [`Batch::bytes_mut`], at the returned range) and before anyone reads the batch.
-    pub(crate) fn push_unwritten(&mut self, addr: Option<SocketAddr>, len: usize) -> Range<usize> {
+    pub(crate) fn push_unwritten(&mut self, addr: Option<Endpoint>, len: usize) -> Range<usize> {
         self.reserve(len);
         self.commit(addr, 0, len);
         self.end - len..self.end
@@ -136,7 +145,7 @@ impl Batch {
     }
 
     /// Appends a copy of `packet` to `addr`.
-    pub(crate) fn push_copy(&mut self, addr: Option<SocketAddr>, packet: &[u8]) {
+    pub(crate) fn push_copy(&mut self, addr: Option<Endpoint>, packet: &[u8]) {
         let len = packet.len();
         self.reserve(len).copy_from_slice(packet);
         self.commit(addr, 0, len);
@@ -145,13 +154,13 @@ impl Batch {
 
 /// A batch's list of packets, apart from its buffer (see [`Batch::split_for_fill`]).
 pub(crate) struct PacketList<'b> {
-    entries: &'b mut Vec<(Option<SocketAddr>, Range<usize>)>,
+    entries: &'b mut Vec<(Option<Endpoint>, Range<usize>)>,
     end: usize,
 }
 
 impl PacketList<'_> {
     /// Appends the packet at `range`, bytes set aside earlier by [`Batch::set_aside`].
-    pub(crate) fn push_range(&mut self, addr: Option<SocketAddr>, range: Range<usize>) {
+    pub(crate) fn push_range(&mut self, addr: Option<Endpoint>, range: Range<usize>) {
         debug_assert!(range.end <= self.end);
         self.entries.push((addr, range));
     }
@@ -204,7 +213,7 @@ mod tests {
         let mut b = Batch::with_capacity(64, 4);
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
         b.reserve(100)[..3].copy_from_slice(b"abc");
-        b.commit(Some(addr), 0, 3);
+        b.commit(Some(addr.into()), 0, 3);
         let slot = b.reserve(100);
         slot[5..7].copy_from_slice(b"xy");
         b.commit(None, 5, 2);

@@ -713,3 +713,122 @@ fn keepalives_alone_never_count_as_unanswered() {
     assert_eq!(pair.a.engine.peer_stats()[0].unanswered_since, None);
     assert_eq!(pair.b.engine.peer_stats()[0].unanswered_since, None);
 }
+
+#[test]
+fn what_goes_to_a_peer_leaves_from_the_local_address_it_reached_until_that_is_forgotten() {
+    use dataplane::{Endpoint, LocalAddr};
+    let pair = EnginePair::new();
+    let now = Instant::now();
+    let a_key = pair.a.key.public_key();
+    // B has a second address, 192.0.2.22, and A reaches it there.
+    let reached = LocalAddr::new(IpAddr::from([192, 0, 2, 22]));
+    let at_reached = Endpoint::new(pair.a.addr, Some(reached));
+    let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"hi");
+    let mut out = Outbox::default();
+    pair.a
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    let (_, initiation) = out.to_network.iter().next().expect("an initiation");
+    let mut response = Outbox::default();
+    pair.b
+        .engine
+        .handle_datagram(now, at_reached, initiation, &mut response);
+    let answers: Vec<_> = response
+        .to_network
+        .iter_endpoints()
+        .map(|(to, _)| to)
+        .collect();
+    assert_eq!(
+        answers,
+        vec![Some(at_reached)],
+        "the response leaves from it"
+    );
+    assert_eq!(pair.b.engine.local_addr(&a_key), Some(reached));
+
+    // A completes the handshake; its queued packet reaches B, at the same address.
+    let mut data = Outbox::default();
+    for (_, datagram) in response.to_network.iter() {
+        pair.a
+            .engine
+            .handle_datagram(now, pair.b.addr, datagram, &mut data);
+    }
+    let mut delivered = Outbox::default();
+    for (_, datagram) in data.to_network.iter() {
+        pair.b
+            .engine
+            .handle_datagram(now, at_reached, datagram, &mut delivered);
+    }
+    assert_eq!(delivered.to_tunnel.len(), 1);
+
+    // B's own data, and its keepalives, leave from it too.
+    let send_b = || {
+        let packet = ip_packet(pair.b.tunnel_ip, pair.a.tunnel_ip, b"pong");
+        let mut out = Outbox::default();
+        pair.b
+            .engine
+            .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+        out.to_network
+            .iter_endpoints()
+            .map(|(to, _)| to)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(send_b(), vec![Some(at_reached)]);
+
+    // The address left B's host: forgotten, the kernel picks the source.
+    assert_eq!(pair.b.engine.forget_local(IpAddr::from([192, 0, 2, 99])), 0);
+    assert_eq!(pair.b.engine.forget_local(reached.ip), 1);
+    assert_eq!(send_b(), vec![Some(Endpoint::from(pair.a.addr))]);
+
+    // The next datagram from A teaches it again, wherever A now reaches B.
+    let other = LocalAddr::new(IpAddr::from([192, 0, 2, 2]));
+    let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"again");
+    let mut out = Outbox::default();
+    pair.a
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    let mut delivered = Outbox::default();
+    for (_, datagram) in out.to_network.iter() {
+        pair.b.engine.handle_datagram(
+            now,
+            Endpoint::new(pair.a.addr, Some(other)),
+            datagram,
+            &mut delivered,
+        );
+    }
+    assert_eq!(delivered.to_tunnel.len(), 1);
+    assert_eq!(pair.b.engine.local_addr(&a_key), Some(other));
+    assert_eq!(
+        send_b(),
+        vec![Some(Endpoint::new(pair.a.addr, Some(other)))]
+    );
+}
+
+#[test]
+fn a_held_initiation_is_answered_from_the_local_address_it_reached() {
+    use dataplane::{Endpoint, LocalAddr};
+    let pair = EnginePair::new();
+    let now = Instant::now();
+    let mut unconfigured = pair.b.config_with_peer(&pair.a);
+    unconfigured.peers.clear();
+    pair.b.engine.apply(&unconfigured);
+    let reached = Endpoint::new(
+        pair.a.addr,
+        Some(LocalAddr::new(IpAddr::from([192, 0, 2, 22]))),
+    );
+    let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"early");
+    let mut out = Outbox::default();
+    pair.a
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    let mut ignored = Outbox::default();
+    for (_, datagram) in out.to_network.iter() {
+        pair.b
+            .engine
+            .handle_datagram(now, reached, datagram, &mut ignored);
+    }
+    assert_eq!(pair.b.engine.drops().get(DropReason::UnknownPeer), 1);
+    pair.b.engine.apply(&pair.b.config_with_peer(&pair.a));
+    let out = timer_output(&pair.b, now);
+    let answers: Vec<_> = out.to_network.iter_endpoints().map(|(to, _)| to).collect();
+    assert_eq!(answers, vec![Some(reached)]);
+}

@@ -38,5 +38,6 @@ mod lifecycle;
 mod memory;
 mod ordering;
 mod soak;
+mod sticky_source;
 mod wg_quick;
 mod wg_tool;

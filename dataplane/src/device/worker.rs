@@ -10,7 +10,7 @@ use super::link::{self, QueueHealth, Verdict};
 use super::{Shared, BATCH, MAX_PACKET, TUN_BATCH, UDP_SLOTS};
 use crate::eventfd::{poll, readable};
 use crate::io::{RecvBatch, TunBatch, TunIo, UdpIo};
-use crate::outbox::Outbox;
+use crate::outbox::{Batch, Outbox};
 
 /// The worker loop: poll, read a batch, run it through the engine, write the output.
 pub(super) fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: &T) {
@@ -81,9 +81,11 @@ pub(super) fn worker<S: UdpIo, T: TunIo>(shared: &Shared<S>, index: usize, tun: 
                 continue;
             }
             if socket.recv_batch(&mut udp_batch).is_ok() {
-                shared
-                    .engine
-                    .handle_datagrams(Instant::now(), udp_batch.iter(), &mut out);
+                shared.engine.handle_datagrams(
+                    Instant::now(),
+                    udp_batch.iter_endpoints(),
+                    &mut out,
+                );
                 flush(shared, tun, v4, v6, &mut out);
             }
         }
@@ -124,9 +126,20 @@ fn flush<S: UdpIo, T: TunIo>(
         }
     }
     if !out.to_network.is_empty() {
-        for socket in [v4, v6].into_iter().flatten() {
-            let _ = socket.send_batch(&out.to_network);
-        }
+        send(shared, [v4, v6], &out.to_network);
     }
     out.clear();
+}
+
+/// Sends `datagrams` on `sockets`; a source address a socket refused (it left the host) is
+/// forgotten, so that later datagrams do not ask for it.
+pub(super) fn send<S: UdpIo>(shared: &Shared<S>, sockets: [Option<&S>; 2], datagrams: &Batch) {
+    for socket in sockets.into_iter().flatten() {
+        if let Ok(outcome) = socket.send_batch(datagrams) {
+            if let Some(gone) = outcome.refused_source {
+                let peers = shared.engine.forget_local(gone);
+                tracing::debug!(address = %gone, peers, "a source address left the host: sending from the kernel's choice");
+            }
+        }
+    }
 }

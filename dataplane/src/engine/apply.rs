@@ -150,7 +150,9 @@ impl Engine {
             .endpoint
             .filter(|_| existing.config.endpoint != config.endpoint)
         {
-            shared.set_endpoint(&mut core, to);
+            // A configured endpoint comes with no local address: the kernel picks the source
+            // until the peer is heard from there.
+            shared.set_endpoint(&mut core, to.into());
         }
         if existing.config.persistent_keepalive == 0 && config.persistent_keepalive > 0 {
             core.keepalive_due = true;

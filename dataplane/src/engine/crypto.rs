@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use super::peer::PeerEntry;
 use super::reason_for;
 use crate::allowed_ips::AllowedIps;
+use crate::endpoint::LocalAddr;
 use crate::helpers::Helpers;
 use crate::packet;
 use crate::stats::DropReason;
@@ -132,6 +133,8 @@ pub(super) struct OpenJob<'s, 'p> {
 /// and the receiver index in its header.
 pub(super) struct OpenNote {
     pub(super) from: SocketAddr,
+    /// The local address the message was sent to, if the socket told.
+    pub(super) local: Option<LocalAddr>,
     pub(super) receiver_idx: u32,
 }
 

@@ -11,11 +11,11 @@
 //! sent a fresh one.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::endpoint::Endpoint;
 use crate::key::PublicKey;
 
 /// How long an initiation is held: WireGuard's `REKEY_TIMEOUT`, after which its sender retries.
@@ -28,7 +28,8 @@ const INITIATION_LEN: usize = 148;
 /// One held initiation.
 struct Held {
     at: Instant,
-    from: SocketAddr,
+    /// Where it came from, and the local address it reached: the answer leaves from there.
+    from: Endpoint,
     sender: PublicKey,
     message: [u8; INITIATION_LEN],
 }
@@ -43,7 +44,7 @@ impl HeldInitiations {
     /// Holds `message`, an initiation from `sender` (not a configured peer) received from
     /// `from` at `now`. A newer initiation from the same key replaces the older one. Never
     /// waits: under contention the message is simply not held.
-    pub(crate) fn hold(&self, now: Instant, from: SocketAddr, sender: PublicKey, message: &[u8]) {
+    pub(crate) fn hold(&self, now: Instant, from: Endpoint, sender: PublicKey, message: &[u8]) {
         let Ok(message) = <[u8; INITIATION_LEN]>::try_from(message) else {
             return;
         };
@@ -69,7 +70,7 @@ impl HeldInitiations {
         &self,
         now: Instant,
         is_peer: impl Fn(&PublicKey) -> bool,
-    ) -> Vec<(SocketAddr, [u8; INITIATION_LEN])> {
+    ) -> Vec<(Endpoint, [u8; INITIATION_LEN])> {
         let mut claimed = Vec::new();
         self.held.lock().retain(|h| {
             if now.saturating_duration_since(h.at) >= HOLD_FOR {
@@ -100,8 +101,8 @@ mod tests {
         SecretKey::generate().public_key()
     }
 
-    fn from(n: u8) -> SocketAddr {
-        SocketAddr::from(([192, 0, 2, n], 51820))
+    fn from(n: u8) -> Endpoint {
+        std::net::SocketAddr::from(([192, 0, 2, n], 51820)).into()
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::{
     reason_for, wall_time, Engine, State, COOKIE_REPLY, DATA_OVERHEAD, HANDSHAKE_INITIATION,
     HANDSHAKE_RESPONSE, MIN_OUTPUT,
 };
+use crate::endpoint::Endpoint;
 use crate::key::PublicKey;
 use crate::outbox::{offset_within, Outbox, PacketList};
 use crate::stats::{DropReason, RejectedHandshake};
@@ -66,16 +67,19 @@ fn data_counter(datagram: &[u8]) -> u64 {
 }
 
 impl Engine {
-    /// Handles one datagram received from `from`: handshakes answered into `out.to_network`,
-    /// decrypted packets into `out.to_tunnel`.
+    /// Handles one datagram received from `from` (a peer's address, or an [`Endpoint`] that
+    /// also names the local address it was sent to): handshakes answered into
+    /// `out.to_network`, decrypted packets into `out.to_tunnel`. A datagram that authenticates
+    /// makes `from` the peer's endpoint: what goes to the peer then leaves from that local
+    /// address.
     pub fn handle_datagram(
         &self,
         now: Instant,
-        from: SocketAddr,
+        from: impl Into<Endpoint>,
         datagram: &[u8],
         out: &mut Outbox,
     ) {
-        self.handle_datagrams(now, [(from, datagram)], out);
+        self.handle_datagrams(now, [(from.into(), datagram)], out);
     }
 
     /// Handles a batch of received datagrams; see [`Engine::handle_datagram`]. Consecutive
@@ -84,16 +88,17 @@ impl Engine {
     /// (on this thread or, for a big batch, on the device's helpers too: see
     /// `engine/crypto.rs`) and delivered in their order; a handshake message in the batch is
     /// handled after the data before it.
-    pub fn handle_datagrams<'p>(
+    pub fn handle_datagrams<'p, F: Into<Endpoint>>(
         &self,
         now: Instant,
-        datagrams: impl IntoIterator<Item = (SocketAddr, &'p [u8])>,
+        datagrams: impl IntoIterator<Item = (F, &'p [u8])>,
         out: &mut Outbox,
     ) {
         let state = self.state.load();
         let mut run = Run::default();
         let mut batch = out.crypto.take_open_batch();
         for (from, datagram) in datagrams {
+            let from: Endpoint = from.into();
             let sender = match continues_run(&batch, datagram) {
                 Some(data) => Ok(Sender::Data(data)),
                 None => self.find_sender(&state, now, from, datagram, out),
@@ -109,7 +114,7 @@ impl Engine {
                 Err(reason) => Err(reason),
             };
             if let Err(reason) = claimed {
-                self.count_refused(now, reason, from);
+                self.count_refused(now, reason, from.peer);
             }
         }
         self.open_and_deliver(now, &mut batch, &mut run, out);
@@ -133,7 +138,7 @@ impl Engine {
     fn claim_data<'s, 'p>(
         state: &'s State,
         data: DataMessage<'s>,
-        from: SocketAddr,
+        from: Endpoint,
         datagram: &'p [u8],
         out: &mut Outbox,
         batch: &mut OpenBatch<'s, 'p>,
@@ -166,7 +171,8 @@ impl Engine {
                 opened: Opened::Pending,
             },
             OpenNote {
-                from,
+                from: from.peer,
+                local: from.local,
                 receiver_idx: data.receiver_idx,
             },
         );
@@ -291,7 +297,7 @@ impl Engine {
         core.refused_responses = 0;
         core.unused_answers = 0;
         shared.note_heard();
-        shared.set_endpoint(core, note.from);
+        shared.set_endpoint(core, Endpoint::new(note.from, note.local));
         if inner.is_some() {
             core.unacknowledged_since.get_or_insert(now);
         }
@@ -304,10 +310,11 @@ impl Engine {
         &self,
         state: &'s State,
         now: Instant,
-        from: SocketAddr,
+        endpoint: Endpoint,
         datagram: &[u8],
         out: &mut Outbox,
     ) -> Result<Sender<'s>, DropReason> {
+        let from = endpoint.peer;
         let identity = state.identity.as_ref().ok_or(DropReason::NoPrivateKey)?;
         let mut cookie = [0u8; 64];
         let parsed =
@@ -317,7 +324,7 @@ impl Engine {
             {
                 Ok(parsed) => parsed,
                 Err(TunnResult::WriteToNetwork(reply)) => {
-                    out.to_network.push_copy(Some(from), reply);
+                    out.to_network.push_copy(Some(endpoint), reply);
                     return Err(DropReason::CookieReplySent);
                 }
                 Err(TunnResult::Err(WireGuardError::InvalidMac)) => {
@@ -335,7 +342,7 @@ impl Engine {
                 .map_err(|_| DropReason::HandshakeFailed)?;
                 let key = PublicKey::from_bytes(half.peer_static_public);
                 return state.peers.get(&key).map(Sender::Other).ok_or_else(|| {
-                    self.held.hold(now, from, key, datagram);
+                    self.held.hold(now, endpoint, key, datagram);
                     self.rejected.record(RejectedHandshake {
                         reason: DropReason::UnknownPeer,
                         from,
@@ -373,7 +380,7 @@ impl Engine {
         &self,
         entry: &'s Arc<PeerEntry>,
         now: Instant,
-        from: SocketAddr,
+        from: Endpoint,
         datagram: &[u8],
         run: &mut Run<'s>,
         out: &mut Outbox,
@@ -388,7 +395,7 @@ impl Engine {
         };
         // The to-tunnel batch's scratch holds boringtun's reply; nothing is delivered from it.
         let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
-        let result = tunn.decapsulate(Some(from.ip()), datagram, slot);
+        let result = tunn.decapsulate(Some(from.peer.ip()), datagram, slot);
         let mut replied = false;
         match result {
             TunnResult::WriteToNetwork(reply) => {
@@ -451,7 +458,7 @@ impl Engine {
 
     /// Sends the packets the tunnel queued while it had no session.
     fn flush_queued(core: &mut peer::PeerCore, shared: &PeerShared, out: &mut Outbox) {
-        let endpoint = core.endpoint;
+        let endpoint = core.destination();
         let Some(tunn) = core.tunn.as_mut() else {
             return;
         };

@@ -67,7 +67,7 @@ impl Engine {
         let shared = peer.shared();
         let mut guard = shared.core.lock();
         let core = &mut *guard;
-        let endpoint = core.endpoint.ok_or(DropReason::NoEndpoint)?;
+        let endpoint = core.destination().ok_or(DropReason::NoEndpoint)?;
         let tunn = core.tunn.as_mut().ok_or(DropReason::NoPrivateKey)?;
         let Some(session) = tunn.sending_session() else {
             return Self::encapsulate_without_session(core, shared, now, packet, out);
@@ -101,7 +101,7 @@ impl Engine {
         packet: &[u8],
         out: &mut Outbox,
     ) -> Result<(), DropReason> {
-        let endpoint = core.endpoint;
+        let endpoint = core.destination();
         let Some(tunn) = core.tunn.as_mut() else {
             return Err(DropReason::NoPrivateKey);
         };

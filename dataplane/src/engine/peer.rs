@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::HANDSHAKE_INITIATION;
 use crate::config::PeerConfig;
+use crate::endpoint::{Endpoint, LocalAddr};
 use crate::key::SecretKey;
 
 /// State that survives configuration changes as long as the peer's keys do.
@@ -35,6 +36,9 @@ pub(crate) struct PeerCore {
     /// `None` until the device has a private key.
     pub(crate) tunn: Option<Tunn>,
     pub(crate) endpoint: Option<SocketAddr>,
+    /// The local address the peer last reached us at: the source of what we send it (`None`:
+    /// the kernel picks the source).
+    pub(crate) local: Option<LocalAddr>,
     pub(crate) last_sent: Option<Instant>,
     pub(crate) last_received: Option<Instant>,
     pub(crate) last_handshake: Option<Instant>,
@@ -78,6 +82,12 @@ pub(crate) struct PeerCore {
 }
 
 impl PeerCore {
+    /// Where datagrams for the peer go, and the local address they leave from.
+    #[inline]
+    pub(crate) fn destination(&self) -> Option<Endpoint> {
+        self.endpoint.map(|peer| Endpoint::new(peer, self.local))
+    }
+
     /// Notes that something went to the peer at `now`: it acknowledges what came from it.
     #[inline]
     pub(crate) fn sent_at(&mut self, now: Instant) {
@@ -98,6 +108,7 @@ impl PeerShared {
             core: Mutex::new(PeerCore {
                 tunn,
                 endpoint: config.endpoint,
+                local: None,
                 last_sent: None,
                 last_received: None,
                 last_handshake: None,
@@ -145,13 +156,15 @@ impl PeerShared {
         }
     }
 
-    /// Switches the endpoint in use to `to`, counting a move from one address to another.
+    /// Switches the endpoint in use to `to`, and the local address to the one `to` names,
+    /// counting a move from one peer address to another.
     #[inline]
-    pub(crate) fn set_endpoint(&self, core: &mut PeerCore, to: SocketAddr) {
-        if core.endpoint.is_some_and(|from| from != to) {
+    pub(crate) fn set_endpoint(&self, core: &mut PeerCore, to: Endpoint) {
+        if core.endpoint.is_some_and(|from| from != to.peer) {
             self.endpoint_changes.fetch_add(1, Ordering::Relaxed);
         }
-        core.endpoint = Some(to);
+        core.endpoint = Some(to.peer);
+        core.local = to.local;
     }
 
     /// Notes that something authenticated came from the peer (read without a lock by

@@ -9,6 +9,7 @@ use boringtun::noise::TunnResult;
 use super::peer::{PeerCore, PeerShared};
 use super::{eager_retry_after, Engine, GaveUp, EAGER_RETRIES, KEEPALIVE_TIMEOUT, MIN_OUTPUT};
 use crate::config::PeerConfig;
+use crate::endpoint::Endpoint;
 use crate::outbox::{offset_within, Outbox};
 
 impl Engine {
@@ -43,7 +44,7 @@ impl Engine {
             let entry = &state.peers[key];
             let shared = &entry.shared;
             let mut core = shared.core.lock();
-            let endpoint = core.endpoint;
+            let endpoint = core.destination();
             let unshaken = core.last_handshake.is_none() && endpoint.is_some();
             let rekey = std::mem::take(&mut core.rekey_due);
             let initiate = (std::mem::take(&mut core.handshake_due) && unshaken) || rekey;
@@ -112,7 +113,7 @@ impl Engine {
         let due = core
             .unacknowledged_since
             .is_some_and(|at| now.saturating_duration_since(at) >= KEEPALIVE_TIMEOUT);
-        let (true, Some(endpoint)) = (due, core.endpoint) else {
+        let (true, Some(endpoint)) = (due, core.destination()) else {
             return;
         };
         if send_keepalive(core, shared, endpoint, now, out) {
@@ -129,7 +130,7 @@ impl Engine {
         out: &mut Outbox,
     ) {
         let interval = Duration::from_secs(u64::from(config.persistent_keepalive));
-        let Some(endpoint) = core.endpoint else {
+        let Some(endpoint) = core.destination() else {
             return;
         };
         if interval.is_zero() {
@@ -154,7 +155,7 @@ impl Engine {
 fn send_keepalive(
     core: &mut PeerCore,
     shared: &PeerShared,
-    endpoint: std::net::SocketAddr,
+    endpoint: Endpoint,
     now: Instant,
     out: &mut Outbox,
 ) -> bool {

@@ -250,7 +250,7 @@ impl UdpIo for MemUdp {
             let slot = batch.slot_mut(n);
             let len = bytes.len().min(slot.len());
             slot[..len].copy_from_slice(&bytes[..len]);
-            batch.push_received(n, len, 0, from);
+            batch.push_received(n, len, 0, from.into());
             n += 1;
         }
         if n == 0 {

@@ -7,6 +7,13 @@
 //!   device without checksum offload, say), GSO is switched off for the socket.
 //! - receive (UDP GRO): with `UDP_GRO` on, one receive may return a run of datagrams from one
 //!   sender; the `UDP_GRO` control message gives their size and [`RecvBatch`] splits them.
+//!
+//! And sticky source addresses: with `IP_PKTINFO` / `IPV6_RECVPKTINFO` on, each received
+//! datagram comes with the local address it was sent to, and a datagram whose
+//! [`Endpoint`](crate::endpoint::Endpoint) names a local address goes out from it (an
+//! `IP_PKTINFO` / `IPV6_PKTINFO` control message). A GSO message never mixes sources. A
+//! source the kernel refuses (it left the host) is dropped from the rest of the batch, the
+//! datagrams go out without it, and [`SendOutcome::refused_source`] names it.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -18,24 +25,23 @@ use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::{RecvBatch, SendOutcome, UdpIo};
+mod cmsg;
 mod refusal;
+mod send_run;
+use crate::endpoint::Endpoint;
 use crate::outbox::Batch;
-use refusal::{gso_unsupported, segmentation_refused};
+use cmsg::{Control, UDP_GRO, UDP_SEGMENT};
+use refusal::{gso_unsupported, segmentation_refused, source_refused};
+use send_run::SendRun;
 
 /// Socket buffer size asked for (wireguard-go uses the same 7 MiB).
 const SOCKET_BUFFER: usize = 7 << 20;
 /// Most messages in one `sendmmsg`/`recvmmsg` call.
 const MAX_MMSG: usize = 128;
-/// `UDP_SEGMENT` (send-side GSO segment size), from linux/udp.h.
-const UDP_SEGMENT: libc::c_int = 103;
-/// `UDP_GRO` (receive-side coalescing; also the control message carrying the size).
-const UDP_GRO: libc::c_int = 104;
 /// Most segments the kernel accepts in one GSO message (`UDP_MAX_SEGMENTS`).
 const MAX_SEGMENTS: usize = 64;
 /// Most payload bytes put in one GSO message (below the 65,507 an IPv4 datagram can carry).
 const MAX_GSO_BYTES: usize = 64_000;
-/// Control buffer per message, in u64 words: room for one cmsghdr carrying an int.
-const CONTROL_WORDS: usize = 4;
 
 /// A bound, non-blocking UDP socket of one family.
 #[derive(Debug)]
@@ -96,6 +102,13 @@ impl UdpSocketIo {
         // message, as before.
         let gso = getsockopt_int(&socket, libc::SOL_UDP, UDP_SEGMENT).is_ok();
         setsockopt_int(&socket, libc::SOL_UDP, UDP_GRO, 1);
+        // Best effort too: without it no local address is learnt, and the kernel picks every
+        // source.
+        if ipv6 {
+            setsockopt_int(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1);
+        } else {
+            setsockopt_int(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO, 1);
+        }
         Ok(Self {
             socket: socket.into(),
             ipv6,
@@ -138,8 +151,7 @@ impl UdpIo for UdpSocketIo {
         let mut headers: [MaybeUninit<libc::mmsghdr>; MAX_MMSG] = [MaybeUninit::uninit(); MAX_MMSG];
         // Only the `n` slots in use are initialised (zeroing all of them cost more than a
         // small receive).
-        let mut controls: [MaybeUninit<[u64; CONTROL_WORDS]>; MAX_MMSG] =
-            [MaybeUninit::uninit(); MAX_MMSG];
+        let mut controls: [MaybeUninit<Control>; MAX_MMSG] = [MaybeUninit::uninit(); MAX_MMSG];
         let base = batch.buffer.as_mut_ptr();
         for i in 0..n {
             // SAFETY: slot i lies within `batch.buffer`, whose length is capacity * slot_size.
@@ -154,8 +166,9 @@ impl UdpIo for UdpSocketIo {
             header.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             header.msg_hdr.msg_iov = iovecs[i].as_mut_ptr();
             header.msg_hdr.msg_iovlen = 1;
-            header.msg_hdr.msg_control = controls[i].write([0; CONTROL_WORDS]).as_mut_ptr().cast();
-            header.msg_hdr.msg_controllen = std::mem::size_of::<[u64; CONTROL_WORDS]>();
+            // Zeroed, so that the padding the kernel skips between messages is initialised.
+            header.msg_hdr.msg_control = (controls[i].write(Control::ZERO) as *mut Control).cast();
+            header.msg_hdr.msg_controllen = std::mem::size_of::<Control>() as _;
             headers[i].write(header);
         }
         // SAFETY: `headers[..n]` are initialised and point at live iovecs, names and buffer
@@ -180,8 +193,22 @@ impl UdpIo for UdpSocketIo {
             // SAFETY: the kernel filled the name buffer of every received message.
             let name = unsafe { names[i].assume_init_ref() };
             let source = socket_addr(name).map_or(SocketAddr::from(([0, 0, 0, 0], 0)), normalise);
-            let segment = gro_segment_size(&header.msg_hdr);
-            batch.push_received(i, header.msg_len as usize, segment, source);
+            // SAFETY: slot i's control buffer was zeroed above, and the kernel wrote at most
+            // its size.
+            let control = unsafe { &controls[i].assume_init_ref().0 };
+            // A size_t with glibc, a socklen_t with musl.
+            #[allow(clippy::unnecessary_cast)]
+            let used = (header.msg_hdr.msg_controllen as usize).min(control.len());
+            let received = cmsg::parse(&control[..used]);
+            let local = received
+                .local
+                .filter(|l| l.ip.is_ipv6() == source.is_ipv6());
+            batch.push_received(
+                i,
+                header.msg_len as usize,
+                received.segment,
+                Endpoint::new(source, local),
+            );
         }
         Ok(batch.len())
     }
@@ -193,14 +220,19 @@ impl UdpIo for UdpSocketIo {
         run.clear();
         let mut outcome = SendOutcome::default();
         let gso = self.uses_gso();
-        for (destination, packet) in batch.iter() {
-            let Some(destination) = destination.and_then(|d| self.convert(d)) else {
+        for (endpoint, packet) in batch.iter_endpoints() {
+            let Some(endpoint) = endpoint else { continue };
+            let Some(destination) = self.convert(endpoint.peer) else {
                 continue;
             };
+            // A source of the other family cannot be; a refused one is not asked for again.
+            let source = endpoint.local.filter(|l| {
+                l.ip.is_ipv6() == destination.is_ipv6() && outcome.refused_source != Some(l.ip)
+            });
             if run.is_full() {
                 self.send_run(run, &mut outcome);
             }
-            run.push(destination, packet, gso);
+            run.push(destination, source, packet, gso);
         }
         if !run.is_empty() {
             self.send_run(run, &mut outcome);
@@ -227,30 +259,7 @@ impl UdpSocketIo {
     fn send_run(&self, run: &mut SendRun, outcome: &mut SendOutcome) {
         let messages = run.messages;
         for m in 0..messages {
-            let message = run.message[m];
-            // Every field is written: the slot holds whatever the last send left there.
-            let header = &mut run.headers[m].msg_hdr;
-            header.msg_name = (&mut run.names[m] as *mut libc::sockaddr_in6).cast();
-            header.msg_namelen = run.name_lens[m];
-            header.msg_iov = &mut run.iovecs[message.first_iovec];
-            header.msg_iovlen = message.iovecs;
-            header.msg_control = std::ptr::null_mut();
-            header.msg_controllen = 0;
-            header.msg_flags = 0;
-            if message.iovecs > 1 {
-                header.msg_control = run.controls[m].as_mut_ptr().cast();
-                header.msg_controllen = std::mem::size_of_val(&run.controls[m]);
-                // SAFETY: the control buffer is large enough for one cmsghdr with a u16, and
-                // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
-                unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(header);
-                    (*cmsg).cmsg_level = libc::SOL_UDP;
-                    (*cmsg).cmsg_type = UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), message.segment);
-                    header.msg_controllen = libc::CMSG_SPACE(2) as _;
-                }
-            }
+            run.prepare(m);
         }
         let mut start = 0usize;
         while start < messages {
@@ -273,6 +282,13 @@ impl UdpSocketIo {
             }
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if let Some(source) = run.sources[start].filter(|_| source_refused(&error)) {
+                // The source address left the host (or its interface did): this message and
+                // every later one from it go out without it, the kernel choosing the source.
+                outcome.refused_source.get_or_insert(source.ip);
+                run.forget_source(source.ip, start);
                 continue;
             }
             let refused = run.message[start];
@@ -301,6 +317,10 @@ impl UdpSocketIo {
         let message = run.message[m];
         let name = (&mut run.names[m] as *mut libc::sockaddr_in6).cast::<libc::c_void>();
         let name_len = run.name_lens[m];
+        let mut control = Control::ZERO;
+        let control_len = run.sources[m]
+            .and_then(|source| cmsg::put_source(&mut control.0, 0, &source))
+            .unwrap_or(0);
         for iovec in &mut run.iovecs[message.first_iovec..message.first_iovec + message.iovecs] {
             // SAFETY: a zeroed msghdr is valid (no name, no iovecs, no control).
             let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -308,8 +328,12 @@ impl UdpSocketIo {
             header.msg_namelen = name_len;
             header.msg_iov = iovec;
             header.msg_iovlen = 1;
-            // SAFETY: the header names the run's address slot and one iovec, both live for
-            // the call.
+            if control_len > 0 {
+                header.msg_control = (&mut control as *mut Control).cast();
+                header.msg_controllen = control_len as _;
+            }
+            // SAFETY: the header names the run's address slot, one iovec and the control
+            // buffer, all live for the call.
             let sent = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &header, 0) };
             if sent < 0 {
                 outcome.failed += 1;
@@ -318,149 +342,6 @@ impl UdpSocketIo {
             }
         }
     }
-}
-
-/// One message of a [`SendRun`]: a run of iovecs (datagrams) to one destination.
-#[derive(Debug, Clone, Copy, Default)]
-struct Message {
-    first_iovec: usize,
-    iovecs: usize,
-    /// Size of every datagram but possibly the last (the `UDP_SEGMENT` value).
-    segment: u16,
-    bytes: usize,
-    /// A datagram shorter than `segment` ended the message.
-    closed: bool,
-}
-
-/// Datagrams gathered for one `sendmmsg`, grouped into messages: consecutive datagrams to the
-/// same destination, all of the first one's size but the last (which may be shorter), up to
-/// [`MAX_SEGMENTS`] and [`MAX_GSO_BYTES`] per message. Without GSO each datagram is a message.
-/// The headers and control buffers point into the run itself (and at the batch's bytes) only
-/// while one `sendmmsg` is prepared and made; between sends they are stale and never read.
-struct SendRun {
-    headers: [libc::mmsghdr; MAX_MMSG],
-    controls: [[u64; CONTROL_WORDS]; MAX_MMSG],
-    names: [libc::sockaddr_in6; MAX_MMSG],
-    name_lens: [libc::socklen_t; MAX_MMSG],
-    destinations: [Option<SocketAddr>; MAX_MMSG],
-    iovecs: [libc::iovec; MAX_MMSG],
-    message: [Message; MAX_MMSG],
-    datagrams: usize,
-    messages: usize,
-}
-
-impl std::fmt::Debug for SendRun {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendRun")
-            .field("datagrams", &self.datagrams)
-            .field("messages", &self.messages)
-            .finish_non_exhaustive()
-    }
-}
-
-// SAFETY: the raw pointers in the headers and iovecs are written and used only inside one
-// `send_batch` call, under the socket's scratch lock; no pointer is followed across threads.
-unsafe impl Send for SendRun {}
-
-impl SendRun {
-    fn new() -> Self {
-        Self {
-            // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
-            headers: [unsafe { std::mem::zeroed() }; MAX_MMSG],
-            controls: [[0; CONTROL_WORDS]; MAX_MMSG],
-            // SAFETY: an all-zero sockaddr_in6 is a valid value; it is overwritten before use.
-            names: [unsafe { std::mem::zeroed() }; MAX_MMSG],
-            name_lens: [0; MAX_MMSG],
-            destinations: [None; MAX_MMSG],
-            iovecs: [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_MMSG],
-            message: [Message::default(); MAX_MMSG],
-            datagrams: 0,
-            messages: 0,
-        }
-    }
-
-    fn is_full(&self) -> bool {
-        self.datagrams == MAX_MMSG
-    }
-
-    fn is_empty(&self) -> bool {
-        self.datagrams == 0
-    }
-
-    fn clear(&mut self) {
-        self.datagrams = 0;
-        self.messages = 0;
-    }
-
-    /// Adds `packet` for `destination`, to the open message if `gso` allows, else to a new one.
-    fn push(&mut self, destination: SocketAddr, packet: &[u8], gso: bool) {
-        let index = self.datagrams;
-        self.iovecs[index] = libc::iovec {
-            iov_base: packet.as_ptr() as *mut libc::c_void,
-            iov_len: packet.len(),
-        };
-        self.datagrams += 1;
-        if gso && self.messages > 0 {
-            let last = self.messages - 1;
-            let open = &mut self.message[last];
-            let joins = !open.closed
-                && self.destinations[last] == Some(destination)
-                && packet.len() <= usize::from(open.segment)
-                && open.iovecs < MAX_SEGMENTS
-                && open.bytes + packet.len() <= MAX_GSO_BYTES;
-            if joins {
-                open.iovecs += 1;
-                open.bytes += packet.len();
-                open.closed = packet.len() < usize::from(open.segment);
-                return;
-            }
-        }
-        let m = self.messages;
-        self.messages += 1;
-        let name = SockAddr::from(destination);
-        // SAFETY: a socket address of either family is at most sizeof(sockaddr_in6) bytes,
-        // copied from socket2's storage into our slot.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                name.as_ptr().cast::<u8>(),
-                (&mut self.names[m] as *mut libc::sockaddr_in6).cast::<u8>(),
-                name.len() as usize,
-            );
-        }
-        self.name_lens[m] = name.len();
-        self.destinations[m] = Some(destination);
-        self.message[m] = Message {
-            first_iovec: index,
-            iovecs: 1,
-            segment: u16::try_from(packet.len()).unwrap_or(u16::MAX),
-            bytes: packet.len(),
-            // A datagram too large to be a segment never takes followers.
-            closed: packet.len() > MAX_GSO_BYTES,
-        };
-    }
-}
-
-/// The `UDP_GRO` segment size the kernel attached to a received message, or 0.
-fn gro_segment_size(header: &libc::msghdr) -> usize {
-    if header.msg_control.is_null() || header.msg_controllen == 0 {
-        return 0;
-    }
-    // SAFETY: the kernel wrote msg_controllen bytes of well-formed control messages into the
-    // buffer msg_control points at; CMSG_FIRSTHDR/CMSG_NXTHDR walk them within that length.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(header);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
-                let size = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
-                return usize::try_from(size).unwrap_or(0);
-            }
-            cmsg = libc::CMSG_NXTHDR(header, cmsg);
-        }
-    }
-    0
 }
 
 /// Sets an int socket option, best effort.

@@ -1,4 +1,5 @@
-//! Which errors of a segmented send are the segmentation's, and which of those the offload's.
+//! Which errors of a segmented send are the segmentation's, and which of those the offload's;
+//! which errors of a send from a chosen source say that the source is gone.
 
 use std::io;
 
@@ -17,5 +18,15 @@ pub(super) fn gso_unsupported(error: &io::Error) -> bool {
     matches!(
         error.raw_os_error(),
         Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
+}
+
+/// Whether a send from a chosen source address failed because that address cannot be used
+/// any more: it left the host (`EINVAL` for IPv6, `EADDRNOTAVAIL` or `ENETUNREACH` for
+/// IPv4) or its interface did (`ENODEV`). The send is made again without it.
+pub(super) fn source_refused(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINVAL | libc::EADDRNOTAVAIL | libc::ENETUNREACH | libc::ENODEV)
     )
 }

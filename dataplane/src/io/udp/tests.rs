@@ -1,6 +1,7 @@
 //! Real UDP sockets on loopback: batches, GSO runs and their fallback, GRO splitting.
 
 use super::*;
+use crate::endpoint::LocalAddr;
 use crate::outbox::Outbox;
 use std::os::fd::FromRawFd;
 
@@ -47,7 +48,7 @@ fn gso_pair() -> Option<(UdpSocketIo, UdpSocketIo, SocketAddr)> {
 fn numbered(to: SocketAddr, count: u8, size: usize) -> Outbox {
     let mut out = Outbox::default();
     for i in 0..count {
-        out.to_network.push_copy(Some(to), &vec![i; size]);
+        out.to_network.push_copy(Some(to.into()), &vec![i; size]);
     }
     out
 }
@@ -59,13 +60,13 @@ fn runs_to_one_destination_go_out_segmented_and_come_back_split() {
     };
     // 20 full-size datagrams and a short last one: one GSO message.
     let mut out = numbered(to_b, 20, 1200);
-    out.to_network.push_copy(Some(to_b), &[99; 300]);
+    out.to_network.push_copy(Some(to_b.into()), &[99; 300]);
     let outcome = a.send_batch(&out.to_network).unwrap();
     assert_eq!(
         outcome,
         SendOutcome {
             sent: 21,
-            failed: 0
+            ..SendOutcome::default()
         }
     );
     assert!(a.uses_gso(), "loopback accepts segmented sends");
@@ -100,7 +101,7 @@ fn a_run_breaks_at_a_new_destination_size_or_the_segment_limit() {
         (y, &big[..]),   // new destination
         (y, &small[..]),
     ] {
-        run.push(to, packet, true);
+        run.push(to, None, packet, true);
     }
     let shape: Vec<(usize, u16)> = run.message[..run.messages]
         .iter()
@@ -108,9 +109,21 @@ fn a_run_breaks_at_a_new_destination_size_or_the_segment_limit() {
         .collect();
     assert_eq!(shape, vec![(3, 1000), (1, 1000), (2, 1000)]);
 
+    // A new source breaks a run too: one GSO message never mixes sources.
+    let source = Some(LocalAddr::new(std::net::IpAddr::from([10, 0, 0, 9])));
+    let mut run = SendRun::new();
+    for from in [None, None, source, source, None] {
+        run.push(x, from, &big, true);
+    }
+    let shape: Vec<usize> = run.message[..run.messages]
+        .iter()
+        .map(|m| m.iovecs)
+        .collect();
+    assert_eq!(shape, vec![2, 2, 1]);
+
     let mut run = SendRun::new();
     for _ in 0..MAX_SEGMENTS + 1 {
-        run.push(x, &small, true);
+        run.push(x, None, &small, true);
     }
     assert_eq!(
         run.messages, 2,
@@ -118,7 +131,7 @@ fn a_run_breaks_at_a_new_destination_size_or_the_segment_limit() {
     );
     let mut run = SendRun::new();
     for _ in 0..3 {
-        run.push(x, &big, false);
+        run.push(x, None, &big, false);
     }
     assert_eq!(run.messages, 3, "without GSO every datagram is a message");
 }
@@ -131,7 +144,7 @@ fn without_gso_every_datagram_still_arrives() {
     let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
     let mut out = Outbox::default();
     for i in 0..30u8 {
-        out.to_network.push_copy(Some(to_b), &[i; 800]);
+        out.to_network.push_copy(Some(to_b.into()), &[i; 800]);
     }
     assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 30);
     let (got, _) = receive(&b, 30);
@@ -149,17 +162,19 @@ fn loopback_batch_round_trip() {
     let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
     let mut out = Outbox::default();
     for i in 0..10u8 {
-        out.to_network.push_copy(Some(to_b), &[i; 100]);
+        out.to_network.push_copy(Some(to_b.into()), &[i; 100]);
     }
     // A datagram of the other family is skipped, not an error.
-    out.to_network
-        .push_copy(Some("[::1]:9".parse().unwrap()), b"skipped");
+    out.to_network.push_copy(
+        Some("[::1]:9".parse::<SocketAddr>().unwrap().into()),
+        b"skipped",
+    );
     let outcome = a.send_batch(&out.to_network).unwrap();
     assert_eq!(
         outcome,
         SendOutcome {
             sent: 10,
-            failed: 0
+            ..SendOutcome::default()
         }
     );
     let mut batch = RecvBatch::new(32, 2048);
@@ -202,7 +217,10 @@ fn a_segment_above_the_path_mtu_goes_out_unsegmented_and_gso_stays_on() {
         let outcome = a.send_batch(&numbered(to_b, 8, 1400).to_network).unwrap();
         assert_eq!(
             outcome,
-            SendOutcome { sent: 8, failed: 0 },
+            SendOutcome {
+                sent: 8,
+                ..SendOutcome::default()
+            },
             "each datagram went out alone (fragmented by the kernel)"
         );
         let (got, _) = receive(&b, 8);
@@ -295,4 +313,165 @@ fn loopback_up_with_mtu(mtu: i32) -> io::Result<()> {
     let flags = unsafe { request.ifr_ifru.ifru_flags };
     request.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     call(libc::SIOCSIFFLAGS, &mut request)
+}
+
+#[test]
+fn a_received_datagram_names_the_local_address_it_was_sent_to() {
+    // All of 127/8 is the host's own: a datagram to 127.0.0.2 says so.
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let to_b = SocketAddr::from(([127, 0, 0, 2], b.local_port().unwrap()));
+    let mut out = Outbox::default();
+    out.to_network.push_copy(Some(to_b.into()), b"hello");
+    assert_eq!(a.send_batch(&out.to_network).unwrap().sent, 1);
+    let (endpoints, _) = receive_endpoints(&b, 1);
+    assert_eq!(endpoints.len(), 1);
+    let local = endpoints[0]
+        .local
+        .expect("IP_PKTINFO names the local address");
+    assert_eq!(local.ip, std::net::IpAddr::from([127, 0, 0, 2]));
+    assert_ne!(local.ifindex, 0, "and the interface it came in on");
+}
+
+#[test]
+fn replies_leave_from_the_local_address_asked_for_even_in_one_gso_batch() {
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    let from = |last: u8| Some(LocalAddr::new(std::net::IpAddr::from([127, 0, 0, last])));
+    // Runs of one size to one destination, from three sources in turn: GSO must not
+    // merge them.
+    let mut out = Outbox::default();
+    for (i, source) in [from(3), from(3), from(4), from(4), None, from(3)]
+        .into_iter()
+        .enumerate()
+    {
+        out.to_network
+            .push_copy(Some(Endpoint::new(to_b, source)), &[i as u8; 1000]);
+    }
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    assert_eq!(outcome.sent, 6);
+    assert_eq!(outcome.refused_source, None);
+    let (got, _) = receive(&b, 6);
+    let sources: Vec<(u8, std::net::IpAddr)> = got.iter().map(|(s, p)| (p[0], s.ip())).collect();
+    let ip = |last: u8| std::net::IpAddr::from([127, 0, 0, last]);
+    assert_eq!(
+        sources,
+        vec![
+            (0, ip(3)),
+            (1, ip(3)),
+            (2, ip(4)),
+            (3, ip(4)),
+            (4, ip(1)),
+            (5, ip(3))
+        ]
+    );
+}
+
+#[test]
+fn a_source_that_is_not_the_hosts_is_dropped_and_reported() {
+    let a = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let b = UdpSocketIo::bind(false, 0, false, 0).unwrap();
+    let to_b = SocketAddr::from(([127, 0, 0, 1], b.local_port().unwrap()));
+    // 192.0.2.1 (TEST-NET-1) is no address of this host.
+    let gone = std::net::IpAddr::from([192, 0, 2, 1]);
+    let mut out = Outbox::default();
+    for i in 0..4u8 {
+        out.to_network.push_copy(
+            Some(Endpoint::new(to_b, Some(LocalAddr::new(gone)))),
+            &[i; 500],
+        );
+    }
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    assert_eq!(
+        outcome,
+        SendOutcome {
+            sent: 4,
+            failed: 0,
+            refused_source: Some(gone)
+        }
+    );
+    let (got, _) = receive(&b, 4);
+    assert_eq!(got.len(), 4, "all went out, from the kernel's choice");
+    assert!(got
+        .iter()
+        .all(|(s, _)| s.ip() == std::net::IpAddr::from([127, 0, 0, 1])));
+}
+
+#[test]
+fn ipv6_sources_are_learnt_and_used() {
+    let Ok(a) = UdpSocketIo::bind(true, 0, false, 0) else {
+        eprintln!("skipped: no IPv6");
+        return;
+    };
+    let b = UdpSocketIo::bind(true, 0, false, 0).unwrap();
+    let to_b: SocketAddr = format!("[::1]:{}", b.local_port().unwrap())
+        .parse()
+        .unwrap();
+    let mut out = Outbox::default();
+    out.to_network.push_copy(
+        Some(Endpoint::new(
+            to_b,
+            Some(LocalAddr::new("::1".parse().unwrap())),
+        )),
+        b"six",
+    );
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    if outcome.sent == 0 {
+        eprintln!("skipped: ::1 unreachable here");
+        return;
+    }
+    assert_eq!(outcome.refused_source, None);
+    let (endpoints, _) = receive_endpoints(&b, 1);
+    assert_eq!(
+        endpoints[0].local.map(|l| l.ip),
+        Some("::1".parse().unwrap())
+    );
+    // An address not the host's: EINVAL, sent again without it.
+    let gone: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+    let mut out = Outbox::default();
+    out.to_network
+        .push_copy(Some(Endpoint::new(to_b, Some(LocalAddr::new(gone)))), b"x");
+    let outcome = a.send_batch(&out.to_network).unwrap();
+    assert_eq!((outcome.sent, outcome.refused_source), (1, Some(gone)));
+}
+
+#[test]
+fn only_a_gone_source_is_dropped_from_a_send() {
+    let error = |code| io::Error::from_raw_os_error(code);
+    for code in [
+        libc::EINVAL,
+        libc::EADDRNOTAVAIL,
+        libc::ENETUNREACH,
+        libc::ENODEV,
+    ] {
+        assert!(source_refused(&error(code)), "{code}");
+    }
+    for code in [
+        libc::EAGAIN,
+        libc::ENOBUFS,
+        libc::EMSGSIZE,
+        libc::EPERM,
+        libc::EIO,
+    ] {
+        assert!(!source_refused(&error(code)), "{code}");
+    }
+}
+
+/// As [`receive`], the endpoints (source and local address) of what arrived.
+fn receive_endpoints(socket: &UdpSocketIo, want: usize) -> (Vec<Endpoint>, usize) {
+    let mut batch = RecvBatch::new(8, 2048);
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while got.len() < want && std::time::Instant::now() < deadline {
+        match socket.recv_batch(&mut batch) {
+            Ok(_) => got.extend(batch.iter_endpoints().map(|(e, _)| e)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let n = got.len();
+    (got, n)
 }
