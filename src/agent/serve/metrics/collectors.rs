@@ -113,10 +113,7 @@ impl Collector for WireGuardCollector {
             };
             sent.get_or_create(&exporter).inc_by(p.tx_bytes);
             received.get_or_create(&exporter).inc_by(p.rx_bytes);
-            let at = p
-                .last_handshake
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs() as i64);
+            let at = unix_secs(p.last_handshake);
             latest.get_or_create(&exporter).set(at);
             let own = PeerLabels {
                 interface: scrape.interface.clone(),
@@ -125,10 +122,7 @@ impl Collector for WireGuardCollector {
             handshakes.get_or_create(&own).inc_by(p.handshakes);
             failures.get_or_create(&own).inc_by(p.handshake_failures);
             roams.get_or_create(&own).inc_by(p.endpoint_changes);
-            let since = p
-                .unanswered_since
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs() as i64);
+            let since = unix_secs(p.unanswered_since);
             unanswered.get_or_create(&own).set(since);
         }
         if !scrape.peers.is_empty() {
@@ -207,4 +201,10 @@ impl Collector for WireGuardCollector {
         }
         Ok(())
     }
+}
+
+/// `at` in whole seconds since the Unix epoch; 0 for never (or before 1970).
+fn unix_secs(at: Option<std::time::SystemTime>) -> i64 {
+    at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
 }
