@@ -12,14 +12,15 @@
 #   mixed-ipip n4 routes west over kilo-ipip, n2 and n3 route to n4 over tunl0
 #   kinds      n1's and n3's links are the kernel's WireGuard, n2's a TUN; /status and
 #              kilotun_wireguard_info say which each drives
-#   restart    n1's kg restarted (kernel): pings from n2 to n1's pod pass again within 4 s
-#   to-engine  n1 restarted with --wireguard=embedded: pings pass within 4 s, its link now a TUN
-#   to-kernel  n2 restarted with --wireguard=kernel: pings pass within 4 s, its link now wireguard
+#   restart    n1's kg restarted (kernel): pings from n2 to n1's pod pass again within 6 s
+#   to-engine  n1 restarted with --wireguard=embedded: pings pass within 6 s, its link now a TUN
+#   to-kernel  n2 restarted with --wireguard=kernel: pings pass within 6 s, its link now wireguard
 # The goal for each gap is 1 s, and the GAP line prints what it was. The bound is not the goal:
 # it tells a kg that starts handshakes at once (new sessions within a second of its start) from
 # one that leaves them to the other end's timers (15 s, so more than 7 s lost in the 8 s
-# window), with room for TCG emulation on a busy host, which slows kg's start and stop (up to
-# 2.4 s lost in CI beside the ARM builds; 0.9 s on an idle host).
+# window), with room for TCG emulation on a busy host, which slows kg's start several times
+# over (to-engine: 1.2 to 1.3 s lost on this machine with three busy loops beside the machine,
+# 5.2 s in a CI run beside the rest of the suite).
 #   full       all four restarted with --mesh-granularity=full (n1 now embedded, n2 kernel, n3
 #              auto, n4 embedded on userspace IPIP): every node reaches every pod again, each
 #              node a peer of the three others
@@ -117,7 +118,7 @@ gap() {
   echo "GAP $name $((sent - received)) of $sent pings at 10/s" \
     "(the old kg took $(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.2f", b - a }') s to stop)"
   grep -E "transmitted|rtt|rror|nreachable" "$work/ping-$name" | head -5 || true
-  [ $((sent - received)) -le 40 ] || fail "$name lost $((sent - received)) of $sent pings"
+  [ $((sent - received)) -le 60 ] || fail "$name lost $((sent - received)) of $sent pings"
 }
 
 pods=(10.42.1.1 10.42.2.1 10.42.3.1 10.42.4.1)

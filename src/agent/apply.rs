@@ -507,7 +507,14 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             FirewallStep::Unchanged | FirewallStep::Held => return,
             FirewallStep::Write { previous } => previous,
         };
-        let v6 = self.ip6tables;
+        let v6 = match self.firewall_ready.wait(&self.firewall).await {
+            Ok(Some(v6)) => v6,
+            Ok(None) => return,
+            Err(e) => {
+                self.fatal = Some(e);
+                return;
+            }
+        };
         let wanted = rules.clone();
         // What was written last: the firewall writes only the difference (none after a full
         // pass, which forgot it: then the host's rules are read and compared).

@@ -44,6 +44,7 @@ use start::take_engine;
 mod apply;
 pub mod args;
 mod cni;
+mod firewall_ready;
 pub mod host;
 mod lease;
 pub mod pq;
@@ -142,7 +143,10 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     pub graph: Arc<parking_lot::Mutex<Option<http::GraphSource>>>,
     /// What kg last applied, for `/status`.
     pub status: Arc<status::StatusBoard>,
-    ip6tables: bool,
+    /// The firewall's back end, chosen while the first pass brings the engine and routes up.
+    firewall_ready: firewall_ready::FirewallReady,
+    /// An error that stops kg, kept for the driver ([`Agent::take_fatal`]).
+    fatal: Option<anyhow::Error>,
     tunnel: encap::Tunnel,
     /// Where the current reconcile's time goes.
     stages: stages::StageClock,
@@ -239,6 +243,12 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Every timer set, with its moment.
     pub fn timers_due(&self) -> Vec<(Instant, Timer)> {
         self.core.timers_due()
+    }
+
+    /// The error that must stop kg, if a step met one (the firewall's back end could not be
+    /// chosen: `--firewall=nftables` where nftables does not work).
+    pub fn take_fatal(&mut self) -> Option<anyhow::Error> {
+        self.fatal.take()
     }
 
     /// The DNS names due for a lookup since the last call, for the driver's resolver.
@@ -382,6 +392,11 @@ pub async fn run(settings: Settings) -> Result<()> {
         };
         // A failed pass was said where it failed; the next input tries again.
         let _ = agent.step(input, &mut snapshots, read_clock()).await;
+        if let Some(e) = agent.take_fatal() {
+            agent.shut_down().await;
+            drop(engine_lock);
+            return Err(e);
+        }
         if let Some(lookups) = &lookups {
             lookups.ask(agent.take_due_lookups());
         }

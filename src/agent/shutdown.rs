@@ -13,7 +13,7 @@ impl Agent {
     /// Undoes what kg set up: routes and rules, the annotations it wrote (with `--clean-up`),
     /// and the engine. When another kg replaces this one (`--keep-on-replace` and a backend
     /// that says so), only the engine stops: the node keeps everything else for its successor.
-    pub async fn shut_down(self) {
+    pub async fn shut_down(mut self) {
         let cleaning = self.settings.args.clean_up || self.settings.args.clean_up_interface;
         if cleaning && self.settings.args.keep_on_replace {
             match self.backend.departure().await {
@@ -29,14 +29,16 @@ impl Agent {
             }
         }
         if self.settings.args.clean_up {
-            let v6 = self.ip6tables;
-            let firewall = self.firewall;
-            match tokio::task::spawn_blocking(move || firewall.clean_up(v6)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = format!("{e:#}"), "removing iptables rules failed")
+            // A back end that could not be chosen holds none of kg's rules.
+            if let Ok(Some(v6)) = self.firewall_ready.wait(&self.firewall).await {
+                let firewall = self.firewall;
+                match tokio::task::spawn_blocking(move || firewall.clean_up(v6)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = format!("{e:#}"), "removing iptables rules failed")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "removing iptables rules failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "removing iptables rules failed"),
             }
             if let Ok(observed) = self.netlink.observe().await {
                 let ops = diff(

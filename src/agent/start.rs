@@ -148,7 +148,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         } = shells;
         // The iptables back end is the host's, chosen once before the first rule is read; its
         // child processes run while the device is configured and the last run's peers restored.
-        let preparing = super::shells::firewall::off_loop(&firewall, |firewall| firewall.prepare());
+        let firewall_ready = super::firewall_ready::FirewallReady::start(&firewall);
         let public = Key(*key.public_key().as_bytes());
         let kilo_index = netlink
             .link_by_name(&s.args.interface)
@@ -234,7 +234,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             }
         };
         let hostname_ips = hostname_ips.await;
-        preparing.await.context("preparing the firewall")?;
         let tunnel =
             encap::Tunnel::choose(&netlink, s.encapsulate, s.compatibility, s.args.ipip).await?;
         tracing::info!(node = %s.hostname, interface = %s.args.interface, public_key = %public, version = crate::VERSION, "kg started");
@@ -282,7 +281,8 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             next_key: next_key.map(|(k, _)| k),
             pq,
             record: Default::default(),
-            ip6tables: firewall.v6_available(),
+            firewall_ready,
+            fatal: None,
             settings: s,
             key,
             backend,

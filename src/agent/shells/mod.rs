@@ -163,7 +163,7 @@ pub trait Firewall: Clone + Send + Sync + 'static {
     fn drift(&self, rules: &RuleSet, v6_available: bool) -> Result<Vec<String>>;
     /// Gets ready before the first rule is read (the real one picks nftables or iptables and
     /// the latter's back end, which takes child processes: kg does it while it restores the
-    /// last run's peers).
+    /// last run's peers and its first pass brings up the engine and the routes).
     fn prepare(&self) -> Result<()> {
         Ok(())
     }
