@@ -7,6 +7,7 @@
 pub mod clock;
 pub mod cni;
 pub mod coalesce;
+pub mod condition;
 pub mod desired;
 pub mod diagnosis;
 pub mod dns;
