@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::leader::CUT_OFF_WINDOW_MS;
+use crate::leader::{TrafficSample, CUT_OFF_WINDOW_MS};
 use crate::Key;
 
 /// The condition's `type` on the Node.
@@ -161,19 +161,22 @@ pub struct MeshInputs {
 /// [`DOWN_WINDOW_MS`] and a little more.
 #[derive(Debug, Clone, Default)]
 pub struct MeshWatch {
-    samples: VecDeque<(i64, BTreeMap<Key, (u64, u64)>)>,
+    samples: VecDeque<TrafficSample>,
 }
 
 impl MeshWatch {
     /// Judges the node at `now_ms` from `inputs`, keeping their counters for later judgements.
     pub fn judge(&mut self, inputs: &MeshInputs, now_ms: i64) -> MeshCondition {
         if let Some(traffic) = &inputs.traffic {
-            self.samples.push_back((now_ms, traffic.clone()));
+            self.samples.push_back(TrafficSample {
+                at_ms: now_ms,
+                peers: traffic.clone(),
+            });
             // Keep the newest sample at least DOWN_WINDOW_MS old as the baseline.
             while self
                 .samples
                 .get(1)
-                .is_some_and(|(at, _)| now_ms - at >= DOWN_WINDOW_MS)
+                .is_some_and(|s| now_ms - s.at_ms >= DOWN_WINDOW_MS)
             {
                 self.samples.pop_front();
             }
@@ -242,23 +245,23 @@ impl MeshWatch {
 
     /// The names of the `tunnels` that were sent to and received nothing over the window.
     fn down(&self, tunnels: &[Tunnel], now_ms: i64) -> Vec<String> {
-        let (Some((oldest_at, oldest)), Some((_, newest))) =
-            (self.samples.front(), self.samples.back())
-        else {
+        let (Some(oldest), Some(newest)) = (self.samples.front(), self.samples.back()) else {
             return Vec::new();
         };
-        if now_ms - oldest_at < DOWN_WINDOW_MS {
+        if now_ms - oldest.at_ms < DOWN_WINDOW_MS {
             return Vec::new();
         }
         tunnels
             .iter()
-            .filter(|t| match (oldest.get(&t.key), newest.get(&t.key)) {
-                (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
-                // A peer the device lacks cannot carry anything.
-                (_, None) => true,
-                // Added within the window: not judged yet.
-                (None, Some(_)) => false,
-            })
+            .filter(
+                |t| match (oldest.peers.get(&t.key), newest.peers.get(&t.key)) {
+                    (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
+                    // A peer the device lacks cannot carry anything.
+                    (_, None) => true,
+                    // Added within the window: not judged yet.
+                    (None, Some(_)) => false,
+                },
+            )
             .map(|t| t.name.clone())
             .collect()
     }

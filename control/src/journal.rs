@@ -73,11 +73,14 @@ pub enum Reason {
     TunnelMissing,
     /// A key rotation made, published or started using a key (subject: this node).
     KeyRotation,
+    /// The API server refused the node condition `KiloMeshReady` (subject: this node): kg
+    /// goes on meshing and tries again at the next change or heartbeat.
+    ConditionRefused,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -105,6 +108,7 @@ impl Reason {
         Self::RouteWithoutGateway,
         Self::TunnelMissing,
         Self::KeyRotation,
+        Self::ConditionRefused,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -137,6 +141,7 @@ impl Reason {
             Self::RouteWithoutGateway => "RouteWithoutGateway",
             Self::TunnelMissing => "TunnelMissing",
             Self::KeyRotation => "KeyRotation",
+            Self::ConditionRefused => "ConditionRefused",
         }
     }
 
@@ -157,7 +162,8 @@ impl Reason {
             | Self::RouteWithheld
             | Self::EndpointBypassed
             | Self::RouteWithoutGateway
-            | Self::TunnelMissing => EventKind::Warning,
+            | Self::TunnelMissing
+            | Self::ConditionRefused => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable

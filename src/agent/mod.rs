@@ -44,6 +44,7 @@ use start::take_engine;
 mod apply;
 pub mod args;
 mod cni;
+mod condition;
 mod firewall_ready;
 pub mod host;
 mod lease;
@@ -307,6 +308,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 format!("reconcile failed: {e:#}"),
             );
         }
+        self.tend_condition(now).await;
         self.pq_refresh(now);
         self.schedule_post_quantum(now);
         self.publish_events(now);

@@ -287,6 +287,42 @@ impl KubeBackend {
 }
 
 impl KubeBackend {
+    /// Sets the node condition `KiloMeshReady` on Node `name` through the status subresource:
+    /// a strategic merge patch, which Node conditions merge by `type`, so the kubelet's and
+    /// other writers' conditions stay as they are.
+    pub async fn write_node_condition(
+        &self,
+        name: &str,
+        write: &control::condition::ConditionWrite,
+    ) -> Result<()> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let time = |ms: i64| {
+            k8s_openapi::jiff::Timestamp::from_second(ms.div_euclid(1000))
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+                .to_string()
+        };
+        let c = &write.condition;
+        let body = serde_json::json!({ "status": { "conditions": [{
+            "type": control::condition::CONDITION_TYPE,
+            "status": c.status().as_str(),
+            "reason": c.reason.as_str(),
+            "message": c.message,
+            "lastHeartbeatTime": time(write.heartbeat_ms),
+            "lastTransitionTime": time(write.transition_ms),
+        }] } });
+        bounded(
+            || {
+                format!(
+                    "writing the {} condition of Node {name}",
+                    control::condition::CONDITION_TYPE
+                )
+            },
+            api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&body)),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Why kg is stopping (see [`departure`]), within the write timeout.
     pub async fn departure(&self) -> super::Departure {
         match tokio::time::timeout(WRITE_TIMEOUT, departure::departure(&self.client)).await {

@@ -371,6 +371,25 @@ impl Backend {
         }
     }
 
+    /// True when the backend keeps node conditions (the Kubernetes API; the file and memory
+    /// backends have no Node status).
+    pub fn keeps_conditions(&self) -> bool {
+        matches!(self, Self::Kube(_))
+    }
+
+    /// Sets the node condition `KiloMeshReady` on Node `name` (a no-op where
+    /// [`Backend::keeps_conditions`] is false).
+    pub async fn write_node_condition(
+        &self,
+        name: &str,
+        write: &control::condition::ConditionWrite,
+    ) -> Result<()> {
+        match self {
+            Self::Kube(k) => k.write_node_condition(name, write).await,
+            Self::File(_) | Self::Memory(_) => Ok(()),
+        }
+    }
+
     /// Creates a Peer (for `kgctl connect`).
     pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
         match self {

@@ -38,6 +38,7 @@ use crate::agent::host::local::{self, ProblemLog};
 use crate::agent::host::{DetectionInputs, HostView};
 use crate::backend::Snapshot;
 
+mod condition;
 mod config;
 mod ipam;
 mod mesh;
@@ -136,6 +137,10 @@ pub struct Reconciler {
     pq_announcement: Option<control::pq::PqAnnouncement>,
     /// When the periodic steps are next due ([`Reconciler::poll_timeout`]).
     timers: timers::TimerTable,
+    /// The tunnels' recent counters, for the node condition.
+    mesh_watch: control::condition::MeshWatch,
+    /// The node condition last sent.
+    condition_book: control::condition::ConditionBook,
 }
 
 impl Reconciler {
@@ -184,6 +189,8 @@ impl Reconciler {
             rotation: Default::default(),
             key_made_ms: 0,
             pq_announcement: None,
+            mesh_watch: Default::default(),
+            condition_book: Default::default(),
         }
     }
 

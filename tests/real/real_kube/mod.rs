@@ -6,6 +6,7 @@
 //! No controller-manager, scheduler or kubelet runs: the tests create the Node objects (with
 //! `spec.podCIDR`) that a kubelet and the node IPAM controller would.
 
+mod condition;
 mod ipam;
 mod kilo_peer;
 mod leases;

@@ -1,0 +1,80 @@
+//! The node condition `KiloMeshReady`, the agent's shell around it: after each pass it reads
+//! what the judgement needs (the engine's state, the node's role in the applied topology, the
+//! device's counters) and sends the write the reconciler says is due
+//! ([`super::reconciler::Reconciler::condition_due`]).
+
+use control::condition::{MeshInputs, Role, Tunnel};
+use control::journal::Reason;
+
+use super::serve::status::EngineReadiness;
+use super::shells::{Device, Firewall, Kernel};
+use super::Agent;
+use control::clock::Now;
+
+impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
+    /// Judges the node at `now` and writes the condition when due; a refusal is said once.
+    /// While the API server is unreachable nothing is sent: the write stays due.
+    pub(super) async fn tend_condition(&mut self, now: Now) {
+        if !self.backend.keeps_conditions() {
+            return;
+        }
+        let inputs = self.mesh_inputs();
+        let Some(write) = self.core.condition_due(&inputs, now.unix_ms) else {
+            return;
+        };
+        if !self.backend.healthy() {
+            return;
+        }
+        let hostname = self.settings.hostname.clone();
+        let sent = self.backend.write_node_condition(&hostname, &write).await;
+        self.core.condition_sent(write);
+        if let Err(e) = sent {
+            if self.problems.first_time("condition refused") {
+                self.core.journal().record(
+                    Reason::ConditionRefused,
+                    hostname,
+                    format!("the API server refused the node condition {} (kg goes on meshing; is `nodes/status` patch in kg's ClusterRole?): {e:#}", control::condition::CONDITION_TYPE),
+                );
+            }
+        }
+    }
+
+    /// What the judgement reads now.
+    fn mesh_inputs(&self) -> MeshInputs {
+        let engine_configured = self.status.engine() != EngineReadiness::Unconfigured;
+        let role = match self.core.topology() {
+            None => Role::NotReady(
+                "kg has no topology for it (the node is not ready: see /status)".into(),
+            ),
+            Some(t) if t.leader => Role::Leader {
+                location: t.local_location.clone(),
+                tunnels: t
+                    .segments
+                    .iter()
+                    .filter(|s| !t.in_local_location(s))
+                    .filter_map(|s| {
+                        Some(Tunnel {
+                            name: s.members.get(s.leader)?.name.clone(),
+                            key: s.public_key,
+                        })
+                    })
+                    .collect(),
+            },
+            Some(t) => Role::Follower {
+                leader: t
+                    .local_segment()
+                    .and_then(|s| s.members.get(s.leader))
+                    .map_or_else(|| "(unknown)".into(), |m| m.name.clone()),
+            },
+        };
+        let traffic = match role {
+            Role::Leader { .. } => self.wg.traffic().ok().map(|t| t.into_iter().collect()),
+            _ => Some(Default::default()),
+        };
+        MeshInputs {
+            engine_configured,
+            role,
+            traffic,
+        }
+    }
+}

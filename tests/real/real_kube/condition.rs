@@ -1,0 +1,78 @@
+//! The node condition `KiloMeshReady` on a real API server, written through `nodes/status` as
+//! the `kilo` ServiceAccount of `manifests/rbac.yaml`: each node's judgement, a leader whose
+//! tunnel stops answering, and its return.
+
+use super::*;
+
+/// Node `name`'s `KiloMeshReady` condition as stored: (status, reason, message).
+fn condition(k: &KubeCluster, name: &str) -> Option<(String, String, String)> {
+    let node = k.kube.get(&["node", name]);
+    let found = node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "KiloMeshReady")?
+        .clone();
+    let text = |f: &str| found[f].as_str().unwrap_or_default().to_string();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// Waits up to `secs` for `name`'s condition to have `status` and `reason`.
+fn wait_condition(k: &KubeCluster, name: &str, status: &str, reason: &str, secs: u64) {
+    let reached = k.c.wait_for(Duration::from_secs(secs), |_| {
+        condition(k, name).is_some_and(|(s, r, _)| s == status && r == reason)
+    });
+    assert!(
+        reached,
+        "{name}: wanted {status}/{reason} within {secs} s, found {:?}\n{}",
+        condition(k, name),
+        k.c.logs()
+    );
+}
+
+#[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
+fn kilo_mesh_ready_says_a_leader_is_cut_off_and_back() {
+    let Some(mut k) = KubeCluster::new(
+        "kilo_mesh_ready_says_a_leader_is_cut_off_and_back",
+        "",
+        &["east", "west"],
+        &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+    ) else {
+        return;
+    };
+    for i in 0..3 {
+        k.start(i, &["--resync-period=5s"]);
+    }
+    k.assert_meshed(60);
+    wait_condition(&k, "n1", "True", "Meshed", 30);
+    wait_condition(&k, "n3", "True", "Meshed", 30);
+    wait_condition(&k, "n2", "True", "FollowsLeader", 30);
+    let (_, _, follower) = condition(&k, "n2").unwrap();
+    assert!(follower.contains("n1"), "n2's message: {follower}");
+    // The kubelet's own conditions are not there (no kubelet), and kg's merge added only its
+    // own: one condition.
+    let conditions = k.kube.get(&["node", "n1"])["status"]["conditions"].clone();
+    assert_eq!(conditions.as_array().map(Vec::len), Some(1), "{conditions}");
+
+    // n3's WireGuard port blocked while n1 sends to it: n1's only tunnel to another location
+    // answers nothing for 12 s, and n1 says so at a pass after that.
+    let pinger = common::pinger::Pinger::start(&k.c.node("n1").ns.name, &k.c.node("n3").pod_ip);
+    k.c.node("n3").block_wireguard();
+    wait_condition(&k, "n1", "False", "NoLeaderReachable", 45);
+    let (_, _, message) = condition(&k, "n1").unwrap();
+    assert!(message.contains("n3"), "n1's message: {message}");
+    eprintln!("n1 cut off: {message}");
+
+    // Unblocked: n1 hears n3 again and the condition is True at most 10 s after the last write.
+    for (chain, port) in [
+        ("INPUT", "--dport"),
+        ("OUTPUT", "--dport"),
+        ("INPUT", "--sport"),
+    ] {
+        k.c.node("n3").ns.run(&[
+            "iptables", "-D", chain, "-p", "udp", port, "51820", "-j", "DROP",
+        ]);
+    }
+    wait_condition(&k, "n1", "True", "Meshed", 45);
+    drop(pinger);
+}
