@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::leader::{TrafficSample, CUT_OFF_WINDOW_MS};
+use crate::leader::{sent_unanswered, TrafficSample, CUT_OFF_WINDOW_MS};
 use crate::Key;
 
 /// The condition's `type` on the Node.
@@ -67,17 +67,6 @@ pub enum MeshReason {
 }
 
 impl MeshReason {
-    /// Every reason, for the docs' check.
-    pub const ALL: [MeshReason; 7] = [
-        Self::Meshed,
-        Self::FollowsLeader,
-        Self::EngineNotConfigured,
-        Self::NodeNotReady,
-        Self::PeersDown,
-        Self::NoLeaderReachable,
-        Self::TunnelsUnreadable,
-    ];
-
     /// The reason as the condition carries it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -255,7 +244,7 @@ impl MeshWatch {
             .iter()
             .filter(
                 |t| match (oldest.peers.get(&t.key), newest.peers.get(&t.key)) {
-                    (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
+                    (Some(before), Some(after)) => sent_unanswered(*before, *after),
                     // A peer the device lacks cannot carry anything.
                     (_, None) => true,
                     // Added within the window: not judged yet.
@@ -323,8 +312,8 @@ impl ConditionBook {
         }
     }
 
-    /// Records that `write` reached the API server (a failed one is not recorded: it is due
-    /// again at the next judgement).
+    /// Records that `write` was sent. The driver records a refused write too, so that it is
+    /// tried again only at the next change or heartbeat; one never recorded is due at once.
     pub fn written(&mut self, write: ConditionWrite) {
         self.written = Some(write);
     }

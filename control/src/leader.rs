@@ -428,9 +428,16 @@ pub fn cut_off(oldest: &TrafficSample, newest: &TrafficSample, watched: &[crate:
     watched
         .iter()
         .all(|k| match (oldest.peers.get(k), newest.peers.get(k)) {
-            (Some((rx0, tx0)), Some((rx1, tx1))) => tx1 > tx0 && rx1 == rx0,
+            (Some(before), Some(after)) => sent_unanswered(*before, *after),
             _ => false,
         })
+}
+
+/// True when a tunnel whose (received, sent) bytes went from `before` to `after` sent something
+/// and received nothing: the evidence that its far end does not answer.
+pub fn sent_unanswered(before: (u64, u64), after: (u64, u64)) -> bool {
+    let ((rx0, tx0), (rx1, tx1)) = (before, after);
+    tx1 > tx0 && rx1 == rx0
 }
 
 /// True when any of the `watched` tunnels received something between `older` and `newer`. A

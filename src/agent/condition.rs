@@ -3,13 +3,13 @@
 //! device's counters) and sends the write the reconciler says is due
 //! ([`super::reconciler::Reconciler::condition_due`]).
 
+use control::clock::Now;
 use control::condition::{MeshInputs, Role, Tunnel};
 use control::journal::Reason;
 
 use super::serve::status::EngineReadiness;
 use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
-use control::clock::Now;
 
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Judges the node at `now` and writes the condition when due; a refusal is said once.

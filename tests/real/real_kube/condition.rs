@@ -32,18 +32,14 @@ fn wait_condition(k: &KubeCluster, name: &str, status: &str, reason: &str, secs:
 #[test]
 #[ignore = "needs root and the real parts .ci/run installs"]
 fn kilo_mesh_ready_says_a_leader_is_cut_off_and_back() {
-    let Some(mut k) = KubeCluster::new(
+    let Some(k) = KubeCluster::meshed_with(
         "kilo_mesh_ready_says_a_leader_is_cut_off_and_back",
         "",
-        &["east", "west"],
         &[("n1", "east"), ("n2", "east"), ("n3", "west")],
+        &["--resync-period=5s"],
     ) else {
         return;
     };
-    for i in 0..3 {
-        k.start(i, &["--resync-period=5s"]);
-    }
-    k.assert_meshed(60);
     wait_condition(&k, "n1", "True", "Meshed", 30);
     wait_condition(&k, "n3", "True", "Meshed", 30);
     wait_condition(&k, "n2", "True", "FollowsLeader", 30);
