@@ -76,11 +76,25 @@ pub enum Reason {
     /// The API server refused the node condition `KiloMeshReady` (subject: this node): kg
     /// goes on meshing and tries again at the next change or heartbeat.
     ConditionRefused,
+    /// kg put back the WireGuard peers its last run saved, before its first pass (subject:
+    /// the interface).
+    PeersRestored,
+    /// kg started handshakes with its peers itself instead of waiting for their timers
+    /// (subject: the interface).
+    HandshakesStarted,
+    /// Another kg ran this node's engine when kg started; kg stood by until it exited, then
+    /// took the engine over (subject: the interface).
+    TookOver,
+    /// kg stops and another kg replaces it: the node keeps its mesh for the next one (subject:
+    /// this node).
+    Replaced,
+    /// kg stops and nothing replaces it: it removes what it set up (subject: this node).
+    Removed,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 33] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -109,6 +123,11 @@ impl Reason {
         Self::TunnelMissing,
         Self::KeyRotation,
         Self::ConditionRefused,
+        Self::PeersRestored,
+        Self::HandshakesStarted,
+        Self::TookOver,
+        Self::Replaced,
+        Self::Removed,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -142,6 +161,11 @@ impl Reason {
             Self::TunnelMissing => "TunnelMissing",
             Self::KeyRotation => "KeyRotation",
             Self::ConditionRefused => "ConditionRefused",
+            Self::PeersRestored => "PeersRestored",
+            Self::HandshakesStarted => "HandshakesStarted",
+            Self::TookOver => "TookOver",
+            Self::Replaced => "Replaced",
+            Self::Removed => "Removed",
         }
     }
 
@@ -176,7 +200,12 @@ impl Reason {
             | Self::LeaderHandedOver
             | Self::LeaderReleased
             | Self::LeaderReconnected
-            | Self::KeyRotation => EventKind::Normal,
+            | Self::KeyRotation
+            | Self::PeersRestored
+            | Self::HandshakesStarted
+            | Self::TookOver
+            | Self::Replaced
+            | Self::Removed => EventKind::Normal,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! state and `now` come in as arguments; topology, WireGuard configurations, route plans and
 //! annotation values go out as data. The agent (`kg`) supplies the I/O.
 
+pub mod api_events;
 pub mod clock;
 pub mod cni;
 pub mod coalesce;

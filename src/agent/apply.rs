@@ -403,7 +403,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         let changed = if self.record.engine_configured {
             self.wg.apply(&desired)?
         } else {
-            let changed = self.wg.apply_and_handshake(&desired)?;
+            let (changed, started) = self.wg.apply_and_handshake(&desired)?;
+            if let Some(started) = started {
+                let interface = self.settings.args.interface.clone();
+                self.core
+                    .journal()
+                    .record(Reason::HandshakesStarted, interface, started);
+            }
             self.record.engine_configured = true;
             self.status
                 .update(|p| p.engine = status::EngineReadiness::Configured);

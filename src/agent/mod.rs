@@ -62,6 +62,8 @@ pub mod twin_agent;
 pub use reconciler::{Timer, Wake, CHECK_IN_PERIOD};
 /// How long one DNS lookup may take.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a stopping kg waits for its last Kubernetes Events to be written.
+const EVENT_FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long kg lets a burst of kernel notifications settle before listing the host again.
 pub const KERNEL_SETTLE: Duration = Duration::from_millis(200);
 
@@ -157,6 +159,10 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     record: apply::HostRecord,
     /// DNS names due for a lookup, for the driver's resolver ([`Agent::take_due_lookups`]).
     due_lookups: Vec<String>,
+    /// Where the Kubernetes Events go (the Kubernetes backend only).
+    event_poster: Option<crate::backend::kube::events::EventPoster>,
+    /// The budget's dropped writes already counted in the metrics.
+    api_writes_dropped: u64,
 }
 
 /// What wakes the agent ([`Agent::step`]).
@@ -315,9 +321,20 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         Some(settled)
     }
 
-    /// Takes the events the step recorded: logs each, and keeps them for `/status`.
+    /// Takes the events the step recorded: logs each, keeps them for `/status`, and posts the
+    /// Kubernetes Events the reconciler says are due.
     fn publish_events(&mut self, now: Now) {
         let events = self.core.take_events(now.unix_ms);
+        if let Some(poster) = &self.event_poster {
+            for write in self.core.api_writes(&events, now.unix_ms) {
+                poster.post(write);
+            }
+            let dropped = self.core.api_writes_dropped();
+            for _ in self.api_writes_dropped..dropped {
+                self.metrics.api_event("dropped");
+            }
+            self.api_writes_dropped = dropped;
+        }
         if events.is_empty() {
             return;
         }
@@ -351,13 +368,23 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
 pub async fn run(settings: Settings) -> Result<()> {
     let listen = settings.args.listen.clone();
     // Held until the engine is stopped: the next kg of this node waits on it (see `engine_lock`).
-    let engine_lock = if settings.args.create_interface {
+    let (engine_lock, took_over) = if settings.args.create_interface {
         let a = &settings.args;
-        Some(take_engine(&a.socket_dir, &a.interface, &listen, a.wireguard).await?)
+        let (lock, took_over) =
+            take_engine(&a.socket_dir, &a.interface, &listen, a.wireguard).await?;
+        (Some(lock), took_over)
     } else {
-        None
+        (None, None)
     };
+    let interface = settings.args.interface.clone();
     let mut agent = Agent::start(settings).await?;
+    if let Some(took_over) = took_over {
+        agent
+            .core
+            .journal()
+            .record(Reason::TookOver, interface, took_over);
+    }
+    let event_poster = agent.event_poster.clone();
     let state = http::HttpState {
         metrics: Arc::clone(&agent.metrics),
         wg: Arc::clone(&agent.wg),
@@ -408,6 +435,10 @@ pub async fn run(settings: Settings) -> Result<()> {
     // Only now, with the engine's sockets closed and its TUN queues released, may the next kg
     // of this node (a surge rollout's new pod, waiting on the lock) take over.
     drop(engine_lock);
+    // The Events the shutdown recorded, sent after the handover so they never delay it.
+    if let Some(poster) = event_poster {
+        poster.flush(EVENT_FLUSH_WAIT).await;
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use control::journal::Reason;
 use control::node::annotation;
 use control::routes::{diff, RoutePlan};
 
@@ -16,16 +17,21 @@ impl Agent {
     pub async fn shut_down(mut self) {
         let cleaning = self.settings.args.clean_up || self.settings.args.clean_up_interface;
         if cleaning && self.settings.args.keep_on_replace {
-            match self.backend.departure().await {
-                crate::backend::Departure::Replaced { by } => {
-                    tracing::info!(
-                        "{by} replaces this kg: keeping the node's annotations, routes, rules and link for the next one"
-                    );
-                    return self.stop_engine(false).await;
-                }
+            let (reason, message, replaced) = match self.backend.departure().await {
+                crate::backend::Departure::Replaced { by } => (
+                    Reason::Replaced,
+                    format!("{by} replaces this kg: keeping the node's annotations, routes, rules and link for the next one"),
+                    true,
+                ),
                 crate::backend::Departure::Removed { why } => {
-                    tracing::info!("cleaning up: {why}")
+                    (Reason::Removed, format!("cleaning up: {why}"), false)
                 }
+            };
+            let hostname = self.settings.hostname.clone();
+            self.core.journal().record(reason, hostname, message);
+            self.publish_events(super::read_clock());
+            if replaced {
+                return self.stop_engine(false).await;
             }
         }
         if self.settings.args.clean_up {

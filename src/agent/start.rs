@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use control::journal::Reason;
 use control::routes::RoutePlan;
 use control::Key;
 use dataplane::{DeviceConfig, InterfaceConfig, SecretKey};
@@ -200,6 +201,8 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         // until a handshake teaches newer ones (see `discover_nat_endpoints`), so the first
         // reconcile does not send the restored peers back to their announced addresses.
         let mut discovered = BTreeMap::new();
+        // What the start did, for the journal once the reconciler exists.
+        let mut started = Vec::new();
         let board = Arc::new(status::StatusBoard::default());
         if let Some(restored) = restored {
             discovered.extend(
@@ -215,9 +218,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 }
                 None => {
                     let peers = restored.peers.len();
-                    wg.apply_and_handshake(&restored)?;
+                    let (_, handshakes) = wg.apply_and_handshake(&restored)?;
                     board.update(|p| p.engine = status::EngineReadiness::Restored { peers });
-                    tracing::info!(peers, "restored the WireGuard peers of the last run");
+                    started.push((
+                        Reason::PeersRestored,
+                        format!("restored the {peers} WireGuard peers of the last run"),
+                    ));
+                    started.extend(handshakes.map(|h| (Reason::HandshakesStarted, h)));
                 }
             }
         }
@@ -253,6 +260,10 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             None
         });
         let mut core = Reconciler::new(s.reconciler_config(), public, discovered, now);
+        for (reason, message) in started {
+            core.journal()
+                .record(reason, s.args.interface.clone(), message);
+        }
         if resolver.is_some() {
             core.enable_lookups();
         }
@@ -276,8 +287,15 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 .map(|(k, request)| (Key(*k.public_key().as_bytes()), request.clone())),
             keyfile::made_ms(&s.args.key_file).unwrap_or(now.unix_ms),
         );
+        let metrics = Arc::new(Metrics::new());
+        let event_poster = backend.event_poster(
+            &s.hostname,
+            Arc::clone(&metrics) as Arc<dyn crate::backend::kube::events::EventCounts>,
+        );
         Ok(Self {
             core,
+            event_poster,
+            api_writes_dropped: 0,
             next_key: next_key.map(|(k, _)| k),
             pq,
             record: Default::default(),
@@ -295,7 +313,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             hostname_ips,
             owned: last_routes,
             problems: ProblemLog::default(),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             graph: Arc::new(parking_lot::Mutex::new(None)),
             status: board,
             tunnel,
@@ -346,7 +364,8 @@ fn port_in_use(e: &anyhow::Error) -> bool {
 }
 
 /// Takes the engine lock of `interface`; while another kg of this node holds it (the old pod of
-/// a surge rollout), stands by, answering `/health` on `listen`, until that kg exits.
+/// a surge rollout), stands by, answering `/health` on `listen`, until that kg exits. Returns
+/// the lock and, when it stood by, a sentence saying so for the journal.
 ///
 /// It stands by only if it could run the engine after that kg (`choice`,
 /// [`WireGuard::can_run`]); if not it fails at once, so a rollout's new pod that could not take
@@ -356,10 +375,10 @@ pub(super) async fn take_engine(
     interface: &str,
     listen: &str,
     choice: WireGuardChoice,
-) -> Result<EngineLock> {
+) -> Result<(EngineLock, Option<String>)> {
     let mut lock = EngineLock::open(socket_dir, interface)?;
     if lock.try_lock()? {
-        return Ok(lock);
+        return Ok((lock, None));
     }
     let holder = lock
         .holder()
@@ -379,9 +398,10 @@ pub(super) async fn take_engine(
     let taken = tokio::task::spawn_blocking(move || lock.lock()).await;
     standby.abort();
     let lock = taken.context("waiting for the engine lock")??;
-    tracing::info!(
-        waited_ms = waited.elapsed().as_millis() as u64,
-        "the engine of {interface} is free: taking over"
+    let took_over = format!(
+        "{holder} ran the engine of {interface}: stood by {} ms until it exited, then took over",
+        waited.elapsed().as_millis()
     );
-    Ok(lock)
+    tracing::info!("the engine of {interface} is free: taking over");
+    Ok((lock, Some(took_over)))
 }

@@ -32,6 +32,7 @@ use super::pace::{self, Pace};
 use super::Snapshot;
 
 pub mod departure;
+pub mod events;
 pub mod ipam;
 mod lease;
 pub mod slim;
@@ -321,6 +322,15 @@ impl KubeBackend {
         )
         .await?;
         Ok(())
+    }
+
+    /// The queue that writes this agent's Kubernetes Events, as kg of `node`.
+    pub fn event_poster(
+        &self,
+        node: &str,
+        counts: Arc<dyn events::EventCounts>,
+    ) -> events::EventPoster {
+        events::EventPoster::start(self.client.clone(), node, counts)
     }
 
     /// Why kg is stopping (see [`departure`]), within the write timeout.

@@ -390,6 +390,19 @@ impl Backend {
         }
     }
 
+    /// Where this agent's Kubernetes Events go, as kg of `node`: `None` where the backend keeps
+    /// none (the file and memory backends).
+    pub fn event_poster(
+        &self,
+        node: &str,
+        counts: Arc<dyn self::kube::events::EventCounts>,
+    ) -> Option<self::kube::events::EventPoster> {
+        match self {
+            Self::Kube(k) => Some(k.event_poster(node, counts)),
+            Self::File(_) | Self::Memory(_) => None,
+        }
+    }
+
     /// Creates a Peer (for `kgctl connect`).
     pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
         match self {

@@ -121,11 +121,12 @@ pub struct Detached {
 }
 
 impl Detached {
-    /// SIGTERM, then waits (SIGKILL after 5 s).
-    pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            terminate(child);
-        }
+    /// SIGTERM, then waits (SIGKILL after 5 s); true when it exited by itself with status 0.
+    pub fn stop(&mut self) -> bool {
+        self.child
+            .take()
+            .and_then(terminate)
+            .is_some_and(|status| status.success())
     }
 
     pub fn log_text(&self) -> String {
@@ -143,18 +144,20 @@ impl Drop for Detached {
 }
 
 /// SIGTERM, then SIGKILL if `child` has not exited 5 s later.
-fn terminate(mut child: Child) {
+/// SIGTERM, then SIGKILL after 5 s; the exit status when it exited by itself.
+fn terminate(mut child: Child) -> Option<std::process::ExitStatus> {
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if child.try_wait().ok().flatten().is_some() {
-            return;
+        if let Some(status) = child.try_wait().ok().flatten() {
+            return Some(status);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
     let _ = child.wait();
+    None
 }
 
 impl KgNode {

@@ -40,6 +40,7 @@ use crate::backend::Snapshot;
 
 mod condition;
 mod config;
+mod events;
 mod ipam;
 mod mesh;
 mod pass;
@@ -141,6 +142,8 @@ pub struct Reconciler {
     mesh_watch: control::condition::MeshWatch,
     /// The node condition last sent.
     condition_book: control::condition::ConditionBook,
+    /// The Kubernetes Events posted and the budget left.
+    api_events: control::api_events::ApiEventBook,
 }
 
 impl Reconciler {
@@ -191,6 +194,7 @@ impl Reconciler {
             pq_announcement: None,
             mesh_watch: Default::default(),
             condition_book: Default::default(),
+            api_events: Default::default(),
         }
     }
 

@@ -34,6 +34,13 @@ pub struct EventLabel {
     pub event: String,
 }
 
+/// The `result` label of `kilotun_api_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `posted`, `repeated`, `failed` or `dropped`.
+    pub result: &'static str,
+}
+
 /// The `stage` label of `kilotun_reconcile_stage_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabel {
@@ -231,6 +238,10 @@ pub struct Metrics {
     /// `kilotun_route_changes_total`: batches of route and rule changes kg applied to the
     /// kernel (a pass that finds the kernel as planned adds nothing).
     pub route_changes: Counter,
+    /// `kilotun_api_events_total{result}`: Kubernetes Events kg wrote (`posted`, `repeated`:
+    /// a series' count), could not write (`failed`) or left out (`dropped`: beyond its budget or
+    /// queue).
+    pub api_events: Family<ResultLabel, Counter>,
     /// The keys' series: rotations and post-quantum preshared keys.
     pub keys: keys::KeyMetrics,
     /// `kilotun_withheld_cidrs`: CIDRs not routed on this node because they contain or equal
@@ -271,6 +282,7 @@ impl Metrics {
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
             route_changes: Counter::default(),
+            api_events: Family::default(),
             keys: Default::default(),
             withheld_cidrs: Gauge::default(),
             stages: StageHistograms::new_with_constructor(stage_histogram),
@@ -311,6 +323,11 @@ impl Metrics {
             "Batches of route and rule changes kg applied to the kernel",
             m.route_changes.clone(),
         );
+        registry.register(
+            "kilotun_api_events",
+            "Kubernetes Events kg wrote, could not write or left out, by result",
+            m.api_events.clone(),
+        );
         m.keys.register(&mut registry);
         registry.register(
             "kilotun_withheld_cidrs",
@@ -336,6 +353,11 @@ impl Metrics {
                 event: event.to_string(),
             })
             .inc();
+    }
+
+    /// Counts a Kubernetes Event write that ended as `result`.
+    pub fn api_event(&self, result: &'static str) {
+        self.api_events.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// Records `seconds` spent in reconcile stage `stage`.
@@ -364,3 +386,9 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests;
+
+impl crate::backend::kube::events::EventCounts for Metrics {
+    fn count(&self, result: &'static str) {
+        self.api_event(result);
+    }
+}

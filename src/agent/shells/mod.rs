@@ -184,9 +184,10 @@ pub trait Device: Send + Sync {
     /// embedded engine) also starts handshakes with every peer at once: the other ends may
     /// still send on sessions that died with the last process (kg's own, or Kilo's
     /// wireguard-go when a node migrates) and, on a link where only they send, would wait for
-    /// their own timers (about 15 s) before starting a new one.
-    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
-        self.apply(desired)
+    /// their own timers (about 15 s) before starting a new one. Returns whether something
+    /// changed, and what was started, said for the journal (`None`: no handshake started).
+    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<(bool, Option<String>)> {
+        Ok((self.apply(desired)?, None))
     }
     /// Why the device no longer carries packets, for one that can tell (the embedded engine
     /// whose TUN link was deleted); `None` while it works.
@@ -228,23 +229,27 @@ impl Device for WireGuard {
             )
         })
     }
-    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<bool> {
+    fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<(bool, Option<String>)> {
         let changed = WireGuard::apply(self, desired)?;
-        match self {
+        let started = match self {
             WireGuard::Embedded { device, .. } => {
                 let asked = device.initiate_handshakes();
-                tracing::info!(peers = asked, "starting handshakes with every peer at once");
+                Some(format!(
+                    "started handshakes with every peer at once ({asked})"
+                ))
             }
             WireGuard::Kernel(device) => match device.start_handshakes() {
-                Ok(asked) => tracing::info!(
-                    peers = asked,
-                    "starting handshakes with every peer that has none"
-                ),
-                Err(e) => tracing::warn!(error = format!("{e:#}"), "starting handshakes"),
+                Ok(asked) => Some(format!(
+                    "started handshakes with every peer that had none ({asked})"
+                )),
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "starting handshakes");
+                    None
+                }
             },
-            WireGuard::Uapi { .. } => {}
-        }
-        Ok(changed)
+            WireGuard::Uapi { .. } => None,
+        };
+        Ok((changed, started))
     }
     fn configuration(&self) -> Result<DeviceConfig> {
         Ok(self.read()?.0)

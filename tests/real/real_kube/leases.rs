@@ -232,11 +232,7 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
     // annotations (so nobody elects around it) and the lease; the next kg takes over.
     let stopped = Instant::now();
     k.c.nodes[index].stop();
-    let log = k.c.node(&leader).log_text();
-    assert!(
-        log.contains("DaemonSet kube-system/kilo replaces this kg"),
-        "{log}"
-    );
+    own_events(&k, &leader, "Replaced", 1);
     let annotations = k.annotations(&leader);
     assert!(
         annotations["kilo.squat.ai/key"].is_string()
@@ -265,9 +261,8 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
     let mut old = k.c.nodes[index].detach();
     start(&mut k, index);
     let standing_by = k.c.wait_for(Duration::from_secs(10), |c| {
-        c.nodes[index]
-            .log_text()
-            .contains("standing by until it exits")
+        let (status, body) = c.nodes[index].http_get("/ready");
+        status == 200 && body.starts_with("standing by")
     });
     assert!(standing_by, "{}", k.c.nodes[index].log_text());
     let beside = Instant::now();
@@ -279,12 +274,12 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
     );
     assert_eq!(k.c.nodes[index].http_get("/health").0, 200);
     let stopped = Instant::now();
-    old.stop();
     assert!(
-        old.log_text().contains("replaces this kg"),
-        "{}",
+        old.stop(),
+        "the old kg did not exit by itself with 0\n{}",
         old.log_text()
     );
+    own_events(&k, &leader, "Replaced", 2);
     let back = pinger.wait_flowing(stopped, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(2));
     let gap = pinger.longest_gap_after(stopped);
@@ -293,11 +288,7 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
         gap.as_secs_f64()
     );
     assert!(back, "traffic never came back\n{}", k.c.logs());
-    assert!(
-        k.c.nodes[index].log_text().contains("taking over"),
-        "{}",
-        k.c.nodes[index].log_text()
-    );
+    own_events(&k, &leader, "TookOver", 1);
     // The old kg closed its engine before it let go of the lock: the port was free at once.
     assert!(
         !k.c.nodes[index]
@@ -325,13 +316,21 @@ fn a_replaced_kg_keeps_the_node_for_its_successor_and_an_uninstalled_one_cleans_
         "--wait=false",
     ]);
     k.c.nodes[index].stop();
-    let log = k.c.node(&leader).log_text();
-    assert!(
-        log.contains("cleaning up: its DaemonSet kube-system/kilo is deleted"),
-        "{log}"
-    );
+    own_events(&k, &leader, "Removed", 1);
     let annotations = k.annotations(&leader);
     assert!(annotations["kilo.squat.ai/key"].is_null(), "{annotations}");
+}
+
+/// Waits up to 10 s for `node`'s kg to have posted `n` Events of `reason` about its own Node.
+fn own_events(k: &KubeCluster, node: &str, reason: &str, n: usize) {
+    let instance = format!("kg-{node}");
+    k.wait_kube_events(reason, 10, |events| {
+        events
+            .iter()
+            .filter(|(by, kind, name, _, _)| *by == instance && kind == "Node" && name == node)
+            .count()
+            >= n
+    });
 }
 
 /// The holder of the `kube-system` Lease `name`, read with kubectl.

@@ -7,6 +7,7 @@
 //! `spec.podCIDR`) that a kubelet and the node IPAM controller would.
 
 mod condition;
+mod events;
 mod ipam;
 mod kilo_peer;
 mod leases;
