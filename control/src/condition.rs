@@ -80,6 +80,21 @@ impl MeshReason {
         }
     }
 
+    /// The reason a condition names `name`, if it is one of these.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Meshed,
+            Self::FollowsLeader,
+            Self::EngineNotConfigured,
+            Self::NodeNotReady,
+            Self::PeersDown,
+            Self::NoLeaderReachable,
+            Self::TunnelsUnreadable,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == name)
+    }
+
     /// The status that goes with the reason.
     pub fn status(self) -> ConditionStatus {
         match self {
@@ -275,6 +290,8 @@ pub struct ConditionWrite {
 #[derive(Debug, Clone, Default)]
 pub struct ConditionBook {
     written: Option<ConditionWrite>,
+    /// True once the condition the Node carried was asked for ([`ConditionBook::adopt`]).
+    adopted: bool,
 }
 
 impl ConditionBook {
@@ -306,10 +323,18 @@ impl ConditionBook {
 
     /// Takes the condition the Node already carries (the last run's), so that an unchanged
     /// status keeps its `lastTransitionTime` and a fresh kg writes only what changed.
-    pub fn adopt(&mut self, present: ConditionWrite) {
+    /// `None`: the Node has none.
+    pub fn adopt(&mut self, present: Option<ConditionWrite>) {
+        self.adopted = true;
         if self.written.is_none() {
-            self.written = Some(present);
+            self.written = present;
         }
+    }
+
+    /// True until the Node's own condition was adopted or one was written: the driver reads
+    /// it once before the first write.
+    pub fn wants_present(&self) -> bool {
+        !self.adopted && self.written.is_none()
     }
 
     /// Records that `write` was sent. The driver records a refused write too, so that it is

@@ -175,31 +175,48 @@ fn writes_come_on_a_change_at_most_every_interval_and_as_a_heartbeat() {
 #[test]
 fn a_failed_write_is_due_again_and_an_adopted_condition_keeps_its_transition() {
     let mut book = ConditionBook::default();
+    assert!(book.wants_present());
     assert!(book.due(&meshed(), 0).is_some());
     // Not recorded as written: due again.
     assert!(book.due(&meshed(), 1).is_some());
-    book.adopt(ConditionWrite {
+    book.adopt(Some(ConditionWrite {
         condition: meshed(),
         transition_ms: -50_000,
         heartbeat_ms: -1_000,
-    });
+    }));
+    assert!(!book.wants_present());
     assert_eq!(book.due(&meshed(), 0), None);
     let change = book.due(&down("s1"), MIN_WRITE_INTERVAL_MS).unwrap();
     assert_eq!(change.transition_ms, MIN_WRITE_INTERVAL_MS);
     // A reason change within one status keeps the transition time.
     let mut book = ConditionBook::default();
-    book.adopt(ConditionWrite {
+    book.adopt(Some(ConditionWrite {
         condition: MeshCondition {
             reason: MeshReason::FollowsLeader,
             message: "follows".into(),
         },
         transition_ms: 7,
         heartbeat_ms: 7,
-    });
+    }));
     assert_eq!(
         book.due(&meshed(), MIN_WRITE_INTERVAL_MS + 7)
             .unwrap()
             .transition_ms,
         7
     );
+}
+
+#[test]
+fn a_node_without_the_condition_is_asked_once_and_written_at_once() {
+    let mut book = ConditionBook::default();
+    book.adopt(None);
+    assert!(!book.wants_present());
+    assert_eq!(book.due(&meshed(), 5).map(|w| w.transition_ms), Some(5));
+    for reason in ["Meshed", "NoLeaderReachable", "TunnelsUnreadable"] {
+        assert_eq!(
+            MeshReason::from_name(reason).map(MeshReason::as_str),
+            Some(reason)
+        );
+    }
+    assert_eq!(MeshReason::from_name("Ready"), None);
 }

@@ -18,6 +18,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         if !self.backend.keeps_conditions() {
             return;
         }
+        let hostname = self.settings.hostname.clone();
+        if self.core.condition_wants_present() && self.backend.healthy() {
+            // Read once (a failed read is tried again at the next step).
+            if let Ok(present) = self.backend.node_condition(&hostname).await {
+                self.core.condition_adopt(present);
+            }
+        }
         let inputs = self.mesh_inputs();
         let Some(write) = self.core.condition_due(&inputs, now.unix_ms) else {
             return;
@@ -25,7 +32,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         if !self.backend.healthy() {
             return;
         }
-        let hostname = self.settings.hostname.clone();
         let sent = self.backend.write_node_condition(&hostname, &write).await;
         self.core.condition_sent(write);
         if let Err(e) = sent {

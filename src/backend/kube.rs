@@ -324,6 +324,32 @@ impl KubeBackend {
         Ok(())
     }
 
+    /// The `KiloMeshReady` condition Node `name` carries, within the write timeout.
+    pub async fn node_condition(
+        &self,
+        name: &str,
+    ) -> Result<Option<control::condition::ConditionWrite>> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let node = bounded(|| format!("reading Node {name}"), api.get(name)).await?;
+        let ms = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_millisecond();
+        Ok(node
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .find(|c| c.type_ == control::condition::CONDITION_TYPE)
+            .and_then(|c| {
+                Some(control::condition::ConditionWrite {
+                    condition: control::condition::MeshCondition {
+                        reason: control::condition::MeshReason::from_name(c.reason.as_deref()?)?,
+                        message: c.message.unwrap_or_default(),
+                    },
+                    transition_ms: c.last_transition_time.as_ref().map(ms)?,
+                    heartbeat_ms: c.last_heartbeat_time.as_ref().map(ms)?,
+                })
+            }))
+    }
+
     /// The queue that writes this agent's Kubernetes Events, as kg of `node`.
     pub fn event_poster(
         &self,

@@ -403,6 +403,18 @@ impl Backend {
         }
     }
 
+    /// The `KiloMeshReady` condition Node `name` carries now (`None`: none, or a backend
+    /// without conditions).
+    pub async fn node_condition(
+        &self,
+        name: &str,
+    ) -> Result<Option<control::condition::ConditionWrite>> {
+        match self {
+            Self::Kube(k) => k.node_condition(name).await,
+            Self::File(_) | Self::Memory(_) => Ok(None),
+        }
+    }
+
     /// Creates a Peer (for `kgctl connect`).
     pub async fn create_peer(&self, peer: &PeerObject) -> Result<()> {
         match self {

@@ -17,4 +17,16 @@ impl Reconciler {
     pub fn condition_sent(&mut self, write: ConditionWrite) {
         self.condition_book.written(write);
     }
+
+    /// True until the Node's own `KiloMeshReady` (the last run's) was read or a condition was
+    /// written: the driver reads it once, before the first write.
+    pub fn condition_wants_present(&self) -> bool {
+        self.condition_book.wants_present()
+    }
+
+    /// Takes the Node's own condition as read (`None`: it has none), so an unchanged status
+    /// keeps its `lastTransitionTime` across a restart.
+    pub fn condition_adopt(&mut self, present: Option<ConditionWrite>) {
+        self.condition_book.adopt(present);
+    }
 }
