@@ -12,7 +12,6 @@ use control::diagnosis::{
 };
 use control::status::NodeStatus;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::KgctlArgs;
 
@@ -255,77 +254,106 @@ pub fn render_text(r: &Report) -> String {
     out
 }
 
-/// `GET url+path` (plain HTTP/1.1, `Connection: close`), decoded from JSON.
+/// The largest answer `kgctl diagnose` reads from a kg: `/status` of a node in a large mesh is
+/// a few hundred KiB; anything past this is not a kg's.
+const ANSWER_LIMIT: usize = 16 << 20;
+
+/// `GET url+path` over HTTP/1.1 (hyper's client), at most [`ANSWER_LIMIT`] bytes, decoded from
+/// JSON.
 async fn get_json<T: serde::de::DeserializeOwned>(
     url: &str,
     path: &str,
     timeout: Duration,
 ) -> Result<T> {
+    use http_body_util::BodyExt;
     let authority = url
         .strip_prefix("http://")
-        .with_context(|| format!("{url:?}: only http:// URLs are supported"))?;
+        .with_context(|| format!("{url:?}: only http:// URLs are supported"))?
+        .trim_end_matches('/');
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(authority)
+        let stream = tokio::net::TcpStream::connect(authority)
             .await
             .with_context(|| format!("connecting to {authority}"))?;
-        stream
-            .write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        anyhow::Ok(raw)
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .with_context(|| format!("speaking HTTP to {authority}"))?;
+        let driver = tokio::spawn(connection);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, authority)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .with_context(|| format!("{path:?} is not a request path"))?;
+        let answer = sender
+            .send_request(request)
+            .await
+            .with_context(|| format!("GET {path} from {authority}"))?;
+        let status = answer.status();
+        let body = http_body_util::Limited::new(answer.into_body(), ANSWER_LIMIT)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading {path} from {authority}: {e}"))?
+            .to_bytes();
+        driver.abort();
+        anyhow::Ok((status, body))
     };
-    let raw = tokio::time::timeout(timeout, exchange)
+    let (status, body) = tokio::time::timeout(timeout, exchange)
         .await
         .with_context(|| format!("no answer within {} s", timeout.as_secs()))??;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("the answer is not HTTP")?;
-    let status_line = head.lines().next().unwrap_or_default();
-    if !status_line.contains(" 200") {
-        bail!("{path} answered {status_line:?} (is this kilotun's kg? Kilo's kg has no /status)");
+    if status != hyper::StatusCode::OK {
+        bail!("{path} answered {status} (is this kilotun's kg? Kilo's kg has no /status)");
     }
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)?
-    } else {
-        body.to_string()
-    };
-    serde_json::from_str(&body).with_context(|| format!("{path}: not a kilotun status"))
-}
-
-/// Joins an HTTP/1.1 chunked body.
-fn dechunk(mut body: &str) -> Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n").context("a chunk without a size")?;
-        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
-            .context("a chunk size that is not hexadecimal")?;
-        if size == 0 {
-            return Ok(out);
-        }
-        out.push_str(rest.get(..size).context("a chunk shorter than its size")?);
-        body = rest.get(size + 2..).unwrap_or("");
-    }
+    serde_json::from_slice(&body).with_context(|| format!("{path}: not a kilotun status"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn joins_chunks() {
-        assert_eq!(
-            dechunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n").unwrap(),
-            "Wikipedia"
-        );
-        assert!(dechunk("zz\r\n").is_err());
+    /// One connection's worth of a server: reads the request head, answers `reply`.
+    async fn serve_once(reply: Vec<u8>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let _ = stream.read(&mut head).await;
+            let _ = stream.write_all(&reply).await;
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_is_joined_and_an_error_status_named() {
+        let url = serve_once(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n[1,\r\n2\r\n2]\r\n0\r\n\r\n"
+                .to_vec(),
+        )
+        .await;
+        let got: Vec<u32> = get_json(&url, "/status", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got, [1, 2]);
+        let url = serve_once(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec()).await;
+        let e = get_json::<Vec<u32>>(&url, "/status", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("/status answered 404"), "{e:#}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_limit_is_refused() {
+        let mut reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+            ANSWER_LIMIT + 1
+        )
+        .into_bytes();
+        reply.extend(std::iter::repeat_n(b' ', ANSWER_LIMIT + 1));
+        let url = serve_once(reply).await;
+        let e = get_json::<Vec<u32>>(&url, "/status", Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("length limit exceeded"), "{e:#}");
     }
 
     #[test]
