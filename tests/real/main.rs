@@ -8,6 +8,7 @@
 mod common;
 
 mod cross_arch;
+mod helm;
 mod image;
 mod kernel_vm;
 mod kube_backend;
