@@ -161,8 +161,6 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     due_lookups: Vec<String>,
     /// Where the Kubernetes Events go (the Kubernetes backend only).
     event_poster: Option<crate::backend::kube::events::EventPoster>,
-    /// The budget's dropped writes already counted in the metrics.
-    api_writes_dropped: u64,
 }
 
 /// What wakes the agent ([`Agent::step`]).
@@ -326,14 +324,11 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     fn publish_events(&mut self, now: Now) {
         let events = self.core.take_events(now.unix_ms);
         if let Some(poster) = &self.event_poster {
-            for write in self.core.api_writes(&events, now.unix_ms) {
+            let (writes, dropped) = self.core.api_writes(&events, now.unix_ms);
+            for write in writes {
                 poster.post(write);
             }
-            let dropped = self.core.api_writes_dropped();
-            for _ in self.api_writes_dropped..dropped {
-                self.metrics.api_event("dropped");
-            }
-            self.api_writes_dropped = dropped;
+            self.metrics.count_api_events("dropped", dropped);
         }
         if events.is_empty() {
             return;

@@ -17,20 +17,19 @@ impl Agent {
     pub async fn shut_down(mut self) {
         let cleaning = self.settings.args.clean_up || self.settings.args.clean_up_interface;
         if cleaning && self.settings.args.keep_on_replace {
-            let (reason, message, replaced) = match self.backend.departure().await {
+            let (reason, message) = match self.backend.departure().await {
                 crate::backend::Departure::Replaced { by } => (
                     Reason::Replaced,
                     format!("{by} replaces this kg: keeping the node's annotations, routes, rules and link for the next one"),
-                    true,
                 ),
                 crate::backend::Departure::Removed { why } => {
-                    (Reason::Removed, format!("cleaning up: {why}"), false)
+                    (Reason::Removed, format!("cleaning up: {why}"))
                 }
             };
             let hostname = self.settings.hostname.clone();
             self.core.journal().record(reason, hostname, message);
             self.publish_events(super::read_clock());
-            if replaced {
+            if reason == Reason::Replaced {
                 return self.stop_engine(false).await;
             }
         }

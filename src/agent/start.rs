@@ -295,7 +295,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         Ok(Self {
             core,
             event_poster,
-            api_writes_dropped: 0,
             next_key: next_key.map(|(k, _)| k),
             pq,
             record: Default::default(),

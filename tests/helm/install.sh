@@ -38,16 +38,7 @@ fi
 helm="$bin/helm"
 kubectl="$bin/kubectl"
 
-passed=0
-failed=0
-ok() {
-	passed=$((passed + 1))
-	echo "  ok: $*"
-}
-bad() {
-	failed=$((failed + 1))
-	echo "  FAIL: $*"
-}
+. "$repo/tests/helm/checks.sh"
 
 dir=$(mktemp -d /tmp/kilotun-helm-install.XXXXXX)
 cleanup() {

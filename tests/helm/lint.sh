@@ -31,16 +31,7 @@ fi
 export HELM=$helm
 echo "lint.sh: $("$helm" version --short) at $helm"
 
-passed=0
-failed=0
-ok() {
-	passed=$((passed + 1))
-	echo "  ok: $*"
-}
-bad() {
-	failed=$((failed + 1))
-	echo "  FAIL: $*"
-}
+. "$repo/tests/helm/checks.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -185,16 +176,21 @@ refusals=(
 	"a misspelt value|at '': additional properties 'meshGranularty' not allowed|--set meshGranularty=full"
 	"an extra arg that is not a flag|at '/extraArgs/0'|--set extraArgs[0]=full"
 )
-for entry in "${refusals[@]}"; do
-	IFS='|' read -r name want rest <<<"$entry"
+# `refused_by_template ENTRY`: ENTRY is "name|what the error must say|helm arguments"; helm
+# template must fail saying it. Sets name, want, args and out for the caller.
+refused_by_template() {
+	IFS='|' read -r name want rest <<<"$1"
 	read -r -a args <<<"$rest"
 	if out=$("$helm" template kilo "$chart" --namespace kube-system "${args[@]}" 2>&1 >/dev/null); then
 		bad "$name: helm template accepted ${args[*]}"
 	elif [[ $out == *"$want"* ]]; then
-		ok "$name: refused: $(grep -F -- "$want" <<<"$out" | head -1 | sed 's/^ *- //' | cut -c1-110)"
+		ok "$name: $(grep -F -- "$want" <<<"$out" | head -1 | sed 's/^ *- //' | cut -c1-110)"
 	else
 		bad "$name: refused, but the error does not say \"$want\": $out"
 	fi
+}
+for entry in "${refusals[@]}"; do
+	refused_by_template "$entry"
 	# helm install refuses it the same way (no cluster needed: --dry-run=client).
 	if out=$("$helm" install kilo "$chart" --dry-run=client --namespace kube-system "${args[@]}" 2>&1 >/dev/null); then
 		bad "$name: helm install --dry-run accepted ${args[*]}"
@@ -219,15 +215,7 @@ contradictions=(
 	"PodMonitor and ServiceMonitor|podMonitor.enabled=true and serviceMonitor.enabled=true would scrape every kg twice|--set podMonitor.enabled=true --set serviceMonitor.enabled=true"
 )
 for entry in "${contradictions[@]}"; do
-	IFS='|' read -r name want rest <<<"$entry"
-	read -r -a args <<<"$rest"
-	if out=$("$helm" template kilo "$chart" --namespace kube-system "${args[@]}" 2>&1 >/dev/null); then
-		bad "$name: helm template accepted ${args[*]}"
-	elif [[ $out == *"$want"* ]]; then
-		ok "$name: $(grep -oF -- "$want" <<<"$out" | head -1)"
-	else
-		bad "$name: failed, but not saying \"$want\": $out"
-	fi
+	refused_by_template "$entry"
 done
 # No false alarm: adjacent ranges and the other family do not overlap.
 for args in "--set transitCIDR=10.245.0.0/16 --set podCIDR=10.244.0.0/16" \

@@ -8,8 +8,9 @@ use super::Reconciler;
 
 impl Reconciler {
     /// The Event writes due for `events` (just taken at `now_ms`) and for series counts not yet
-    /// written.
-    pub fn api_writes(&mut self, events: &[Event], now_ms: i64) -> Vec<ApiWrite> {
+    /// written, and how many writes the budget left out meanwhile.
+    pub fn api_writes(&mut self, events: &[Event], now_ms: i64) -> (Vec<ApiWrite>, u64) {
+        let dropped_before = self.api_events.dropped();
         let poster = Poster {
             node: &self.config.hostname,
             reports_cluster: self.reports_cluster_events(),
@@ -19,12 +20,7 @@ impl Reconciler {
             .filter_map(|e| self.api_events.admit(e, poster))
             .collect();
         writes.extend(self.api_events.due_repeats(now_ms));
-        writes
-    }
-
-    /// Event writes the budget left out so far.
-    pub fn api_writes_dropped(&self) -> u64 {
-        self.api_events.dropped()
+        (writes, self.api_events.dropped() - dropped_before)
     }
 
     /// True when this node posts the events every agent records alike: it is the first ready

@@ -355,9 +355,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a Kubernetes Event write that ended as `result`.
-    pub fn api_event(&self, result: &'static str) {
-        self.api_events.get_or_create(&ResultLabel { result }).inc();
+    /// Counts `n` Kubernetes Event writes that ended as `result`.
+    pub fn count_api_events(&self, result: &'static str, n: u64) {
+        self.api_events
+            .get_or_create(&ResultLabel { result })
+            .inc_by(n);
     }
 
     /// Records `seconds` spent in reconcile stage `stage`.
@@ -389,6 +391,6 @@ mod tests;
 
 impl crate::backend::kube::events::EventCounts for Metrics {
     fn count(&self, result: &'static str) {
-        self.api_event(result);
+        self.count_api_events(result, 1);
     }
 }
