@@ -90,11 +90,14 @@ pub enum Reason {
     Replaced,
     /// kg stops and nothing replaces it: it removes what it set up (subject: this node).
     Removed,
+    /// The embedded engine's TUN link was lost (deleted under kg) and kg started the engine
+    /// again on a new link, applying the mesh anew (subject: the interface).
+    EngineRecreated,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 34] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -128,6 +131,7 @@ impl Reason {
         Self::TookOver,
         Self::Replaced,
         Self::Removed,
+        Self::EngineRecreated,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -166,6 +170,7 @@ impl Reason {
             Self::TookOver => "TookOver",
             Self::Replaced => "Replaced",
             Self::Removed => "Removed",
+            Self::EngineRecreated => "EngineRecreated",
         }
     }
 
@@ -187,7 +192,8 @@ impl Reason {
             | Self::EndpointBypassed
             | Self::RouteWithoutGateway
             | Self::TunnelMissing
-            | Self::ConditionRefused => EventKind::Warning,
+            | Self::ConditionRefused
+            | Self::EngineRecreated => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable

@@ -11,116 +11,21 @@ use std::time::Instant;
 
 use anyhow::Result;
 use control::clock::Now;
-use control::desired::{
-    self, CniState, DesiredHost, LinkState, ResolvedLinks, TunnelKind, TunnelSpec,
-};
+use control::desired::{self, DesiredHost, LinkState, ResolvedLinks, TunnelKind, TunnelSpec};
 use control::iptables::RuleSet;
 use control::journal::Reason;
-use control::routes::{apply_ops, diff, Route, RoutePlan, Withheld};
-use control::wgconf::Conf;
+use control::routes::{apply_ops, diff, RoutePlan, Withheld};
 use control::Topology;
-use dataplane::DeviceConfig;
-use ipnet::IpNet;
 
 use super::reconciler::{Convergence, FirewallStep};
 use super::serve::status;
-use super::shells::kernel_watch::RoutingChanges;
 use super::shells::{Device, Firewall, Kernel};
 use super::stages::Stage;
-use super::{state, Agent, Trigger};
+use super::{state, Agent};
 
-/// What kg last applied to the host, part by part (`None`: unknown, apply it). A full pass
-/// forgets it, so every part is compared with the host as listed.
-#[derive(Debug, Default)]
-struct Applied {
-    device: Option<DeviceConfig>,
-    /// The device as planned when it was last applied, and whether this node led then.
-    conf: Option<(Conf, bool)>,
-    /// The WireGuard link's MTU and state as kg last set them.
-    link_mtu: Option<u32>,
-    link_up: Option<bool>,
-    address: Option<Option<IpNet>>,
-    cni: Option<CniState>,
-    /// What the tunnel was prepared for, and the links that gave.
-    tunnel: Option<(TunnelSpec, ResolvedLinks)>,
-    /// The kernel's routes and rules as last observed, with kg's changes since.
-    kernel_routes: Option<RoutePlan>,
-}
-
-/// What the shells wrote to the host and what its links resolved to.
-#[derive(Debug, Default)]
-pub(super) struct HostRecord {
-    applied: Applied,
-    /// The links the netlink shell last resolved the host state's roles to.
-    resolved: ResolvedLinks,
-    /// True once the engine was first configured (and asked to handshake with every peer).
-    engine_configured: bool,
-    /// The kernel's notifications of routing changes (`None`: none are watched, and every
-    /// listing of the host dumps the routes).
-    pub(super) routing: Option<RoutingChanges>,
-    /// The last route dump: the notification count before it, and the host's own main-table
-    /// routes it found (kg's left out, as kg's routes then were).
-    last_dump: Option<(u64, Vec<Route>)>,
-    /// True when this pass kept the last dump: kg's record of the kernel's routes holds.
-    dump_kept: bool,
-}
-
-impl HostRecord {
-    /// The device configuration kg last applied, if known.
-    pub(super) fn applied_device(&self) -> Option<&DeviceConfig> {
-        self.applied.device.as_ref()
-    }
-
-    /// Records `device` as applied (a change made outside a pass: post-quantum keys).
-    pub(super) fn set_applied_device(&mut self, device: DeviceConfig) {
-        self.applied.device = Some(device);
-    }
-
-    /// True when the kernel's routes and rules are known (false after a failed change, when
-    /// they must be listed again).
-    pub(super) fn routes_known(&self) -> bool {
-        self.applied.kernel_routes.is_some()
-    }
-
-    /// The host's own main-table routes of the last dump, when a pass listing the host after
-    /// `trigger` may keep it instead of dumping again ([`control::pass::dumps_routes`]). A
-    /// route of kg's since (`owned`) replaced any of the host's with its table and destination
-    /// (the kernel says nothing of a route a replace evicts), so those are left out.
-    pub(super) fn kept_dump(&mut self, trigger: Trigger, owned: &RoutePlan) -> Option<Vec<Route>> {
-        let seen = self.routing.as_ref().and_then(RoutingChanges::seen);
-        let last = self.last_dump.as_ref();
-        let holds = last.is_some() && self.routes_known();
-        let quiet = seen.is_some() && seen == last.map(|(count, _)| *count);
-        self.dump_kept = !control::pass::dumps_routes(trigger, holds, quiet);
-        if !self.dump_kept {
-            return None;
-        }
-        let replaced: std::collections::BTreeSet<_> =
-            owned.routes.iter().map(|r| (r.table, r.dst)).collect();
-        last.map(|(_, routes)| {
-            routes
-                .iter()
-                .filter(|r| !replaced.contains(&(r.table, r.dst)))
-                .cloned()
-                .collect()
-        })
-    }
-
-    /// The count to record a dump under, read before the dump: a change during it counts
-    /// as unseen.
-    pub(super) fn count_before_dump(&self) -> Option<u64> {
-        self.routing.as_ref().and_then(RoutingChanges::seen)
-    }
-
-    /// Records a dump taken at notification count `count` that found `main_routes`, with
-    /// `owned` kg's routes at the time.
-    pub(super) fn dumped(&mut self, count: Option<u64>, main_routes: &[Route], owned: &RoutePlan) {
-        self.last_dump = count.map(|count| {
-            let host = desired::host_routes(main_routes, owned).cloned().collect();
-            (count, host)
-        });
-    }
-}
+mod record;
+use record::Applied;
+pub(super) use record::HostRecord;
 
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Brings the host to `c`'s topology at `now`: [`control::desired::plan`] computes the
@@ -242,6 +147,26 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             p.rules = Some(want.firewall);
             p.withheld = withheld;
         });
+        Ok(())
+    }
+
+    /// Starts the lost WireGuard device again ([`Device::recreate`]) on a new link, and
+    /// forgets what kg applied to the old one, so the pass that follows applies the link's
+    /// state, the routes and the peers anew and starts handshakes with every peer at once.
+    pub(super) async fn recreate_engine(&mut self) -> Result<()> {
+        use anyhow::Context as _;
+        self.wg.recreate()?;
+        let name = &self.settings.args.interface;
+        self.kilo_index = self
+            .netlink
+            .link_by_name(name)
+            .await?
+            .with_context(|| format!("{name} is missing after the engine started again"))?
+            .index;
+        self.record.forget_applied();
+        self.status
+            .update(|p| p.engine = status::EngineReadiness::Unconfigured);
+        tracing::info!(interface = %name, index = self.kilo_index, "the embedded engine runs again on a new TUN link");
         Ok(())
     }
 

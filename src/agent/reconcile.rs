@@ -48,6 +48,9 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// stages as it changes, and says where the time went ([`super::stages`]).
     pub async fn settle(&mut self, trigger: Trigger, now: Now) -> Result<()> {
         self.metrics.reconciles.inc();
+        if let Some(why) = self.wg.lost() {
+            self.core.engine_lost(why);
+        }
         if self.core.begin_pass(trigger, self.backend.healthy(), now) {
             self.run_pass(trigger, now).await;
         }
@@ -69,6 +72,11 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 return;
             };
             match effect {
+                PassEffect::RecreateEngine(why) => {
+                    tracing::debug!("{why}: starting the engine again");
+                    let started = self.recreate_engine().await;
+                    self.core.handle(PassAnswer::EngineRecreated(started), now);
+                }
                 PassEffect::ListHost(detection) => {
                     let started = Instant::now();
                     let listed = self.list_host(trigger, &detection).await;

@@ -90,6 +90,7 @@ impl TwinAgent {
         start: Start,
     ) -> Result<Self> {
         let firewall = MemFirewall::default();
+        engine.on_link(&kernel, &settings.args.interface);
         let cni = MemCniFile::holding(settings.args.cni_path.clone(), None);
         let pq_outbox = crate::agent::pq::PqOutbox::default();
         let shells = crate::agent::Shells {
@@ -343,6 +344,97 @@ mod tests {
         assert_eq!(resync(&mut twin).await, dumped);
         assert_eq!(twin.kernel.routes(), routes);
         assert_eq!(resync(&mut twin).await, kept, "quiet again");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lost_engine_is_started_again_and_the_mesh_applied_anew() {
+        use crate::agent::Input;
+        use control::fixtures::synthetic_cluster;
+        use control::journal::Reason;
+        use control::routes::Route;
+        let dir = std::env::temp_dir().join(format!("kilotun-lost-twin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = synthetic_cluster(4, 2);
+        let args = [
+            "--backend=file".to_string(),
+            format!("--cluster-dir={}", dir.display()),
+            format!("--key-file={}", dir.join("key").display()),
+            format!("--hostname={}", nodes[0].name),
+            "--cni=false".to_string(),
+            "--encapsulate=never".to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut twin = TwinAgent::start(&args).await.unwrap();
+        let mut snapshot = std::sync::Arc::new(checked_in(nodes));
+        let step = async |twin: &mut TwinAgent, snapshot: &mut std::sync::Arc<_>| {
+            let now = crate::agent::read_clock();
+            twin.agent.step(Input::Kernel, snapshot, now).await.unwrap()
+        };
+        step(&mut twin, &mut snapshot).await.unwrap();
+        let iface = control::DEFAULT_INTERFACE;
+        let (config, routes) = (twin.engine.config(), twin.kernel.routes());
+        let addresses = twin.kernel.addresses_on(iface);
+        let old_index = twin.kernel.index_of(iface).unwrap();
+        assert!(!config.peers.is_empty() && !routes.routes.is_empty());
+        assert!(twin.kernel.link_up(iface) && !addresses.is_empty());
+
+        // `ip link del`: the link goes with its addresses and routes, and the engine says so.
+        assert!(twin.kernel.delete_link_named(iface));
+        let why = format!("the embedded engine's TUN link {iface}: the TUN link was deleted");
+        twin.engine.lose_link(&why);
+        // A start that fails fails the pass, naming the loss and the failure; nothing else ran.
+        twin.engine.refuse_recreate(true);
+        let failed = step(&mut twin, &mut snapshot).await.unwrap_err();
+        let said = format!("{failed:#}");
+        assert!(
+            said.contains(&why) && said.contains("starting it again failed"),
+            "{said}"
+        );
+        assert!(said.contains("the twin refuses"), "{said}");
+        assert_eq!(twin.engine.recreated(), 0);
+        // The next pass starts it again and applies everything on the new link.
+        twin.engine.refuse_recreate(false);
+        step(&mut twin, &mut snapshot).await.unwrap();
+        assert_eq!(twin.engine.recreated(), 1);
+        assert_eq!(twin.engine.config(), config, "the same key, port and peers");
+        let new_index = twin.kernel.index_of(iface).unwrap();
+        assert_ne!(new_index, old_index);
+        assert!(twin.kernel.link_up(iface));
+        assert_eq!(twin.kernel.addresses_on(iface), addresses);
+        let moved: std::collections::BTreeSet<Route> = routes
+            .routes
+            .iter()
+            .map(|r| Route {
+                link: if r.link == old_index {
+                    new_index
+                } else {
+                    r.link
+                },
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(
+            twin.kernel.routes().routes,
+            moved,
+            "every route, on the new link"
+        );
+        let events = twin.agent.status.snapshot().events;
+        let recreated: Vec<_> = events
+            .iter()
+            .filter(|e| e.reason == Reason::EngineRecreated)
+            .collect();
+        assert_eq!(recreated.len(), 1, "{events:?}");
+        assert!(
+            recreated[0].message.starts_with(&why),
+            "{}",
+            recreated[0].message
+        );
+        assert!(events.iter().any(|e| e.reason == Reason::ReconcileFailed
+            && e.message.contains("starting it again failed")));
+        // Steady again: the next pass starts nothing.
+        step(&mut twin, &mut snapshot).await.unwrap();
+        assert_eq!(twin.engine.recreated(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

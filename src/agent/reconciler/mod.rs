@@ -120,6 +120,9 @@ pub struct Reconciler {
     discovery_seeded: bool,
     /// True when the last annotation patch failed (the backend counts as unhealthy).
     patch_failed: bool,
+    /// Why the WireGuard device stopped carrying packets, when it did and is not yet started
+    /// again ([`Reconciler::engine_lost`]).
+    engine_lost: Option<String>,
     /// Problems already said, so each is said once.
     problems: ProblemLog,
     /// What this agent noticed and decided since the driver last took it.
@@ -184,6 +187,7 @@ impl Reconciler {
             discovered,
             discovery_seeded: false,
             patch_failed: false,
+            engine_lost: None,
             problems: ProblemLog::default(),
             journal: Journal::default(),
             errors: Vec::new(),
@@ -303,6 +307,13 @@ impl Reconciler {
         }
     }
 
+    /// Takes in that the WireGuard device stopped carrying packets, and why (its TUN link was
+    /// deleted under it). The next pass starts it again first
+    /// ([`PassEffect::RecreateEngine`]), then lists the host and applies everything anew.
+    pub fn engine_lost(&mut self, why: String) {
+        self.engine_lost = Some(why);
+    }
+
     /// Opens a pass woken by `trigger` at `now`, with the backend reachable or not
     /// (`backend_healthy`): judges readiness by the clock or freezes it. Returns false, and
     /// opens none, while the backend has not listed everything.
@@ -315,7 +326,8 @@ impl Reconciler {
             return false;
         }
         let detection = DetectionInputs::of(self.local_object.as_deref());
-        let full = Changes::host_listing(trigger, self.host.is_some(), self.detection != detection);
+        let full = Changes::host_listing(trigger, self.host.is_some(), self.detection != detection)
+            || self.engine_lost.is_some();
         let healthy = backend_healthy && !self.patch_failed;
         self.leases.observe_backend(healthy, now.unix_ms);
         let was_frozen = self.readiness.is_frozen();
@@ -340,10 +352,10 @@ impl Reconciler {
             full,
             local_object: self.local_object.clone(),
             readiness_now,
-            step: if full {
-                Step::ListHost(detection)
-            } else {
-                Step::Observe
+            step: match (&self.engine_lost, full) {
+                (Some(why), _) => Step::Recreate(why.clone(), detection),
+                (None, true) => Step::ListHost(detection),
+                (None, false) => Step::Observe,
             },
             failure: None,
             converged: None,

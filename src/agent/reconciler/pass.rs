@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use control::clock::Now;
+use control::journal::Reason;
 use control::leader::book::{LeaseWrite, TunnelReadings};
 use control::node::Node;
 use control::pass::{tends_lease, Changes, Trigger};
@@ -22,6 +23,9 @@ use crate::agent::host::{DetectionInputs, HostView};
 /// Those marked "answer" wait for [`Reconciler::handle`] before the pass goes on.
 #[derive(Debug)]
 pub enum PassEffect {
+    /// Start the lost WireGuard device again (why it was lost said). Answer:
+    /// [`PassAnswer::EngineRecreated`].
+    RecreateEngine(String),
     /// List the host's links, addresses and routes, reading the addresses as `DetectionInputs`
     /// says. Answer: [`PassAnswer::HostListed`].
     ListHost(DetectionInputs),
@@ -45,6 +49,8 @@ pub enum PassEffect {
 /// A shell's answer to a [`PassEffect`].
 #[derive(Debug)]
 pub enum PassAnswer {
+    /// The device runs again, with no peers and a bare link, or why it could not start.
+    EngineRecreated(anyhow::Result<()>),
     /// The host as listed, or why it could not be.
     HostListed(anyhow::Result<HostView>),
     /// The host was brought to the topology, or a part failed; `routes_known`: the kernel's
@@ -92,6 +98,10 @@ pub(super) struct Observed {
 
 /// Where a pass stands: each step holds what the steps before it found.
 pub(super) enum Step {
+    /// The device was lost (why): start it again before anything else.
+    Recreate(String, DetectionInputs),
+    /// Waiting for the device to start again.
+    AwaitRecreated(String, DetectionInputs),
     /// The host must be listed first.
     ListHost(DetectionInputs),
     /// Waiting for the host as listed.
@@ -176,6 +186,23 @@ impl Reconciler {
         };
         let step = std::mem::replace(&mut pass.step, Step::Done);
         pass.step = match (step, answer) {
+            (Step::AwaitRecreated(why, detection), PassAnswer::EngineRecreated(started)) => {
+                match started {
+                    Ok(()) => {
+                        self.engine_lost = None;
+                        self.journal.record(
+                            Reason::EngineRecreated,
+                            self.config.interface.clone(),
+                            format!("{why}; kg started it again and applies the mesh anew"),
+                        );
+                        Step::ListHost(detection)
+                    }
+                    Err(e) => fail(
+                        &mut pass.failure,
+                        e.context(format!("{why}; starting it again failed")),
+                    ),
+                }
+            }
             (Step::AwaitHost(detection), PassAnswer::HostListed(listed)) => match listed {
                 Ok(host) => {
                     self.host = Some(host);
@@ -228,11 +255,19 @@ impl Reconciler {
         let step = std::mem::replace(&mut pass.step, Step::Done);
         let (next, progress) = match step {
             Step::Done => (Step::Done, Progress::Idle),
+            Step::Recreate(why, detection) => {
+                let effect = PassEffect::RecreateEngine(why.clone());
+                (
+                    Step::AwaitRecreated(why, detection),
+                    Progress::Effect(effect),
+                )
+            }
             Step::ListHost(detection) => {
                 let effect = PassEffect::ListHost(detection.clone());
                 (Step::AwaitHost(detection), Progress::Effect(effect))
             }
-            waiting @ (Step::AwaitHost(_)
+            waiting @ (Step::AwaitRecreated(..)
+            | Step::AwaitHost(_)
             | Step::AwaitConverged(..)
             | Step::AwaitReadings(_)
             | Step::AwaitPatched(_)) => (waiting, Progress::Idle),

@@ -194,6 +194,12 @@ pub trait Device: Send + Sync {
     fn lost(&self) -> Option<String> {
         None
     }
+    /// Starts a lost device ([`Device::lost`]) again: afterwards it has no peers and its link
+    /// none of the addresses and routes the loss took, so the pass that asked applies them
+    /// all. A device that cannot be lost cannot be started again either.
+    fn recreate(&self) -> Result<()> {
+        anyhow::bail!("this device cannot be started again by kg")
+    }
     /// The device's configuration now: empty for a device this process just created, the
     /// peers of the last run for one that outlived it (the kernel's link, a userspace device
     /// over UAPI).
@@ -229,11 +235,16 @@ impl Device for WireGuard {
             )
         })
     }
+    fn recreate(&self) -> Result<()> {
+        WireGuard::recreate(self)
+    }
     fn apply_and_handshake(&self, desired: &DeviceConfig) -> Result<(bool, Option<String>)> {
         let changed = WireGuard::apply(self, desired)?;
         let started = match self {
-            WireGuard::Embedded { device, .. } => {
-                let asked = device.initiate_handshakes();
+            WireGuard::Embedded { .. } => {
+                let asked = self
+                    .engine_device()
+                    .map_or(0, |device| device.initiate_handshakes());
                 Some(format!(
                     "started handshakes with every peer at once ({asked})"
                 ))
@@ -255,7 +266,7 @@ impl Device for WireGuard {
         Ok(self.read()?.0)
     }
     fn rekey(&self, peer: &control::Key) {
-        if let WireGuard::Embedded { device, .. } = self {
+        if let Some(device) = self.engine_device() {
             device
                 .engine()
                 .rekey(&dataplane::PublicKey::from_bytes(peer.0));
@@ -265,7 +276,7 @@ impl Device for WireGuard {
         matches!(self, WireGuard::Embedded { .. })
     }
     fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
-        let WireGuard::Embedded { device, .. } = self else {
+        let Some(device) = self.engine_device() else {
             return std::collections::BTreeMap::new();
         };
         device

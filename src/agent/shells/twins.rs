@@ -45,6 +45,8 @@ struct KernelState {
     /// Every change of links, addresses and routes fails and changes nothing, as on a host
     /// whose netlink refuses them (a full table, a lost capability).
     refuse_changes: bool,
+    /// The highest index a link was given: as the kernel's, an index is never given twice.
+    highest_index: u32,
 }
 
 impl KernelState {
@@ -52,7 +54,9 @@ impl KernelState {
     fn add_link(&mut self, name: &str, kind: &str, mtu: u32) {
         if !self.links.iter().any(|l| l.name == name) {
             self.kinds.insert(name.to_string(), kind.to_string());
-            let index = self.links.iter().map(|l| l.index).max().unwrap_or(0) + 1;
+            let highest = self.links.iter().map(|l| l.index).max().unwrap_or(0);
+            let index = highest.max(self.highest_index) + 1;
+            self.highest_index = index;
             self.links.push(Link {
                 index,
                 name: name.to_string(),
@@ -116,6 +120,27 @@ impl MemKernel {
     /// would have made it.
     pub fn add_link_of_kind(&self, name: &str, kind: &str) {
         self.state.lock().add_link(name, kind, 1420);
+    }
+
+    /// Deletes the link called `name` as `ip link del` does: its addresses and the routes
+    /// through it go with it. Returns false when there was none.
+    pub fn delete_link_named(&self, name: &str) -> bool {
+        let mut s = self.state.lock();
+        let Some(index) = s.links.iter().find(|l| l.name == name).map(|l| l.index) else {
+            return false;
+        };
+        s.links.retain(|l| l.index != index);
+        s.highest_index = s.highest_index.max(index);
+        s.kinds.remove(name);
+        s.addresses.retain(|(i, _)| *i != index);
+        s.routes.routes.retain(|r| r.link != index);
+        true
+    }
+
+    /// The index of the link called `name`, if there is one.
+    pub fn index_of(&self, name: &str) -> Option<u32> {
+        let s = self.state.lock();
+        s.links.iter().find(|l| l.name == name).map(|l| l.index)
     }
 
     /// The kind of the link called `name`, if there is one.
@@ -270,6 +295,7 @@ impl Kernel for MemKernel {
             if let Some(gone) = s.links.iter().find(|l| l.index == index) {
                 let name = gone.name.clone();
                 s.kinds.remove(&name);
+                s.highest_index = s.highest_index.max(index);
             }
             s.links.retain(|l| l.index != index)
         });

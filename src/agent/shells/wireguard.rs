@@ -26,13 +26,10 @@ pub use choose::WireGuardChoice;
 pub enum WireGuard {
     /// The engine running inside kg, serving the UAPI socket like `kilotun`.
     Embedded {
-        /// The running device.
-        device: Arc<Device<LinuxUdpBinder>>,
-        /// Its UAPI socket server (so `wg show` works); taken and stopped by
-        /// [`WireGuard::shutdown`].
-        server: parking_lot::Mutex<Option<UapiServer>>,
-        /// The interface name.
-        interface: String,
+        /// The running engine and its UAPI server, replaced whole by [`WireGuard::recreate`].
+        run: parking_lot::RwLock<EmbeddedRun>,
+        /// How the engine was started, so it can be started again the same way.
+        recipe: EmbeddedRecipe,
     },
     /// The kernel's WireGuard link, driven over generic netlink.
     Kernel(KernelWireGuard),
@@ -53,35 +50,45 @@ impl WireGuard {
     /// Creates (or attaches to) the TUN link `name` and starts the engine on it. With
     /// `persist`, the link outlives the process, so a crash keeps its addresses and routes.
     pub fn embedded(name: &str, threads: usize, socket_dir: &Path, persist: bool) -> Result<Self> {
-        let path = uapi_server::socket_path(socket_dir, name);
-        std::fs::create_dir_all(socket_dir)
-            .with_context(|| format!("creating {}", socket_dir.display()))?;
-        let listener = uapi_server::bind(&path)?;
-        let guard = SocketGuard::new(&path);
-        let (queues, _existed) = LinuxTun::open_offloaded(name, threads)
-            .with_context(|| format!("opening TUN device {name}"))?;
-        tracing::info!(
-            queues = queues.len(),
-            offload = queues[0].has_offload(),
-            "TUN device {name} open (offload: TCP segments split on read, coalesced on write)"
-        );
-        if persist {
-            if let Err(e) = queues[0].set_persist(true) {
-                tracing::warn!(error = %e, "cannot make {name} persistent; a crash will remove it");
-            }
-        }
-        let device = Arc::new(
-            Device::start(queues, LinuxUdpBinder)
-                .with_context(|| format!("starting the engine on {name}"))?,
-        );
-        let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
-            .context("serving the UAPI socket")?;
-        guard.keep();
-        Ok(Self::Embedded {
-            device,
-            server: parking_lot::Mutex::new(Some(server)),
+        let recipe = EmbeddedRecipe {
             interface: name.to_string(),
+            threads,
+            socket_dir: socket_dir.to_path_buf(),
+            persist,
+        };
+        let run = recipe.start()?;
+        Ok(Self::Embedded {
+            run: parking_lot::RwLock::new(run),
+            recipe,
         })
+    }
+
+    /// The embedded engine's running device (`None` for a device kg does not run).
+    pub fn engine_device(&self) -> Option<Arc<Device<LinuxUdpBinder>>> {
+        match self {
+            Self::Embedded { run, .. } => Some(Arc::clone(&run.read().device)),
+            Self::Kernel(_) | Self::Uapi { .. } => None,
+        }
+    }
+
+    /// Starts the embedded engine again, as [`WireGuard::embedded`] started it, after its TUN
+    /// link was lost ([`WireGuard::link_lost`]): the old engine is stopped and its socket
+    /// removed, the link opened anew (created again when it was deleted, so without the
+    /// addresses and routes the kernel took with it) and a new engine started on it with no
+    /// peers. When the new start fails the stopped engine stays, still lost, and a later call
+    /// tries again. Any other device refuses: kg does not run it.
+    pub fn recreate(&self) -> Result<()> {
+        let Self::Embedded { run, recipe } = self else {
+            bail!(
+                "{} is not kg's embedded engine: kg cannot start it again",
+                self.interface()
+            );
+        };
+        let mut run = run.write();
+        drop(run.server.take());
+        run.device.stop();
+        *run = recipe.start()?;
+        Ok(())
     }
 
     /// Creates the interface `name` with the WireGuard `choice` names, taking over the link of
@@ -153,7 +160,8 @@ impl WireGuard {
     /// The interface's name (the `interface` label of the WireGuard metrics).
     pub fn interface(&self) -> &str {
         match self {
-            Self::Embedded { interface, .. } | Self::Uapi { interface, .. } => interface,
+            Self::Embedded { recipe, .. } => &recipe.interface,
+            Self::Uapi { interface, .. } => interface,
             Self::Kernel(device) => device.interface(),
         }
     }
@@ -179,7 +187,7 @@ impl WireGuard {
     /// works, and always for a device kg does not run.
     pub fn link_lost(&self) -> Option<LinkLost> {
         match self {
-            Self::Embedded { device, .. } => device.link_lost(),
+            Self::Embedded { run, .. } => run.read().device.link_lost(),
             Self::Kernel(_) | Self::Uapi { .. } => None,
         }
     }
@@ -187,7 +195,10 @@ impl WireGuard {
     /// The device's configuration and live peer state.
     pub fn read(&self) -> Result<(DeviceConfig, Vec<PeerStats>)> {
         match self {
-            Self::Embedded { device, .. } => Ok((device.engine().config(), device.peer_stats())),
+            Self::Embedded { run, .. } => {
+                let device = &run.read().device;
+                Ok((device.engine().config(), device.peer_stats()))
+            }
             Self::Kernel(device) => device.read(),
             Self::Uapi { path, .. } => {
                 let answer = exchange(path, "get=1\n\n")?;
@@ -201,7 +212,8 @@ impl WireGuard {
     /// keep their sessions. Returns true when something changed.
     pub fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         match self {
-            Self::Embedded { device, .. } => {
+            Self::Embedded { run, .. } => {
+                let device = &run.read().device;
                 let current = device.engine().config();
                 if current == *desired {
                     return Ok(false);
@@ -257,7 +269,7 @@ impl WireGuard {
     /// Packets the embedded engine dropped, by reason (none known for a device over UAPI).
     pub fn drops(&self) -> Vec<(dataplane::DropReason, u64)> {
         match self {
-            Self::Embedded { device, .. } => device.engine().drops().snapshot(),
+            Self::Embedded { run, .. } => run.read().device.engine().drops().snapshot(),
             Self::Kernel(_) | Self::Uapi { .. } => Vec::new(),
         }
     }
@@ -265,7 +277,7 @@ impl WireGuard {
     /// The last handshakes the embedded engine refused (none known over UAPI).
     pub fn rejected_handshakes(&self) -> Vec<dataplane::RejectedHandshake> {
         match self {
-            Self::Embedded { device, .. } => device.engine().rejected_handshakes(),
+            Self::Embedded { run, .. } => run.read().device.engine().rejected_handshakes(),
             Self::Kernel(_) | Self::Uapi { .. } => Vec::new(),
         }
     }
@@ -294,14 +306,67 @@ impl WireGuard {
     /// port at once.
     pub fn shutdown(&self, delete_link: bool) -> bool {
         match self {
-            Self::Embedded { device, server, .. } => {
-                drop(server.lock().take());
-                device.stop();
+            Self::Embedded { run, .. } => {
+                let mut run = run.write();
+                drop(run.server.take());
+                run.device.stop();
                 delete_link
             }
             Self::Kernel(_) => delete_link,
             Self::Uapi { .. } => false,
         }
+    }
+}
+
+/// The embedded engine as it runs: the device and the server of its UAPI socket (so `wg show`
+/// works; taken and stopped by [`WireGuard::shutdown`]).
+pub struct EmbeddedRun {
+    device: Arc<Device<LinuxUdpBinder>>,
+    server: Option<UapiServer>,
+}
+
+/// How kg starts its embedded engine: on the TUN link `interface` with `threads` queues,
+/// serving `<socket_dir>/<interface>.sock`, the link made persistent with `persist`.
+#[derive(Debug, Clone)]
+pub struct EmbeddedRecipe {
+    interface: String,
+    threads: usize,
+    socket_dir: PathBuf,
+    persist: bool,
+}
+
+impl EmbeddedRecipe {
+    /// Binds the UAPI socket, opens (or creates) the TUN link and starts the engine on it.
+    fn start(&self) -> Result<EmbeddedRun> {
+        let name = &self.interface;
+        let path = uapi_server::socket_path(&self.socket_dir, name);
+        std::fs::create_dir_all(&self.socket_dir)
+            .with_context(|| format!("creating {}", self.socket_dir.display()))?;
+        let listener = uapi_server::bind(&path)?;
+        let guard = SocketGuard::new(&path);
+        let (queues, _existed) = LinuxTun::open_offloaded(name, self.threads)
+            .with_context(|| format!("opening TUN device {name}"))?;
+        tracing::info!(
+            queues = queues.len(),
+            offload = queues[0].has_offload(),
+            "TUN device {name} open (offload: TCP segments split on read, coalesced on write)"
+        );
+        if self.persist {
+            if let Err(e) = queues[0].set_persist(true) {
+                tracing::warn!(error = %e, "cannot make {name} persistent; a crash will remove it");
+            }
+        }
+        let device = Arc::new(
+            Device::start(queues, LinuxUdpBinder)
+                .with_context(|| format!("starting the engine on {name}"))?,
+        );
+        let server = UapiServer::start(listener, path, Arc::clone(&device) as Arc<_>)
+            .context("serving the UAPI socket")?;
+        guard.keep();
+        Ok(EmbeddedRun {
+            device,
+            server: Some(server),
+        })
     }
 }
 

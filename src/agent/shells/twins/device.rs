@@ -33,6 +33,14 @@ struct EngineState {
     /// Per peer, the handshakes that failed the way differing preshared keys make them fail,
     /// as a test's network says.
     failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
+    /// Why the device stopped carrying packets, as a test makes it ([`MemDevice::lose_link`]).
+    lost: Option<String>,
+    /// The link [`Device::recreate`] makes again, in its kernel: as the engine's new TUN link.
+    link: Option<(MemKernel, String)>,
+    /// How many times the device was started again.
+    recreated: u32,
+    /// `recreate` fails, as on a host whose `/dev/net/tun` went away.
+    refuse_recreate: bool,
 }
 
 impl MemDevice {
@@ -89,7 +97,49 @@ impl MemDevice {
     }
 }
 
+impl MemDevice {
+    /// Names the TUN link called `name` in `kernel` as this device's: [`Device::recreate`]
+    /// makes it again there.
+    pub fn on_link(&self, kernel: &MemKernel, name: &str) {
+        self.state.lock().link = Some((kernel.clone(), name.to_string()));
+    }
+
+    /// Makes the device lose its link, as the engine does when its TUN link is deleted: it
+    /// says `why` from then on, until it is started again.
+    pub fn lose_link(&self, why: &str) {
+        self.state.lock().lost = Some(why.to_string());
+    }
+
+    /// Makes `recreate` fail (or work again).
+    pub fn refuse_recreate(&self, refuse: bool) {
+        self.state.lock().refuse_recreate = refuse;
+    }
+
+    /// How many times the device was started again.
+    pub fn recreated(&self) -> u32 {
+        self.state.lock().recreated
+    }
+}
+
 impl Device for MemDevice {
+    fn lost(&self) -> Option<String> {
+        self.state.lock().lost.clone()
+    }
+    fn recreate(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        if s.refuse_recreate {
+            anyhow::bail!("opening TUN device: No such device (the twin refuses)");
+        }
+        s.calls.writes += 1;
+        s.lost = None;
+        s.recreated += 1;
+        // A new engine: the peers went with the old one, the key and port with them.
+        s.config = DeviceConfig::default();
+        if let Some((kernel, name)) = &s.link {
+            kernel.add_link_of_kind(name, "tun");
+        }
+        Ok(())
+    }
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         let mut s = self.state.lock();
         s.calls.reads += 1;
