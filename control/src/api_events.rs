@@ -129,7 +129,10 @@ pub fn action(reason: Reason) -> &'static str {
         Reason::KeyRotation => "RotateKey",
         Reason::EndpointResolved | Reason::EndpointLookupFailed => "Resolve",
         Reason::ConditionRefused => "WriteCondition",
-        Reason::PeersRestored | Reason::HandshakesStarted | Reason::TookOver => "Start",
+        Reason::PeersRestored
+        | Reason::PeersNotRestored
+        | Reason::HandshakesStarted
+        | Reason::TookOver => "Start",
         Reason::Replaced | Reason::Removed => "Stop",
         _ => "Reconcile",
     }

@@ -79,6 +79,9 @@ pub enum Reason {
     /// kg put back the WireGuard peers its last run saved, before its first pass (subject:
     /// the interface).
     PeersRestored,
+    /// kg left the WireGuard peers its last run saved unrestored, and says why (another node
+    /// holds the location's lease now, the saved state is too old; subject: the interface).
+    PeersNotRestored,
     /// kg started handshakes with its peers itself instead of waiting for their timers
     /// (subject: the interface).
     HandshakesStarted,
@@ -97,7 +100,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 34] = [
+    pub const ALL: [Reason; 35] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -127,6 +130,7 @@ impl Reason {
         Self::KeyRotation,
         Self::ConditionRefused,
         Self::PeersRestored,
+        Self::PeersNotRestored,
         Self::HandshakesStarted,
         Self::TookOver,
         Self::Replaced,
@@ -166,6 +170,7 @@ impl Reason {
             Self::KeyRotation => "KeyRotation",
             Self::ConditionRefused => "ConditionRefused",
             Self::PeersRestored => "PeersRestored",
+            Self::PeersNotRestored => "PeersNotRestored",
             Self::HandshakesStarted => "HandshakesStarted",
             Self::TookOver => "TookOver",
             Self::Replaced => "Replaced",
@@ -208,6 +213,7 @@ impl Reason {
             | Self::LeaderReconnected
             | Self::KeyRotation
             | Self::PeersRestored
+            | Self::PeersNotRestored
             | Self::HandshakesStarted
             | Self::TookOver
             | Self::Replaced

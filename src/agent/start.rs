@@ -213,9 +213,10 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             );
             let snapshot = backend.complete_within(RESTORE_WAIT).await;
             match stale_restore(&snapshot, &s, now.unix_ms) {
-                Some(why) => {
-                    tracing::info!("not restoring the WireGuard peers of the last run: {why}")
-                }
+                Some(why) => started.push((
+                    Reason::PeersNotRestored,
+                    format!("not restoring the WireGuard peers of the last run: {why}"),
+                )),
                 None => {
                     let peers = restored.peers.len();
                     let (_, handshakes) = wg.apply_and_handshake(&restored)?;

@@ -114,13 +114,17 @@ fn a_dead_leader_is_replaced_within_seconds_and_does_not_take_the_lead_back() {
     assert_eq!(c.leading(&["n1", "n2"]), [other], "{}", c.logs());
     // Its saved peers are a leader's: it did not bring them back, not even until its first
     // reconcile, and it never configured itself as a leader.
-    let log = c.node(leader).log_text();
-    assert!(
-        log.contains(&format!(
-            "not restoring the WireGuard peers of the last run: {other} holds the lease of location east now"
-        )),
-        "{log}"
+    let why = format!(
+        "not restoring the WireGuard peers of the last run: {other} holds the lease of location east now"
     );
+    let not_restored = c.node(leader).events_of(Reason::PeersNotRestored);
+    assert!(
+        not_restored.iter().any(|e| e.message == why),
+        "{not_restored:?}\n{}",
+        c.logs()
+    );
+    assert!(c.node(leader).events_of(Reason::PeersRestored).is_empty());
+    let log = c.node(leader).log_text();
     assert!(
         !log.lines()
             .any(|l| l.contains("WireGuard configuration applied") && l.contains("leader=true")),
