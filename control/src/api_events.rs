@@ -129,6 +129,7 @@ pub fn action(reason: Reason) -> &'static str {
         Reason::KeyRotation => "RotateKey",
         Reason::EndpointResolved | Reason::EndpointLookupFailed => "Resolve",
         Reason::ConditionRefused => "WriteCondition",
+        Reason::PeerStatusRefused => "WriteStatus",
         Reason::PeersRestored
         | Reason::PeersNotRestored
         | Reason::HandshakesStarted

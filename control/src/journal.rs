@@ -93,6 +93,9 @@ pub enum Reason {
     Replaced,
     /// kg stops and nothing replaces it: it removes what it set up (subject: this node).
     Removed,
+    /// The API server refused a Peer's `status` (subject: the Peer): an older CRD without the
+    /// status subresource, or a ClusterRole without `peers/status`. Said once; kg goes on.
+    PeerStatusRefused,
     /// The embedded engine's TUN link was lost (deleted under kg) and kg started the engine
     /// again on a new link, applying the mesh anew (subject: the interface).
     EngineRecreated,
@@ -100,7 +103,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 35] = [
+    pub const ALL: [Reason; 36] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -136,6 +139,7 @@ impl Reason {
         Self::Replaced,
         Self::Removed,
         Self::EngineRecreated,
+        Self::PeerStatusRefused,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -176,6 +180,7 @@ impl Reason {
             Self::Replaced => "Replaced",
             Self::Removed => "Removed",
             Self::EngineRecreated => "EngineRecreated",
+            Self::PeerStatusRefused => "PeerStatusRefused",
         }
     }
 
@@ -198,7 +203,8 @@ impl Reason {
             | Self::RouteWithoutGateway
             | Self::TunnelMissing
             | Self::ConditionRefused
-            | Self::EngineRecreated => EventKind::Warning,
+            | Self::EngineRecreated
+            | Self::PeerStatusRefused => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable

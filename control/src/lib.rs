@@ -27,6 +27,7 @@ pub mod nftables;
 pub mod node;
 pub mod pass;
 pub mod peer;
+pub mod peer_status;
 pub mod pq;
 pub mod readiness;
 pub mod rotation;

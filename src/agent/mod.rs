@@ -48,6 +48,7 @@ mod condition;
 mod firewall_ready;
 pub mod host;
 mod lease;
+mod peer_status;
 pub mod pq;
 mod reconcile;
 pub mod reconciler;
@@ -313,6 +314,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             );
         }
         self.tend_condition(now).await;
+        self.tend_peer_status(now).await;
         self.pq_refresh(now);
         self.schedule_post_quantum(now);
         self.publish_events(now);

@@ -218,7 +218,13 @@ impl KubeBackend {
                     let name = o.metadata.name.clone().unwrap_or_default();
                     let value = serde_json::to_value(&o).ok()?;
                     match serde_json::from_value::<PeerObject>(value) {
-                        Ok(p) => Some((name, p)),
+                        Ok(mut p) => {
+                            // A status write moves these and nothing kg reads: the Peer
+                            // stays the same, and no agent runs a pass for it.
+                            p.metadata.resource_version = None;
+                            p.metadata.managed_fields = None;
+                            Some((name, p))
+                        }
                         Err(e) => {
                             tracing::warn!(peer = %name, error = %e, "ignoring a Peer that does not parse");
                             None
@@ -319,6 +325,28 @@ impl KubeBackend {
                 )
             },
             api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&body)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Writes a Peer's `status` through its status subresource (a merge patch, field manager
+    /// `kg-NODE`), within the write timeout.
+    pub async fn write_peer_status(
+        &self,
+        node: &str,
+        write: &control::peer_status::PeerStatusWrite,
+    ) -> Result<()> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &peer_resource());
+        let body = serde_json::json!({ "status": write.status });
+        let params = PatchParams {
+            field_manager: Some(format!("kg-{node}")),
+            ..PatchParams::default()
+        };
+        let name = &write.peer;
+        bounded(
+            || format!("writing the status of Peer {name}"),
+            api.patch_status(name, &params, &Patch::Merge(&body)),
         )
         .await?;
         Ok(())

@@ -390,6 +390,19 @@ impl Backend {
         }
     }
 
+    /// Writes a Peer's `status`, as kg of `node` (a no-op where [`Backend::keeps_conditions`]
+    /// is false).
+    pub async fn write_peer_status(
+        &self,
+        node: &str,
+        write: &control::peer_status::PeerStatusWrite,
+    ) -> Result<()> {
+        match self {
+            Self::Kube(k) => k.write_peer_status(node, write).await,
+            Self::File(_) | Self::Memory(_) => Ok(()),
+        }
+    }
+
     /// Where this agent's Kubernetes Events go, as kg of `node`: `None` where the backend keeps
     /// none (the file and memory backends).
     pub fn event_poster(

@@ -44,6 +44,7 @@ mod events;
 mod ipam;
 mod mesh;
 mod pass;
+mod peer_status;
 mod pq;
 mod publish;
 mod rotation;
@@ -145,6 +146,8 @@ pub struct Reconciler {
     mesh_watch: control::condition::MeshWatch,
     /// The node condition last sent.
     condition_book: control::condition::ConditionBook,
+    /// The Peers' status last written, when this node writes it.
+    peer_status_book: control::peer_status::PeerStatusBook,
     /// The Kubernetes Events posted and the budget left.
     api_events: control::api_events::ApiEventBook,
 }
@@ -198,6 +201,7 @@ impl Reconciler {
             pq_announcement: None,
             mesh_watch: Default::default(),
             condition_book: Default::default(),
+            peer_status_book: Default::default(),
             api_events: Default::default(),
         }
     }

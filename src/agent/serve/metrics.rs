@@ -235,6 +235,8 @@ pub struct Metrics {
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
+    /// `kilotun_api_peer_status_writes_total`: Peer statuses this node wrote to the API server.
+    pub peer_status_writes: Counter,
     /// `kilotun_route_changes_total`: batches of route and rule changes kg applied to the
     /// kernel (a pass that finds the kernel as planned adds nothing).
     pub route_changes: Counter,
@@ -281,6 +283,7 @@ impl Metrics {
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
+            peer_status_writes: Counter::default(),
             route_changes: Counter::default(),
             api_events: Family::default(),
             keys: Default::default(),
@@ -317,6 +320,11 @@ impl Metrics {
             "kilotun_wireguard_configurations",
             "WireGuard device configurations kg applied that changed the device",
             m.device_changes.clone(),
+        );
+        registry.register(
+            "kilotun_api_peer_status_writes",
+            "Peer statuses this node wrote to the API server (the first segment's leader only)",
+            m.peer_status_writes.clone(),
         );
         registry.register(
             "kilotun_route_changes",

@@ -208,6 +208,27 @@ pub trait Device: Send + Sync {
     fn device_peers(&self) -> Result<Vec<DevicePeer>>;
     /// Bytes received and sent per peer.
     fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>>;
+    /// What the device knows of each peer, for the Peers' status: its endpoint and bytes,
+    /// and its last handshake where the device says when (the default knows no time).
+    fn peer_readings(
+        &self,
+    ) -> Result<std::collections::BTreeMap<control::Key, control::peer_status::PeerReading>> {
+        let traffic: std::collections::BTreeMap<_, _> = self.traffic()?.into_iter().collect();
+        Ok(self
+            .device_peers()?
+            .into_iter()
+            .map(|p| {
+                let (rx_bytes, tx_bytes) = traffic.get(&p.public_key).copied().unwrap_or_default();
+                let reading = control::peer_status::PeerReading {
+                    endpoint: p.endpoint,
+                    last_handshake_ms: None,
+                    rx_bytes,
+                    tx_bytes,
+                };
+                (p.public_key, reading)
+            })
+            .collect())
+    }
     /// Starts a handshake with `peer` now, session or not, where the device can be asked to
     /// (the embedded engine); elsewhere the next rekey uses a new preshared key.
     fn rekey(&self, _peer: &control::Key) {}
@@ -294,6 +315,27 @@ impl Device for WireGuard {
     }
     fn device_peers(&self) -> Result<Vec<DevicePeer>> {
         WireGuard::device_peers(self)
+    }
+    fn peer_readings(
+        &self,
+    ) -> Result<std::collections::BTreeMap<control::Key, control::peer_status::PeerReading>> {
+        let (_, stats) = self.read()?;
+        let ms = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)
+        };
+        Ok(stats
+            .into_iter()
+            .map(|s| {
+                let reading = control::peer_status::PeerReading {
+                    endpoint: s.endpoint,
+                    last_handshake_ms: s.last_handshake.map(ms),
+                    rx_bytes: s.rx_bytes,
+                    tx_bytes: s.tx_bytes,
+                };
+                (control::Key(*s.public_key.as_bytes()), reading)
+            })
+            .collect())
     }
     fn traffic(&self) -> Result<Vec<(control::Key, (u64, u64))>> {
         let (_, stats) = self.read()?;

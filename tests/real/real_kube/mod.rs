@@ -11,6 +11,7 @@ mod events;
 mod ipam;
 mod kilo_peer;
 mod leases;
+mod peer_status;
 mod peers;
 
 use crate::common;

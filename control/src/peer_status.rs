@@ -1,0 +1,230 @@
+//! A Peer's `status`: which leaders serve it, what this node's engine sees of it (endpoint,
+//! last handshake, bytes) and the WireGuard configuration it is given, written by one node of
+//! the cluster (the leader of the first segment, see [`writes_peer_status`]) and only when
+//! worth a write.
+//!
+//! Writes follow the node condition's habit ([`crate::condition`]): a Peer whose servers,
+//! endpoint, configuration or connectedness changed is written at once, then at most once per
+//! [`MIN_WRITE_INTERVAL_MS`]; an unchanged one is written again every [`HEARTBEAT_MS`] (its
+//! handshake time and byte counts), so `N` Peers cost at most `N` writes per heartbeat.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::topology::Topology;
+use crate::Key;
+
+/// The shortest time between two writes of one Peer's changed status.
+pub const MIN_WRITE_INTERVAL_MS: i64 = 10_000;
+/// How often an unchanged status is written again.
+pub const HEARTBEAT_MS: i64 = 5 * 60_000;
+/// A handshake younger than this makes the Peer connected: WireGuard's `REJECT_AFTER_TIME`,
+/// past which a session carries nothing.
+pub const CONNECTED_WITHIN_MS: i64 = 180_000;
+
+/// A leader that has the Peer among its WireGuard peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Server {
+    /// The segment's location.
+    pub location: String,
+    /// The leader's node name.
+    pub node: String,
+}
+
+/// What the writer's engine knows of one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerReading {
+    /// Where its packets come from now (`None`: nothing heard, no endpoint set).
+    pub endpoint: Option<std::net::SocketAddr>,
+    /// The last completed handshake (Unix milliseconds).
+    pub last_handshake_ms: Option<i64>,
+    /// Bytes received from it.
+    pub rx_bytes: u64,
+    /// Bytes sent to it.
+    pub tx_bytes: u64,
+}
+
+/// A Peer's `status`, as written (camelCase, as Kubernetes spells fields).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerStatus {
+    /// The node that wrote this status: its readings are that node's.
+    pub reporter: String,
+    /// Every leader that serves the Peer, by segment.
+    pub served_by: Vec<Server>,
+    /// `served_by` as one line (`east=n1, west=n3`), for `kubectl get peers`.
+    pub servers: String,
+    /// True when the reporter's engine completed a handshake with the Peer within
+    /// [`CONNECTED_WITHIN_MS`].
+    pub connected: bool,
+    /// The Peer's endpoint as the reporter's engine sees it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The reporter's last handshake with it (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_handshake_time: Option<String>,
+    /// Bytes the reporter received from it.
+    pub rx_bytes: u64,
+    /// Bytes the reporter sent to it.
+    pub tx_bytes: u64,
+    /// The Peer's WireGuard configuration, as `kgctl showconf peer NAME` prints it, without any
+    /// key: add `PrivateKey` (and the Peer's own `PresharedKey`, when it has one).
+    pub config: String,
+}
+
+impl PeerStatus {
+    /// What makes a write due at once when it changes; the rest waits for the heartbeat.
+    fn salient(&self) -> (&[Server], bool, Option<&str>, &str) {
+        (
+            &self.served_by,
+            self.connected,
+            self.endpoint.as_deref(),
+            &self.config,
+        )
+    }
+}
+
+/// True when the node `hostname` of `t` writes the Peers' status: the leader of the topology's
+/// first segment, one node in the cluster that has every Peer in its engine.
+pub fn writes_peer_status(t: &Topology) -> bool {
+    t.leader
+        && t.segments
+            .first()
+            .and_then(|s| s.members.get(s.leader))
+            .is_some_and(|m| m.name == t.hostname)
+}
+
+/// The status of each Peer of `t` with a key, from the reporter's `readings` (by key) at
+/// `now_ms`.
+pub fn statuses(
+    t: &Topology,
+    readings: &BTreeMap<Key, PeerReading>,
+    now_ms: i64,
+) -> BTreeMap<String, PeerStatus> {
+    let served_by: Vec<Server> = t
+        .segments
+        .iter()
+        .filter_map(|s| {
+            Some(Server {
+                location: s.location.clone(),
+                node: s.members.get(s.leader)?.name.clone(),
+            })
+        })
+        .collect();
+    let servers = served_by
+        .iter()
+        .map(|s| format!("{}={}", s.location, s.node))
+        .collect::<Vec<_>>()
+        .join(", ");
+    t.peers
+        .iter()
+        .filter_map(|p| {
+            let key = p.public_key?;
+            let reading = readings.get(&key).copied().unwrap_or_default();
+            let mut conf = t.peer_conf(&p.name);
+            for peer in &mut conf.peers {
+                peer.preshared_key = None;
+            }
+            let status = PeerStatus {
+                reporter: t.hostname.clone(),
+                served_by: served_by.clone(),
+                servers: servers.clone(),
+                connected: reading
+                    .last_handshake_ms
+                    .is_some_and(|at| now_ms - at < CONNECTED_WITHIN_MS),
+                endpoint: reading.endpoint.map(|e| e.to_string()),
+                last_handshake_time: reading.last_handshake_ms.map(rfc3339),
+                rx_bytes: reading.rx_bytes,
+                tx_bytes: reading.tx_bytes,
+                config: conf.to_ini(None),
+            };
+            Some((p.name.clone(), status))
+        })
+        .collect()
+}
+
+/// Unix milliseconds as RFC 3339 seconds (`2026-12-03T06:40:00Z`).
+fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil: the proleptic Gregorian date of `days` since 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// One Peer's status to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerStatusWrite {
+    /// The Peer's name.
+    pub peer: String,
+    /// Its status.
+    pub status: PeerStatus,
+}
+
+/// What was last written for each Peer, and when: decides which writes are due.
+#[derive(Debug, Default)]
+pub struct PeerStatusBook {
+    written: BTreeMap<String, (PeerStatus, i64)>,
+}
+
+impl PeerStatusBook {
+    /// The writes due at `now_ms` for `current` (see the module's doc). Peers that are gone are
+    /// forgotten: one that comes back is written at once.
+    pub fn due(
+        &mut self,
+        current: &BTreeMap<String, PeerStatus>,
+        now_ms: i64,
+    ) -> Vec<PeerStatusWrite> {
+        self.written.retain(|name, _| current.contains_key(name));
+        current
+            .iter()
+            .filter(|(name, status)| match self.written.get(*name) {
+                None => true,
+                Some((last, at)) => {
+                    let since = now_ms - at;
+                    let changed = last.salient() != status.salient();
+                    changed && since >= MIN_WRITE_INTERVAL_MS || since >= HEARTBEAT_MS
+                }
+            })
+            .map(|(name, status)| PeerStatusWrite {
+                peer: name.clone(),
+                status: status.clone(),
+            })
+            .collect()
+    }
+
+    /// Records `write` as sent at `now_ms`. A refused write is recorded too, so it is tried
+    /// again only at the next change or heartbeat.
+    pub fn written(&mut self, write: PeerStatusWrite, now_ms: i64) {
+        self.written.insert(write.peer, (write.status, now_ms));
+    }
+
+    /// Forgets every write: this node no longer writes the Peers' status (another leads the
+    /// first segment), so if it writes again it starts afresh.
+    pub fn clear(&mut self) {
+        self.written.clear();
+    }
+}
+
+#[cfg(test)]
+#[path = "peer_status_tests.rs"]
+mod tests;
