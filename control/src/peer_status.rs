@@ -58,11 +58,10 @@ pub struct PeerStatus {
     /// True when the reporter's engine completed a handshake with the Peer within
     /// [`CONNECTED_WITHIN_MS`].
     pub connected: bool,
-    /// The Peer's endpoint as the reporter's engine sees it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The Peer's endpoint as the reporter's engine sees it (`null` when it has none: in the
+    /// merge patch kg sends, that removes an endpoint written before).
     pub endpoint: Option<String>,
-    /// The reporter's last handshake with it (RFC 3339).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The reporter's last handshake with it (RFC 3339; `null` as the endpoint).
     pub last_handshake_time: Option<String>,
     /// Bytes the reporter received from it.
     pub rx_bytes: u64,
@@ -75,8 +74,9 @@ pub struct PeerStatus {
 
 impl PeerStatus {
     /// What makes a write due at once when it changes; the rest waits for the heartbeat.
-    fn salient(&self) -> (&[Server], bool, Option<&str>, &str) {
+    fn salient(&self) -> (&str, &[Server], bool, Option<&str>, &str) {
         (
+            &self.reporter,
             &self.served_by,
             self.connected,
             self.endpoint.as_deref(),

@@ -152,10 +152,16 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
 
     /// Starts the lost WireGuard device again ([`Device::recreate`]) on a new link, and
     /// forgets what kg applied to the old one, so the pass that follows applies the link's
-    /// state, the routes and the peers anew and starts handshakes with every peer at once.
+    /// state, the routes and the peers anew and starts handshakes with every peer at once. A
+    /// device already started again (the link's lookup failed after it) is not started twice.
     pub(super) async fn recreate_engine(&mut self) -> Result<()> {
         use anyhow::Context as _;
-        self.wg.recreate()?;
+        if self.wg.lost().is_some() {
+            self.wg.recreate()?;
+            self.record.forget_applied();
+            self.status
+                .update(|p| p.engine = status::EngineReadiness::Unconfigured);
+        }
         let name = &self.settings.args.interface;
         self.kilo_index = self
             .netlink
@@ -163,9 +169,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             .await?
             .with_context(|| format!("{name} is missing after the engine started again"))?
             .index;
-        self.record.forget_applied();
-        self.status
-            .update(|p| p.engine = status::EngineReadiness::Unconfigured);
         tracing::info!(interface = %name, index = self.kilo_index, "the embedded engine runs again on a new TUN link");
         Ok(())
     }

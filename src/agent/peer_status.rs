@@ -11,12 +11,18 @@ use super::Agent;
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Writes the Peers' status that is due at `now`; a refusal (a CRD without the status
     /// subresource, a ClusterRole without `peers/status`) is said once and kg goes on. While
-    /// the API server is unreachable nothing is sent: the writes stay due.
+    /// the API server is unreachable nothing is sent: the writes stay due. A failed write ends
+    /// the step's writes (one bounded wait per step at most): that Peer is tried again at its
+    /// next change or heartbeat, the rest at the next step.
     pub(super) async fn tend_peer_status(&mut self, now: Now) {
-        if !self.backend.keeps_conditions()
-            || !self.backend.healthy()
-            || !self.core.writes_peer_status()
-        {
+        if !self.backend.keeps_conditions() {
+            return;
+        }
+        if !self.core.writes_peer_status() {
+            self.core.peer_status_forget();
+            return;
+        }
+        if !self.backend.healthy() {
             return;
         }
         let readings = match self.wg.peer_readings() {
@@ -45,6 +51,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                             .journal()
                             .record(Reason::PeerStatusRefused, peer, message);
                     }
+                    break;
                 }
             }
         }

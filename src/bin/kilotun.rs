@@ -149,16 +149,23 @@ fn run_foreground(args: &Args) -> Result<()> {
     // The socket first, so a device started again under this name finds the name free.
     drop(server);
     device.stop();
+    outcome(end, &args.interface)
+}
+
+/// How the daemon exits after `end`: status 0 on a signal or a deleted link (as wireguard-go
+/// exits when its TUN goes away), an error naming `interface` and the failure (status 1) when
+/// a queue kept failing.
+fn outcome(end: End, interface: &str) -> Result<()> {
     match end {
         End::Signal(signal) => {
             tracing::info!(signal, "shut down");
             Ok(())
         }
         End::Lost(LinkLost::Deleted) => {
-            tracing::info!(interface = %args.interface, "the interface was deleted: exiting");
+            tracing::info!(interface, "the interface was deleted: exiting");
             Ok(())
         }
-        End::Lost(loss) => Err(anyhow::anyhow!("interface {}: {loss}", args.interface)),
+        End::Lost(loss) => Err(anyhow::anyhow!("interface {interface}: {loss}")),
     }
 }
 
@@ -299,4 +306,25 @@ fn init_logging(level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_queue_exits_with_an_error_naming_it_and_a_deletion_or_signal_cleanly() {
+        assert!(outcome(End::Signal(libc::SIGTERM), "wg7").is_ok());
+        assert!(outcome(End::Lost(LinkLost::Deleted), "wg7").is_ok());
+        let failed = LinkLost::Failed {
+            queue: 1,
+            failures: 30,
+            error: "Input/output error (os error 5)".into(),
+        };
+        let e = outcome(End::Lost(failed), "wg7").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "interface wg7: TUN queue 1 failed 30 times in a row, the last with: Input/output error (os error 5)"
+        );
+    }
 }

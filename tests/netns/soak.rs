@@ -1,7 +1,8 @@
 //! Two minutes of bidirectional traffic between kilotun and wireguard-go with a 25 s persistent
 //! keepalive: the scenario of boringtun issue #495 (sessions going one-way deaf 15-30 s after a
-//! handshake in 0.7.1). Pings in both directions must keep being answered (at most 6 of 1,200
-//! lost to the transfers' congestion). Root only.
+//! handshake in 0.7.1). Pings in both directions must keep being answered: a deaf session
+//! loses 150 to 300 of the 1,200, so at most 30 may go to the transfers' congestion. Root only;
+//! wireguard-go missing fails the test (see `common::require_engine`).
 
 use crate::common;
 
@@ -20,10 +21,9 @@ fn lost(summary: &str) -> u32 {
 #[test]
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
-    common::require_root("two_minutes_bidirectional_against_wireguard_go_loses_nothing");
-    if !common::which("wireguard-go") {
-        return;
-    }
+    let test = "two_minutes_bidirectional_against_wireguard_go_loses_nothing";
+    common::require_root(test);
+    common::require_engine(Impl::WireguardGo, test);
     let (link, a, b) = common::peered(Impl::Kilotun, Impl::WireguardGo, 73);
     a.wg(&[
         "set",
@@ -72,7 +72,8 @@ fn two_minutes_bidirectional_against_wireguard_go_loses_nothing() {
     // A deaf session loses 150 to 300 pings (15-30 s at 10 a second). A few can go missing
     // for a mundane reason: the eight bulk transfers push kilotun's side at several Gbit/s
     // into wireguard-go's side at about 0.6, so its receive queue overflows (that is how TCP
-    // finds the rate), and a ping in that queue at that moment goes with it.
-    assert!(lost(&forward) <= 6, "{forward}");
-    assert!(lost(&backward) <= 6, "{backward}");
+    // finds the rate), and a ping in that queue at that moment goes with it: up to 7 of 1,200
+    // on a CI run with other tests beside it. 30 stays far below a deaf session's 150.
+    assert!(lost(&forward) <= 30, "{forward}");
+    assert!(lost(&backward) <= 30, "{backward}");
 }

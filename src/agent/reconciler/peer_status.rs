@@ -36,6 +36,12 @@ impl Reconciler {
         self.peer_status_book.due(&current, now_ms)
     }
 
+    /// Forgets what this node wrote: it does not write the Peers' status now (see
+    /// [`Reconciler::peer_status_due`]).
+    pub fn peer_status_forget(&mut self) {
+        self.peer_status_book.clear();
+    }
+
     /// Records that `write` was sent at `now_ms` (refused or not: see
     /// [`control::peer_status::PeerStatusBook::written`]).
     pub fn peer_status_sent(&mut self, write: PeerStatusWrite, now_ms: i64) {

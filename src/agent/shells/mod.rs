@@ -194,9 +194,9 @@ pub trait Device: Send + Sync {
     fn lost(&self) -> Option<String> {
         None
     }
-    /// Starts a lost device ([`Device::lost`]) again: afterwards it has no peers and its link
-    /// none of the addresses and routes the loss took, so the pass that asked applies them
-    /// all. A device that cannot be lost cannot be started again either.
+    /// Starts a lost device ([`Device::lost`]) again: afterwards it has no peers, and its link
+    /// (a new one when the old was deleted) may have none of the addresses and routes, so the
+    /// pass that asked applies them all. A device that cannot be lost cannot be started again either.
     fn recreate(&self) -> Result<()> {
         anyhow::bail!("this device cannot be started again by kg")
     }

@@ -319,7 +319,7 @@ impl WireGuard {
 }
 
 /// The embedded engine as it runs: the device and the server of its UAPI socket (so `wg show`
-/// works; taken and stopped by [`WireGuard::shutdown`]).
+/// works; taken and stopped by [`WireGuard::shutdown`] and [`WireGuard::recreate`]).
 pub struct EmbeddedRun {
     device: Arc<Device<LinuxUdpBinder>>,
     server: Option<UapiServer>,
