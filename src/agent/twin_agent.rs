@@ -133,7 +133,7 @@ impl TwinAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use control::fixtures::kube_node;
+    use control::fixtures::{kube_node, synthetic_cluster};
     use dataplane::PeerConfig;
 
     /// A complete snapshot of `nodes`, each checked in now.
@@ -147,6 +147,26 @@ mod tests {
             snapshot.put_node(&node.name.clone(), kube_node(&node, rv as u64 + 1));
         }
         snapshot
+    }
+
+    /// A twin on the file backend in a fresh directory (named after `test`), as the first of
+    /// [`synthetic_cluster`]'s 4 nodes in 2 locations, without CNI or encapsulation; and those
+    /// nodes.
+    async fn file_twin(test: &str) -> (std::path::PathBuf, Vec<control::Node>, TwinAgent) {
+        let dir = std::env::temp_dir().join(format!("kilotun-{test}-twin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = synthetic_cluster(4, 2);
+        let args = [
+            "--backend=file".to_string(),
+            format!("--cluster-dir={}", dir.display()),
+            format!("--key-file={}", dir.join("key").display()),
+            format!("--hostname={}", nodes[0].name),
+            "--cni=false".to_string(),
+            "--encapsulate=never".to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let twin = TwinAgent::start(&args).await.unwrap();
+        (dir, nodes, twin)
     }
 
     #[tokio::test]
@@ -183,7 +203,6 @@ mod tests {
 
     #[tokio::test]
     async fn the_cni_configuration_follows_the_pod_cidr_through_its_shell() {
-        use control::fixtures::synthetic_cluster;
         let dir = std::env::temp_dir().join(format!("kilotun-cni-twin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = synthetic_cluster(4, 2);
@@ -231,7 +250,6 @@ mod tests {
     #[tokio::test]
     async fn readiness_follows_the_engine_from_nothing_to_restored_to_configured() {
         use crate::agent::serve::status::EngineReadiness;
-        use control::fixtures::synthetic_cluster;
         let dir = std::env::temp_dir().join(format!("kilotun-ready-twin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = synthetic_cluster(4, 2);
@@ -301,20 +319,7 @@ mod tests {
     async fn a_resync_of_a_quiet_host_keeps_the_last_route_dump_and_a_notified_one_does_not() {
         use crate::agent::shells::kernel_watch::RoutingChanges;
         use crate::agent::Trigger;
-        use control::fixtures::synthetic_cluster;
-        let dir = std::env::temp_dir().join(format!("kilotun-dump-twin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let nodes = synthetic_cluster(4, 2);
-        let args = [
-            "--backend=file".to_string(),
-            format!("--cluster-dir={}", dir.display()),
-            format!("--key-file={}", dir.join("key").display()),
-            format!("--hostname={}", nodes[0].name),
-            "--cni=false".to_string(),
-            "--encapsulate=never".to_string(),
-        ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut twin = TwinAgent::start(&args).await.unwrap();
+        let (dir, nodes, mut twin) = file_twin("dump").await;
         let snapshot = checked_in(nodes);
         let changes = RoutingChanges::default();
         twin.agent.record.routing = Some(changes.clone());
@@ -350,22 +355,9 @@ mod tests {
     #[tokio::test]
     async fn a_lost_engine_is_started_again_and_the_mesh_applied_anew() {
         use crate::agent::Input;
-        use control::fixtures::synthetic_cluster;
         use control::journal::Reason;
         use control::routes::Route;
-        let dir = std::env::temp_dir().join(format!("kilotun-lost-twin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let nodes = synthetic_cluster(4, 2);
-        let args = [
-            "--backend=file".to_string(),
-            format!("--cluster-dir={}", dir.display()),
-            format!("--key-file={}", dir.join("key").display()),
-            format!("--hostname={}", nodes[0].name),
-            "--cni=false".to_string(),
-            "--encapsulate=never".to_string(),
-        ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut twin = TwinAgent::start(&args).await.unwrap();
+        let (dir, nodes, mut twin) = file_twin("lost").await;
         let mut snapshot = std::sync::Arc::new(checked_in(nodes));
         let step = async |twin: &mut TwinAgent, snapshot: &mut std::sync::Arc<_>| {
             let now = crate::agent::read_clock();

@@ -75,26 +75,7 @@ fn a_peers_status_comes_from_one_leader_and_its_config_brings_the_peer_up() {
     assert_eq!(status_managers, [format!("kg-{reporter}")], "{peer}");
 
     // The status's configuration, with the tablet's key, brings it up against the mesh.
-    let conf_path = k.c.work.join("tablet.conf");
-    std::fs::write(&conf_path, &config).unwrap();
-    device.wg(&["set", &device.name, "private-key", &device.key_file]);
-    device.wg(&["addconf", &device.name, conf_path.to_str().unwrap()]);
-    device.ip(&["addr", "add", "10.5.0.51/32", "dev", &device.name]);
-    device.ip(&["link", "set", &device.name, "up"]);
-    device.ip(&["route", "add", "10.42.0.0/16", "dev", &device.name]);
-    for n in &k.c.nodes {
-        let pod = n.pod_ip.clone();
-        let reached = k.c.wait_for(Duration::from_secs(30), |_| {
-            ns.output(&["ping", "-c", "1", "-W", "1", "-I", "10.5.0.51", &pod])
-                .status
-                .success()
-        });
-        assert!(
-            reached,
-            "the tablet cannot reach {pod}\n{config}\n{}",
-            k.c.logs()
-        );
-    }
+    k.bring_up_peer(&ns, &device, "tablet", &config, "10.5.0.51");
     // Connected now: the reporter's engine has the tablet's endpoint and a handshake.
     let connected =
         k.c.wait_for(Duration::from_secs(60), |_| status(&k)["connected"] == true);

@@ -162,6 +162,41 @@ fn base64_file(path: &std::path::Path) -> String {
         .to_string()
 }
 
+impl KubeCluster {
+    /// Brings the external Peer `name`'s `device` (in `ns`) up from `conf`, a `[Peer]`-only
+    /// configuration, with its own key and `address`, and asserts that it reaches every node's
+    /// pod within 30 s each.
+    pub(super) fn bring_up_peer(
+        &self,
+        ns: &common::Netns,
+        device: &common::WgDevice,
+        name: &str,
+        conf: &str,
+        address: &str,
+    ) {
+        let conf_path = self.c.work.join(format!("{name}.conf"));
+        std::fs::write(&conf_path, conf).unwrap();
+        device.wg(&["set", &device.name, "private-key", &device.key_file]);
+        device.wg(&["addconf", &device.name, conf_path.to_str().unwrap()]);
+        device.ip(&["addr", "add", &format!("{address}/32"), "dev", &device.name]);
+        device.ip(&["link", "set", &device.name, "up"]);
+        device.ip(&["route", "add", "10.42.0.0/16", "dev", &device.name]);
+        for n in &self.c.nodes {
+            let pod = n.pod_ip.clone();
+            let reached = self.c.wait_for(Duration::from_secs(30), |_| {
+                ns.output(&["ping", "-c", "1", "-W", "1", "-I", address, &pod])
+                    .status
+                    .success()
+            });
+            assert!(
+                reached,
+                "{name} cannot reach {pod}\n{conf}\n{}",
+                self.c.logs()
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root and the real parts .ci/run installs"]
 fn an_external_peer_from_kgctl_showconf_reaches_every_pod() {
@@ -188,26 +223,7 @@ fn an_external_peer_from_kgctl_showconf_reaches_every_pod() {
         "peer",
         "laptop",
     ]);
-    let conf_path = k.c.work.join("laptop.conf");
-    std::fs::write(&conf_path, &conf).unwrap();
-    device.wg(&["set", &device.name, "private-key", &device.key_file]);
-    device.wg(&["addconf", &device.name, conf_path.to_str().unwrap()]);
-    device.ip(&["addr", "add", "10.5.0.50/32", "dev", &device.name]);
-    device.ip(&["link", "set", &device.name, "up"]);
-    device.ip(&["route", "add", "10.42.0.0/16", "dev", &device.name]);
-    for n in &k.c.nodes {
-        let pod = n.pod_ip.clone();
-        let reached = k.c.wait_for(Duration::from_secs(30), |_| {
-            ns.output(&["ping", "-c", "1", "-W", "1", "-I", "10.5.0.50", &pod])
-                .status
-                .success()
-        });
-        assert!(
-            reached,
-            "the laptop cannot reach {pod}\n{conf}\n{}",
-            k.c.logs()
-        );
-    }
+    k.bring_up_peer(&ns, &device, "laptop", &conf, "10.5.0.50");
     drop(device);
 }
 
