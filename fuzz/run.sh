@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs the libFuzzer targets of fuzz/fuzz_targets/ (cargo-fuzz), each for a fixed time:
+# Runs the libFuzzer targets of fuzz/fuzz_targets/, each for a fixed time:
 #
 #   fuzz/run.sh [--seconds N] [TARGET...]        # default: an hour each, every target, in turn
 #   fuzz/run.sh --ci [--seconds N] [TARGET...]   # what .ci/run does (20 s each)
-#   fuzz/run.sh --prepare                        # only build cargo-fuzz and the targets
+#   fuzz/run.sh --prepare                        # only build the targets
 #
 # TARGET is one of the targets of fuzz/Cargo.toml (default: all seven). Each target starts from
 # its committed corpus, fuzz/corpus/TARGET/, which `cargo test` replays (control/src/fuzzing.rs,
@@ -24,28 +24,22 @@
 # inputs, crash), and its whole log kept in the scratch directory (KILOTUN_FUZZ_WORK, default a
 # new /tmp/kilotun-fuzz.XXXXXX).
 #
-# The build: cargo-fuzz 0.13.2, built from crates.io once into
-# ${KILOTUN_CACHE:-/var/cache/kilotun}/cargo-fuzz-0.13.2/bin/cargo-fuzz (like scripts/audit.sh's
-# cargo-deny: a lock, a versioned directory, later runs only use it), then
-#   cargo fuzz build -O -a --sanitizer none --codegen-units 16
-# on this stable toolchain (RUSTC_BOOTSTRAP=1 lets it take the flags cargo-fuzz passes): release
-# with debug assertions and overflow checks, LLVM's SanitizerCoverage, no AddressSanitizer (its
-# checks are for the memory errors of unsafe code, of which the fuzzed paths have little; it
-# slows the build and every execution), 16 code-generation units (a faster build than
-# cargo-fuzz's default of 1, for somewhat slower fuzzing; opt-level 1 instead of 3 saved
-# nothing measurable). It is a second build of nearly everything kilotun links, about 1,200 CPU
-# seconds from nothing (docs/testing.md, "Fuzzing"). Its own target directory,
-# KILOTUN_FUZZ_TARGET_DIR, by default ${CARGO_TARGET_DIR:-target}/fuzz: the instrumented build
-# shares nothing with the workspace's, and holds no lock of it.
+# The build: no cargo-fuzz. One `cargo build --profile ci` of fuzz/Cargo.toml with
+# fuzz/instrument-rustc.sh as RUSTC_WRAPPER, in the workspace's own target directory: the code
+# under test (dataplane, control, kilotun, the patched boringtun and the targets) gets the
+# instrumentation and flags cargo-fuzz 0.13 passes (SanitizerCoverage, --cfg fuzzing, debug
+# assertions and overflow checks; no AddressSanitizer: its checks are for the memory errors of
+# unsafe code, of which the fuzzed paths have little), every other crate is compiled as the test
+# build (`cargo nextest run --cargo-profile ci`) compiles it, and cargo reuses those artifacts.
+# After a test build that is about 230 CPU s (docs/testing.md, "Fuzzing"); from nothing, the test
+# build's dependencies are built first. The binaries land in TARGET_DIR/ci/ (KILOTUN_FUZZ_TARGET_DIR,
+# by default ${CARGO_TARGET_DIR:-target}); the build holds the target directory's lock while it runs.
 set -euo pipefail
 
-readonly CARGO_FUZZ_VERSION=0.13.2
-readonly TRIPLE=x86_64-unknown-linux-gnu
 
 fuzz_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo_root=$(cd "$fuzz_dir/.." && pwd -P)
-cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
-target_dir=${KILOTUN_FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$repo_root/target}/fuzz}
+target_dir=${KILOTUN_FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$repo_root/target}}
 
 log() { printf 'fuzz/run.sh: %s\n' "$*" >&2; }
 die() {
@@ -79,56 +73,20 @@ for t in "${targets[@]}"; do
 	[[ " ${all_targets[*]} " == *" $t "* ]] || die "unknown target '$t' (one of: ${all_targets[*]})"
 done
 
-case "$(realpath -m "$cache_root")/" in
-"$repo_root"/*) die "KILOTUN_CACHE ($cache_root) is inside the repository $repo_root; pick a directory outside it" ;;
-esac
-
-# cargo-fuzz, once. Its own release profile is fat LTO with one code-generation unit; the tool
-# only drives cargo, so it is built at opt-level 1, without LTO, in parallel (much less CPU).
-fuzz_tool_dir="$cache_root/cargo-fuzz-$CARGO_FUZZ_VERSION"
-cargo_fuzz="$fuzz_tool_dir/bin/cargo-fuzz"
-if [[ ! -x $cargo_fuzz ]]; then
-	mkdir -p "$cache_root" || die "cannot create $cache_root (set KILOTUN_CACHE to a writable directory)"
-	exec 9>"$cache_root/.cargo-fuzz-$CARGO_FUZZ_VERSION.lock"
-	if ! flock -n 9; then
-		log "another caller holds $cache_root/.cargo-fuzz-$CARGO_FUZZ_VERSION.lock; waiting for it"
-		flock 9
-	fi
-	if [[ ! -x $cargo_fuzz ]]; then
-		start=$SECONDS
-		log "cargo-fuzz $CARGO_FUZZ_VERSION: cargo install --locked cargo-fuzz@$CARGO_FUZZ_VERSION"
-		work=$(mktemp -d "$cache_root/.cargo-fuzz.XXXXXX")
-		# shellcheck disable=SC2064 # expand $work now
-		trap "rm -rf '$work'" EXIT
-		env -u CARGO_BUILD_TARGET_DIR CARGO_TARGET_DIR="$work/target" \
-			CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
-			CARGO_PROFILE_RELEASE_OPT_LEVEL=1 \
-			cargo install --quiet --locked --root "$work/root" "cargo-fuzz@$CARGO_FUZZ_VERSION" >&2 ||
-			die "cargo install cargo-fuzz@$CARGO_FUZZ_VERSION failed"
-		"$work/root/bin/cargo-fuzz" --version >&2 || die "the cargo-fuzz just built does not run"
-		rm -rf "$fuzz_tool_dir"
-		mv -T "$work/root" "$fuzz_tool_dir"
-		rm -rf "$work"
-		trap - EXIT
-		log "cargo-fuzz $CARGO_FUZZ_VERSION: $((SECONDS - start)) s"
-	fi
-	exec 9>&-
-fi
-
 # The targets. fuzz/ is a workspace of its own with its own Cargo.lock: it must be up to date
 # (cargo would rewrite it silently otherwise).
 start=$SECONDS
 cargo fetch --quiet --locked --manifest-path "$fuzz_dir/Cargo.toml" ||
 	die "fuzz/Cargo.lock is not up to date with the workspace (cargo fetch --manifest-path fuzz/Cargo.toml updates it)"
-bin_dir="$target_dir/$TRIPLE/release"
+bin_dir="$target_dir/ci"
 build=()
 # One cargo build for all of them; a single target, alone.
 $prepare_only || ((${#targets[@]} == ${#all_targets[@]})) || build=("${targets[@]}")
-for t in "${build[@]:-}"; do
-	RUSTC_BOOTSTRAP=1 "$cargo_fuzz" build --fuzz-dir "$fuzz_dir" -O -a --sanitizer none \
-		--codegen-units 16 --target-dir "$target_dir" ${t:+"$t"} >&2 ||
-		die "cargo fuzz build ${t:-(every target)} failed"
-done
+bins=()
+for t in "${build[@]}"; do bins+=(--bin "$t"); done
+RUSTC_WRAPPER="$fuzz_dir/instrument-rustc.sh" cargo build --quiet --locked \
+	--manifest-path "$fuzz_dir/Cargo.toml" --profile ci --target-dir "$target_dir" "${bins[@]}" >&2 ||
+	die "the fuzz build (${build[*]:-every target}) failed"
 log "built ${build[*]:-every target} in $((SECONDS - start)) s ($bin_dir)"
 if $prepare_only; then
 	exit 0
