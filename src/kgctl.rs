@@ -317,7 +317,7 @@ impl Output {
         Ok(match self {
             Self::WireGuard => peer.to_ini(),
             Self::Json => serde_json::to_string_pretty(&object())? + "\n",
-            Self::Yaml => serde_yaml::to_string(&object())?,
+            Self::Yaml => serde_saphyr::to_string(&object())?,
         })
     }
 }

@@ -40,19 +40,17 @@ fn documents() -> Vec<(String, Value)> {
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        for document in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_yaml::Value::deserialize(document)
-                .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
+        let documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
+        for value in documents {
             if value.is_null() {
                 continue;
             }
-            out.push((name.clone(), serde_json::to_value(value).unwrap()));
+            out.push((name.clone(), value));
         }
     }
     out
 }
-
-use serde::Deserialize;
 
 /// Numbers compare by value (the API types turn `1` into `1.0` in some schemas).
 fn normalise(value: &Value) -> Value {

@@ -92,7 +92,7 @@ fn after(c: &mut Criterion, count: usize) {
         .expect("first reconcile");
     // kg's own annotations come back through the backend.
     let text = std::fs::read_to_string(dir.join(format!("{LOCAL}.yaml"))).expect("published");
-    let published: KubeNode = serde_yaml::from_str(&text).expect("published node");
+    let published: KubeNode = serde_saphyr::from_str(&text).expect("published node");
     let mut local = (*snapshot.nodes[LOCAL]).clone();
     local
         .metadata

@@ -490,7 +490,7 @@ spec:
   persistentKeepalive: 10
   publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
 "#;
-        let obj: PeerObject = serde_yaml::from_str(text).unwrap();
+        let obj: PeerObject = serde_saphyr::from_str(text).unwrap();
         assert_eq!(obj.validate(), Ok(()));
         let peer = translate_peer(&obj);
         assert_eq!(peer.name, "squat");

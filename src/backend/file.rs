@@ -428,7 +428,7 @@ impl FileBackend {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.dir.join(format!("lease-{name}.yaml"));
         let current = match fs::read_to_string(&path) {
-            Ok(text) => serde_yaml::from_str::<Lease>(&text)
+            Ok(text) => serde_saphyr::from_str::<Lease>(&text)
                 .map(|l| lease_state(&l))
                 .unwrap_or_default(),
             Err(_) => LeaseState::default(),
@@ -439,7 +439,7 @@ impl FileBackend {
         let mut object = serde_json::to_value(lease_object(name, lease))?;
         object["apiVersion"] = Value::from("coordination.k8s.io/v1");
         object["kind"] = Value::from("Lease");
-        write_atomically(&path, &serde_yaml::to_string(&object)?)?;
+        write_atomically(&path, &serde_saphyr::to_string(&object)?)?;
         Ok(true)
     }
 

@@ -53,7 +53,7 @@ fn snapshot() -> Snapshot {
         .unwrap()
         .insert(a::LAST_SEEN.into(), "5".into());
     s.put_node("d", stale);
-    let peer: control::PeerObject = serde_yaml::from_str(
+    let peer: control::PeerObject = serde_saphyr::from_str(
         "metadata: {name: laptop}\nspec: {allowedIPs: [10.5.0.1/32], publicKey: a2V5MQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, persistentKeepalive: 10}",
     )
     .unwrap();
@@ -137,7 +137,7 @@ fn showconf_as_peer_prints_a_peer_object_in_json_or_yaml() {
     let mut args = showconf_args("node", "b", true);
     args.output = "yaml".into();
     let (out, _) = showconf(&v, &args, 51820).unwrap();
-    let object: control::PeerObject = serde_yaml::from_str(&out).unwrap();
+    let object: control::PeerObject = serde_saphyr::from_str(&out).unwrap();
     assert_eq!(object.api_version, "kilo.squat.ai/v1alpha1");
     assert_eq!(object.kind, "Peer");
     assert_eq!(object.metadata.name.as_deref(), Some("b"));

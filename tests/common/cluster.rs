@@ -528,10 +528,10 @@ impl Cluster {
     pub fn cordon(&self, name: &str) {
         let path = self.dir.join(format!("{name}.yaml"));
         let text = fs::read_to_string(&path).unwrap();
-        let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-        value["spec"]["unschedulable"] = serde_yaml::Value::Bool(true);
+        let mut value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        value["spec"]["unschedulable"] = serde_json::Value::Bool(true);
         let tmp = path.with_extension("tmp");
-        fs::write(&tmp, serde_yaml::to_string(&value).unwrap()).unwrap();
+        fs::write(&tmp, serde_saphyr::to_string(&value).unwrap()).unwrap();
         fs::rename(&tmp, &path).unwrap();
     }
 
@@ -648,8 +648,8 @@ impl Cluster {
     /// The holder of the lease `name` in the cluster directory, if any.
     pub fn holder_of(&self, name: &str) -> Option<String> {
         let path = self.dir.join(format!("lease-{name}.yaml"));
-        let value: serde_yaml::Value =
-            serde_yaml::from_str(&fs::read_to_string(path).ok()?).ok()?;
+        let value: serde_json::Value =
+            serde_saphyr::from_str(&fs::read_to_string(path).ok()?).ok()?;
         value["spec"]["holderIdentity"].as_str().map(str::to_string)
     }
 

@@ -124,7 +124,7 @@ fn a_node_with_no_endpoint_is_reached_where_its_handshakes_come_from() {
 
     // h1 announces nothing; the cloud uses the NAT router's address its handshakes came from.
     let h1 = std::fs::read_to_string(c.dir.join("h1.yaml")).unwrap();
-    let value: serde_yaml::Value = serde_yaml::from_str(&h1).unwrap();
+    let value: serde_json::Value = serde_saphyr::from_str(&h1).unwrap();
     let announced = value["metadata"]["annotations"]["kilo.squat.ai/endpoint"]
         .as_str()
         .unwrap_or("");

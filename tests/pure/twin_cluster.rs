@@ -96,7 +96,7 @@ impl Fixture {
 
     fn annotations_written(&self) -> std::collections::BTreeMap<String, String> {
         let text = std::fs::read_to_string(self.dir.join(format!("{}.yaml", self.local))).unwrap();
-        let node: k8s_openapi::api::core::v1::Node = serde_yaml::from_str(&text).unwrap();
+        let node: k8s_openapi::api::core::v1::Node = serde_saphyr::from_str(&text).unwrap();
         node.metadata.annotations.unwrap_or_default()
     }
 

@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use common::cluster::{Cluster, NodeSpec};
 use common::{unique, which, Impl, Link, Underlay, WgDevice};
-use serde::Deserialize as _;
-use serde_yaml::Value;
+use serde_json::Value;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -318,8 +317,8 @@ impl Manifest {
         let text = fs::read_to_string(Path::new(REPO).join("manifests/kilo-kubeadm.yaml")).unwrap();
         let mut daemonset = None;
         let mut cni_config = None;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc).unwrap();
+        let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+        for value in documents {
             match value["kind"].as_str() {
                 Some("DaemonSet") => daemonset = Some(value),
                 Some("ConfigMap") => {
@@ -340,7 +339,7 @@ impl Manifest {
 
     fn strings(value: &Value) -> Vec<String> {
         value
-            .as_sequence()
+            .as_array()
             .map(|s| {
                 s.iter()
                     .filter_map(|v| v.as_str().map(str::to_string))
@@ -355,7 +354,7 @@ impl Manifest {
         let init = &self.pod_spec()["initContainers"][0];
         assert_eq!(init["name"].as_str(), Some("install-cni"));
         let env = init["env"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|e| {

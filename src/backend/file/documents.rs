@@ -21,14 +21,8 @@ pub(super) fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>> {
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         return Ok(vec![serde_json::from_str(text)?]);
     }
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = <Value as serde::Deserialize>::deserialize(doc)?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text)?;
+    Ok(docs.into_iter().filter(|doc| !doc.is_null()).collect())
 }
 
 /// Walks `value`, flattening `kind: List` (and `NodeList`/`PeerList`) items.
@@ -77,7 +71,7 @@ pub(super) fn render(path: &Path, docs: &[Value]) -> Result<String> {
         if i > 0 {
             out.push_str("---\n");
         }
-        out.push_str(&serde_yaml::to_string(doc)?);
+        out.push_str(&serde_saphyr::to_string(doc)?);
     }
     Ok(out)
 }
