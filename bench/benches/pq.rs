@@ -38,7 +38,7 @@ fn pair(initiator: &Arc<PqIdentity>, responder: &Arc<PqIdentity>) -> (PqLink, Pq
             local: low,
             peer: high,
             peer_fp: responder.fingerprint(),
-            tag_key: tag,
+            tag_key: tag.clone(),
         },
         Arc::clone(initiator),
         PERIOD_MS,

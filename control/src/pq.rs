@@ -12,6 +12,9 @@ use hmac::{Mac, SimpleHmac};
 use ml_kem::kem::{Decapsulate, KeyExport};
 use ml_kem::ml_kem_768::{Ciphertext, DecapsulationKey, EncapsulationKey};
 
+use keys::SecretKey;
+use zeroize::Zeroizing;
+
 use crate::key::Key;
 
 pub mod book;
@@ -117,11 +120,11 @@ impl PqIdentity {
         self.fingerprint
     }
 
-    /// The shared secret in `ct`. A tampered ciphertext gives an unrelated secret (implicit
-    /// rejection): only the key confirmation shows it.
-    fn decapsulate(&self, ct: &[u8; CT_LEN]) -> [u8; 32] {
+    /// The shared secret in `ct`, wiped when dropped. A tampered ciphertext gives an unrelated
+    /// secret (implicit rejection): only the key confirmation shows it.
+    fn decapsulate(&self, ct: &[u8; CT_LEN]) -> Zeroizing<[u8; 32]> {
         let ct: Ciphertext = (*ct).into();
-        self.dk.decapsulate(&ct).into()
+        Zeroizing::new(self.dk.decapsulate(&ct).into())
     }
 }
 
@@ -155,10 +158,10 @@ impl PeerEk {
             .map_err(|_| EkRefused::Invalid)
     }
 
-    /// A ciphertext and its shared secret, from 32 uniformly random bytes.
-    fn encapsulate(&self, randomness: &[u8; 32]) -> ([u8; CT_LEN], [u8; 32]) {
+    /// A ciphertext and its shared secret (wiped when dropped), from 32 uniformly random bytes.
+    fn encapsulate(&self, randomness: &[u8; 32]) -> ([u8; CT_LEN], Zeroizing<[u8; 32]>) {
         let (ct, shared) = self.0.encapsulate_deterministic(&(*randomness).into());
-        (ct.into(), shared.into())
+        (ct.into(), Zeroizing::new(shared.into()))
     }
 }
 
@@ -186,7 +189,7 @@ pub struct Binding {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Derived {
     /// The link's next preshared key.
-    pub psk: [u8; 32],
+    pub psk: SecretKey,
     /// What the responder sends to show it derived the same key.
     pub confirmation: [u8; 16],
 }
@@ -200,7 +203,8 @@ impl std::fmt::Debug for Derived {
 /// The preshared key and confirmation of the exchange with shared secret `shared`,
 /// ciphertext `ct` and binding `b`.
 pub fn derive(shared: &[u8; 32], ct: &[u8], b: &Binding) -> Derived {
-    let prk = hmac(b"kilotun-pqpsk-v1", &[shared, &blake2s(ct)]);
+    // The intermediate keys are wiped when dropped, as the results are.
+    let prk = Zeroizing::new(hmac(b"kilotun-pqpsk-v1", &[shared, &blake2s(ct)]));
     let epoch = b.epoch.to_be_bytes();
     let info: [&[u8]; 7] = [
         &b.initiator.0,
@@ -215,13 +219,13 @@ pub fn derive(shared: &[u8; 32], ct: &[u8], b: &Binding) -> Derived {
         let mut parts = info.to_vec();
         let label = [label];
         parts.push(&label);
-        hmac(&prk, &parts)
+        Zeroizing::new(hmac(&*prk, &parts))
     };
     let confirm_key = with(2);
     let mut confirmation = [0u8; 16];
-    confirmation.copy_from_slice(&hmac(&confirm_key, &[b"confirm"])[..16]);
+    confirmation.copy_from_slice(&hmac(&*confirm_key, &[b"confirm"])[..16]);
     Derived {
-        psk: with(1),
+        psk: SecretKey::from_bytes(*with(1)),
         confirmation,
     }
 }
@@ -229,8 +233,8 @@ pub fn derive(shared: &[u8; 32], ct: &[u8], b: &Binding) -> Derived {
 /// The key every message of a link is tagged with, from the X25519 agreement of the two
 /// nodes' WireGuard keys (which only the two nodes can compute): a pod behind either cannot
 /// forge a message even from the node's WireGuard IP.
-pub fn tag_key(static_agreement: &[u8; 32]) -> [u8; 32] {
-    hmac(b"kilotun-pq-tag-v1", &[static_agreement])
+pub fn tag_key(static_agreement: &[u8; 32]) -> SecretKey {
+    SecretKey::from_bytes(hmac(b"kilotun-pq-tag-v1", &[static_agreement]))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use control::pq::link::Installed;
 use control::pq::{PqAnnouncement, PqIdentity};
 use control::Key;
 use rand_core::RngCore;
+use zeroize::Zeroizing;
 
 use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
@@ -60,11 +61,11 @@ pub fn saved_path(key_file: &Path) -> PathBuf {
 }
 
 /// The installed keys as saved: the local key they were made under, and each peer's key and
-/// epoch.
+/// epoch. The keys' text, and the file's, are wiped when dropped.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Saved {
     local: String,
-    links: BTreeMap<String, (String, u64)>,
+    links: BTreeMap<String, (Zeroizing<String>, u64)>,
 }
 
 fn save(path: &Path, local: Key, installed: &BTreeMap<Key, Installed>) -> Result<()> {
@@ -72,21 +73,22 @@ fn save(path: &Path, local: Key, installed: &BTreeMap<Key, Installed>) -> Result
         local: local.to_base64(),
         links: installed
             .iter()
-            .map(|(k, i)| (k.to_base64(), (Key(i.psk).to_base64(), i.epoch)))
+            .map(|(k, i)| (k.to_base64(), (i.psk.expose_base64(), i.epoch)))
             .collect(),
     };
-    super::shells::keyfile::write_private(path, &serde_json::to_string(&saved)?)
+    let text = Zeroizing::new(serde_json::to_string(&saved)?);
+    super::shells::keyfile::write_private(path, &text)
 }
 
 fn load(path: &Path) -> Option<(Key, BTreeMap<Key, Installed>)> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = Zeroizing::new(std::fs::read_to_string(path).ok()?);
     let saved: Saved = serde_json::from_str(&text).ok()?;
     let links = saved
         .links
         .iter()
         .filter_map(|(peer, (psk, epoch))| {
             let installed = Installed {
-                psk: Key::parse(psk).ok()?.0,
+                psk: dataplane::SecretKey::from_base64(psk).ok()?,
                 epoch: *epoch,
                 at_ms: 0,
             };
@@ -113,8 +115,7 @@ pub fn overlay_saved_keys(
     let mut taken = 0;
     for peer in &mut restored.peers {
         if let Some(installed) = saved.get(&Key(*peer.public_key.as_bytes())) {
-            peer.preshared_key =
-                (under == local).then(|| dataplane::SecretKey::from_bytes(installed.psk));
+            peer.preshared_key = (under == local).then(|| installed.psk.clone());
             taken += usize::from(under == local);
         }
     }
@@ -342,7 +343,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                     .iter()
                     .find(|p| p.public_key.as_bytes() == &k.0)
                     .and_then(|p| p.preshared_key.as_ref());
-                held != Some(&dataplane::SecretKey::from_bytes(installed[k].psk))
+                held != Some(&installed[k].psk)
             })
             .collect();
         // A link that lost its key (its peer's fingerprint changed, or it left) goes without.
@@ -405,7 +406,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
 fn pq_overlay(device: &mut dataplane::DeviceConfig, installed: &BTreeMap<Key, Installed>) {
     for peer in &mut device.peers {
         if let Some(i) = installed.get(&Key(*peer.public_key.as_bytes())) {
-            peer.preshared_key = Some(dataplane::SecretKey::from_bytes(i.psk));
+            peer.preshared_key = Some(i.psk.clone());
         }
     }
 }
@@ -440,7 +441,7 @@ mod tests {
         let saved = BTreeMap::from([(
             Key(*keyed.public_key().as_bytes()),
             Installed {
-                psk: [7; 32],
+                psk: SecretKey::from_bytes([7; 32]),
                 epoch: 5,
                 at_ms: 0,
             },

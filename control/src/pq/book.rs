@@ -9,6 +9,8 @@ use std::sync::Arc;
 use super::link::{FailedHandshakes, Installed, LinkSetup, PqLink};
 use super::message::Malformed;
 use super::PqIdentity;
+use keys::SecretKey;
+
 use crate::key::Key;
 use crate::status::{PqLinkStatus, PqState};
 
@@ -22,7 +24,7 @@ pub struct PqPeer {
     /// Its WireGuard IP: where its kg's exchange listens, and where its datagrams come from.
     pub wireguard_ip: IpAddr,
     /// The key that tags the link's messages ([`super::tag_key`]).
-    pub tag_key: [u8; 32],
+    pub tag_key: SecretKey,
     /// It announces that it falls back ([`super::PqAnnouncement::falls_back`]).
     pub falls_back: bool,
 }
@@ -132,7 +134,7 @@ impl PqBook {
                     local: self.local,
                     peer: p.key,
                     peer_fp: p.fingerprint,
-                    tag_key: p.tag_key,
+                    tag_key: p.tag_key.clone(),
                 };
                 let mut link = PqLink::new(setup, Arc::clone(&self.identity), self.period_ms);
                 if let Some(installed) = restored.remove(&p.key) {
@@ -202,7 +204,7 @@ impl PqBook {
     pub fn installed(&self) -> BTreeMap<Key, Installed> {
         self.links
             .iter()
-            .filter_map(|(k, (_, l))| Some((*k, l.installed()?)))
+            .filter_map(|(k, (_, l))| Some((*k, l.installed()?.clone())))
             .collect()
     }
 

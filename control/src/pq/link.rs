@@ -17,6 +17,9 @@ use std::sync::Arc;
 
 use super::message::{Malformed, Message};
 use super::{derive, Binding, Derived, PeerEk, PqIdentity};
+use keys::SecretKey;
+use zeroize::Zeroizing;
+
 use crate::key::Key;
 
 /// The waits before the retries of one message, in milliseconds.
@@ -70,14 +73,14 @@ pub struct LinkSetup {
     /// The peer's published ML-KEM fingerprint.
     pub peer_fp: [u8; 32],
     /// The key that tags every message of the link.
-    pub tag_key: [u8; 32],
+    pub tag_key: SecretKey,
 }
 
 /// The key a link uses and where it came from.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Installed {
     /// The preshared key.
-    pub psk: [u8; 32],
+    pub psk: SecretKey,
     /// The exchange's epoch.
     pub epoch: u64,
     /// When it was installed (Unix milliseconds).
@@ -103,7 +106,7 @@ enum Stage {
         epoch: u64,
         nonce: [u8; 16],
         ct: Box<[u8; super::CT_LEN]>,
-        shared: [u8; 32],
+        shared: Zeroizing<[u8; 32]>,
     },
     /// Waiting for the responder to say it installed `epoch`'s key.
     Done { epoch: u64, derived: Derived },
@@ -170,12 +173,12 @@ impl PqLink {
     /// Takes back the key this link had before kg restarted (saved beside the key file): the
     /// other end still uses it, and the tunnel the next exchange travels through needs it.
     pub fn restore(&mut self, installed: Installed) {
-        self.installed = Some(installed);
         if self.initiator {
             self.last_epoch = self.last_epoch.max(installed.epoch);
         } else {
             self.highest_epoch = Some(installed.epoch);
         }
+        self.installed = Some(installed);
     }
 
     /// What the link is between.
@@ -184,8 +187,8 @@ impl PqLink {
     }
 
     /// The preshared key in use, if an exchange completed.
-    pub fn installed(&self) -> Option<Installed> {
-        self.installed
+    pub fn installed(&self) -> Option<&Installed> {
+        self.installed.as_ref()
     }
 
     /// Messages refused, by reason.
@@ -228,7 +231,7 @@ impl PqLink {
     /// that does not fall back would keep its key, so this end keeps its own. True when the
     /// key was dropped now.
     pub fn note_failed_handshakes(&mut self, failed: FailedHandshakes, now_ms: i64) -> bool {
-        let Some(installed) = self.installed else {
+        let Some(epoch) = self.installed.as_ref().map(|i| i.epoch) else {
             return false;
         };
         if !self.falls_back || !failed.keys_differ() {
@@ -236,7 +239,7 @@ impl PqLink {
         }
         self.installed = None;
         self.fell_back = Some(FellBack {
-            epoch: installed.epoch,
+            epoch,
             at_ms: now_ms,
             failed,
         });
@@ -360,7 +363,7 @@ impl PqLink {
         }
     }
 
-    fn install(&mut self, psk: [u8; 32], epoch: u64, now_ms: i64) {
+    fn install(&mut self, psk: SecretKey, epoch: u64, now_ms: i64) {
         self.installed = Some(Installed {
             psk,
             epoch,
@@ -447,7 +450,7 @@ impl PqLink {
     }
 
     fn on_commit(&mut self, epoch: u64, now_ms: i64) {
-        if self.installed.is_some_and(|i| i.epoch == epoch) {
+        if self.installed.as_ref().is_some_and(|i| i.epoch == epoch) {
             self.send(&Message::Done { epoch });
             return;
         }
@@ -534,7 +537,7 @@ impl PqLink {
             }
             other => {
                 self.exchange = other;
-                if self.installed.is_none_or(|i| i.epoch != epoch) {
+                if self.installed.as_ref().is_none_or(|i| i.epoch != epoch) {
                     self.refuse("unknown epoch");
                 }
             }

@@ -2,6 +2,8 @@
 //! half of HMAC-BLAKE2s under the link's tag key over everything before it). Each type has one
 //! exact length; anything else is refused before the tag is checked.
 
+use keys::SecretKey;
+
 use super::{hmac, CT_LEN, EK_LEN};
 
 /// Bytes of a message's tag.
@@ -113,7 +115,7 @@ fn tag(key: &[u8; 32], data: &[u8]) -> [u8; TAG_LEN] {
 
 impl Message {
     /// The datagram carrying this message, tagged under `key`.
-    pub fn encode(&self, key: &[u8; 32]) -> Vec<u8> {
+    pub fn encode(&self, key: &SecretKey) -> Vec<u8> {
         let mut out = Vec::with_capacity(1 + EK_LEN + TAG_LEN);
         match self {
             Self::KeyRequest => out.push(KEY_REQUEST),
@@ -146,13 +148,13 @@ impl Message {
                 out.extend_from_slice(&epoch.to_be_bytes());
             }
         }
-        let t = tag(key, &out);
+        let t = tag(key.as_bytes(), &out);
         out.extend_from_slice(&t);
         out
     }
 
     /// The message in `datagram`, if its type, length and tag (under `key`) are right.
-    pub fn decode(datagram: &[u8], key: &[u8; 32]) -> Result<Self, Malformed> {
+    pub fn decode(datagram: &[u8], key: &SecretKey) -> Result<Self, Malformed> {
         let kind = *datagram.first().ok_or(Malformed::Type)?;
         let len = length_of(kind).ok_or(Malformed::Type)?;
         if datagram.len() != len {
@@ -161,7 +163,7 @@ impl Message {
         let (data, given) = datagram.split_at(len - TAG_LEN);
         // Not secret-dependent timing that matters here: the tag key is per link and the
         // message is dropped either way, but compare without an early exit all the same.
-        let expected = tag(key, data);
+        let expected = tag(key.as_bytes(), data);
         if expected
             .iter()
             .zip(given)

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use super::link::{FailedHandshakes, Installed, LinkSetup, PqLink};
 use super::{tag_key, PqIdentity, SEED_LEN};
 use crate::key::Key;
+use keys::SecretKey;
 
 const PERIOD_MS: i64 = 20_000;
 const STEP_MS: i64 = 250;
@@ -92,7 +93,7 @@ impl World {
                 local: Key([n; 32]),
                 peer: Key([n; 32]),
                 peer_fp: [0; 32],
-                tag_key: [0; 32],
+                tag_key: SecretKey::from_bytes([0; 32]),
             };
             End {
                 key: Key([n; 32]),
@@ -129,8 +130,8 @@ impl World {
         self.ends[i].link = link;
     }
 
-    fn psk(&self, i: usize) -> Option<[u8; 32]> {
-        self.ends[i].link.installed().map(|k| k.psk)
+    fn psk(&self, i: usize) -> Option<SecretKey> {
+        self.ends[i].link.installed().map(|k| k.psk.clone())
     }
 
     fn agree(&self) -> bool {
@@ -156,11 +157,13 @@ impl World {
             self.make_link(j);
             self.ends[j].saved = None;
         }
-        let saved = self.ends[i].saved;
+        let saved = self.ends[i].saved.clone();
         self.make_link(i);
         if let Some(mut saved) = saved {
             if how == 2 {
-                self.rng.fill(&mut saved.psk);
+                let mut psk = [0; 32];
+                self.rng.fill(&mut psk);
+                saved.psk = SecretKey::from_bytes(psk);
             }
             saved.at_ms = 0;
             self.ends[i].link.restore(saved);
@@ -237,7 +240,7 @@ impl World {
         }
         for end in &mut self.ends {
             if let Some(k) = end.link.installed() {
-                end.saved = Some(k);
+                end.saved = Some(k.clone());
             } else if end.link.fell_back().is_some() {
                 end.saved = None;
             }

@@ -43,7 +43,7 @@ impl Pair {
                 local: low,
                 peer: high,
                 peer_fp: rk.fingerprint(),
-                tag_key: tag,
+                tag_key: tag.clone(),
             },
             ik,
             PERIOD,
@@ -93,10 +93,10 @@ impl Pair {
         }
     }
 
-    fn keys(&self) -> (Option<[u8; 32]>, Option<[u8; 32]>) {
+    fn keys(&self) -> (Option<SecretKey>, Option<SecretKey>) {
         (
-            self.i.installed().map(|k| k.psk),
-            self.r.installed().map(|k| k.psk),
+            self.i.installed().map(|k| k.psk.clone()),
+            self.r.installed().map(|k| k.psk.clone()),
         )
     }
 }
@@ -180,7 +180,7 @@ fn both_ends_install_one_key_and_a_new_one_each_period() {
     let (i, r) = p.keys();
     assert!(i.is_some());
     assert_eq!(i, r, "both ends derived and installed the same key");
-    let first = p.i.installed().unwrap();
+    let first = p.i.installed().unwrap().clone();
     assert_eq!(first.epoch, p.r.installed().unwrap().epoch);
     // Nothing more until the period has passed.
     assert_eq!(p.i.poll_timeout(), Some(p.now + PERIOD));
@@ -268,7 +268,7 @@ fn a_tampered_ciphertext_fails_the_confirmation_and_neither_end_changes_its_key(
     p.i.poll(p.now, &mut entropy(&mut p.rng));
     let init = p.i.poll_transmit().unwrap();
     // Someone who holds the tag key (no one but the two nodes) changes the ciphertext.
-    let key = p.r.setup().tag_key;
+    let key = p.r.setup().tag_key.clone();
     let Ok(Message::Init {
         epoch,
         nonce,
@@ -323,10 +323,10 @@ fn a_responder_restarted_without_its_state_agrees_on_the_next_key() {
 fn ends_whose_keys_differ_both_drop_them_and_the_next_exchange_keys_the_link_again() {
     let mut p = Pair::new();
     p.run(|_| false);
-    let first = p.i.installed().unwrap();
+    let first = p.i.installed().unwrap().clone();
     // The responder's kg comes back with a key that is not the one the initiator holds.
     p.r.restore(crate::pq::link::Installed {
-        psk: [0x5a; 32],
+        psk: SecretKey::from_bytes([0x5a; 32]),
         ..first
     });
     assert_ne!(p.keys().0, p.keys().1);
@@ -424,7 +424,7 @@ fn the_key_is_bound_to_both_wireguard_keys_and_both_fingerprints() {
         );
     }
     assert_ne!(derive(&[8; 32], &[0; CT_LEN], &b).psk, base.psk);
-    assert_ne!(base.psk[..16], base.confirmation[..]);
+    assert_ne!(base.psk.as_bytes()[..16], base.confirmation[..]);
 }
 
 mod book {
@@ -442,7 +442,7 @@ mod book {
             key,
             fingerprint: identity(n).fingerprint(),
             wireguard_ip: IpAddr::from([10, 4, 0, n]),
-            tag_key: tag,
+            tag_key: tag.clone(),
             falls_back: true,
         };
         (a, b, vec![peer(high, 2)], vec![peer(low, 1)])

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use dataplane::SecretKey;
+use zeroize::Zeroizing;
 
 /// Loads the private key at `path`, or generates and stores one.
 pub fn load_or_generate(path: &Path) -> Result<SecretKey> {
@@ -146,14 +147,14 @@ pub fn commit_next(path: &Path, next: &SecretKey) -> Result<()> {
 }
 
 /// Loads the 64-byte ML-KEM seed at `path` (base64, 0600), or makes and stores one.
-pub fn load_or_generate_seed(path: &Path) -> Result<[u8; 64]> {
+pub fn load_or_generate_seed(path: &Path) -> Result<Zeroizing<[u8; 64]>> {
     use base64::Engine as _;
     let engine = base64::engine::general_purpose::STANDARD;
-    match fs::read_to_string(path) {
+    match fs::read_to_string(path).map(Zeroizing::new) {
         Ok(text) => {
-            let decoded = engine.decode(text.trim()).ok();
-            if let Some(seed) = decoded.and_then(|d| <[u8; 64]>::try_from(d).ok()) {
-                return Ok(seed);
+            let decoded = engine.decode(text.trim()).ok().map(Zeroizing::new);
+            if let Some(seed) = decoded.and_then(|d| <[u8; 64]>::try_from(d.as_slice()).ok()) {
+                return Ok(Zeroizing::new(seed));
             }
             tracing::warn!(path = %path.display(), "the ML-KEM seed file holds no valid seed; making a new one");
         }
@@ -164,12 +165,14 @@ pub fn load_or_generate_seed(path: &Path) -> Result<[u8; 64]> {
 }
 
 /// Makes a new 64-byte ML-KEM seed and stores it at `path` (base64, 0600), replacing any.
-pub fn generate_seed(path: &Path) -> Result<[u8; 64]> {
+pub fn generate_seed(path: &Path) -> Result<Zeroizing<[u8; 64]>> {
     use base64::Engine as _;
-    let mut seed = [0u8; 64];
-    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut seed);
-    let text = base64::engine::general_purpose::STANDARD.encode(seed);
-    write_private(path, &format!("{text}\n"))?;
+    let mut seed = Zeroizing::new([0u8; 64]);
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut *seed);
+    let mut text =
+        Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(seed.as_slice()));
+    text.push('\n');
+    write_private(path, &text)?;
     Ok(seed)
 }
 
