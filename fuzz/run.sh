@@ -36,7 +36,6 @@
 # by default ${CARGO_TARGET_DIR:-target}); the build holds the target directory's lock while it runs.
 set -euo pipefail
 
-
 fuzz_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo_root=$(cd "$fuzz_dir/.." && pwd -P)
 target_dir=${KILOTUN_FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$repo_root/target}}
