@@ -428,9 +428,11 @@ impl FileBackend {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.dir.join(format!("lease-{name}.yaml"));
         let current = match fs::read_to_string(&path) {
-            Ok(text) => serde_saphyr::from_str::<Lease>(&text)
-                .map(|l| lease_state(&l))
-                .unwrap_or_default(),
+            Ok(text) => {
+                serde_saphyr::from_str_with_options::<Lease>(&text, documents::yaml_options())
+                    .map(|l| lease_state(&l))
+                    .unwrap_or_default()
+            }
             Err(_) => LeaseState::default(),
         };
         if !lease.may_replace(&current, expected) {

@@ -16,12 +16,21 @@ pub(super) fn is_object_file(path: &Path) -> bool {
     !hidden && matches!(ext, "yaml" | "yml" | "json")
 }
 
+/// How the files' YAML is read: a key given twice in one mapping takes its last value, as a
+/// repeated key of a JSON object does, so a node file with an annotation written twice is read
+/// (and its annotation judged) rather than refused whole.
+pub(super) fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+    }
+}
+
 /// Parses a file's documents into JSON values (YAML may hold several, separated by `---`).
 pub(super) fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>> {
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         return Ok(vec![serde_json::from_str(text)?]);
     }
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text)?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, yaml_options())?;
     Ok(docs.into_iter().filter(|doc| !doc.is_null()).collect())
 }
 

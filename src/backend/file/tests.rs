@@ -69,6 +69,21 @@ fn reads_multi_document_yaml_lists_and_json() {
 }
 
 #[test]
+fn an_annotation_written_twice_takes_its_last_value() {
+    let dir = scratch("duplicate-key");
+    let yaml = "apiVersion: v1\nkind: Node\nmetadata:\n  name: twice\n  annotations:\n    \
+                kilo.squat.ai/location: east\n    kilo.squat.ai/location: west\n";
+    fs::write(dir.join("twice.yaml"), yaml).unwrap();
+    let backend = FileBackend::open(&dir).unwrap();
+    let snap = backend.subscribe().borrow().clone();
+    assert_eq!(
+        snap.nodes["twice"].metadata.annotations.as_ref().unwrap()["kilo.squat.ai/location"],
+        "west"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn patches_land_in_the_file_holding_the_node_and_keep_the_rest() {
     let dir = scratch("patch");
     fs::write(dir.join("a.yaml"), MULTI).unwrap();
