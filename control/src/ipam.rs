@@ -133,13 +133,13 @@ pub fn pod_ranges(source: IpamSource, objects: &IpamObjects) -> Option<PodRanges
     Some(ranges)
 }
 
-/// One line per node whose agent is Kilo's kg, when kg takes pod ranges from `source` rather
-/// than the Nodes: Kilo's kg routes its peers' `spec.podCIDRs` whatever the cluster's IPAM,
+/// Each node whose agent is Kilo's kg, with a line saying so, when kg takes pod ranges from
+/// `source` rather than the Nodes: Kilo's kg routes its peers' `spec.podCIDRs` whatever the cluster's IPAM,
 /// so pod traffic between its location and the others is refused on its side. Kilo's agents
 /// are the nodes that publish no lease-election marker, which kilotun's kg publishes when it
 /// elects by lease (`--leader-election=lease`, as the manifests run it): a caller that does not
 /// elect by lease cannot tell the agents apart, and should not ask.
-pub fn kilo_agents_under(source: IpamSource, nodes: &[crate::Node]) -> Vec<String> {
+pub fn kilo_agents_under(source: IpamSource, nodes: &[crate::Node]) -> Vec<(String, String)> {
     if source == IpamSource::Node {
         return Vec::new();
     }
@@ -147,12 +147,13 @@ pub fn kilo_agents_under(source: IpamSource, nodes: &[crate::Node]) -> Vec<Strin
         .iter()
         .filter(|n| !n.lease_election)
         .map(|n| {
-            format!(
+            let line = format!(
                 "node {} (location {}) runs Kilo's kg, which routes the Nodes' spec.podCIDRs, not the {} pod ranges this kg routes: pod traffic between its location and the others is refused on its side until it runs kilotun (or its peers' kilo.squat.ai/allowed-location-ips name the pods' ranges)",
                 n.name,
                 n.location,
                 source.as_str()
-            )
+            );
+            (n.name.clone(), line)
         })
         .collect()
 }

@@ -35,7 +35,8 @@ pub enum Reason {
     ReconcileFailed,
     /// `--ipam=auto` chose where pod ranges come from.
     IpamSource,
-    /// A pod-range source gave something unusable.
+    /// A pod-range source gave something unusable (subject: `ipam`), or a node run by Kilo's
+    /// kg routes other pod ranges than this kg (subject: that node).
     IpamProblem,
     /// A DNS endpoint resolved to a new address (subject: the name).
     EndpointResolved,
@@ -99,11 +100,15 @@ pub enum Reason {
     /// The embedded engine's TUN link was lost (deleted under kg) and kg started the engine
     /// again on a new link, applying the mesh anew (subject: the interface).
     EngineRecreated,
+    /// The WireGuard device refused the removal of one allowed IP (wireguard-go before
+    /// 0.0.20250522, a kernel without `WGALLOWEDIP_F_REMOVE_ME`): kg replaces changed peers'
+    /// allowed IPs whole from then on (subject: the interface). Said once per device.
+    AllowedIpEditRefused,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 36] = [
+    pub const ALL: [Reason; 37] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -140,6 +145,7 @@ impl Reason {
         Self::Removed,
         Self::EngineRecreated,
         Self::PeerStatusRefused,
+        Self::AllowedIpEditRefused,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -181,6 +187,7 @@ impl Reason {
             Self::Removed => "Removed",
             Self::EngineRecreated => "EngineRecreated",
             Self::PeerStatusRefused => "PeerStatusRefused",
+            Self::AllowedIpEditRefused => "AllowedIpEditRefused",
         }
     }
 
@@ -204,7 +211,8 @@ impl Reason {
             | Self::TunnelMissing
             | Self::ConditionRefused
             | Self::EngineRecreated
-            | Self::PeerStatusRefused => EventKind::Warning,
+            | Self::PeerStatusRefused
+            | Self::AllowedIpEditRefused => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable

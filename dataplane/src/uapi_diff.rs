@@ -30,6 +30,30 @@ pub struct DeviceChange {
     pub peers: Vec<PeerChange>,
 }
 
+impl DeviceChange {
+    /// How many peers the device has already whose allowed IPs this change changes.
+    pub fn peers_with_changed_allowed_ips(&self) -> usize {
+        self.peers
+            .iter()
+            .filter(|p| {
+                p.allowed_ips_edit
+                    .as_ref()
+                    .is_some_and(|e| !e.added.is_empty() || !e.removed.is_empty())
+            })
+            .count()
+    }
+
+    /// Whether, sent as edits, this change removes an allowed IP of a peer the device has:
+    /// what devices from before the removal existed refuse.
+    pub fn removes_allowed_ips(&self) -> bool {
+        self.peers.iter().any(|p| {
+            p.allowed_ips_edit
+                .as_ref()
+                .is_some_and(|e| !e.removed.is_empty())
+        })
+    }
+}
+
 /// One peer to add or update. Every field but the preshared key, the endpoint and (for a device
 /// that takes removals) the allowed IPs is sent in full.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,6 +325,9 @@ mod tests {
         );
         assert!(!body.contains("replace_allowed_ips"), "{body}");
         assert!(removes_allowed_ips(&body));
+        let edit = change(&current, &desired).unwrap();
+        assert!(edit.removes_allowed_ips());
+        assert_eq!(edit.peers_with_changed_allowed_ips(), 1);
         assert_eq!(apply_set(&current, &body).unwrap(), desired);
         // A new peer has nothing to edit: its list is sent whole, either way.
         let mut grown = desired.clone();
@@ -311,6 +338,9 @@ mod tests {
             "{body}"
         );
         assert!(!removes_allowed_ips(&body));
+        let grow = change(&desired, &grown).unwrap();
+        assert!(!grow.removes_allowed_ips());
+        assert_eq!(grow.peers_with_changed_allowed_ips(), 0, "a new peer");
         // Only additions: nothing for an older device to refuse.
         let mut wider = current.clone();
         wider.peers[0]

@@ -343,6 +343,17 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 .update(|p| p.engine = status::EngineReadiness::Configured);
             changed
         };
+        let updates = self.wg.take_allowed_ips_updates();
+        self.metrics
+            .count_allowed_ips_updates(updates.edited, updates.replaced);
+        if let Some(answer) = updates.edit_refused {
+            let interface = self.settings.args.interface.clone();
+            self.core.journal().record(
+                Reason::AllowedIpEditRefused,
+                interface,
+                format!("{answer}: replacing changed peers' allowed IPs whole from now on"),
+            );
+        }
         if changed {
             self.metrics.device_changes.inc();
             tracing::info!(

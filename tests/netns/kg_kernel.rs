@@ -4,6 +4,7 @@
 //! allowed IPs edited entry by entry, and post-quantum preshared keys with a key rotation.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -80,16 +81,28 @@ fn kg_edits_allowed_ips_on_the_kernels_wireguard_from_linux_6_16() {
     }
 
     common::edits::add_then_move_location_ranges(&c, Duration::from_secs(30));
-    // What each kg sent (its debug line of each netlink set): from 6.16 the range that moved
-    // and nothing else, before it the peer's whole list.
-    for (node, gone, came) in [
-        ("n1", "10.78.1.0/24", "10.78.2.0/24"),
-        ("n2", "10.77.1.0/24", "10.77.2.0/24"),
-    ] {
-        let log = c.node(node).log_text();
-        let edited = log.contains(&format!(" +{came} -{gone}"));
-        assert_eq!(edited, edits, "kernel {}: {node}: {log}", release());
-        assert!(!log.contains("refused the removal"), "{log}");
+    // What each kg sent: from 6.16 each change of the peer's list as an edit, the removal
+    // included, before it the whole list; and no refusal either way.
+    for node in ["n1", "n2"] {
+        let (_, metrics) = c.node(node).http_get("/metrics");
+        let updates = |method: &str| {
+            let series =
+                format!("kilotun_wireguard_allowed_ips_updates_total{{method=\"{method}\"}}");
+            common::metric_value(&metrics, &series).unwrap_or(0.0)
+        };
+        let (edited, replaced) = (updates("edit"), updates("replace"));
+        let (used, unused) = if edits {
+            (edited, replaced)
+        } else {
+            (replaced, edited)
+        };
+        assert!(
+            used >= 2.0 && unused == 0.0,
+            "kernel {}: {node}: {edited} edits, {replaced} whole lists",
+            release()
+        );
+        let refused = c.node(node).events_of(Reason::AllowedIpEditRefused);
+        assert!(refused.is_empty(), "{node}: {refused:?}");
     }
     assert_eq!(handshakes(&c), before, "no session ended");
     c.all_pods_reachable().unwrap();

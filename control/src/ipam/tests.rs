@@ -354,17 +354,14 @@ fn nodes_run_by_kilos_kg_are_named_when_the_pods_come_from_elsewhere() {
         ..Default::default()
     };
     let nodes = [node("kilo1", false), node("kilotun1", true)];
-    let lines = kilo_agents_under(IpamSource::Calico, &nodes);
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    let named = kilo_agents_under(IpamSource::Calico, &nodes);
+    assert_eq!(named.len(), 1, "{named:?}");
+    let (node, line) = &named[0];
+    assert_eq!(node, "kilo1");
     assert!(
-        lines[0].starts_with("node kilo1 (location east) runs Kilo's kg"),
-        "{}",
-        lines[0]
+        line.starts_with("node kilo1 (location east) runs Kilo's kg"),
+        "{line}"
     );
-    assert!(
-        lines[0].contains("not the calico pod ranges"),
-        "{}",
-        lines[0]
-    );
+    assert!(line.contains("not the calico pod ranges"), "{line}");
     assert!(kilo_agents_under(IpamSource::Node, &nodes).is_empty());
 }

@@ -57,7 +57,8 @@ impl Reconciler {
         self.table.set_pod_ranges(ranges.map(|r| r.by_node));
     }
 
-    /// Names once each node run by Kilo's kg while the pods' ranges come from elsewhere than
+    /// Names once each node run by Kilo's kg (an `IpamProblem` event whose subject is the
+    /// node) while the pods' ranges come from elsewhere than
     /// the Nodes (only when this kg elects by lease: then kilotun's agents say so, and the
     /// others are Kilo's).
     pub(super) fn say_which_agents_route_node_cidrs(&mut self, nodes: &[control::Node]) {
@@ -67,11 +68,11 @@ impl Reconciler {
         if !self.leases_on() {
             return;
         }
-        for line in self
-            .problems
-            .fresh_lines("ipam kilo agents", kilo_agents_under(source, nodes))
-        {
-            self.journal.record(Reason::IpamProblem, "ipam", line);
+        let named = kilo_agents_under(source, nodes);
+        let lines = named.iter().map(|(_, line)| line.clone()).collect();
+        let fresh = self.problems.fresh_lines("ipam kilo agents", lines);
+        for (node, line) in named.into_iter().filter(|(_, l)| fresh.contains(l)) {
+            self.journal.record(Reason::IpamProblem, node, line);
         }
     }
 }

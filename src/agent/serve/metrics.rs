@@ -41,6 +41,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// The `method` label of `kilotun_wireguard_allowed_ips_updates_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    /// `edit` (entry by entry) or `replace` (the whole list).
+    pub method: &'static str,
+}
+
 /// The `stage` label of `kilotun_reconcile_stage_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabel {
@@ -235,6 +242,10 @@ pub struct Metrics {
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
+    /// `kilotun_wireguard_allowed_ips_updates_total{method}`: peers whose allowed IPs kg
+    /// changed on a device it configures over UAPI or netlink, entry by entry (`edit`) or whole
+    /// (`replace`).
+    pub allowed_ips_updates: Family<MethodLabel, Counter>,
     /// `kilotun_api_peer_status_writes_total`: Peer statuses this node wrote to the API server.
     pub peer_status_writes: Counter,
     /// `kilotun_route_changes_total`: batches of route and rule changes kg applied to the
@@ -283,6 +294,7 @@ impl Metrics {
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
             device_changes: Counter::default(),
+            allowed_ips_updates: Family::default(),
             peer_status_writes: Counter::default(),
             route_changes: Counter::default(),
             api_events: Family::default(),
@@ -320,6 +332,11 @@ impl Metrics {
             "kilotun_wireguard_configurations",
             "WireGuard device configurations kg applied that changed the device",
             m.device_changes.clone(),
+        );
+        registry.register(
+            "kilotun_wireguard_allowed_ips_updates",
+            "Peers whose allowed IPs kg changed on a WireGuard device it configures over UAPI or netlink, by method: edit (entry by entry) or replace (the whole list)",
+            m.allowed_ips_updates.clone(),
         );
         registry.register(
             "kilotun_api_peer_status_writes",
@@ -368,6 +385,17 @@ impl Metrics {
         self.api_events
             .get_or_create(&ResultLabel { result })
             .inc_by(n);
+    }
+
+    /// Counts what a device was sent for peers whose allowed IPs changed.
+    pub fn count_allowed_ips_updates(&self, edited: u64, replaced: u64) {
+        for (method, n) in [("edit", edited), ("replace", replaced)] {
+            if n > 0 {
+                self.allowed_ips_updates
+                    .get_or_create(&MethodLabel { method })
+                    .inc_by(n);
+            }
+        }
     }
 
     /// Records `seconds` spent in reconcile stage `stage`.

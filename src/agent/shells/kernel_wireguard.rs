@@ -6,7 +6,6 @@
 //! not mentioned and keep their sessions, as with the embedded engine.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
@@ -21,6 +20,7 @@ use netlink_packet_wireguard::{
 };
 
 mod genl;
+use super::allowed_ips::{AllowedIpsMethod, AllowedIpsUpdates};
 use genl::GenlSocket;
 
 /// The largest `WG_CMD_SET_DEVICE` message kg sends: a change bigger than this (hundreds of
@@ -32,8 +32,9 @@ pub struct KernelWireGuard {
     interface: String,
     netlink: parking_lot::Mutex<GenlSocket>,
     /// Whether an existing peer's allowed IPs change entry by entry
-    /// ([`AllowedIpsStyle::Edit`]); off on kernels before 6.16 and after a refusal.
-    edits: AtomicBool,
+    /// ([`AllowedIpsStyle::Edit`]; off on kernels before 6.16 and after a refusal), and what
+    /// was sent.
+    allowed_ips: AllowedIpsMethod,
 }
 
 /// Whether a kernel of `release` (`uname -r`) takes `WGALLOWEDIP_F_REMOVE_ME`, the removal of
@@ -57,7 +58,7 @@ impl KernelWireGuard {
         let device = Self {
             interface: interface.to_string(),
             netlink: parking_lot::Mutex::new(netlink),
-            edits: AtomicBool::new(kernel_takes_removals(release.trim())),
+            allowed_ips: AllowedIpsMethod::new(kernel_takes_removals(release.trim())),
         };
         device
             .read()
@@ -100,14 +101,13 @@ impl KernelWireGuard {
         let Some(change) = uapi_diff::change(&current, desired) else {
             return Ok(false);
         };
-        let style = if self.edits.load(Ordering::Relaxed) {
-            AllowedIpsStyle::Edit
-        } else {
-            AllowedIpsStyle::Replace
-        };
+        let style = self.allowed_ips.style();
         let refused = match self.send(&change, style) {
-            Ok(()) => return Ok(true),
-            Err(e) if style == AllowedIpsStyle::Edit && removes_any(&change) => e,
+            Ok(()) => {
+                self.allowed_ips.sent(&change, style);
+                return Ok(true);
+            }
+            Err(e) if style == AllowedIpsStyle::Edit && change.removes_allowed_ips() => e,
             Err(e) => return Err(e),
         };
         // The messages before the refused one were applied: read the device again and replace
@@ -115,10 +115,17 @@ impl KernelWireGuard {
         let (current, _) = self.read()?;
         if let Some(change) = uapi_diff::change(&current, desired) {
             self.send(&change, AllowedIpsStyle::Replace)?;
+            self.allowed_ips.sent(&change, AllowedIpsStyle::Replace);
         }
-        self.edits.store(false, Ordering::Relaxed);
-        tracing::warn!(device = %self.interface, error = format!("{refused:#}"), "the kernel refused the removal of one allowed IP (WGALLOWEDIP_F_REMOVE_ME): replacing changed peers' allowed IPs whole from now on");
+        self.allowed_ips.refused(format!(
+            "the kernel refused the removal of one allowed IP (WGALLOWEDIP_F_REMOVE_ME): {refused:#}"
+        ));
         Ok(true)
+    }
+
+    /// What changed peers' allowed IPs were sent as since the last call.
+    pub fn take_allowed_ips_updates(&self) -> AllowedIpsUpdates {
+        self.allowed_ips.take()
     }
 
     fn send(&self, change: &DeviceChange, style: AllowedIpsStyle) -> Result<()> {
@@ -159,15 +166,6 @@ fn describe(change: &DeviceChange, style: AllowedIpsStyle) -> String {
         out.push(' ');
     }
     out.trim_end().to_string()
-}
-
-/// Whether `change`, sent as edits, removes an allowed IP of an existing peer.
-fn removes_any(change: &DeviceChange) -> bool {
-    change.peers.iter().any(|p| {
-        p.allowed_ips_edit
-            .as_ref()
-            .is_some_and(|e| !e.removed.is_empty())
-    })
 }
 
 impl KernelWireGuard {

@@ -15,6 +15,7 @@ use control::routes::{Route, RouteOp, RoutePlan};
 use dataplane::DeviceConfig;
 use ipnet::IpNet;
 
+pub mod allowed_ips;
 pub mod cni_file;
 pub mod engine_lock;
 pub mod firewall;
@@ -242,11 +243,20 @@ pub trait Device: Send + Sync {
     fn failed_handshakes(&self) -> std::collections::BTreeMap<control::Key, FailedHandshakes> {
         std::collections::BTreeMap::new()
     }
+    /// How peers' changed allowed IPs were sent since the last call, for a device kg
+    /// configures over UAPI or netlink (edits or whole lists, and a refused edit); nothing
+    /// for one that does not say.
+    fn take_allowed_ips_updates(&self) -> allowed_ips::AllowedIpsUpdates {
+        allowed_ips::AllowedIpsUpdates::default()
+    }
 }
 
 impl Device for WireGuard {
     fn apply(&self, desired: &DeviceConfig) -> Result<bool> {
         WireGuard::apply(self, desired)
+    }
+    fn take_allowed_ips_updates(&self) -> allowed_ips::AllowedIpsUpdates {
+        WireGuard::take_allowed_ips_updates(self)
     }
     fn lost(&self) -> Option<String> {
         self.link_lost().map(|loss| {

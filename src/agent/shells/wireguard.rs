@@ -15,6 +15,7 @@ use dataplane::io::linux_tun::LinuxTun;
 use dataplane::uapi_server::{self, SocketGuard, UapiServer};
 use dataplane::{DeviceConfig, PeerStats};
 
+use super::allowed_ips::{AllowedIpsMethod, AllowedIpsUpdates};
 use super::kernel_wireguard::KernelWireGuard;
 use super::netlink::Netlink;
 
@@ -39,10 +40,9 @@ pub enum WireGuard {
         path: PathBuf,
         /// The interface name.
         interface: String,
-        /// False once the device refused a removal of one allowed IP (`allowed_ip=-`, which
-        /// wireguard-go before 0.0.20250522 does not know): changed peers' allowed IPs are
-        /// then replaced whole.
-        edits: std::sync::atomic::AtomicBool,
+        /// Edits until the device refuses a removal of one allowed IP (`allowed_ip=-`, which
+        /// wireguard-go before 0.0.20250522 does not know), whole lists after; and what was sent.
+        allowed_ips: AllowedIpsMethod,
     },
 }
 
@@ -153,7 +153,7 @@ impl WireGuard {
         Ok(Self::Uapi {
             path,
             interface: name.to_string(),
-            edits: std::sync::atomic::AtomicBool::new(true),
+            allowed_ips: AllowedIpsMethod::new(true),
         })
     }
 
@@ -224,45 +224,53 @@ impl WireGuard {
                 Ok(true)
             }
             Self::Kernel(device) => device.apply(desired),
-            Self::Uapi { path, edits, .. } => {
-                use dataplane::uapi_diff::AllowedIpsStyle;
-                use std::sync::atomic::Ordering;
+            Self::Uapi {
+                path, allowed_ips, ..
+            } => {
+                use dataplane::uapi_diff::{self, AllowedIpsStyle};
                 let (current, _) = self.read()?;
-                let style = if edits.load(Ordering::Relaxed) {
-                    AllowedIpsStyle::Edit
-                } else {
-                    AllowedIpsStyle::Replace
-                };
-                let Some(body) = dataplane::uapi_diff::set_request(&current, desired, style) else {
+                let Some(change) = uapi_diff::change(&current, desired) else {
                     return Ok(false);
                 };
-                let answer = uapi_set(path, &body)?;
+                let style = allowed_ips.style();
+                let answer = uapi_set(path, &uapi_diff::render_set(&change, style))?;
                 if answer == "errno=0" {
+                    allowed_ips.sent(&change, style);
                     return Ok(true);
                 }
-                if style == AllowedIpsStyle::Edit
-                    && dataplane::uapi_diff::removes_allowed_ips(&body)
-                {
+                if style == AllowedIpsStyle::Edit && change.removes_allowed_ips() {
                     // The lines before the refused one were applied: read the device again
                     // and replace what still differs. Only when that succeeds was the removal
                     // the trouble (and not, say, a port in use).
                     let (current, _) = self.read()?;
-                    let replaced = match dataplane::uapi_diff::set_request(
-                        &current,
-                        desired,
-                        AllowedIpsStyle::Replace,
-                    ) {
-                        Some(body) => uapi_set(path, &body)? == "errno=0",
+                    let replaced = match uapi_diff::change(&current, desired) {
+                        Some(change) => {
+                            let body = uapi_diff::render_set(&change, AllowedIpsStyle::Replace);
+                            let done = uapi_set(path, &body)? == "errno=0";
+                            if done {
+                                allowed_ips.sent(&change, AllowedIpsStyle::Replace);
+                            }
+                            done
+                        }
                         None => true,
                     };
                     if replaced {
-                        edits.store(false, Ordering::Relaxed);
-                        tracing::warn!(device = %path.display(), answer, "the device refused the removal of one allowed IP (allowed_ip=-; wireguard-go takes it from 0.0.20250522): replacing changed peers' allowed IPs whole from now on");
+                        allowed_ips.refused(format!("{} refused the removal of one allowed IP (allowed_ip=-; wireguard-go takes it from 0.0.20250522), answering {answer:?}", path.display()));
                         return Ok(true);
                     }
                 }
                 bail!("{} answered {answer:?}", path.display())
             }
+        }
+    }
+
+    /// What changed peers' allowed IPs were sent as since the last call (nothing for the
+    /// embedded engine, which kg configures whole and which edits its own tables).
+    pub fn take_allowed_ips_updates(&self) -> AllowedIpsUpdates {
+        match self {
+            Self::Embedded { .. } => AllowedIpsUpdates::default(),
+            Self::Kernel(device) => device.take_allowed_ips_updates(),
+            Self::Uapi { allowed_ips, .. } => allowed_ips.take(),
         }
     }
 

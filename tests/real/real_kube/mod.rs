@@ -636,8 +636,11 @@ fn a_compacted_watch_relists_without_touching_wireguard() {
     let before_peers = n1.wg("peers");
     let before_handshakes = n1.wg("latest-handshakes");
     let before_allowed = n1.wg("allowed-ips");
-    let applied = |text: &str| text.matches("WireGuard configuration applied").count();
-    let applied_before = applied(&n1.log_text());
+    let applied = |c: &Cluster| {
+        let (_, metrics) = c.node("n1").http_get("/metrics");
+        common::metric_value(&metrics, "kilotun_wireguard_configurations_total")
+    };
+    let applied_before = applied(&k.c);
     let gone_before = n1.log_text().matches("Expired").count();
 
     // Writes kg does not watch move etcd's revision past everything kg has seen; compacting
@@ -674,7 +677,7 @@ fn a_compacted_watch_relists_without_touching_wireguard() {
         assert!(t(new) >= t(old) && t(new) > 0, "{old} -> {new}");
     }
     assert_eq!(
-        applied(&n1.log_text()),
+        applied(&k.c),
         applied_before,
         "the relist rewrote WireGuard:\n{}",
         n1.log_text()
