@@ -162,10 +162,31 @@ pub struct MeshInputs {
 }
 
 /// The tunnels' history the judgement needs: byte counters sampled over the last
-/// [`DOWN_WINDOW_MS`] and a little more.
+/// [`DOWN_WINDOW_MS`] and a little more, and the tunnels judged down since when.
 #[derive(Debug, Clone, Default)]
 pub struct MeshWatch {
     samples: VecDeque<TrafficSample>,
+    /// The tunnels judged down, by far end, and when that was first judged (Unix ms).
+    down_since: BTreeMap<String, i64>,
+    /// The tunnels that went down or came back since [`MeshWatch::take_link_changes`].
+    link_changes: Vec<LinkChange>,
+}
+
+/// A tunnel of this leader that went down or came back, as the judgements saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkChange {
+    /// The tunnel to `name` was sent to for [`DOWN_WINDOW_MS`] and answered nothing.
+    Down {
+        /// The far end's node name.
+        name: String,
+    },
+    /// The tunnel to `name`, judged down, received something again.
+    Up {
+        /// The far end's node name.
+        name: String,
+        /// How long it was judged down.
+        down_ms: i64,
+    },
 }
 
 impl MeshWatch {
@@ -186,6 +207,7 @@ impl MeshWatch {
             }
         }
         if !inputs.engine_configured {
+            self.down_since.clear();
             return condition(
                 MeshReason::EngineNotConfigured,
                 "the WireGuard engine has no configuration yet: no reconcile has configured it and no saved peers were restored".into(),
@@ -193,13 +215,15 @@ impl MeshWatch {
         }
         let (location, tunnels) = match &inputs.role {
             Role::NotReady(why) => {
+                self.down_since.clear();
                 return condition(
                     MeshReason::NodeNotReady,
                     format!("the node is not part of the mesh: {why}"),
-                )
+                );
             }
             Role::Follower { leader } => {
                 self.samples.clear();
+                self.down_since.clear();
                 return condition(
                     MeshReason::FollowsLeader,
                     format!("follows its location's leader {leader}, which carries its traffic to the other locations"),
@@ -214,6 +238,7 @@ impl MeshWatch {
             );
         }
         let down = self.down(tunnels, now_ms);
+        self.track_links(tunnels, &down, now_ms);
         if tunnels.is_empty() {
             return condition(
                 MeshReason::Meshed,
@@ -245,6 +270,49 @@ impl MeshWatch {
                 down.join(", ")
             ),
         )
+    }
+
+    /// The tunnels that went down or came back since the last call, oldest first.
+    pub fn take_link_changes(&mut self) -> Vec<LinkChange> {
+        std::mem::take(&mut self.link_changes)
+    }
+
+    /// Notes the tunnels newly judged down (`down`), and those judged down before that
+    /// received something since the previous sample: evidence, not silence, brings a tunnel
+    /// back (one that went idle stays down until it hears something or leaves the topology).
+    fn track_links(&mut self, tunnels: &[Tunnel], down: &[String], now_ms: i64) {
+        self.down_since
+            .retain(|name, _| tunnels.iter().any(|t| &t.name == name));
+        for name in down {
+            if !self.down_since.contains_key(name) {
+                self.down_since.insert(name.clone(), now_ms);
+                self.link_changes
+                    .push(LinkChange::Down { name: name.clone() });
+            }
+        }
+        let latest = self
+            .samples
+            .len()
+            .checked_sub(2)
+            .map(|i| (&self.samples[i], &self.samples[i + 1]));
+        let Some((before, after)) = latest else {
+            return;
+        };
+        let heard = |key: &Key| match (before.peers.get(key), after.peers.get(key)) {
+            (Some((rx0, _)), Some((rx1, _))) => rx1 > rx0,
+            _ => false,
+        };
+        for tunnel in tunnels {
+            if down.contains(&tunnel.name) || !heard(&tunnel.key) {
+                continue;
+            }
+            if let Some(since) = self.down_since.remove(&tunnel.name) {
+                self.link_changes.push(LinkChange::Up {
+                    name: tunnel.name.clone(),
+                    down_ms: now_ms - since,
+                });
+            }
+        }
     }
 
     /// The names of the `tunnels` that were sent to and received nothing over the window.

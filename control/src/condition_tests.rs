@@ -220,3 +220,56 @@ fn a_node_without_the_condition_is_asked_once_and_written_at_once() {
     }
     assert_eq!(MeshReason::from_name("Ready"), None);
 }
+
+#[test]
+fn a_tunnel_that_goes_down_and_comes_back_is_told_once_each_with_how_long() {
+    let mut watch = MeshWatch::default();
+    let role = || leader(vec![tunnel("w1", 1), tunnel("w2", 2)]);
+    // Both answer for a window; then w1 is sent to and answers nothing.
+    watch.judge(&inputs(role(), &[(1, 10, 10), (2, 10, 10)]), 0);
+    watch.judge(&inputs(role(), &[(1, 20, 20), (2, 20, 20)]), DOWN_WINDOW_MS);
+    assert_eq!(watch.take_link_changes(), []);
+    let mut at = DOWN_WINDOW_MS;
+    let mut w1 = (20, 20);
+    let mut w2 = 20;
+    let mut down_at = None;
+    while down_at.is_none() {
+        at += 2_000;
+        w1.1 += 5;
+        w2 += 5;
+        watch.judge(&inputs(role(), &[(1, w1.0, w1.1), (2, w2, w2)]), at);
+        let changes = watch.take_link_changes();
+        if !changes.is_empty() {
+            assert_eq!(changes, [LinkChange::Down { name: "w1".into() }]);
+            down_at = Some(at);
+        }
+        assert!(at < 4 * DOWN_WINDOW_MS, "w1 never judged down");
+    }
+    // Still down, and idle after that (nothing sent, nothing heard): no more news.
+    for _ in 0..3 {
+        at += 2_000;
+        watch.judge(&inputs(role(), &[(1, w1.0, w1.1), (2, w2, w2)]), at);
+    }
+    assert_eq!(watch.take_link_changes(), []);
+    // It hears something: back, with how long it was judged down.
+    at += 2_000;
+    watch.judge(&inputs(role(), &[(1, w1.0 + 1, w1.1 + 1), (2, w2, w2)]), at);
+    let back = watch.take_link_changes();
+    assert_eq!(
+        back,
+        [LinkChange::Up {
+            name: "w1".into(),
+            down_ms: at - down_at.unwrap(),
+        }]
+    );
+    // A tunnel that leaves the topology while down is forgotten, not told as back.
+    let mut watch2 = watch.clone();
+    watch2.down_since.insert("w2".into(), at);
+    at += 2_000;
+    watch2.judge(
+        &inputs(leader(vec![tunnel("w1", 1)]), &[(1, w1.0 + 2, w1.1 + 2)]),
+        at,
+    );
+    assert_eq!(watch2.take_link_changes(), []);
+    assert!(watch2.down_since.is_empty());
+}

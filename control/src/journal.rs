@@ -104,11 +104,17 @@ pub enum Reason {
     /// 0.0.20250522, a kernel without `WGALLOWEDIP_F_REMOVE_ME`): kg replaces changed peers'
     /// allowed IPs whole from then on (subject: the interface). Said once per device.
     AllowedIpEditRefused,
+    /// A tunnel of this leader to another location was sent to and answered nothing for
+    /// [`crate::condition::DOWN_WINDOW_MS`] (subject: the far end's node).
+    LinkDown,
+    /// A tunnel judged down received something again; the message says after how long
+    /// (subject: the far end's node).
+    LinkUp,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 37] = [
+    pub const ALL: [Reason; 39] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -146,6 +152,8 @@ impl Reason {
         Self::EngineRecreated,
         Self::PeerStatusRefused,
         Self::AllowedIpEditRefused,
+        Self::LinkDown,
+        Self::LinkUp,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -188,6 +196,8 @@ impl Reason {
             Self::EngineRecreated => "EngineRecreated",
             Self::PeerStatusRefused => "PeerStatusRefused",
             Self::AllowedIpEditRefused => "AllowedIpEditRefused",
+            Self::LinkDown => "LinkDown",
+            Self::LinkUp => "LinkUp",
         }
     }
 
@@ -212,7 +222,8 @@ impl Reason {
             | Self::ConditionRefused
             | Self::EngineRecreated
             | Self::PeerStatusRefused
-            | Self::AllowedIpEditRefused => EventKind::Warning,
+            | Self::AllowedIpEditRefused
+            | Self::LinkDown => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable
@@ -231,7 +242,8 @@ impl Reason {
             | Self::HandshakesStarted
             | Self::TookOver
             | Self::Replaced
-            | Self::Removed => EventKind::Normal,
+            | Self::Removed
+            | Self::LinkUp => EventKind::Normal,
         }
     }
 }

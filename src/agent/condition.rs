@@ -1,6 +1,7 @@
 //! The node condition `KiloMeshReady`, the agent's shell around it: after each pass it reads
 //! what the judgement needs (the engine's state, the node's role in the applied topology, the
-//! device's counters) and sends the write the reconciler says is due
+//! device's counters) and sends the write the reconciler says is due (the judgement's tunnel
+//! events are recorded with any backend)
 //! ([`super::reconciler::Reconciler::condition_due`]).
 
 use control::clock::Now;
@@ -12,14 +13,14 @@ use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
-    /// Judges the node at `now` and writes the condition when due; a refusal is said once.
-    /// While the API server is unreachable nothing is sent: the write stays due.
+    /// Judges the node at `now` (its tunnels' `LinkDown` and `LinkUp` events with any backend)
+    /// and, with a backend that keeps node conditions, writes the condition when due; a
+    /// refusal is said once. While the API server is unreachable nothing is sent: the write
+    /// stays due.
     pub(super) async fn tend_condition(&mut self, now: Now) {
-        if !self.backend.keeps_conditions() {
-            return;
-        }
+        let keeps_conditions = self.backend.keeps_conditions();
         let hostname = self.settings.hostname.clone();
-        if self.core.condition_wants_present() && self.backend.healthy() {
+        if keeps_conditions && self.core.condition_wants_present() && self.backend.healthy() {
             // Read once (a failed read is tried again at the next step).
             if let Ok(present) = self.backend.node_condition(&hostname).await {
                 self.core.condition_adopt(present);
@@ -29,7 +30,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         let Some(write) = self.core.condition_due(&inputs, now.unix_ms) else {
             return;
         };
-        if !self.backend.healthy() {
+        if !keeps_conditions || !self.backend.healthy() {
             return;
         }
         let sent = self.backend.write_node_condition(&hostname, &write).await;

@@ -58,6 +58,27 @@ fn kilo_mesh_ready_says_a_leader_is_cut_off_and_back() {
     let (_, _, message) = condition(&k, "n1").unwrap();
     assert!(message.contains("n3"), "n1's message: {message}");
     eprintln!("n1 cut off: {message}");
+    // The tunnel's fall is an event: on /status, and a Warning Event on n1's Node from n1.
+    let downs = k.c.node("n1").events_of(Reason::LinkDown);
+    assert_eq!(
+        downs.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["n3"],
+        "{downs:?}"
+    );
+    let posted = k.wait_kube_events("LinkDown", 30, |e| !e.is_empty());
+    assert_eq!(
+        posted
+            .iter()
+            .map(|(from, kind, name, kind_of, _)| (
+                from.as_str(),
+                kind.as_str(),
+                name.as_str(),
+                kind_of.as_str()
+            ))
+            .collect::<Vec<_>>(),
+        [("kg-n1", "Node", "n1", "Warning")],
+        "{posted:?}"
+    );
 
     // Unblocked: n1 hears n3 again and the condition is True at most 10 s after the last write.
     for (chain, port) in [
@@ -71,6 +92,13 @@ fn kilo_mesh_ready_says_a_leader_is_cut_off_and_back() {
     }
     wait_condition(&k, "n1", "True", "Meshed", 45);
     drop(pinger);
+    // Its return too, once, saying how long it was down.
+    let ups = k.c.node("n1").events_of(Reason::LinkUp);
+    assert_eq!(ups.len(), 1, "{ups:?}");
+    assert_eq!(ups[0].subject, "n3");
+    assert_eq!(k.c.node("n1").events_of(Reason::LinkDown).len(), 1);
+    let posted = k.wait_kube_events("LinkUp", 30, |e| !e.is_empty());
+    assert_eq!(posted.len(), 1, "{posted:?}");
 
     // A restarted kg reads the condition its Node carries: the follower's status is unchanged,
     // so its lastTransitionTime and lastHeartbeatTime stay (nothing is written before the
