@@ -110,11 +110,15 @@ pub enum Reason {
     /// A tunnel judged down received something again; the message says after how long
     /// (subject: the far end's node).
     LinkUp,
+    /// A link's post-quantum preshared key was dropped: handshakes failed under it, so the two
+    /// ends held different keys (subject: the peer's node). The link runs without one until
+    /// its next exchange.
+    PostQuantumFallback,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 39] = [
+    pub const ALL: [Reason; 40] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -154,6 +158,7 @@ impl Reason {
         Self::AllowedIpEditRefused,
         Self::LinkDown,
         Self::LinkUp,
+        Self::PostQuantumFallback,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -198,6 +203,7 @@ impl Reason {
             Self::AllowedIpEditRefused => "AllowedIpEditRefused",
             Self::LinkDown => "LinkDown",
             Self::LinkUp => "LinkUp",
+            Self::PostQuantumFallback => "PostQuantumFallback",
         }
     }
 
@@ -223,7 +229,8 @@ impl Reason {
             | Self::EngineRecreated
             | Self::PeerStatusRefused
             | Self::AllowedIpEditRefused
-            | Self::LinkDown => EventKind::Warning,
+            | Self::LinkDown
+            | Self::PostQuantumFallback => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable

@@ -283,6 +283,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             Input::PqDatagram { from, datagram } => {
                 self.pq_datagram(from, datagram, now);
                 self.schedule_post_quantum(now);
+                self.publish_events(now);
                 return None;
             }
             Input::Timeout(timer) => match self.core.on_timeout(timer, now) {
@@ -294,6 +295,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 Wake::PostQuantum => {
                     self.pq_poll(now);
                     self.schedule_post_quantum(now);
+                    self.publish_events(now);
                     return None;
                 }
             },

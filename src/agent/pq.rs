@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use control::clock::Now;
+use control::journal::Reason;
 use control::pq::book::{PqBook, PqPeer};
 use control::pq::link::Installed;
 use control::pq::{PqAnnouncement, PqIdentity};
@@ -261,11 +262,16 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             for key in pq.book.note_failed_handshakes(&failed, now.unix_ms) {
                 self.metrics.keys.pq_fallbacks.inc();
                 let counted = failed[&key];
-                tracing::warn!(
-                    peer = %key,
-                    refused_responses = counted.refused_responses,
-                    unused_answers = counted.unused_answers,
-                    "post-quantum preshared key dropped: handshakes with the peer failed under it (the two ends hold different keys); running without one until the next exchange"
+                // The peer by its node's name where the topology knows it, else by its key.
+                let peer = self
+                    .core
+                    .topology()
+                    .and_then(|t| t.segments.iter().find(|s| s.public_key == key))
+                    .map_or_else(|| key.to_string(), |s| s.leader_member().name.clone());
+                self.core.journal().record(
+                    Reason::PostQuantumFallback,
+                    peer,
+                    format!("post-quantum preshared key of the link to {key} dropped: {} handshake responses refused and {} answers unused under it (the two ends hold different keys); running without one until the next exchange", counted.refused_responses, counted.unused_answers),
                 );
             }
         }

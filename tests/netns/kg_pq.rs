@@ -9,6 +9,7 @@
 //! more than 2 echoes and is keyed again.
 
 use crate::common;
+use control::journal::Reason;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -252,12 +253,15 @@ fn a_mismatched_key_is_named_within_30_s_and_both_ends_fall_back_then_key_again(
         "post-quantum: every pod reached and n1–n3 keyed again {:?} after the restart",
         restarted.elapsed()
     );
-    for node in ["n1", "n3"] {
+    for (node, peer) in [("n1", "n3"), ("n3", "n1")] {
         assert!(
             counter(&c, node, "kilotun_pq_fallbacks_total") >= 1,
             "{node} did not fall back\n{}",
             c.logs()
         );
+        // And said so, naming the peer's node.
+        let said = c.node(node).events_of(Reason::PostQuantumFallback);
+        assert!(said.iter().any(|e| e.subject == peer), "{node}: {said:?}");
     }
     assert!(
         keyed(&c, "n1", "n2"),
