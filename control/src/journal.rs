@@ -114,11 +114,14 @@ pub enum Reason {
     /// ends held different keys (subject: the peer's node). The link runs without one until
     /// its next exchange.
     PostQuantumFallback,
+    /// A node or Peer kg discovers behind NAT (a keepalive, or a Peer) now sends its
+    /// handshakes from another address, and kg sends there (subject: the node or Peer).
+    EndpointSwitched,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 40] = [
+    pub const ALL: [Reason; 41] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -159,6 +162,7 @@ impl Reason {
         Self::LinkDown,
         Self::LinkUp,
         Self::PostQuantumFallback,
+        Self::EndpointSwitched,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -204,6 +208,7 @@ impl Reason {
             Self::LinkDown => "LinkDown",
             Self::LinkUp => "LinkUp",
             Self::PostQuantumFallback => "PostQuantumFallback",
+            Self::EndpointSwitched => "EndpointSwitched",
         }
     }
 
@@ -250,7 +255,8 @@ impl Reason {
             | Self::TookOver
             | Self::Replaced
             | Self::Removed
-            | Self::LinkUp => EventKind::Normal,
+            | Self::LinkUp
+            | Self::EndpointSwitched => EventKind::Normal,
         }
     }
 }

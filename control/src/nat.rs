@@ -52,10 +52,42 @@ pub fn discover_nat_endpoints(
     found
 }
 
+/// The peers whose endpoint in use moved between two discoveries: (key, from, to). A peer
+/// discovered for the first time, or no longer discovered, moved nowhere.
+pub fn endpoint_switches(
+    previous: &BTreeMap<Key, SocketAddr>,
+    found: &BTreeMap<Key, SocketAddr>,
+) -> Vec<(Key, SocketAddr, SocketAddr)> {
+    found
+        .iter()
+        .filter_map(|(key, to)| {
+            let from = previous.get(key)?;
+            (from != to).then_some((*key, *from, *to))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures::{f1_nodes, f1_peers};
+
+    #[test]
+    fn only_an_endpoint_that_moved_is_a_switch() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let (a, b, c) = (Key::padded("a"), Key::padded("b"), Key::padded("c"));
+        let previous = BTreeMap::from([(a, at("1.1.1.1:1")), (b, at("2.2.2.2:2"))]);
+        let found = BTreeMap::from([
+            (a, at("1.1.1.1:1")),
+            (b, at("2.2.2.2:9")),
+            (c, at("3.3.3.3:3")),
+        ]);
+        assert_eq!(
+            endpoint_switches(&previous, &found),
+            [(b, at("2.2.2.2:2"), at("2.2.2.2:9"))]
+        );
+        assert!(endpoint_switches(&found, &BTreeMap::new()).is_empty());
+    }
 
     #[test]
     fn only_nated_nodes_and_peers_with_a_handshake_are_discovered() {

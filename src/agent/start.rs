@@ -68,7 +68,7 @@ impl Agent {
         // Restore the peers of the last run before anything else: after a crash the persistent
         // link still has its addresses and routes, so traffic flows again as soon as the peers
         // are back, without waiting for the backend.
-        let restored = match state::load(&s.args.key_file, &key) {
+        let restored = match state::load(&s.args.key_file, &key, s.args.port) {
             Ok(Some(mut restored)) if s.args.post_quantum => {
                 let local = control::Key(*key.public_key().as_bytes());
                 let taken = super::pq::overlay_saved_keys(&s.args.key_file, local, &mut restored);

@@ -265,7 +265,7 @@ impl Sim {
         if !with_saved_state {
             let _ = std::fs::remove_file(state::path(&key_file));
         }
-        let restored = state::load(&key_file, &node.key)?;
+        let restored = state::load(&key_file, &node.key, control::DEFAULT_PORT)?;
         let args = agent_args(
             name,
             &key_file,

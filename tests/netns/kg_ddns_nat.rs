@@ -155,4 +155,35 @@ fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
     std::thread::sleep(Duration::from_secs(5));
     assert!(endpoint_of(&c, "a", "b").starts_with(&format!("{nat_ip}:")));
     assert!(pings(&c, "a", "b") && pings(&c, "b", "a"), "{}", c.logs());
+    assert!(c.node("a").events_of(Reason::EndpointSwitched).is_empty());
+
+    // b's kg, killed (so b stays in the mesh: nothing is removed), comes back on another port:
+    // its handshakes reach a through another NAT mapping, and a follows them and says so,
+    // once, naming b and both addresses.
+    let before = endpoint_of(&c, "a", "b");
+    c.nodes[1].kill();
+    c.start_kg(1, &["--encapsulate=never", "--port=51821"]);
+    let moved = c.wait_for(Duration::from_secs(30), |c| {
+        let now = endpoint_of(c, "a", "b");
+        now != before && now.starts_with(&format!("{nat_ip}:")) && pings(c, "a", "b")
+    });
+    assert!(
+        moved,
+        "{} (was {before})\n{}",
+        endpoint_of(&c, "a", "b"),
+        c.logs()
+    );
+    let after = endpoint_of(&c, "a", "b");
+    let said = c.wait_for(Duration::from_secs(10), |c| {
+        !c.node("a").events_of(Reason::EndpointSwitched).is_empty()
+    });
+    let switched = c.node("a").events_of(Reason::EndpointSwitched);
+    assert!(said, "{:?}\n{}", c.node("a").events(), c.logs());
+    assert_eq!(switched.len(), 1, "{switched:?}");
+    assert_eq!(switched[0].subject, "b");
+    assert!(
+        switched[0].message.contains(&before) && switched[0].message.contains(&after),
+        "{}",
+        switched[0].message
+    );
 }

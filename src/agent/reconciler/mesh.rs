@@ -8,8 +8,8 @@ use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks, TunnelKin
 use control::ipam::IpamSource;
 use control::iptables::RuleSet;
 use control::journal::Reason;
-use control::nat::discover_nat_endpoints;
 use control::nat::DevicePeer;
+use control::nat::{discover_nat_endpoints, endpoint_switches};
 use control::routes::RoutePlan;
 use control::{Peer, Topology, TopologyParams};
 
@@ -193,7 +193,26 @@ impl Reconciler {
         let Some((nodes, peers)) = &observed.meshed else {
             return;
         };
-        self.discovered = discover_nat_endpoints(device, nodes, peers, &self.discovered);
+        let found = discover_nat_endpoints(device, nodes, peers, &self.discovered);
+        for (key, from, to) in endpoint_switches(&self.discovered, &found) {
+            let name = nodes
+                .iter()
+                .find(|n| n.key == Some(key))
+                .map(|n| n.name.clone())
+                .or_else(|| {
+                    peers
+                        .iter()
+                        .find(|p| p.public_key == Some(key))
+                        .map(|p| p.name.clone())
+                })
+                .unwrap_or_else(|| key.to_string());
+            self.journal.record(
+                Reason::EndpointSwitched,
+                name.clone(),
+                format!("{name}'s handshakes come from {to} now, no longer from {from}: kg sends to it there (NAT discovery)"),
+            );
+        }
+        self.discovered = found;
     }
 
     /// The desired host state for topology `t` ([`control::desired::plan`]): the links named

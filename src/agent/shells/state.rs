@@ -21,8 +21,10 @@ pub fn save(key_file: &Path, config: &DeviceConfig) -> Result<()> {
     super::write_file(&path(key_file), &text, 0o600)
 }
 
-/// The saved configuration with `key` as its private key, if there is one.
-pub fn load(key_file: &Path, key: &SecretKey) -> Result<Option<DeviceConfig>> {
+/// The saved configuration, if there is one, on this run's `key` and `port`: the peers are the
+/// last run's, the port is the one kg listens on now (a `--port` changed across the restart
+/// must not be taken back to the old one, which another socket may hold).
+pub fn load(key_file: &Path, key: &SecretKey, port: u16) -> Result<Option<DeviceConfig>> {
     let path = path(key_file);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -32,6 +34,7 @@ pub fn load(key_file: &Path, key: &SecretKey) -> Result<Option<DeviceConfig>> {
     let (mut config, _) = dataplane::uapi::parse_get(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     config.interface.private_key = Some(key.clone());
+    config.interface.listen_port = port;
     Ok(Some(config))
 }
 
@@ -63,7 +66,7 @@ mod tests {
             },
             peers: vec![peer],
         };
-        assert!(load(&key_file, &key).unwrap().is_none());
+        assert!(load(&key_file, &key, 51821).unwrap().is_none());
         save(&key_file, &config).unwrap();
         let text = std::fs::read_to_string(path(&key_file)).unwrap();
         assert!(
@@ -75,9 +78,13 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(load(&key_file, &key).unwrap(), Some(config));
+        assert_eq!(load(&key_file, &key, 51821).unwrap(), Some(config.clone()));
+        // A port changed since (--port): the peers are restored on the port of this run.
+        let moved = load(&key_file, &key, 51830).unwrap().unwrap();
+        assert_eq!(moved.interface.listen_port, 51830);
+        assert_eq!(moved.peers, config.peers);
         std::fs::write(path(&key_file), "listen_port=banana\n").unwrap();
-        assert!(load(&key_file, &key).is_err());
+        assert!(load(&key_file, &key, 51821).is_err());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
