@@ -24,6 +24,8 @@
 #   ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT   fixed loopback ports, all three or none; without
 #                                               them a slot of three is claimed (see "Ports")
 #   KUBE_UP_LOCK_DIR        where the slots' locks live (default /run/lock/kilotun-kube-up)
+#   KUBE_UP_SLOT_WAIT       seconds fixed ports wait for their slot's lock (default 15: a restart's
+#                           servers may still be exiting)
 #   KUBE_BIN_DIR            directory with kube-apiserver, etcd, kubectl (default: bin/ of the cache
 #                           scripts/kube-apiserver.sh prints, building it if needed)
 #   KUBE_ADMISSION_PLUGINS  --enable-admission-plugins (default below)
@@ -101,16 +103,28 @@ lock_dir=${KUBE_UP_LOCK_DIR:-/run/lock/kilotun-kube-up}
 mkdir -p "$lock_dir" 2>/dev/null || lock_dir=${TMPDIR:-/tmp}/kilotun-kube-up
 mkdir -p "$lock_dir"
 slot_fd=
-# Claims slot $1 (on success the lock's descriptor is in $slot_fd, left open for the servers).
+# Claims slot $1, waiting up to $2 seconds for it (default: not at all); on success the lock's
+# descriptor is in $slot_fd, left open for the servers.
 claim_slot() {
-	local fd
+	local fd wait=${2:-0}
 	exec {fd}>"$lock_dir/slot-$1"
-	if flock -n "$fd"; then
+	if { ((wait == 0)) && flock -n "$fd"; } || { ((wait > 0)) && flock -w "$wait" "$fd"; }; then
 		slot_fd=$fd
 		return 0
 	fi
 	exec {fd}>&-
 	return 1
+}
+# The processes that hold slot $1's lock file open, as "pid (comm)", for an error message.
+slot_holders() {
+	local fd target out=()
+	for fd in /proc/[0-9]*/fd/*; do
+		target=$(readlink "$fd" 2>/dev/null) || continue
+		[[ $target == "$lock_dir/slot-$1" ]] || continue
+		fd=${fd#/proc/}
+		out+=("${fd%%/*} ($(cat "/proc/${fd%%/*}/comm" 2>/dev/null))")
+	done
+	printf '%s\n' "${out[@]:-none found}" | sort -u | paste -sd, -
 }
 if [[ -n ${ETCD_PORT:-}${ETCD_PEER_PORT:-}${APISERVER_PORT:-} ]]; then
 	etcd_port=${ETCD_PORT:-}
@@ -124,7 +138,10 @@ if [[ -n ${ETCD_PORT:-}${ETCD_PEER_PORT:-}${APISERVER_PORT:-} ]]; then
 	slot=$(((etcd_port - slot_base) / 3))
 	if ((etcd_port >= slot_base && slot < slots && etcd_port == slot_base + 3 * slot &&
 		etcd_peer_port == etcd_port + 1 && apiserver_port == etcd_port + 2)); then
-		claim_slot "$slot" || die "ports $etcd_port-$apiserver_port (slot $slot) are held by another control plane ($lock_dir/slot-$slot)"
+		# A restart on the same ports: the servers just stopped may still be letting go of
+		# the lock (their last descriptors close as they exit), so it is waited for a while.
+		claim_slot "$slot" "${KUBE_UP_SLOT_WAIT:-15}" ||
+			die "ports $etcd_port-$apiserver_port (slot $slot) are held by another control plane ($lock_dir/slot-$slot, held by: $(slot_holders "$slot"))"
 	fi
 else
 	start=$((RANDOM % slots))
