@@ -288,7 +288,11 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 .map(|(k, request)| (Key(*k.public_key().as_bytes()), request.clone())),
             keyfile::made_ms(&s.args.key_file).unwrap_or(now.unix_ms),
         );
-        let metrics = Arc::new(Metrics::new());
+        let mut metrics = Metrics::new();
+        if let Some(relists) = backend.node_relists() {
+            metrics.register_node_relists(relists);
+        }
+        let metrics = Arc::new(metrics);
         let event_poster = backend.event_poster(
             &s.hostname,
             Arc::clone(&metrics) as Arc<dyn crate::backend::kube::events::EventCounts>,

@@ -47,6 +47,9 @@ pub struct KubeBackend {
     client: Client,
     tx: watch::Sender<Arc<Snapshot>>,
     healthy: Arc<AtomicBool>,
+    /// Full lists of Nodes after the first: the watch started again from nothing (its
+    /// resourceVersion expired, `410 Gone`, or the watcher gave up resuming it).
+    node_relists: prometheus_client::metrics::counter::Counter,
 }
 
 /// Builds the client configuration from `--kubeconfig` and `--master` (in-cluster or
@@ -128,6 +131,7 @@ impl KubeBackend {
             client,
             tx,
             healthy,
+            node_relists: Default::default(),
         };
         backend.watch_nodes();
         backend.watch_peers();
@@ -167,12 +171,19 @@ impl KubeBackend {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// The count of full Node lists after the first (shared: it goes on counting).
+    pub fn node_relists(&self) -> prometheus_client::metrics::counter::Counter {
+        self.node_relists.clone()
+    }
+
     fn watch_nodes(&self) {
         let api: Api<SlimNode> = Api::all(self.client.clone());
         let mut nodes = NodeWatch {
             tx: self.tx.clone(),
             healthy: self.healthy.clone(),
             pending: None,
+            listed_once: false,
+            relists: self.node_relists.clone(),
             pace: Pace::new(pace::NOTIFY_INTERVAL),
         };
         tokio::spawn(async move {
@@ -446,6 +457,9 @@ struct NodeWatch {
     healthy: Arc<AtomicBool>,
     /// The Nodes of a re-list in progress.
     pending: Option<BTreeMap<String, Arc<KubeNode>>>,
+    /// True once a first list has begun: every later one is a re-list, counted in `relists`.
+    listed_once: bool,
+    relists: prometheus_client::metrics::counter::Counter,
     pace: Pace,
 }
 
@@ -456,7 +470,12 @@ impl NodeWatch {
         let was_healthy = self.healthy.swap(event.is_ok(), Ordering::Relaxed);
         let pace = &mut self.pace;
         match event {
-            Ok(Event::Init) => self.pending = Some(BTreeMap::new()),
+            Ok(Event::Init) => {
+                if std::mem::replace(&mut self.listed_once, true) {
+                    self.relists.inc();
+                }
+                self.pending = Some(BTreeMap::new());
+            }
             Ok(Event::InitApply(node)) => {
                 if let Some(p) = self.pending.as_mut() {
                     let name = node.metadata.name.clone().unwrap_or_default();

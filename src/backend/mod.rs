@@ -324,6 +324,16 @@ impl Backend {
         snapshot
     }
 
+    /// The count of full Node lists after the first, for the Kubernetes backend (whose watch
+    /// lists again when its resourceVersion expired); `None` for the others, which re-read
+    /// whole on every change.
+    pub fn node_relists(&self) -> Option<prometheus_client::metrics::counter::Counter> {
+        match self {
+            Self::Kube(k) => Some(k.node_relists()),
+            Self::File(_) | Self::Memory(_) => None,
+        }
+    }
+
     /// False while the backend cannot be read (API server or cluster directory unreachable).
     pub fn healthy(&self) -> bool {
         match self {

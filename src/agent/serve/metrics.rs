@@ -398,6 +398,16 @@ impl Metrics {
         }
     }
 
+    /// Exports `relists`, the backend's count of full Node lists after the first, as
+    /// `kilotun_api_node_relists_total`.
+    pub fn register_node_relists(&mut self, relists: Counter) {
+        self.registry.register(
+            "kilotun_api_node_relists",
+            "Full lists of Nodes after the first: the Node watch started again from nothing (its resourceVersion expired)",
+            relists,
+        );
+    }
+
     /// Records `seconds` spent in reconcile stage `stage`.
     pub fn observe_stage(&self, stage: &'static str, seconds: f64) {
         self.stages

@@ -32,6 +32,8 @@ fn watch() -> (NodeWatch, watch::Receiver<Arc<Snapshot>>) {
         tx,
         healthy: Arc::new(AtomicBool::new(true)),
         pending: None,
+        listed_once: false,
+        relists: Default::default(),
         pace: Pace::new(NOTIFY_INTERVAL),
     };
     (nodes, rx)
@@ -83,12 +85,14 @@ fn the_first_node_list_is_news_even_when_empty_and_a_same_relist_is_not() {
     assert!(rx.has_changed().unwrap(), "an empty cluster is listed too");
     let listed = rx.borrow_and_update().listed;
     assert!(listed.nodes && !listed.peers && !listed.leases);
+    assert_eq!(nodes.relists.get(), 0, "the first list is no re-list");
     nodes.handle(Ok(Event::Init));
     nodes.handle(Ok(Event::InitDone));
     assert!(
         !rx.has_changed().unwrap(),
         "the same empty list again is no news"
     );
+    assert_eq!(nodes.relists.get(), 1, "but it is counted");
 }
 
 #[test]
