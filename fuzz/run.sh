@@ -10,7 +10,8 @@
 # dataplane/src/fuzzing.rs, src/model/). libFuzzer writes the inputs that reach new coverage into
 # a scratch directory, never into the repository while it runs. At the end of a target's run:
 #   without --ci  the new inputs that still add coverage are merged into fuzz/corpus/TARGET/
-#                 (libFuzzer's -merge=1: only those that add features to what the corpus has),
+#                 (libFuzzer's -merge=1: only those that add features to what the corpus has;
+#                 for agents, only those that reach new edges, -use_counters=0),
 #                 and a crashing input is copied there too (crash-<sha1>), so `cargo test` keeps
 #                 replaying it once it is fixed;
 #   with --ci     the new inputs are dropped (the clone is throwaway), and a crashing input is
@@ -148,8 +149,13 @@ for t in "${targets[@]}"; do
 	fi
 	merged=
 	if ! $ci && ((added)); then
-		# Only the new inputs that add coverage to the committed corpus.
-		(cd "$work/$t" && "$bin_dir/$t" -merge=1 -timeout=60 -rss_limit_mb=4096 \
+		# Only the new inputs that add coverage to the committed corpus. An input of agents
+		# is a whole cluster run (`cargo test` replays each in about 0.2 s), and nearly every
+		# one reaches some new hit count of the model's code: its inputs are kept only for the
+		# edges they reach first (-use_counters=0), not for new counts of edges already reached.
+		local_flags=()
+		[[ $t == agents ]] && local_flags=(-use_counters=0)
+		(cd "$work/$t" && "$bin_dir/$t" -merge=1 "${local_flags[@]}" -timeout=60 -rss_limit_mb=4096 \
 			-artifact_prefix="$artifacts/" "$corpus" "$new") >"$work/$t/merge.log" 2>&1 ||
 			{ log "$t: the merge failed (log: $work/$t/merge.log)"; status=1; }
 		merged=", $(($(find "$corpus" -maxdepth 1 -type f | wc -l) - before)) merged into fuzz/corpus/$t"
