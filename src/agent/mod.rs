@@ -24,7 +24,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use control::clock::Now;
 use control::journal::{EventKind, Reason};
-use control::routes::RoutePlan;
 use dataplane::SecretKey;
 use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
@@ -137,8 +136,6 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     cni_file: Box<dyn shells::cni_file::CniFile>,
     resolver: Option<TokioResolver>,
     hostname_ips: Vec<IpAddr>,
-    /// The routes and rules kg installed (saved beside the key, so a restart claims them).
-    owned: RoutePlan,
     /// Problems of the host state already said, so each is said once.
     problems: ProblemLog,
     /// Kilo's metrics and kilotun's own.
@@ -156,7 +153,7 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     stages: stages::StageClock,
     /// Every decision: what the agent saw, and what the host must be brought to.
     core: reconciler::Reconciler,
-    /// What the shells wrote to the host.
+    /// The device as last configured and the last route dump.
     record: apply::HostRecord,
     /// DNS names due for a lookup, for the driver's resolver ([`Agent::take_due_lookups`]).
     due_lookups: Vec<String>,

@@ -334,7 +334,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         if epochs == pq.installed {
             return;
         }
-        let Some(mut device) = self.record.applied_device().cloned() else {
+        let Some(mut device) = self.record.device.clone() else {
             return;
         };
         // The keys new to the device: a saved key a restarted kg's device already holds is
@@ -392,7 +392,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 "saving the WireGuard state failed"
             );
         }
-        self.record.set_applied_device(device);
+        self.record.device = Some(device);
     }
 
     /// `desired` with the post-quantum keys of its peers that have one (a Peer's own

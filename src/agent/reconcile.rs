@@ -79,9 +79,10 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 }
                 PassEffect::ListHost(detection) => {
                     let started = Instant::now();
-                    let listed = self.list_host(trigger, &detection).await;
+                    let (listed, dump_kept) = self.list_host(trigger, &detection).await;
                     self.stages.lap(Stage::Host, started);
-                    self.core.handle(PassAnswer::HostListed(listed), now);
+                    self.core
+                        .handle(PassAnswer::HostListed { listed, dump_kept }, now);
                 }
                 PassEffect::RotateKey(step) => self.rotate_key(step, now),
                 PassEffect::Elected => self.stages.lap(Stage::Leases, started),
@@ -92,14 +93,12 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                         self.stages.lap(Stage::Topology, started);
                     }
                 }
-                PassEffect::Converge(c) => {
-                    let applied = self.apply(&c, now).await;
-                    let routes_known = self.record.routes_known();
-                    let answer = PassAnswer::Converged {
-                        applied,
-                        routes_known,
-                    };
-                    self.core.handle(answer, now);
+                PassEffect::Host(effect) => {
+                    let (stage, answer) = self.carry_out(effect).await;
+                    self.stages.lap(stage, started);
+                    if let Some(answer) = answer {
+                        self.core.handle(PassAnswer::Host(answer), now);
+                    }
                 }
                 PassEffect::ReadTunnels => {
                     let readings = self.tunnel_readings();
@@ -115,13 +114,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         }
     }
 
-    /// The host listed for a pass after `trigger`, its addresses read as `detection` says; the
-    /// last route dump is kept when nothing changed since ([`super::apply`]).
+    /// The host listed for a pass after `trigger`, its addresses read as `detection` says, and
+    /// whether the last route dump was kept (nothing changed the routes since).
     async fn list_host(
         &mut self,
         trigger: Trigger,
         detection: &DetectionInputs,
-    ) -> Result<HostView> {
+    ) -> (Result<HostView>, bool) {
         let own = OwnSide {
             kilo_index: self.kilo_index,
             tunnel: self.tunnel.name(),
@@ -129,14 +128,20 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             subnet: self.settings.subnet,
             internal_cidrs: &self.settings.internal_cidrs,
         };
-        let kept = self.record.kept_dump(trigger, &self.owned);
-        let dumped = kept.is_none();
+        let owned = self.core.owned_routes();
+        let kept = self
+            .record
+            .kept_dump(trigger, owned, self.core.routes_known());
+        let dump_kept = kept.is_some();
         let count = self.record.count_before_dump();
-        let host = read_host(&self.netlink, &own, detection, kept).await?;
-        if dumped {
-            self.record
-                .dumped(count, &host.net.main_routes, &self.owned);
+        let host = match read_host(&self.netlink, &own, detection, kept).await {
+            Ok(host) => host,
+            Err(e) => return (Err(e), dump_kept),
+        };
+        if !dump_kept {
+            let owned = self.core.owned_routes();
+            self.record.dumped(count, &host.net.main_routes, owned);
         }
-        Ok(host)
+        (Ok(host), dump_kept)
     }
 }

@@ -49,7 +49,7 @@ impl Agent {
                 let ops = diff(
                     &RoutePlan::default(),
                     &observed,
-                    &self.owned,
+                    self.core.owned_routes(),
                     self.kilo_index,
                 );
                 let failed = self.netlink.apply(&ops).await;

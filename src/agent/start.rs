@@ -261,6 +261,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             None
         });
         let mut core = Reconciler::new(s.reconciler_config(), public, discovered, now);
+        core.start_host(last_routes, tunnel.kind(), kilo_index);
         for (reason, message) in started {
             core.journal()
                 .record(reason, s.args.interface.clone(), message);
@@ -315,7 +316,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             cni_file,
             resolver,
             hostname_ips,
-            owned: last_routes,
             problems: ProblemLog::default(),
             metrics,
             graph: Arc::new(parking_lot::Mutex::new(None)),

@@ -408,7 +408,10 @@ fn kg_edits_allowed_ips_on_wireguard_go_2026_and_replaces_them_on_one_that_refus
     common::edits::add_then_move_location_ranges(&c, Duration::from_secs(15));
     // The older device refused the removal once (one event) and was sent whole lists from then
     // on; the newest was sent each change as an edit, the removal included.
+    // (The event reaches `/status` when the pass that saw the refusal ends, a moment after
+    // the device took the whole list.)
     let refusals = |node: &str| c.node(node).events_of(Reason::AllowedIpEditRefused);
+    c.wait_for(Duration::from_secs(5), |_| !refusals("n1").is_empty());
     assert_eq!(refusals("n1").len(), 1, "{:?}", c.node("n1").events());
     assert!(refusals("n2").is_empty(), "{:?}", refusals("n2"));
     let updates = |node: &str, method: &str| {

@@ -260,6 +260,15 @@ impl Tunnel {
         Ok(Some(link.index))
     }
 
+    /// The encapsulation link as the desired state names it, if kg uses one.
+    pub fn kind(&self) -> Option<control::desired::TunnelKind> {
+        self.name().map(|name| control::desired::TunnelKind {
+            name: name.to_string(),
+            ipip: self.is_ipip(),
+            ipv6_outer: self.carries_ipv6_outer(),
+        })
+    }
+
     /// For the userspace device: the gateways of the routes `plan` sends over link `index` (a
     /// route without one, to a node with an IPv6 internal IP, goes to that internal IP), and the
     /// location's private IPs as the only accepted sources.

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 
 use control::clock::Now;
-use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks, TunnelKind};
+use control::desired::{self, DesiredHost, HostSettings, ResolvedLinks};
 use control::ipam::IpamSource;
 use control::iptables::RuleSet;
 use control::journal::Reason;
 use control::nat::DevicePeer;
 use control::nat::{discover_nat_endpoints, endpoint_switches};
-use control::routes::RoutePlan;
+use control::node::Node;
 use control::{Peer, Topology, TopologyParams};
 
-use super::pass::{MeshReport, Observed, Pass, Step};
+use super::pass::{MeshReport, Observed, Pass};
 use super::Reconciler;
 
 /// What the host must be brought to: the topology, and how the shells compare each part.
@@ -185,14 +185,14 @@ impl Reconciler {
     }
 
     /// Takes in the endpoints the device's handshakes came from (`device`, read on a full
-    /// pass, while the host converges), for the peers of the mesh just computed: NAT discovery.
-    pub fn learn_endpoints(&mut self, device: &[DevicePeer]) {
-        let Some(Step::AwaitConverged(observed, _)) = self.pass.as_ref().map(|p| &p.step) else {
-            return;
-        };
-        let Some((nodes, peers)) = &observed.meshed else {
-            return;
-        };
+    /// pass, while the host converges), for `nodes` and `peers`, those the mesh was just
+    /// computed from: NAT discovery.
+    pub(super) fn learn_endpoints(
+        &mut self,
+        device: &[DevicePeer],
+        nodes: &[Node],
+        peers: &[Peer],
+    ) {
         let found = discover_nat_endpoints(device, nodes, peers, &self.discovered);
         for (key, from, to) in endpoint_switches(&self.discovered, &found) {
             let name = nodes
@@ -216,15 +216,9 @@ impl Reconciler {
     }
 
     /// The desired host state for topology `t` ([`control::desired::plan`]): the links named
-    /// by role and resolved as `links` says, `owned` the routes kg installed, `tunnel` the
-    /// encapsulation link kg uses. Fails when the host was never listed.
-    pub fn desired(
-        &self,
-        t: &Topology,
-        links: &ResolvedLinks,
-        owned: &RoutePlan,
-        tunnel: Option<TunnelKind>,
-    ) -> anyhow::Result<DesiredHost> {
+    /// by role and resolved as `links` says, with the routes kg holds and the encapsulation
+    /// link it uses. Fails when the host was never listed.
+    pub fn desired(&self, t: &Topology, links: &ResolvedLinks) -> anyhow::Result<DesiredHost> {
         let host = self
             .host
             .as_ref()
@@ -240,13 +234,13 @@ impl Reconciler {
             compatibility: self.config.compatibility,
             forward_rules: a.forward_rules,
             service_cidrs: self.config.service_cidrs.clone(),
-            tunnel,
+            tunnel: self.host_book.tunnel_kind.clone(),
         };
         Ok(desired::plan(
             t,
             &host.net,
             links,
-            owned,
+            &self.host_book.owned,
             &self.public,
             &settings,
         ))

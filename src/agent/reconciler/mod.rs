@@ -40,7 +40,10 @@ use crate::backend::Snapshot;
 
 mod condition;
 mod config;
+mod converge;
 mod events;
+mod host_book;
+mod host_effects;
 mod ipam;
 mod mesh;
 mod pass;
@@ -54,6 +57,10 @@ mod tests;
 mod timers;
 
 pub use config::Config;
+pub use host_effects::{
+    DeviceOutcome, DeviceWrite, FirewallOutcome, FirewallWrite, HostAnswer, HostEffect, HostReport,
+    LinkWrite, ResolvedPlan,
+};
 pub use mesh::{Convergence, FirewallStep};
 pub use pass::{MeshReport, PassAnswer, PassEffect};
 use pass::{Observed, Pass, Step};
@@ -150,6 +157,10 @@ pub struct Reconciler {
     peer_status_book: control::peer_status::PeerStatusBook,
     /// The Kubernetes Events posted and the budget left.
     api_events: control::api_events::ApiEventBook,
+    /// What kg applied to the host, the links it resolved and the routes it holds.
+    host_book: host_book::HostBook,
+    /// The WireGuard link's index.
+    kilo_index: u32,
 }
 
 impl Reconciler {
@@ -203,6 +214,8 @@ impl Reconciler {
             condition_book: Default::default(),
             peer_status_book: Default::default(),
             api_events: Default::default(),
+            host_book: Default::default(),
+            kilo_index: 0,
         }
     }
 
@@ -354,6 +367,7 @@ impl Reconciler {
         self.pass = Some(Pass {
             trigger,
             full,
+            dump_kept: false,
             local_object: self.local_object.clone(),
             readiness_now,
             step: match (&self.engine_lost, full) {

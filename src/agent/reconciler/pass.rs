@@ -15,7 +15,9 @@ use control::rotation::RotationStep;
 use control::Peer;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
-use super::{Convergence, Reconciler};
+use super::converge::{HostProgress, HostWork};
+use super::host_effects::{HostAnswer, HostEffect};
+use super::Reconciler;
 use crate::agent::host::local::AnnotationPatch;
 use crate::agent::host::{DetectionInputs, HostView};
 
@@ -36,8 +38,9 @@ pub enum PassEffect {
     Elected,
     /// The mesh step ran: the counts for the metrics.
     Meshed(MeshReport),
-    /// Bring the host to this topology. Answer: [`PassAnswer::Converged`].
-    Converge(Convergence),
+    /// One step of bringing the host to the topology just computed ([`HostEffect`]); those
+    /// that wait for an answer take it as [`PassAnswer::Host`].
+    Host(HostEffect),
     /// Read the tunnels for the lease step. Answer: [`PassAnswer::TunnelsRead`].
     ReadTunnels,
     /// Send this compare-and-swap of the location's lease.
@@ -49,19 +52,19 @@ pub enum PassEffect {
 /// A shell's answer to a [`PassEffect`].
 #[derive(Debug)]
 pub enum PassAnswer {
-    /// The device runs again, with no peers and a bare link, or why it could not start.
-    EngineRecreated(anyhow::Result<()>),
+    /// The device runs again, with no peers and a bare link (its index given), or why it
+    /// could not start.
+    EngineRecreated(anyhow::Result<u32>),
     /// The host as listed, or why it could not be.
-    HostListed(anyhow::Result<HostView>),
-    /// The host was brought to the topology, or a part failed; `routes_known`: the kernel's
-    /// routes and rules are known after it (false when a change failed and they must be
-    /// listed again).
-    Converged {
-        /// What the shells returned.
-        applied: anyhow::Result<()>,
-        /// True when kg's record of the kernel's routes still holds.
-        routes_known: bool,
+    HostListed {
+        /// What the shells listed.
+        listed: anyhow::Result<HostView>,
+        /// True when the listing kept the last route dump (nothing changed the kernel's
+        /// routes since): kg's record of its routes holds.
+        dump_kept: bool,
     },
+    /// The answer to a [`PassEffect::Host`].
+    Host(HostAnswer),
     /// What the tunnels say, for the lease step.
     TunnelsRead(TunnelReadings),
     /// The backend took the patch, or why it did not.
@@ -112,10 +115,8 @@ pub(super) enum Step {
     Elect(Observed),
     /// Compute the topology.
     Mesh(Observed),
-    /// Have the shells converge the host.
-    Converge(Observed, Convergence),
-    /// Waiting for the shells to converge the host.
-    AwaitConverged(Observed, Convergence),
+    /// Converge the host, part by part.
+    Converge(Observed, Box<HostWork>),
     /// The lease step, when due.
     Lease(Observed),
     /// Waiting for the tunnels' readings.
@@ -135,6 +136,8 @@ pub(super) struct Pass {
     pub(super) trigger: Trigger,
     /// True when the host was listed this pass (every part is compared afresh).
     pub(super) full: bool,
+    /// True when this pass's listing kept the last route dump.
+    pub(super) dump_kept: bool,
     /// The local Node's object as the backend has it.
     pub(super) local_object: Option<Arc<KubeNode>>,
     /// The time readiness is judged at (frozen during an outage).
@@ -188,8 +191,10 @@ impl Reconciler {
         pass.step = match (step, answer) {
             (Step::AwaitRecreated(why, detection), PassAnswer::EngineRecreated(started)) => {
                 match started {
-                    Ok(()) => {
+                    Ok(kilo_index) => {
                         self.engine_lost = None;
+                        self.kilo_index = kilo_index;
+                        self.host_book.forget_applied();
                         self.journal.record(
                             Reason::EngineRecreated,
                             self.config.interface.clone(),
@@ -203,29 +208,20 @@ impl Reconciler {
                     ),
                 }
             }
-            (Step::AwaitHost(detection), PassAnswer::HostListed(listed)) => match listed {
-                Ok(host) => {
-                    self.host = Some(host);
-                    self.detection = detection;
-                    Step::Observe
-                }
-                Err(e) => fail(&mut pass.failure, e),
-            },
-            (
-                Step::AwaitConverged(observed, c),
-                PassAnswer::Converged {
-                    applied,
-                    routes_known,
-                },
-            ) => {
-                self.converged(c, applied.is_ok(), routes_known);
-                // A part that failed without failing the pass (a route change, the firewall)
-                // is tried again on the retry timer too.
-                pass.converged = Some(self.converged_whole);
-                match applied {
-                    Ok(()) => Step::Lease(observed),
+            (Step::AwaitHost(detection), PassAnswer::HostListed { listed, dump_kept }) => {
+                match listed {
+                    Ok(host) => {
+                        pass.dump_kept = dump_kept;
+                        self.host = Some(host);
+                        self.detection = detection;
+                        Step::Observe
+                    }
                     Err(e) => fail(&mut pass.failure, e),
                 }
+            }
+            (Step::Converge(observed, mut work), PassAnswer::Host(answer)) => {
+                self.converge_answer(&mut work, observed.meshed.as_ref(), answer, now);
+                Step::Converge(observed, work)
             }
             (Step::AwaitReadings(observed), PassAnswer::TunnelsRead(readings)) => {
                 let nodes = observed.ready.as_deref().unwrap_or_default();
@@ -268,7 +264,6 @@ impl Reconciler {
             }
             waiting @ (Step::AwaitRecreated(..)
             | Step::AwaitHost(_)
-            | Step::AwaitConverged(..)
             | Step::AwaitReadings(_)
             | Step::AwaitPatched(_)) => (waiting, Progress::Idle),
             Step::Observe => {
@@ -293,16 +288,34 @@ impl Reconciler {
                 None => (Step::Lease(observed), Progress::Moved),
                 Some((report, converge)) => {
                     let next = match converge {
-                        Some(c) => Step::Converge(observed, c),
+                        Some(c) => {
+                            let work = Box::new(HostWork::new(c, pass.dump_kept));
+                            Step::Converge(observed, work)
+                        }
                         None => Step::Lease(observed),
                     };
                     (next, Progress::Effect(PassEffect::Meshed(report)))
                 }
             },
-            Step::Converge(observed, c) => {
-                let effect = PassEffect::Converge(c.clone());
-                (Step::AwaitConverged(observed, c), Progress::Effect(effect))
-            }
+            Step::Converge(observed, mut work) => match self.converge_turn(&mut work, now) {
+                HostProgress::Moved => (Step::Converge(observed, work), Progress::Moved),
+                HostProgress::Effect(effect) => (
+                    Step::Converge(observed, work),
+                    Progress::Effect(PassEffect::Host(effect)),
+                ),
+                HostProgress::Waiting => (Step::Converge(observed, work), Progress::Idle),
+                HostProgress::Done(converged) => {
+                    let ok = converged.is_ok();
+                    self.converged(work.c, ok, self.routes_known());
+                    // A part that failed without failing the pass (a route change, the
+                    // firewall) is tried again on the retry timer too.
+                    pass.converged = Some(self.converged_whole);
+                    match converged {
+                        Ok(()) => (Step::Lease(observed), Progress::Moved),
+                        Err(e) => return Err(e),
+                    }
+                }
+            },
             Step::Lease(observed) => {
                 if tends_lease(pass.trigger, observed.elected) {
                     (

@@ -31,6 +31,8 @@ struct PassLog {
     /// `Some(computed)` when the mesh step ran.
     meshed: Option<bool>,
     converged: Option<Convergence>,
+    /// The converge step's effects in the order handed out (by name).
+    host: Vec<&'static str>,
     firewall: Option<FirewallStep>,
     lease: Option<LeaseWrite>,
     patch: Option<local::AnnotationPatch>,
@@ -48,6 +50,8 @@ struct Bench {
     listing: HostNet,
     backend_healthy: bool,
     converge_ok: bool,
+    /// Whether setting the WireGuard link's MTU, address or state works.
+    link_ok: bool,
     firewall_ok: bool,
     patch_ok: bool,
     /// Whether starting a lost engine again works.
@@ -148,19 +152,22 @@ impl Bench {
             rv += 1;
             snapshot.put_node(&n.name.clone(), kube_node(&n, rv));
         }
+        let mut core = Reconciler::new(
+            s.reconciler_config(),
+            Key::padded("a-public"),
+            Default::default(),
+            now,
+        );
+        core.start_host(RoutePlan::default(), None, 3);
         Self {
-            core: Reconciler::new(
-                s.reconciler_config(),
-                Key::padded("a-public"),
-                Default::default(),
-                now,
-            ),
+            core,
             snapshot,
             rv,
             now,
             listing: listing(),
             backend_healthy: true,
             converge_ok: true,
+            link_ok: true,
             firewall_ok: true,
             patch_ok: true,
             recreate_ok: true,
@@ -178,13 +185,13 @@ impl Bench {
             log.order.push(match &effect {
                 PassEffect::RecreateEngine(_) => "recreate",
                 PassEffect::ListHost(_) => "list",
-                PassEffect::Converge(_) => "converge",
+                PassEffect::Host(HostEffect::Converging(_)) => "converge",
                 PassEffect::PatchAnnotations(_) => "patch",
                 _ => "other",
             });
             let answer = match effect {
                 PassEffect::RecreateEngine(_) => PassAnswer::EngineRecreated(if self.recreate_ok {
-                    Ok(())
+                    Ok(3)
                 } else {
                     Err(anyhow::anyhow!("the bench cannot open /dev/net/tun"))
                 }),
@@ -197,7 +204,10 @@ impl Bench {
                         internal_cidrs: &[],
                     };
                     log.listed_host = true;
-                    PassAnswer::HostListed(HostView::of(self.listing.clone(), &own, &detection))
+                    PassAnswer::HostListed {
+                        listed: HostView::of(self.listing.clone(), &own, &detection),
+                        dump_kept: false,
+                    }
                 }
                 PassEffect::RotateKey(_) => continue,
                 PassEffect::Elected => {
@@ -208,32 +218,10 @@ impl Bench {
                     log.meshed = Some(report.computed);
                     continue;
                 }
-                PassEffect::Converge(c) => {
-                    let links = ResolvedLinks {
-                        kilo: 3,
-                        ..Default::default()
-                    };
-                    let want = self
-                        .core
-                        .desired(&c.topology, &links, &RoutePlan::default(), None)
-                        .unwrap();
-                    let step = self.core.firewall_step(&want.firewall, c.flips_only, now);
-                    if matches!(step, FirewallStep::Write { .. }) {
-                        let written = self.firewall_ok.then(|| want.firewall.clone());
-                        self.core.firewall_written(written, now);
-                    }
-                    log.firewall = Some(step);
-                    log.converged = Some(c);
-                    let ok = self.converge_ok;
-                    PassAnswer::Converged {
-                        applied: if ok {
-                            Ok(())
-                        } else {
-                            Err(anyhow::anyhow!("the bench's shells failed"))
-                        },
-                        routes_known: ok,
-                    }
-                }
+                PassEffect::Host(effect) => match self.answer_host(effect, &mut log) {
+                    Some(answer) => PassAnswer::Host(answer),
+                    None => continue,
+                },
                 PassEffect::ReadTunnels => PassAnswer::TunnelsRead(TunnelReadings {
                     traffic: TunnelTraffic::NotLeading,
                     standby_reached: Vec::new(),
@@ -255,6 +243,65 @@ impl Bench {
         }
         log.failed = self.core.end_pass(now).is_err();
         log
+    }
+
+    /// The answer the bench's shells give to one step of a convergence, if it has one.
+    fn answer_host(&mut self, effect: HostEffect, log: &mut PassLog) -> Option<HostAnswer> {
+        let failed = |what: &str| anyhow::anyhow!("the bench's {what} failed");
+        log.host.push(match &effect {
+            HostEffect::Converging(_) => "converging",
+            HostEffect::ReadEndpoints => "endpoints",
+            HostEffect::ConfigureDevice(_) => "device",
+            HostEffect::SetLink(_) => "link",
+            HostEffect::WriteCni(_) => "cni",
+            HostEffect::PrepareTunnel(_) => "tunnel",
+            HostEffect::PlanResolved(_) => "plan-resolved",
+            HostEffect::ObserveRoutes => "observe-routes",
+            HostEffect::ChangeRoutes(_) => "change-routes",
+            HostEffect::SaveRoutes(_) => "save-routes",
+            HostEffect::WriteFirewall(_) => "firewall",
+            HostEffect::Converged(_) => "converged",
+        });
+        match effect {
+            HostEffect::Converging(c) => {
+                log.converged = Some(c);
+                None
+            }
+            HostEffect::ReadEndpoints => Some(HostAnswer::Endpoints(Ok(Vec::new()))),
+            HostEffect::ConfigureDevice(_) => Some(HostAnswer::Device(if self.converge_ok {
+                Ok(DeviceOutcome::default())
+            } else {
+                Err(failed("device"))
+            })),
+            HostEffect::SetLink(_) => Some(HostAnswer::Link(if self.link_ok {
+                Ok(())
+            } else {
+                Err(failed("link"))
+            })),
+            HostEffect::PrepareTunnel(_) => Some(HostAnswer::Tunnel(Ok(ResolvedLinks {
+                kilo: 3,
+                ..Default::default()
+            }))),
+            HostEffect::ObserveRoutes => Some(HostAnswer::ObservedRoutes(if self.converge_ok {
+                Ok(RoutePlan::default())
+            } else {
+                Err(failed("route listing"))
+            })),
+            HostEffect::ChangeRoutes(_) => Some(HostAnswer::ChangedRoutes(Vec::new())),
+            HostEffect::WriteFirewall(write) => {
+                let previous = write.previous;
+                log.firewall = Some(FirewallStep::Write { previous });
+                Some(HostAnswer::Firewall(if self.firewall_ok {
+                    FirewallOutcome::Written
+                } else {
+                    FirewallOutcome::Failed("the bench's iptables failed".to_string())
+                }))
+            }
+            HostEffect::WriteCni(_)
+            | HostEffect::PlanResolved(_)
+            | HostEffect::SaveRoutes(_)
+            | HostEffect::Converged(_) => None,
+        }
     }
 
     /// Changes Node `name` as the API server would: a new object, a new resourceVersion.
@@ -473,5 +520,6 @@ fn an_unreachable_backend_freezes_readiness_and_keeps_the_mesh() {
     assert!(!c.topology.segments.iter().any(|s| s.location == "l2"));
 }
 
+mod converge;
 mod failures;
 mod ipam;

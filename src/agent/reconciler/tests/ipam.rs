@@ -56,10 +56,7 @@ fn pod_ranges_follow_calicos_blocks_and_the_cni_configuration_is_left_to_calico(
         ..Default::default()
     };
     let c = first.converged.as_ref().unwrap();
-    let want = bench
-        .core
-        .desired(&c.topology, &links, &RoutePlan::default(), None)
-        .unwrap();
+    let want = bench.core.desired(&c.topology, &links).unwrap();
     assert_eq!(want.cni, None, "Calico keeps its own configuration");
     // c takes a second block: the mesh is computed again on the event alone.
     ipam.affinities
