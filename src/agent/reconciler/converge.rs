@@ -69,8 +69,8 @@ enum Part {
     AwaitDevice {
         before_routes: bool,
     },
-    /// Set the link's parts that differ, one by one.
-    Link,
+    /// Set the link's parts that differ, one by one, after the one set last (if any).
+    Link(Option<LinkWrite>),
     AwaitLink(LinkWrite),
     /// Write the CNI configuration when it differs.
     Cni,
@@ -226,7 +226,7 @@ impl Reconciler {
                 before_routes: true,
             }
         } else {
-            Part::Link
+            Part::Link(None)
         };
         Ok(Planned {
             want,
@@ -252,7 +252,7 @@ impl Reconciler {
                     HostProgress::Effect(effect),
                 )
             }
-            Part::Link => match self.link_write(&p.want) {
+            Part::Link(after) => match self.link_write(&p.want, after) {
                 Some(part) => (
                     Part::AwaitLink(part),
                     HostProgress::Effect(HostEffect::SetLink(part)),
@@ -385,7 +385,7 @@ impl Reconciler {
                     Err(e) => p.configured = Some(e),
                 }
                 if before_routes {
-                    Part::Link
+                    Part::Link(None)
                 } else {
                     Part::Finish
                 }
@@ -393,7 +393,7 @@ impl Reconciler {
             (Part::AwaitLink(part), HostAnswer::Link(set)) => match set {
                 Ok(()) => {
                     self.link_written(part);
-                    Part::Link
+                    Part::Link(Some(part))
                 }
                 Err(e) => {
                     p.routed = Some(e);

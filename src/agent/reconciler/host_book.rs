@@ -90,21 +90,33 @@ impl Reconciler {
         host.net.link(self.kilo_index).map(|l| (l.mtu, l.up))
     }
 
-    /// The next part of the link that differs from `want`: the MTU and state compared with
-    /// what kg set or, not knowing, with the host as listed; the address with what kg set.
-    pub(super) fn link_write(&self, want: &DesiredHost) -> Option<LinkWrite> {
+    /// The next part of the link that differs from `want`, in the order MTU, address, state,
+    /// after the part `after` written this pass (each part is set at most once a pass): the
+    /// MTU and state compared with what kg set or, not knowing, with the host as listed; the
+    /// address with what kg set.
+    pub(super) fn link_write(
+        &self,
+        want: &DesiredHost,
+        after: Option<LinkWrite>,
+    ) -> Option<LinkWrite> {
         let want = want.link;
         let listed = self.listed_link();
         let applied = &self.host_book.applied;
+        let rank = |part: LinkWrite| match part {
+            LinkWrite::Mtu(_) => 0,
+            LinkWrite::Address(_) => 1,
+            LinkWrite::Up(_) => 2,
+        };
+        let next = after.map_or(0, |part| rank(part) + 1);
         let mtu = applied.link_mtu.or(listed.map(|(mtu, _)| mtu));
-        if mtu.is_some_and(|mtu| mtu != want.mtu) {
+        if next <= 0 && mtu.is_some_and(|mtu| mtu != want.mtu) {
             return Some(LinkWrite::Mtu(want.mtu));
         }
-        if applied.address != Some(want.address) {
+        if next <= 1 && applied.address != Some(want.address) {
             return Some(LinkWrite::Address(want.address));
         }
         let up = applied.link_up.or(listed.map(|(_, up)| up));
-        (up != Some(want.up)).then_some(LinkWrite::Up(want.up))
+        (next <= 2 && up != Some(want.up)).then_some(LinkWrite::Up(want.up))
     }
 
     /// Records `part` as set on the link. Its state is recorded only for a link that was

@@ -76,3 +76,17 @@ fn a_link_that_cannot_be_set_still_gets_the_device_configured_and_fails_the_pass
     assert!(retried.host.contains(&"link") && retried.host.contains(&"observe-routes"));
     assert_eq!(retried.host.last(), Some(&"converged"));
 }
+
+#[test]
+fn a_link_missing_from_the_listing_is_set_once_a_pass_and_again_the_next() {
+    let mut bench = Bench::new(&[]);
+    bench.listing.links.retain(|l| l.index != 3);
+    let pass = bench.pass(Trigger::Event);
+    // Its address and state are set once each (its MTU is unknown, so left alone), and the
+    // state, not recorded for a link kg did not see, is set again on the next full pass.
+    let links = |log: &PassLog| log.host.iter().filter(|n| **n == "link").count();
+    assert_eq!(links(&pass), 2, "{:?}", pass.host);
+    assert_eq!(pass.host.last(), Some(&"converged"), "{pass:?}");
+    let resync = bench.pass(Trigger::Resync);
+    assert!(links(&resync) >= 1, "{:?}", resync.host);
+}
