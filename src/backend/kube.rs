@@ -182,7 +182,6 @@ impl KubeBackend {
             tx: self.tx.clone(),
             healthy: self.healthy.clone(),
             pending: None,
-            listed_once: false,
             relists: self.node_relists.clone(),
             pace: Pace::new(pace::NOTIFY_INTERVAL),
         };
@@ -457,8 +456,7 @@ struct NodeWatch {
     healthy: Arc<AtomicBool>,
     /// The Nodes of a re-list in progress.
     pending: Option<BTreeMap<String, Arc<KubeNode>>>,
-    /// True once a first list has begun: every later one is a re-list, counted in `relists`.
-    listed_once: bool,
+    /// The lists that begin after the first one ended (the snapshot says the Nodes are listed).
     relists: prometheus_client::metrics::counter::Counter,
     pace: Pace,
 }
@@ -471,7 +469,7 @@ impl NodeWatch {
         let pace = &mut self.pace;
         match event {
             Ok(Event::Init) => {
-                if std::mem::replace(&mut self.listed_once, true) {
+                if self.tx.borrow().listed.nodes {
                     self.relists.inc();
                 }
                 self.pending = Some(BTreeMap::new());

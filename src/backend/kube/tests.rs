@@ -32,7 +32,6 @@ fn watch() -> (NodeWatch, watch::Receiver<Arc<Snapshot>>) {
         tx,
         healthy: Arc::new(AtomicBool::new(true)),
         pending: None,
-        listed_once: false,
         relists: Default::default(),
         pace: Pace::new(NOTIFY_INTERVAL),
     };
