@@ -23,6 +23,8 @@ pub enum Trigger {
     Readiness,
     /// A key rotation's next step is due ([`crate::rotation`]).
     Key,
+    /// Post-quantum preshared keys changed ([`crate::pq`]): the device takes them.
+    PostQuantum,
     /// The last pass failed and its backoff ran out: the host is listed and every part
     /// compared again.
     Retry,
@@ -56,6 +58,8 @@ pub struct Changes {
     pub dns: bool,
     /// A lease changed (or the backend came back, which counts every lease as renewed).
     pub leases: bool,
+    /// The post-quantum preshared keys differ from the device's.
+    pub keys: bool,
 }
 
 impl Changes {
@@ -101,6 +105,7 @@ impl Changes {
             || self.peers
             || self.local
             || self.dns
+            || self.keys
             || leaders_changed
             || !settled
     }

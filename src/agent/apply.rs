@@ -1,8 +1,8 @@
 //! Carries out the converge step's effects ([`HostEffect`]): the reconciler decides which part
 //! of the host differs from the desired state and in which order the parts change
 //! (`reconciler/converge.rs`); each effect here is one shell call, its answer handed back. The
-//! device is the one part the driver still compares: its configuration holds the private key
-//! and the preshared keys, which stay on this side, so an identical configuration is not sent.
+//! device is the one part the driver still compares: its configuration holds the private key,
+//! which stays on this side, so an identical configuration is not sent.
 
 use std::sync::Arc;
 
@@ -174,14 +174,18 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         }
     }
 
-    /// The device configured as `write` plans it, with the private key and the post-quantum
-    /// preshared keys; a configuration identical to the last one written is not sent again.
+    /// The device configured as `write` plans it (its post-quantum preshared keys over the
+    /// Peers' own), with the private key; a configuration identical to the last one written is not sent again.
     fn configure_device(&mut self, write: DeviceWrite) -> Result<DeviceOutcome> {
         if let Some(why) = self.wg.lost() {
             anyhow::bail!("{why}: it carries no packet until kg starts it again");
         }
         let mut desired = crate::wiring::device_config(&write.conf, &self.key);
-        self.pq_keys_into(&mut desired);
+        for peer in &mut desired.peers {
+            if let Some(psk) = write.psks.get(&control::Key(*peer.public_key.as_bytes())) {
+                peer.preshared_key = Some(psk.clone());
+            }
+        }
         let mut outcome = DeviceOutcome::default();
         if self.record.device.as_ref() == Some(&desired) {
             return Ok(outcome);

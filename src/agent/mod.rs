@@ -261,7 +261,8 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
 
     /// Everything the agent does when woken by `input` at `now`, the one loop body of kg and of
     /// the reference model: a pass (reading the latest snapshot from `snapshots`) when the
-    /// input asks for one, lookups or the post-quantum links' timers otherwise. Returns the
+    /// input asks for one (a change of the post-quantum keys does), lookups or the
+    /// post-quantum links' effects otherwise. Returns the
     /// pass's outcome (`None`: no pass ran); a failed pass was counted, put on `/status` and
     /// logged.
     pub async fn step(
@@ -271,31 +272,38 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         now: Now,
     ) -> Option<Result<()>> {
         let trigger = match input {
-            Input::Snapshot => Trigger::Event,
-            Input::Kernel => Trigger::Kernel,
+            Input::Snapshot => Some(Trigger::Event),
+            Input::Kernel => Some(Trigger::Kernel),
             Input::Lookups(answers) => {
                 self.take_lookups(answers, now);
-                Trigger::Dns
+                Some(Trigger::Dns)
             }
             Input::PqDatagram { from, datagram } => {
-                self.pq_datagram(from, datagram, now);
-                self.schedule_post_quantum(now);
-                self.publish_events(now);
-                return None;
+                self.core.pq_datagram(from.ip(), datagram, now);
+                None
             }
             Input::Timeout(timer) => match self.core.on_timeout(timer, now) {
-                Wake::Pass(trigger) => trigger,
+                Wake::Pass(trigger) => Some(trigger),
                 Wake::Lookups(names) => {
                     self.due_lookups.extend(names);
                     return None;
                 }
-                Wake::PostQuantum => {
-                    self.pq_poll(now);
-                    self.schedule_post_quantum(now);
+                Wake::PostQuantum => None,
+            },
+        };
+        // The post-quantum links' effects, outside a pass; a change of their keys asks for
+        // one, whose device write gives the device the keys.
+        let trigger = match trigger {
+            Some(trigger) => trigger,
+            None => {
+                self.carry_out_pq(now);
+                if !self.core.pq_keys_due() {
+                    self.core.pq_reschedule(now);
                     self.publish_events(now);
                     return None;
                 }
-            },
+                Trigger::PostQuantum
+            }
         };
         // Only what changed is taken from the snapshot, before any await: the backend, writing
         // the next event, never finds it shared and copies it.
@@ -314,8 +322,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         }
         self.tend_condition(now).await;
         self.tend_peer_status(now).await;
-        self.pq_refresh(now);
-        self.schedule_post_quantum(now);
+        self.carry_out_pq(now);
         self.publish_events(now);
         Some(settled)
     }
@@ -342,15 +349,6 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             }
         }
         self.status.events(events);
-    }
-
-    /// Puts the post-quantum links' next moment, judged at `now`, into the timer table.
-    fn schedule_post_quantum(&mut self, now: Now) {
-        let at = self.pq_due_ms().map(|due| {
-            let after = u64::try_from(due.saturating_sub(now.unix_ms)).unwrap_or(0);
-            now.instant + Duration::from_millis(after)
-        });
-        self.core.schedule_post_quantum(at);
     }
 
     /// Takes in lookup answers that came at `now`: a failure keeps the last good address.

@@ -1,6 +1,7 @@
 //! The shells' side of post-quantum preshared keys ([`control::pq`]): the node's ML-KEM seed on
-//! disk, the UDP socket the exchanges travel on (through the tunnel, between WireGuard IPs),
-//! and the keys installed into the device.
+//! disk, the keys saved for a restarted kg, and the UDP socket the exchanges travel on (through
+//! the tunnel, between WireGuard IPs). What the links decide is the machine's
+//! ([`super::reconciler::PqState`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,14 +11,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use control::clock::Now;
-use control::journal::Reason;
-use control::pq::book::{PqBook, PqPeer};
 use control::pq::link::Installed;
-use control::pq::{PqAnnouncement, PqIdentity};
+use control::pq::PqIdentity;
 use control::Key;
+use dataplane::SecretKey;
 use rand_core::RngCore;
 use zeroize::Zeroizing;
 
+use super::reconciler::{PqEffect, PqState};
 use super::shells::{Device, Firewall, Kernel};
 use super::Agent;
 
@@ -35,21 +36,12 @@ pub enum PqWire {
     Memory(PqOutbox),
 }
 
-/// A node's post-quantum side: its links, the wire, and the epoch of the key each link last
-/// put into the device.
+/// A node's post-quantum shells: the wire its exchanges travel on and the file their keys
+/// are saved in. The links themselves are the machine's ([`PqState`]).
 pub struct PqShell {
-    pub(super) book: PqBook,
     wire: PqWire,
-    installed: BTreeMap<Key, u64>,
     saved_at: PathBuf,
-    /// When the device's failed handshakes are next read (Unix milliseconds).
-    next_check_ms: i64,
-    /// The links' states as last put on `/status` and into the series.
-    published: BTreeMap<Key, control::status::PqLinkStatus>,
 }
-
-/// How often the device's failed handshakes are read while a link holds a key.
-pub const CHECK_EVERY_MS: i64 = 2_000;
 
 /// Where the node's ML-KEM seed is kept: `<key-file>.pq`.
 pub fn seed_path(key_file: &Path) -> PathBuf {
@@ -123,21 +115,23 @@ pub fn overlay_saved_keys(
     taken
 }
 
-fn fill(buf: &mut [u8]) {
+/// The operating system's random bytes, for the exchanges ([`control::pq`]).
+pub fn fill(buf: &mut [u8]) {
     rand_core::OsRng.fill_bytes(buf);
 }
 
 impl PqShell {
-    /// The shell for the node whose key file is `key_file` and public key `local`: the seed
-    /// loaded (or made, 0600), the socket bound, or the datagrams put in `outbox` when there
-    /// is one.
+    /// The shell for the node whose key file is `key_file` and WireGuard key `secret`, and the
+    /// machine's post-quantum state: the seed loaded (or made, 0600), the keys the last run
+    /// saved, the socket bound, or the datagrams put in `outbox` when there is one. Keys
+    /// change every `period`; `falls_back` when the device counts failed handshakes.
     pub async fn start(
         key_file: &Path,
-        local: Key,
+        secret: &SecretKey,
         period: Duration,
         falls_back: bool,
         outbox: Option<PqOutbox>,
-    ) -> Result<Self> {
+    ) -> Result<(Self, PqState)> {
         let saved_at = saved_path(key_file);
         let saved = load(&saved_at);
         if saved.is_none() && seed_path(key_file).exists() {
@@ -165,129 +159,71 @@ impl PqShell {
                 },
             )),
         };
-        let period_ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
-        let mut book = PqBook::new(identity, local, period_ms, falls_back);
-        if let Some((under, keys)) = saved {
-            book.restore(under, keys);
-        }
-        Ok(Self {
-            book,
-            wire,
-            installed: BTreeMap::new(),
-            saved_at,
-            next_check_ms: 0,
-            published: BTreeMap::new(),
-        })
+        let state = PqState::new(secret.clone(), identity, period, falls_back, saved, fill);
+        Ok((Self { wire, saved_at }, state))
     }
 
-    /// Makes the node a new ML-KEM key (stored in `<key-file>.pq`, 0600), as it does when its
-    /// WireGuard key rotates; returns its fingerprint.
-    pub(super) fn renew(&mut self, key_file: &Path) -> Result<PqAnnouncement> {
+    /// Makes the node a new ML-KEM key pair (stored in `<key-file>.pq`, 0600), as it does when
+    /// its WireGuard key rotates.
+    pub(super) fn renew(key_file: &Path) -> Result<Arc<PqIdentity>> {
         let seed = super::shells::keyfile::generate_seed(&seed_path(key_file))?;
-        self.book.renew(Arc::new(PqIdentity::from_seed(&seed)));
-        Ok(self.book.announcement())
+        Ok(Arc::new(PqIdentity::from_seed(&seed)))
     }
 
-    /// What this node publishes as `kilotun.io/pq`.
-    pub fn announcement(&self) -> PqAnnouncement {
-        self.book.announcement()
-    }
-
-    fn flush(&mut self) {
-        for (ip, datagram) in self.book.transmits() {
-            match &self.wire {
-                PqWire::Udp(socket) => {
-                    if let Err(e) = socket.try_send_to(&datagram, SocketAddr::new(ip, PQ_PORT)) {
-                        tracing::debug!(peer = %ip, error = %e, "post-quantum exchange: sending failed");
-                    }
+    fn send(&self, to: std::net::IpAddr, datagram: Vec<u8>) {
+        match &self.wire {
+            PqWire::Udp(socket) => {
+                if let Err(e) = socket.try_send_to(&datagram, SocketAddr::new(to, PQ_PORT)) {
+                    tracing::debug!(peer = %to, error = %e, "post-quantum exchange: sending failed");
                 }
-                PqWire::Memory(outbox) => outbox.lock().push((ip, datagram)),
             }
+            PqWire::Memory(outbox) => outbox.lock().push((to, datagram)),
         }
     }
 }
 
 impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
-    /// Brings the post-quantum links to the peers of the topology last applied (after each
-    /// reconcile).
-    pub fn pq_refresh(&mut self, now: Now) {
-        // Before a topology was applied the links are not made, and the saved keys stay.
-        let Some(taking_part) = self.core.pq_peers() else {
-            return;
-        };
-        let Some(pq) = &mut self.pq else { return };
-        let secret = self.key.to_dalek();
-        let peers: Vec<PqPeer> = taking_part
-            .into_iter()
-            .map(|(key, announced, wireguard_ip)| {
-                let public = x25519_dalek::PublicKey::from(key.0);
-                let agreement = secret.diffie_hellman(&public);
-                PqPeer {
-                    key,
-                    fingerprint: announced.fingerprint,
-                    wireguard_ip,
-                    tag_key: control::pq::tag_key(agreement.as_bytes()),
-                    falls_back: announced.falls_back,
+    /// Carries out the post-quantum links' effects ([`PqEffect`]) at `now`, handing back the
+    /// answers the machine waits for.
+    pub(super) fn carry_out_pq(&mut self, now: Now) {
+        while let Some(effect) = self.core.poll_pq_effect() {
+            let Some(shell) = &self.pq else { return };
+            match effect {
+                PqEffect::Send { to, datagram } => shell.send(to, datagram),
+                PqEffect::ReadFailedHandshakes => {
+                    let failed = self.wg.failed_handshakes();
+                    self.core.pq_failed_handshakes(&failed, now);
                 }
-            })
-            .collect();
-        pq.book.set_peers(self.core.public_key(), &peers);
-        pq.book.poll(now.unix_ms, &mut fill);
-        pq.flush();
-        self.pq_install();
-        self.pq_publish();
-    }
-
-    /// Takes in a datagram from `from`.
-    pub fn pq_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Now) {
-        let Some(pq) = &mut self.pq else { return };
-        let from = from.ip().to_canonical();
-        if let Err(e) = pq.book.handle(from, datagram, now.unix_ms, &mut fill) {
-            self.metrics.keys.pq_refused.inc();
-            tracing::debug!(peer = %from, error = %e, "post-quantum exchange: datagram refused");
-        }
-        pq.flush();
-        self.pq_install();
-        self.pq_publish();
-    }
-
-    /// Runs the links' timers, and drops the key of a link whose handshakes fail under it
-    /// (see [`control::pq::link::PqLink::note_failed_handshakes`]).
-    pub fn pq_poll(&mut self, now: Now) {
-        let Some(pq) = &mut self.pq else { return };
-        pq.book.poll(now.unix_ms, &mut fill);
-        if now.unix_ms >= pq.next_check_ms && !pq.installed.is_empty() {
-            pq.next_check_ms = now.unix_ms + CHECK_EVERY_MS;
-            let failed = self.wg.failed_handshakes();
-            for key in pq.book.note_failed_handshakes(&failed, now.unix_ms) {
-                self.metrics.keys.pq_fallbacks.inc();
-                let counted = failed[&key];
-                // The peer by its node's name where the topology knows it, else by its key.
-                let peer = self
-                    .core
-                    .topology()
-                    .and_then(|t| t.segments.iter().find(|s| s.public_key == key))
-                    .map_or_else(|| key.to_string(), |s| s.leader_member().name.clone());
-                self.core.journal().record(
-                    Reason::PostQuantumFallback,
-                    peer,
-                    format!("post-quantum preshared key of the link to {key} dropped: {} handshake responses refused and {} answers unused under it (the two ends hold different keys); running without one until the next exchange", counted.refused_responses, counted.unused_answers),
-                );
+                PqEffect::Rekey(peer) => {
+                    tracing::info!(%peer, "post-quantum preshared key installed; handshaking");
+                    self.wg.rekey(&peer);
+                }
+                PqEffect::SaveKeys { local, keys } => {
+                    if let Err(e) = save(&shell.saved_at, local, &keys) {
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "saving the post-quantum keys failed"
+                        );
+                    }
+                }
+                PqEffect::Publish(statuses) => self.pq_publish(statuses),
+                PqEffect::Refused { from, why } => {
+                    self.metrics.keys.pq_refused.inc();
+                    tracing::debug!(peer = %from, error = why, "post-quantum exchange: datagram refused");
+                }
+                PqEffect::Installed { changed, keyed } => {
+                    self.metrics.keys.pq_psk_changes.inc_by(changed as u64);
+                    self.metrics.keys.pq_links_keyed.set(keyed as i64);
+                }
+                PqEffect::FellBack => {
+                    self.metrics.keys.pq_fallbacks.inc();
+                }
             }
         }
-        pq.flush();
-        self.pq_install();
-        self.pq_publish();
     }
 
-    /// Puts every link's state on `/status` and into the per-link series, when it changed.
-    fn pq_publish(&mut self) {
-        let Some(pq) = &mut self.pq else { return };
-        let statuses = pq.book.statuses();
-        if statuses == pq.published && !statuses.is_empty() {
-            return;
-        }
-        pq.published.clone_from(&statuses);
+    /// Puts every link's state on `/status` and into the per-link series.
+    fn pq_publish(&mut self, statuses: BTreeMap<Key, control::status::PqLinkStatus>) {
         let keys = &self.metrics.keys;
         keys.pq_link_keyed.clear();
         keys.pq_psk_changed.clear();
@@ -309,110 +245,11 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         self.status.update(|p| p.post_quantum = Some(by_key));
     }
 
-    /// When (Unix milliseconds) the links' timers, or the next read of the device's failed
-    /// handshakes, are due: [`Agent::pq_poll`] then.
-    pub fn pq_due_ms(&self) -> Option<i64> {
-        let pq = self.pq.as_ref()?;
-        let check = (!pq.installed.is_empty()).then_some(pq.next_check_ms);
-        [pq.book.next_timeout(), check].into_iter().flatten().min()
-    }
-
     /// The socket the exchanges arrive on, with `--post-quantum`.
     pub fn pq_socket(&self) -> Option<Arc<tokio::net::UdpSocket>> {
         match &self.pq.as_ref()?.wire {
             PqWire::Udp(socket) => Some(Arc::clone(socket)),
             PqWire::Memory(_) => None,
-        }
-    }
-
-    /// Gives each link's installed key to the device when it changed; the link's initiator
-    /// then starts a handshake so the key protects traffic at once (both ends hold it by then).
-    fn pq_install(&mut self) {
-        let Some(pq) = &mut self.pq else { return };
-        let installed = pq.book.installed();
-        let epochs: BTreeMap<Key, u64> = installed.iter().map(|(k, i)| (*k, i.epoch)).collect();
-        if epochs == pq.installed {
-            return;
-        }
-        let Some(mut device) = self.record.device.clone() else {
-            return;
-        };
-        // The keys new to the device: a saved key a restarted kg's device already holds is
-        // not, and needs no handshake.
-        let changed: Vec<Key> = epochs
-            .iter()
-            .filter(|(k, e)| pq.installed.get(*k) != Some(*e))
-            .map(|(k, _)| *k)
-            .filter(|k| {
-                let held = device
-                    .peers
-                    .iter()
-                    .find(|p| p.public_key.as_bytes() == &k.0)
-                    .and_then(|p| p.preshared_key.as_ref());
-                held != Some(&installed[k].psk)
-            })
-            .collect();
-        // A link that lost its key (its peer's fingerprint changed, or it left) goes without.
-        for peer in &mut device.peers {
-            let key = Key(*peer.public_key.as_bytes());
-            if pq.installed.contains_key(&key) && !installed.contains_key(&key) {
-                peer.preshared_key = None;
-            }
-        }
-        pq_overlay(&mut device, &installed);
-        if let Err(e) = self.wg.apply(&device) {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "installing post-quantum preshared keys failed"
-            );
-            return;
-        }
-        self.metrics
-            .keys
-            .pq_psk_changes
-            .inc_by(changed.len() as u64);
-        self.metrics.keys.pq_links_keyed.set(epochs.len() as i64);
-        for key in &changed {
-            tracing::info!(peer = %key, epoch = epochs[key], "post-quantum preshared key installed");
-            if pq.book.initiates(key) {
-                self.wg.rekey(key);
-            }
-        }
-        pq.installed = epochs;
-        if let Err(e) = save(&pq.saved_at, pq.book.local(), &installed) {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "saving the post-quantum keys failed"
-            );
-        }
-        // The device's saved state too: a restarted kg restores its peers from it.
-        if let Err(e) = super::shells::state::save(&self.settings.args.key_file, &device) {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "saving the WireGuard state failed"
-            );
-        }
-        self.record.device = Some(device);
-    }
-
-    /// `desired` with the post-quantum keys of its peers that have one (a Peer's own
-    /// preshared key stays). None while the links were made for a key this node no longer
-    /// uses (it just rotated its key): its peers' entries for the new key have none yet.
-    pub(super) fn pq_keys_into(&self, desired: &mut dataplane::DeviceConfig) {
-        if let Some(pq) = self
-            .pq
-            .as_ref()
-            .filter(|pq| pq.book.local() == self.core.public_key())
-        {
-            pq_overlay(desired, &pq.book.device_keys());
-        }
-    }
-}
-
-fn pq_overlay(device: &mut dataplane::DeviceConfig, installed: &BTreeMap<Key, Installed>) {
-    for peer in &mut device.peers {
-        if let Some(i) = installed.get(&Key(*peer.public_key.as_bytes())) {
-            peer.preshared_key = Some(i.psk.clone());
         }
     }
 }

@@ -40,15 +40,17 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                 self.metrics.keys.key_rotations.inc();
                 // The ML-KEM key changes with it: no exchange made under the old keys carries
                 // over.
-                if let Some(pq) = &mut self.pq {
-                    match pq.renew(path) {
-                        Ok(announced) => self.core.set_pq_announcement(Some(announced)),
+                if self.pq.is_some() {
+                    let identity = match super::pq::PqShell::renew(path) {
+                        Ok(identity) => Some(identity),
                         Err(e) => {
                             let line = format!("key rotation: making a new ML-KEM key failed: {e:#}; the old one stays");
                             tracing::warn!("{line}");
                             self.status.error(line);
+                            None
                         }
-                    }
+                    };
+                    self.core.pq_key_committed(self.key.clone(), identity);
                 }
             }
         }

@@ -270,15 +270,15 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             core.enable_lookups();
         }
         let pq = if s.args.post_quantum {
-            let shell = super::pq::PqShell::start(
+            let (shell, state) = super::pq::PqShell::start(
                 &s.args.key_file,
-                public,
+                &key,
                 s.psk_rotation,
                 wg.counts_failed_handshakes(),
                 pq_outbox,
             )
             .await?;
-            core.set_pq_announcement(Some(shell.announcement()));
+            core.enable_post_quantum(state);
             Some(shell)
         } else {
             None

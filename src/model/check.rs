@@ -32,7 +32,7 @@ pub fn always(sim: &Sim) -> Result<(), String> {
 type NodeCheck = fn(&str, &SimNode) -> Result<(), String>;
 
 /// Every invariant [`always`] checks, with what it says.
-pub fn checks() -> [(&'static str, NodeCheck); 6] {
+pub fn checks() -> [(&'static str, NodeCheck); 7] {
     [
         ("no two peers of a device share a key", distinct_keys),
         (
@@ -52,7 +52,24 @@ pub fn checks() -> [(&'static str, NodeCheck); 6] {
             "every route and rule kg holds in the kernel is in its saved record (a successor claims all of it)",
             routes_are_recorded,
         ),
+        (
+            "no device write outside a pass (the post-quantum keys too go in with a pass's device write)",
+            device_written_in_passes,
+        ),
     ]
+}
+
+fn device_written_in_passes(name: &str, node: &SimNode) -> Result<(), String> {
+    match node
+        .running
+        .as_ref()
+        .map(|r| r.writes_outside_pass.as_slice())
+    {
+        Some([first, ..]) => Err(format!(
+            "{name}'s device was written after {first} though no pass ran"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The device's peers of a running agent: key, endpoint and allowed IPs.

@@ -100,6 +100,8 @@ pub struct Running {
     seen: Option<Arc<Snapshot>>,
     /// The last reconcile's error, if it failed.
     pub last_error: Option<String>,
+    /// The inputs after which its device was written though no pass ran.
+    pub writes_outside_pass: Vec<String>,
 }
 
 /// The `kilo.squat.ai/persistent-keepalive` a node behind NAT is annotated with.
@@ -305,6 +307,7 @@ impl Sim {
             twin,
             seen: None,
             last_error: None,
+            writes_outside_pass: Vec::new(),
         });
         // The event loop's timers all fire at once when it starts.
         self.fire_due(name);
@@ -462,7 +465,17 @@ impl Sim {
         let Some(running) = node.running.as_mut() else {
             return;
         };
+        let writes = running.twin.engine.calls().writes;
+        let woken_by = match &input {
+            Input::Timeout(timer) => format!("the {timer:?} timer"),
+            Input::PqDatagram { from, .. } => format!("a post-quantum datagram from {from}"),
+            Input::Lookups(_) => "lookup answers".to_string(),
+            Input::Snapshot | Input::Kernel => format!("{input:?}"),
+        };
         let Some(result) = run_to_end(running.twin.agent.step(input, &mut snapshot, now)) else {
+            if running.twin.engine.calls().writes != writes {
+                running.writes_outside_pass.push(woken_by);
+            }
             return;
         };
         running.last_error = result.err().map(|e| format!("{e:#}"));

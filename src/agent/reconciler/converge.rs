@@ -245,6 +245,7 @@ impl Reconciler {
                     conf: p.want.device.clone(),
                     leader: c.topology.leader,
                     first: !self.host_book.engine_configured,
+                    psks: self.pq_device_write(),
                 };
                 let effect = HostEffect::ConfigureDevice(write);
                 (
@@ -376,6 +377,7 @@ impl Reconciler {
         let step = std::mem::replace(&mut p.step, Part::Done);
         p.step = match (step, answer) {
             (Part::AwaitDevice { before_routes }, HostAnswer::Device(configured)) => {
+                self.pq_device_written(configured.is_ok());
                 match configured {
                     Ok(outcome) => {
                         self.device_configured(outcome);

@@ -65,8 +65,8 @@ pub enum LinkWrite {
     Up(bool),
 }
 
-/// The device's configuration to apply ([`HostEffect::ConfigureDevice`]): the plan, which
-/// the driver completes with the private key and the post-quantum preshared keys.
+/// The device's configuration to apply ([`HostEffect::ConfigureDevice`]): the plan and the
+/// post-quantum preshared keys, which the driver completes with the private key.
 #[derive(Debug, Clone)]
 pub struct DeviceWrite {
     /// The peers and interface as planned.
@@ -75,6 +75,9 @@ pub struct DeviceWrite {
     pub leader: bool,
     /// True for the first configuration of this engine: it handshakes with every peer at once.
     pub first: bool,
+    /// The post-quantum preshared keys, by peer (a Peer's own preshared key stays where
+    /// none is given).
+    pub psks: std::collections::BTreeMap<control::Key, dataplane::SecretKey>,
 }
 
 /// What configuring the device found, for the journal ([`HostAnswer::Device`]).

@@ -121,7 +121,7 @@ impl Reconciler {
         }
         let firewall_due = self.firewall_hold.due(now.instant);
         let t = Arc::new(t);
-        let converge = if full || changed || !self.converged_whole || firewall_due {
+        let converge = if full || changed || !self.converged_whole || firewall_due || changes.keys {
             // Forget the topology until it is applied: a failure retries on the next pass.
             self.topology = None;
             if full {

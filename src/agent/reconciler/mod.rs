@@ -64,6 +64,7 @@ pub use host_effects::{
 pub use mesh::{Convergence, FirewallStep};
 pub use pass::{MeshReport, PassAnswer, PassEffect};
 use pass::{Observed, Pass, Step};
+pub use pq::{Entropy, PqEffect, PqState};
 pub use timers::{Timer, Wake};
 
 /// How often kg refreshes its own `last-seen` (Kilo's fixed check-in period).
@@ -145,8 +146,8 @@ pub struct Reconciler {
     rotation: control::rotation::Rotation,
     /// When the key in use was made (Unix milliseconds), for `--key-rotation-period`.
     key_made_ms: i64,
-    /// The fingerprint of this node's ML-KEM key, published with `--post-quantum`.
-    pq_announcement: Option<control::pq::PqAnnouncement>,
+    /// The post-quantum links (`--post-quantum`).
+    pq: Option<pq::PqState>,
     /// When the periodic steps are next due ([`Reconciler::poll_timeout`]).
     timers: timers::TimerTable,
     /// The tunnels' recent counters, for the node condition.
@@ -209,7 +210,7 @@ impl Reconciler {
             ipam: Default::default(),
             rotation: Default::default(),
             key_made_ms: 0,
-            pq_announcement: None,
+            pq: None,
             mesh_watch: Default::default(),
             condition_book: Default::default(),
             peer_status_book: Default::default(),
@@ -387,9 +388,9 @@ impl Reconciler {
     pub fn end_pass(&mut self, now: Now) -> anyhow::Result<()> {
         self.readiness_batch.reconciled(now.instant);
         self.firewall_hold.reconciled(now.instant);
-        let (failure, converged) = match self.pass.take() {
-            Some(pass) => (pass.failure, pass.converged),
-            None => (None, None),
+        let (trigger, failure, converged) = match self.pass.take() {
+            Some(pass) => (Some(pass.trigger), pass.failure, pass.converged),
+            None => (None, None, None),
         };
         let outcome = match (&failure, converged) {
             (Some(_), _) | (None, Some(false)) => timers::PassOutcome::Failed,
@@ -398,6 +399,7 @@ impl Reconciler {
         };
         self.timers
             .pass_ended(outcome, now.instant, self.config.resync);
+        self.pq_pass_ended(trigger, outcome == timers::PassOutcome::Failed, now);
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
@@ -451,6 +453,7 @@ impl Reconciler {
             local: local_changed,
             dns: std::mem::take(&mut self.dns_changed),
             leases: self.leases.changed(),
+            keys: self.pq_keys_due(),
         };
         if changes.names_may_change() {
             self.track_dns_names(&local, now);

@@ -60,7 +60,7 @@ impl Reconciler {
             leader_election: self.leases_on(),
             leaders_per_location: self.config.leaders_per_location,
             next_key: self.rotation.next.as_ref().map(|n| n.key),
-            pq: self.pq_announcement,
+            pq: self.pq_announcement(),
             key_rotated: self
                 .rotation
                 .rotated_to_publish(

@@ -74,11 +74,6 @@ impl Reconciler {
         }
     }
 
-    /// Publishes `announced` as this node's `kilotun.io/pq` (`--post-quantum`).
-    pub fn set_pq_announcement(&mut self, announced: Option<control::pq::PqAnnouncement>) {
-        self.pq_announcement = announced;
-    }
-
     /// The key this node publishes and its device uses.
     pub fn public_key(&self) -> Key {
         self.public

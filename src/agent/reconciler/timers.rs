@@ -53,7 +53,7 @@ pub enum Wake {
     Pass(Trigger),
     /// Look these names up.
     Lookups(Vec<String>),
-    /// Run the post-quantum links' timers.
+    /// Carry out the post-quantum links' effects ([`Reconciler::poll_pq_effect`]).
     PostQuantum,
 }
 
@@ -67,8 +67,8 @@ pub(super) struct TimerTable {
     last_lookups: Option<Instant>,
     /// True when names can be looked up (kg has a resolver).
     lookups: bool,
-    /// When the post-quantum links are next due, as the driver last said.
-    post_quantum: Option<Instant>,
+    /// When the post-quantum links are next due.
+    pub(super) post_quantum: Option<Instant>,
     /// When a failed pass is tried again, and how many passes failed in a row.
     retry: Option<(Instant, u32)>,
 }
@@ -187,7 +187,7 @@ impl Reconciler {
             }
             Timer::PostQuantum => {
                 t.post_quantum = None;
-                Wake::PostQuantum
+                self.pq_timeout(now)
             }
         }
     }
@@ -195,11 +195,6 @@ impl Reconciler {
     /// Names may be looked up from now on (the driver has a resolver).
     pub fn enable_lookups(&mut self) {
         self.timers.lookups = true;
-    }
-
-    /// The post-quantum links are next due at `at` (`None`: nothing is due).
-    pub fn schedule_post_quantum(&mut self, at: Option<Instant>) {
-        self.timers.post_quantum = at;
     }
 
     /// When the readiness flips or the firewall write held back are due: `None` when none
