@@ -117,11 +117,18 @@ pub enum Reason {
     /// A node or Peer kg discovers behind NAT (a keepalive, or a Peer) now sends its
     /// handshakes from another address, and kg sends there (subject: the node or Peer).
     EndpointSwitched,
+    /// A candidate a node publishes in `kilotun.io/endpoints` is not tried (the accept
+    /// filter, a family this host lacks, no route outside the mesh), said once per candidate
+    /// and reason (subject: the node).
+    EndpointRefused,
+    /// kg left a peer's candidate for its next one (no handshake within the probe window, or
+    /// one that worked failed), subject: the node.
+    EndpointCandidateLeft,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 41] = [
+    pub const ALL: [Reason; 43] = [
         Self::BadAnnotation,
         Self::BadPeer,
         Self::RangeDropped,
@@ -163,6 +170,8 @@ impl Reason {
         Self::LinkUp,
         Self::PostQuantumFallback,
         Self::EndpointSwitched,
+        Self::EndpointRefused,
+        Self::EndpointCandidateLeft,
     ];
 
     /// Its name, as in `/status` and in a Kubernetes Event's `reason`.
@@ -209,6 +218,8 @@ impl Reason {
             Self::LinkUp => "LinkUp",
             Self::PostQuantumFallback => "PostQuantumFallback",
             Self::EndpointSwitched => "EndpointSwitched",
+            Self::EndpointRefused => "EndpointRefused",
+            Self::EndpointCandidateLeft => "EndpointCandidateLeft",
         }
     }
 
@@ -235,7 +246,8 @@ impl Reason {
             | Self::PeerStatusRefused
             | Self::AllowedIpEditRefused
             | Self::LinkDown
-            | Self::PostQuantumFallback => EventKind::Warning,
+            | Self::PostQuantumFallback
+            | Self::EndpointRefused => EventKind::Warning,
             Self::NoEndpoint
             | Self::NotReady
             | Self::BackendReachable
@@ -256,7 +268,8 @@ impl Reason {
             | Self::Replaced
             | Self::Removed
             | Self::LinkUp
-            | Self::EndpointSwitched => EventKind::Normal,
+            | Self::EndpointSwitched
+            | Self::EndpointCandidateLeft => EventKind::Normal,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod condition;
 pub mod desired;
 pub mod diagnosis;
 pub mod dns;
+pub mod endpoints;
 pub mod fixtures;
 pub mod fuzzing;
 pub mod graph;

@@ -123,6 +123,9 @@ pub struct Node {
     /// The fingerprint of its ML-KEM key (`kilotun.io/pq`): its agent takes part in
     /// post-quantum preshared keys.
     pub pq: Option<crate::pq::PqAnnouncement>,
+    /// Every address its agent says it can be reached at (`kilotun.io/endpoints`), in its
+    /// order of preference; empty for Kilo's agent (see [`crate::endpoints`]).
+    pub endpoint_candidates: Vec<SocketAddr>,
 }
 
 /// A bad annotation value: which node, which annotation, what value, and why.

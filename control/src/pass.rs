@@ -25,6 +25,8 @@ pub enum Trigger {
     Key,
     /// Post-quantum preshared keys changed ([`crate::pq`]): the device takes them.
     PostQuantum,
+    /// A peer moved to another endpoint candidate ([`crate::endpoints`]): the device takes it.
+    Endpoints,
     /// The last pass failed and its backoff ran out: the host is listed and every part
     /// compared again.
     Retry,
@@ -60,6 +62,8 @@ pub struct Changes {
     pub leases: bool,
     /// The post-quantum preshared keys differ from the device's.
     pub keys: bool,
+    /// A peer moved to another endpoint candidate.
+    pub endpoints: bool,
 }
 
 impl Changes {
@@ -106,6 +110,7 @@ impl Changes {
             || self.local
             || self.dns
             || self.keys
+            || self.endpoints
             || leaders_changed
             || !settled
     }

@@ -118,6 +118,65 @@ pub struct PeerStatus {
     /// The link's post-quantum preshared key, when this node runs with `--post-quantum`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_quantum: Option<PqLinkStatus>,
+    /// The endpoint candidates of a leader that publishes them (`kilotun.io/endpoints`):
+    /// which is in use and why the others are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<CandidatesStatus>,
+}
+
+/// A peer's endpoint candidates, as kg reports them at `/status` (see `crate::endpoints`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CandidatesStatus {
+    /// The candidate in use (`None`: every one refused, Kilo's endpoint is used).
+    pub in_use: Option<String>,
+    /// `only` (one usable candidate), `probing` (no handshake on it yet) or `working`.
+    pub state: String,
+    /// The candidates kg tries, in order.
+    pub usable: Vec<String>,
+    /// The candidates kg does not try, with why.
+    pub refused: Vec<CandidateNote>,
+    /// The latest candidates kg left, with why and when, oldest first.
+    pub left: Vec<CandidateNote>,
+}
+
+/// One candidate and what kg says of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateNote {
+    /// The candidate.
+    pub endpoint: String,
+    /// Why it is refused, or was left.
+    pub why: String,
+    /// When it was left (Unix time; `None` for a refusal).
+    #[serde(default)]
+    pub at_unix: Option<i64>,
+}
+
+impl From<&crate::endpoints::ProbeStatus> for CandidatesStatus {
+    fn from(p: &crate::endpoints::ProbeStatus) -> Self {
+        Self {
+            in_use: p.in_use.map(|a| a.to_string()),
+            state: p.state.as_str().to_string(),
+            usable: p.usable.iter().map(ToString::to_string).collect(),
+            refused: p
+                .refused
+                .iter()
+                .map(|r| CandidateNote {
+                    endpoint: r.endpoint.to_string(),
+                    why: r.why.clone(),
+                    at_unix: None,
+                })
+                .collect(),
+            left: p
+                .left
+                .iter()
+                .map(|l| CandidateNote {
+                    endpoint: l.endpoint.to_string(),
+                    why: l.why.clone(),
+                    at_unix: Some(l.at_ms.div_euclid(1000)),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Where a link's post-quantum preshared key stands.

@@ -48,6 +48,9 @@ pub struct Segment {
     pub public_key: Key,
     /// The leader's endpoint.
     pub endpoint: Option<Endpoint>,
+    /// Every address the leader says it can be reached at (`kilotun.io/endpoints`), in its
+    /// order; empty for Kilo's agent.
+    pub endpoint_candidates: Vec<SocketAddr>,
     /// The leader's persistent keepalive (non-zero marks it as NATed).
     pub persistent_keepalive: u16,
     /// The leader's WireGuard IP.
@@ -197,6 +200,9 @@ pub struct Topology {
     pub wireguard_cidr: IpNet,
     /// NAT endpoints known: the local node's, then other nodes' in segment order.
     pub discovered_endpoints: BTreeMap<Key, SocketAddr>,
+    /// The candidate in use per leader that publishes several (see [`crate::endpoints`]):
+    /// empty as computed, set by the agent's probing.
+    pub chosen_endpoints: BTreeMap<Key, SocketAddr>,
     /// Allowed IPs dropped while building (conflicts), for logging.
     pub dropped: Vec<Dropped>,
     /// The granularity the topology was built with.
@@ -325,6 +331,7 @@ impl Topology {
             kilo_subnet: params.subnet,
             wireguard_cidr: params.subnet,
             discovered_endpoints: local.discovered_endpoints.clone(),
+            chosen_endpoints: BTreeMap::new(),
             dropped: Vec::new(),
             granularity: params.granularity,
             local_location: local.location.clone(),
@@ -385,6 +392,7 @@ impl Topology {
                 leader,
                 public_key: head.key.unwrap_or(Key([0; 32])),
                 endpoint: head.endpoint.clone(),
+                endpoint_candidates: head.endpoint_candidates.clone(),
                 persistent_keepalive: head.persistent_keepalive,
                 wireguard_ip,
                 allowed_ips,
@@ -523,22 +531,6 @@ impl Topology {
     pub fn local_segment(&self) -> Option<&Segment> {
         self.segments.iter().find(|s| s.key == self.location)
     }
-
-    /// The endpoint to use for a target: its discovered endpoint when the target's
-    /// keepalive is non-zero and one is known, else its configured endpoint.
-    pub fn effective_endpoint(
-        &self,
-        endpoint: Option<&Endpoint>,
-        key: &Key,
-        keepalive: u16,
-    ) -> Option<Endpoint> {
-        if keepalive > 0 {
-            if let Some(addr) = self.discovered_endpoints.get(key) {
-                return Some(Endpoint::from_addr(*addr));
-            }
-        }
-        endpoint.cloned()
-    }
 }
 
 /// A WireGuard peer with no allowed IPs, kept for its handshakes.
@@ -555,6 +547,7 @@ pub struct StandbyPeer {
     pub persistent_keepalive: u16,
 }
 
+mod endpoint;
 pub mod shares;
 #[cfg(test)]
 mod tests;

@@ -220,6 +220,9 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             }
         }
         self.record.device = Some(desired);
+        for peer in &write.handshake {
+            self.wg.rekey(peer);
+        }
         Ok(outcome)
     }
 

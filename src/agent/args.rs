@@ -161,6 +161,22 @@ pub struct KgArgs {
     /// least 10s).
     #[arg(long, default_value = "2m")]
     pub psk_rotation_period: String,
+    /// kilotun: how long a peer's endpoint candidate (`kilotun.io/endpoints`) has to complete
+    /// a handshake before kg tries the next one (a Go duration, at least 1s).
+    #[arg(long, default_value = "15s")]
+    pub endpoint_probe_window: String,
+    /// kilotun: which of this node's addresses kg publishes as candidates: comma-separated
+    /// CIDRs, `!CIDR` to exclude (empty: every usable address).
+    #[arg(long, default_value = "")]
+    pub advertise_endpoints: String,
+    /// kilotun: which of a peer's candidates kg tries: comma-separated CIDRs, `!CIDR` to
+    /// exclude (empty: every one).
+    #[arg(long, default_value = "")]
+    pub accept_endpoints: String,
+    /// kilotun: which family of a peer's candidates kg tries first: auto (the list's order,
+    /// among the families this host has), ipv4 or ipv6.
+    #[arg(long, default_value = "auto")]
+    pub underlay_family: String,
     /// kilotun: where each node's pods live. node: the Nodes' spec.podCIDRs (Kilo's); calico:
     /// Calico's block affinities and the addresses it lends out of other nodes' blocks;
     /// cilium: the CiliumNode pod ranges (cluster-pool and multi-pool IPAM); pods: the
@@ -242,6 +258,10 @@ pub struct Settings {
     pub key_rotation: Option<Duration>,
     /// `--psk-rotation-period`.
     pub psk_rotation: Duration,
+    /// `--advertise-endpoints`.
+    pub advertise_endpoints: control::endpoints::EndpointFilter,
+    /// `--endpoint-probe-window`, `--accept-endpoints` and `--underlay-family`.
+    pub probe_rules: control::endpoints::ProbeRules,
 }
 
 impl Settings {
@@ -268,6 +288,8 @@ impl Settings {
             cni: a.cni,
             local: a.local,
             forward_rules: a.iptables_forward_rules,
+            advertise_endpoints: self.advertise_endpoints.clone(),
+            probe_rules: self.probe_rules.clone(),
         }
     }
 
@@ -374,6 +396,30 @@ impl KgArgs {
         if psk_rotation < Duration::from_secs(10) {
             bail!("--psk-rotation-period: {psk_rotation:?} is too short (minimum 10s)");
         }
+        let window =
+            parse_duration(&self.endpoint_probe_window).context("--endpoint-probe-window")?;
+        if window < Duration::from_secs(1) {
+            bail!("--endpoint-probe-window: {window:?} is too short (minimum 1s)");
+        }
+        let filter = |flag: &str, text: &str| {
+            control::endpoints::EndpointFilter::parse(text)
+                .map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+        };
+        let advertise_endpoints = filter("advertise-endpoints", &self.advertise_endpoints)?;
+        let probe_rules = control::endpoints::ProbeRules {
+            window,
+            accept: filter("accept-endpoints", &self.accept_endpoints)?,
+            family: control::endpoints::UnderlayFamily::parse(&self.underlay_family).with_context(
+                || {
+                    format!(
+                        "--underlay-family: {:?} is not one of auto, ipv4, ipv6",
+                        self.underlay_family
+                    )
+                },
+            )?,
+            ipv4: true,
+            ipv6: true,
+        };
         let mtu = match self.mtu.as_str() {
             "auto" => Mtu::Auto,
             n => match n.parse::<u32>() {
@@ -410,6 +456,8 @@ impl KgArgs {
             mtu,
             key_rotation,
             psk_rotation,
+            advertise_endpoints,
+            probe_rules,
             args: self,
         })
     }
@@ -421,120 +469,4 @@ fn os_hostname() -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Settings> {
-        let mut full = vec!["kg", "--hostname=n1"];
-        full.extend_from_slice(args);
-        KgArgs::try_parse_from(full)?.settings()
-    }
-
-    #[test]
-    fn version_names_the_target_it_was_built_for() {
-        use clap::CommandFactory;
-        let version = KgArgs::command().render_version();
-        assert!(version.starts_with("kg "), "{version}");
-        assert!(version.contains(crate::TARGET), "{version}");
-        // The triple is the one this binary runs as (under qemu-user too).
-        // (armv7-… and armv6-… triples both run as "arm".)
-        let arch = std::env::consts::ARCH;
-        assert!(
-            crate::TARGET.starts_with(arch),
-            "{} vs {arch}",
-            crate::TARGET
-        );
-    }
-
-    #[test]
-    fn defaults_match_kilo() {
-        let s = parse(&[]).unwrap();
-        assert_eq!(s.args.backend, BackendKind::Kubernetes);
-        assert!(s.args.clean_up && s.args.cni && s.args.create_interface && s.args.local);
-        assert_eq!(s.args.wireguard, WireGuardChoice::Embedded);
-        assert!(!s.args.clean_up_interface && !s.args.iptables_forward_rules);
-        assert_eq!(s.args.interface, "kilo0");
-        assert_eq!(s.args.listen, ":1107");
-        assert_eq!(s.args.port, 51820);
-        assert_eq!(s.subnet.to_string(), "10.4.0.0/16");
-        assert_eq!(s.resync, Duration::from_secs(30));
-        assert_eq!(s.mtu, Mtu::Auto);
-        assert_eq!(s.granularity, Granularity::Location);
-        assert_eq!(s.encapsulate, Encapsulate::Always);
-        assert_eq!(s.args.topology_label, "topology.kubernetes.io/region");
-        assert_eq!(
-            s.args.cni_path,
-            PathBuf::from("/etc/cni/net.d/10-kilo.conflist")
-        );
-    }
-
-    #[test]
-    fn go_style_booleans_and_repeatable_flags() {
-        let s = parse(&[
-            "--local=false",
-            "--cni=false",
-            "--clean-up",
-            "--internal-cidr=10.0.0.0/8",
-            "--internal-cidr",
-            "192.168.0.0/16",
-        ])
-        .unwrap();
-        assert!(!s.args.local && !s.args.cni && s.args.clean_up);
-        assert_eq!(s.internal_cidrs.len(), 2);
-    }
-
-    #[test]
-    fn internal_cidrs_take_ipv6_prefixes() {
-        let s = parse(&["--internal-cidr=fd50::/64", "--internal-cidr=2001:db8::/32"]).unwrap();
-        assert_eq!(
-            s.internal_cidrs,
-            [
-                "fd50::/64".parse::<IpNet>().unwrap(),
-                "2001:db8::/32".parse().unwrap()
-            ]
-        );
-        for bad in ["--internal-cidr=fd50::zz/64", "--internal-cidr=fd50::/129"] {
-            let err = format!("{:#}", parse(&[bad]).unwrap_err());
-            assert!(err.contains("--internal-cidr"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn bad_flags_are_named() {
-        for (args, needle) in [
-            (vec!["--mesh-granularity=crisscross"], "--mesh-granularity"),
-            (vec!["--encapsulate=sometimes"], "--encapsulate"),
-            (vec!["--subnet=10.4.0.0"], "--subnet"),
-            (vec!["--resync-period=soon"], "--resync-period"),
-            (vec!["--mtu=9"], "--mtu"),
-            (vec!["--compatibility=calico"], "--compatibility"),
-            (vec!["--backend=file"], "--cluster-dir"),
-            (vec!["--service-cidr=nope"], "--service-cidr"),
-            (vec!["--interface=this-name-is-far-too-long"], "--interface"),
-            (vec!["--key-rotation-period=30s"], "--key-rotation-period"),
-            (vec!["--key-rotation-period=soon"], "--key-rotation-period"),
-            (vec!["--psk-rotation-period=1s"], "--psk-rotation-period"),
-        ] {
-            let err = format!("{:#}", parse(&args).unwrap_err());
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn the_key_rotation_period_is_off_unless_given() {
-        assert_eq!(parse(&[]).unwrap().key_rotation, None);
-        let s = parse(&["--key-rotation-period=24h"]).unwrap();
-        assert_eq!(s.key_rotation, Some(Duration::from_secs(86_400)));
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert!(parse_duration("30").is_err());
-        let too_long = parse_duration("100000000000000000000h")
-            .unwrap_err()
-            .to_string();
-        assert!(too_long.contains("too long"), "{too_long}");
-    }
-}
+mod tests;

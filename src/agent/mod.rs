@@ -44,6 +44,7 @@ mod apply;
 pub mod args;
 mod cni;
 mod condition;
+mod endpoints;
 mod firewall_ready;
 pub mod host;
 mod lease;
@@ -289,6 +290,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                     return None;
                 }
                 Wake::PostQuantum => None,
+                Wake::ReadPeers => {
+                    if self.read_for_endpoints(now) == 0 {
+                        self.publish_events(now);
+                        return None;
+                    }
+                    Some(Trigger::Endpoints)
+                }
             },
         };
         // The post-quantum links' effects, outside a pass; a change of their keys asks for
@@ -322,6 +330,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         }
         self.tend_condition(now).await;
         self.tend_peer_status(now).await;
+        self.publish_candidates();
         self.carry_out_pq(now);
         self.publish_events(now);
         Some(settled)

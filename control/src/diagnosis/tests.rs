@@ -36,6 +36,7 @@ fn peer_status(name: &str, leader: &str, key: &str) -> PeerStatus {
         refused_responses: 0,
         unused_answers: 0,
         post_quantum: None,
+        candidates: None,
     }
 }
 

@@ -65,8 +65,13 @@ pub const KEY_ROTATED: &str = "kilotun.io/key-rotated";
 /// post-quantum preshared keys (see `crate::pq`).
 pub const PQ: &str = "kilotun.io/pq";
 
+/// Written by kilotun's kg (not Kilo's): every `address:port` a peer could reach this node
+/// at, comma-separated, IPv6 in brackets, in preference order (see `crate::endpoints`). Kilo's
+/// agents read only [`ENDPOINT`], which kg writes as before.
+pub const ENDPOINTS: &str = "kilotun.io/endpoints";
+
 /// Every annotation kg writes, in the order it writes them (and the earlier one it removes).
-pub const WRITTEN: [&str; 15] = [
+pub const WRITTEN: [&str; 16] = [
     ENDPOINT,
     INTERNAL_IP,
     KEY,
@@ -81,5 +86,6 @@ pub const WRITTEN: [&str; 15] = [
     NEXT_KEY,
     KEY_ROTATED,
     PQ,
+    ENDPOINTS,
     LEADERS_PER_LOCATION,
 ];

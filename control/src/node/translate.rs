@@ -288,6 +288,20 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             }
         }
     });
+    let endpoint_candidates = match r.get(a::ENDPOINTS).map(str::to_string) {
+        Some(text) => {
+            let (found, left_out) = crate::endpoints::parse_candidates(&text);
+            for (entry, why) in left_out {
+                r.problem(
+                    a::ENDPOINTS,
+                    &entry,
+                    format!("{why}; this entry is skipped"),
+                );
+            }
+            found
+        }
+        None => Vec::new(),
+    };
     let problems = r.problems;
     (
         Node {
@@ -315,6 +329,7 @@ pub fn translate_node(node: &KubeNode, topology_label: &str) -> (Node, Vec<Annot
             older_shares,
             next_key,
             pq,
+            endpoint_candidates,
         },
         problems,
     )

@@ -90,6 +90,9 @@ pub struct WrittenAnnotations {
     pub key_rotated: Option<String>,
     /// The ML-KEM key's fingerprint, with `--post-quantum`.
     pub pq: Option<crate::pq::PqAnnouncement>,
+    /// Every `address:port` a peer could reach this node at (`kilotun.io/endpoints`, written
+    /// only when there is one).
+    pub endpoints: Vec<SocketAddr>,
 }
 
 impl WrittenAnnotations {
@@ -139,6 +142,12 @@ impl WrittenAnnotations {
                 .map(|k| (a::NEXT_KEY.to_string(), k.to_base64())),
         )
         .chain(self.pq.map(|pq| (a::PQ.to_string(), pq.format())))
+        .chain((!self.endpoints.is_empty()).then(|| {
+            (
+                a::ENDPOINTS.to_string(),
+                crate::endpoints::encode_candidates(&self.endpoints),
+            )
+        }))
         .chain(
             self.key_rotated
                 .clone()

@@ -282,6 +282,7 @@ mod tests {
             next_key: None,
             key_rotated: None,
             pq: None,
+            endpoints: Vec::new(),
         }
     }
 

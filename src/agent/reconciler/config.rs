@@ -52,4 +52,9 @@ pub struct Config {
     pub local: bool,
     /// True when kg writes FORWARD rules for the pods (`--iptables-forward-rules`).
     pub forward_rules: bool,
+    /// Which local addresses go into `kilotun.io/endpoints` (`--advertise-endpoints`).
+    pub advertise_endpoints: control::endpoints::EndpointFilter,
+    /// How a peer's candidates are picked (`--endpoint-probe-window`, `--accept-endpoints`,
+    /// `--underlay-family`; the host's families are set when it is listed).
+    pub probe_rules: control::endpoints::ProbeRules,
 }

@@ -246,6 +246,7 @@ impl Reconciler {
                     leader: c.topology.leader,
                     first: !self.host_book.engine_configured,
                     psks: self.pq_device_write(),
+                    handshake: self.endpoint_probes.take_moved(),
                 };
                 let effect = HostEffect::ConfigureDevice(write);
                 (

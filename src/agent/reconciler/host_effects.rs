@@ -78,6 +78,9 @@ pub struct DeviceWrite {
     /// The post-quantum preshared keys, by peer (a Peer's own preshared key stays where
     /// none is given).
     pub psks: std::collections::BTreeMap<control::Key, dataplane::SecretKey>,
+    /// Peers moved to another endpoint candidate: the device starts a handshake with each at
+    /// once, so the new candidate is tried without waiting for the device's retry timer.
+    pub handshake: Vec<control::Key>,
 }
 
 /// What configuring the device found, for the journal ([`HostAnswer::Device`]).

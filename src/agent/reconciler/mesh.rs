@@ -112,8 +112,9 @@ impl Reconciler {
             leaders_per_location: self.leaders_per_location(&nodes),
             kept_out: self.leases.kept_out(),
         };
-        let t = Topology::with_leaders(&nodes, &peers, &params, &self.leases.leader_names())?
+        let mut t = Topology::with_leaders(&nodes, &peers, &params, &self.leases.leader_names())?
             .with_standby(&nodes, &self.leases.verifiers());
+        self.choose_endpoints(&mut t, now);
         let changed = self.topology.as_deref() != Some(&t);
         if changed {
             self.say_what_the_topology_drops(&t);

@@ -31,19 +31,20 @@ use control::journal::{Event, Journal, Reason};
 use control::node::Node;
 use control::pass::{Changes, Trigger};
 use control::table::{differs_beyond_check_in, NodeTable};
-use control::{translate_peer, Key, Peer, Topology};
+use control::{Key, Peer, Topology};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
 use crate::agent::host::local::{self, ProblemLog};
 use crate::agent::host::{DetectionInputs, HostView};
-use crate::backend::Snapshot;
 
 mod condition;
 mod config;
 mod converge;
+mod endpoints;
 mod events;
 mod host_book;
 mod host_effects;
+mod ingest;
 mod ipam;
 mod mesh;
 mod pass;
@@ -162,6 +163,10 @@ pub struct Reconciler {
     host_book: host_book::HostBook,
     /// The WireGuard link's index.
     kilo_index: u32,
+    /// Which of each peer's endpoint candidates is in use ([`control::endpoints`]).
+    endpoint_probes: control::endpoints::EndpointProbes,
+    /// True when a peer moved to another candidate since the mesh was last computed.
+    endpoints_moved: bool,
 }
 
 impl Reconciler {
@@ -174,6 +179,8 @@ impl Reconciler {
         now: Now,
     ) -> Self {
         Self {
+            endpoint_probes: control::endpoints::EndpointProbes::new(config.probe_rules.clone()),
+            endpoints_moved: false,
             table: NodeTable::new(&config.topology_label),
             dns: DnsBook::new(config.resync),
             timers: timers::TimerTable::new(now.instant),
@@ -254,75 +261,6 @@ impl Reconciler {
     /// Errors for `/status` said since the last call.
     pub fn take_errors(&mut self) -> Vec<String> {
         std::mem::take(&mut self.errors)
-    }
-
-    /// Takes in what changed in `snapshot` at `now`: brings the node table to it, through the
-    /// change log when it reaches back to the last revision seen (else every Node is
-    /// compared), and re-translates the Peers when they changed. Costs in proportion to the
-    /// changes and keeps nothing of `snapshot` but the shared objects, so the backend never
-    /// has to copy a snapshot a reader still holds.
-    pub fn ingest(&mut self, snapshot: &Snapshot, now: Now) {
-        self.listed |= snapshot.listed.all();
-        self.local_object = snapshot.nodes.get(&self.config.hostname).cloned();
-        if let (Some(sent), Some(object)) = (&mut self.last_patch, &self.local_object) {
-            sent.observe(
-                object
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .unwrap_or(&BTreeMap::new()),
-            );
-        }
-        self.leases.ingest(&snapshot.leases, now.unix_ms);
-        self.ingested_at = Some(now);
-        let table = &mut self.table;
-        let mut translated = Vec::new();
-        match self.revision.and_then(|r| snapshot.changes.since(r)) {
-            Some(names) => {
-                for name in names {
-                    let object = snapshot.nodes.get(name);
-                    if let Some(problems) = table.update(name, object) {
-                        translated.push((name.to_string(), problems));
-                    }
-                }
-            }
-            None => translated = table.sync(&snapshot.nodes),
-        }
-        self.revision = Some(snapshot.changes.revision());
-        let ipam_revision = snapshot.changes.ipam_revision();
-        self.take_ipam(&snapshot.ipam, ipam_revision, snapshot.listed.ipam);
-        for (name, problems) in translated {
-            for line in self.problems.fresh(&name, &problems) {
-                self.journal.record(
-                    Reason::BadAnnotation,
-                    &name,
-                    format!("bad annotation on node {line}"),
-                );
-            }
-        }
-        let peer_revision = snapshot.changes.peer_revision();
-        if self.peer_revision == Some(peer_revision) {
-            return;
-        }
-        self.peer_revision = Some(peer_revision);
-        let mut peers: Vec<Peer> = Vec::with_capacity(snapshot.peers.len());
-        for (name, object) in &snapshot.peers {
-            let lines = match object.validate() {
-                Ok(()) => {
-                    peers.push(translate_peer(object));
-                    Vec::new()
-                }
-                Err(e) => vec![format!("{name}: {e}; ignoring this Peer")],
-            };
-            for line in self.problems.fresh_lines(&format!("peer/{name}"), lines) {
-                self.journal
-                    .record(Reason::BadPeer, name, format!("bad Peer {line}"));
-            }
-        }
-        if peers != self.peers {
-            self.peers = peers;
-            self.peers_changed = true;
-        }
     }
 
     /// Takes in that the WireGuard device stopped carrying packets, and why (its TUN link was
@@ -454,6 +392,7 @@ impl Reconciler {
             dns: std::mem::take(&mut self.dns_changed),
             leases: self.leases.changed(),
             keys: self.pq_keys_due(),
+            endpoints: std::mem::take(&mut self.endpoints_moved),
         };
         if changes.names_may_change() {
             self.track_dns_names(&local, now);

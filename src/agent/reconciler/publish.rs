@@ -61,6 +61,7 @@ impl Reconciler {
             leaders_per_location: self.config.leaders_per_location,
             next_key: self.rotation.next.as_ref().map(|n| n.key),
             pq: self.pq_announcement(),
+            endpoints: self.published_candidates(local, annotations),
             key_rotated: self
                 .rotation
                 .rotated_to_publish(

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::backend::Snapshot;
 use control::clock::Now;
 use control::desired::ResolvedLinks;
 use control::fixtures::{kube_node, node};
@@ -38,7 +39,12 @@ struct PassLog {
     patch: Option<local::AnnotationPatch>,
     /// True when the pass ended with a failure.
     failed: bool,
+    /// The device write's peers (key, endpoint) and the peers it handshakes with at once.
+    device: Option<DeviceRecord>,
 }
+
+/// A device write as the log keeps it: the peers (key, endpoint) and the keys handshaken at once.
+type DeviceRecord = (Vec<(Key, Option<String>)>, Vec<Key>);
 
 /// One reconciler, the snapshot it reads, the host's links, addresses and routes as the
 /// netlink shell would list them, a manual clock, and whether the shells succeed.
@@ -268,7 +274,12 @@ impl Bench {
                 None
             }
             HostEffect::ReadEndpoints => Some(HostAnswer::Endpoints(Ok(Vec::new()))),
-            HostEffect::ConfigureDevice(_) => Some(HostAnswer::Device(if self.converge_ok {
+            HostEffect::ConfigureDevice(write) => Some(HostAnswer::Device(if self.converge_ok {
+                let peers = write.conf.peers.iter();
+                let endpoints = peers
+                    .map(|p| (p.public_key, p.endpoint.as_ref().map(ToString::to_string)))
+                    .collect();
+                log.device = Some((endpoints, write.handshake));
                 Ok(DeviceOutcome::default())
             } else {
                 Err(failed("device"))
@@ -521,5 +532,6 @@ fn an_unreachable_backend_freezes_readiness_and_keeps_the_mesh() {
 }
 
 mod converge;
+mod endpoints;
 mod failures;
 mod ipam;

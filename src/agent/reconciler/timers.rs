@@ -44,6 +44,8 @@ pub enum Timer {
     Lookups,
     /// The post-quantum links' timers are due.
     PostQuantum,
+    /// A peer's endpoint candidate may have failed: the device's readings are wanted.
+    Endpoints,
 }
 
 /// What a timer's firing asks of the driver ([`Reconciler::on_timeout`]).
@@ -55,6 +57,8 @@ pub enum Wake {
     Lookups(Vec<String>),
     /// Carry out the post-quantum links' effects ([`Reconciler::poll_pq_effect`]).
     PostQuantum,
+    /// Read the device's peers and hand them to [`Reconciler::endpoint_readings`].
+    ReadPeers,
 }
 
 /// The periodic timers' next moments, and what the table holds for the driver's own work.
@@ -148,6 +152,7 @@ impl Reconciler {
             (lookups, Timer::Lookups),
             (t.retry.map(|(at, _)| at), Timer::Retry),
             (t.post_quantum, Timer::PostQuantum),
+            (self.endpoint_probes.next_check(), Timer::Endpoints),
         ]
         .into_iter()
         .filter_map(|(at, timer)| Some((at?, timer)))
@@ -189,6 +194,7 @@ impl Reconciler {
                 t.post_quantum = None;
                 self.pq_timeout(now)
             }
+            Timer::Endpoints => Wake::ReadPeers,
         }
     }
 

@@ -239,6 +239,9 @@ pub struct Metrics {
     pub reconciles: Counter,
     /// `kilotun_dns_resolution_failures_total`.
     pub dns_failures: Counter,
+    /// `kilotun_endpoint_changes_total`: peers kg moved to another of their endpoint
+    /// candidates.
+    pub endpoint_changes: Counter,
     /// `kilotun_wireguard_configurations_total`: configurations applied that changed the
     /// WireGuard device.
     pub device_changes: Counter,
@@ -293,6 +296,7 @@ impl Metrics {
             peers: Gauge::default(),
             reconciles: Counter::default(),
             dns_failures: Counter::default(),
+            endpoint_changes: Counter::default(),
             device_changes: Counter::default(),
             allowed_ips_updates: Family::default(),
             peer_status_writes: Counter::default(),
@@ -327,6 +331,11 @@ impl Metrics {
             "kilotun_dns_resolution_failures",
             "DNS endpoint lookups that failed",
             m.dns_failures.clone(),
+        );
+        registry.register(
+            "kilotun_endpoint_changes",
+            "Peers moved to another of their endpoint candidates",
+            m.endpoint_changes.clone(),
         );
         registry.register(
             "kilotun_wireguard_configurations",

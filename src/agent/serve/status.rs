@@ -61,6 +61,9 @@ pub struct Published {
     /// With `--post-quantum`: the state of each link that takes part, by the peer's public key
     /// (base64).
     pub post_quantum: Option<BTreeMap<String, PqLinkStatus>>,
+    /// The endpoint candidates of each leader that publishes them, by its public key
+    /// (base64).
+    pub candidates: BTreeMap<String, control::status::CandidatesStatus>,
 }
 
 /// How far this kg's engine is from carrying traffic, as `/ready` answers it.
@@ -388,6 +391,7 @@ pub async fn collect(
                     String::new(),
                     String::new(),
                 ));
+                let candidates = published.candidates.get(&key).cloned();
                 let post_quantum = published
                     .post_quantum
                     .as_ref()
@@ -409,6 +413,7 @@ pub async fn collect(
                     refused_responses: s.refused_responses,
                     unused_answers: s.unused_answers,
                     post_quantum,
+                    candidates,
                 });
             }
             status.drops = drops

@@ -38,6 +38,7 @@ fn written_annotations_use_kilos_formats() {
         next_key: None,
         key_rotated: None,
         pq: None,
+        endpoints: Vec::new(),
     };
     let map = written.to_map();
     assert_eq!(map[a::ENDPOINT], "[fd00::1]:51820");
@@ -53,7 +54,8 @@ fn written_annotations_use_kilos_formats() {
     // election, the number of leaders per location only above 1.
     // Neither lease election nor shares by default; the earlier shares annotation never.
     // No rotation under way or carried out: neither next-key nor key-rotated.
-    assert_eq!(map.len(), annotation::WRITTEN.len() - 6);
+    // No candidates: no kilotun.io/endpoints.
+    assert_eq!(map.len(), annotation::WRITTEN.len() - 7);
     let with_lease = WrittenAnnotations {
         leader_election: true,
         leaders_per_location: 1,
@@ -105,6 +107,10 @@ fn a_node_written_by_kg_reads_back_the_same() {
             fingerprint: [5; 32],
             falls_back: true,
         }),
+        endpoints: vec![
+            "10.1.0.1:51820".parse().unwrap(),
+            "[2001:db8::1]:51820".parse().unwrap(),
+        ],
     };
     let map = written.to_map();
     let pairs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -123,5 +129,7 @@ fn a_node_written_by_kg_reads_back_the_same() {
     assert_eq!(n.second_internal_ip, Some(net("fd00::1/64")));
     assert_eq!(n.next_key, written.next_key);
     assert_eq!(n.pq, written.pq);
+    assert_eq!(n.endpoint_candidates, written.endpoints);
+    assert_eq!(map[a::ENDPOINTS], "10.1.0.1:51820,[2001:db8::1]:51820");
     assert!(n.is_ready(30));
 }
