@@ -121,7 +121,8 @@ pub struct PeerStats {
     pub public_key: PublicKey,
     /// The endpoint in use now: configured, or learned from the last authenticated packet.
     pub endpoint: Option<SocketAddr>,
-    /// Wall-clock time of the last completed handshake.
+    /// Wall-clock time of the last completed handshake: a response received to this end's
+    /// initiation, or the first data after this end answered one (as the kernel counts).
     pub last_handshake: Option<SystemTime>,
     /// Since when data or handshake initiations sent to this peer have had no answer: the
     /// oldest one sent after the last authenticated message from it. `None` while nothing

@@ -18,6 +18,7 @@ mod kg_cross;
 mod kg_ddns_nat;
 mod kg_diagnose;
 mod kg_dual_stack;
+mod kg_endpoints;
 mod kg_failover;
 mod kg_faults;
 mod kg_guard;

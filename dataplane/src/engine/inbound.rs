@@ -293,7 +293,10 @@ impl Engine {
         // source and count it.
         core.last_received = Some(now);
         core.unanswered_since = None;
-        core.answer_unused = false;
+        if std::mem::take(&mut core.answer_unused) {
+            // Data after our answer to an initiation: the responder's handshake completed.
+            Self::note_handshake(now, shared, core);
+        }
         core.refused_responses = 0;
         core.unused_answers = 0;
         shared.note_heard();
@@ -443,9 +446,12 @@ impl Engine {
         if matches!(message_type, HANDSHAKE_INITIATION | HANDSHAKE_RESPONSE) {
             core.initiation_pending = false;
             core.eager_retry = None;
-            core.last_handshake = Some(now);
-            core.gave_up = false;
-            shared.handshakes.fetch_add(1, Ordering::Relaxed);
+        }
+        if message_type == HANDSHAKE_RESPONSE {
+            // The initiator's handshake is complete. The responder's completes when data
+            // comes on the session (`note_opened`), as in the kernel's WireGuard: an answer
+            // lost on its way back must not read as a handshake.
+            Self::note_handshake(now, shared, core);
         }
         if replied {
             // A session just came up: send what the tunnel queued while it had none.
@@ -454,6 +460,13 @@ impl Engine {
         }
         peer.add_rx(datagram.len());
         Ok(())
+    }
+
+    /// Notes a completed handshake: its time (`wg show latest-handshakes`) and count.
+    fn note_handshake(now: Instant, shared: &PeerShared, core: &mut PeerCore) {
+        core.last_handshake = Some(now);
+        core.gave_up = false;
+        shared.handshakes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sends the packets the tunnel queued while it had no session.

@@ -41,6 +41,7 @@ pub(crate) struct PeerCore {
     pub(crate) local: Option<LocalAddr>,
     pub(crate) last_sent: Option<Instant>,
     pub(crate) last_received: Option<Instant>,
+    /// When the last handshake completed (see `PeerStats::last_handshake`).
     pub(crate) last_handshake: Option<Instant>,
     /// Set when persistent keepalive was just enabled: send one at the next timer tick.
     pub(crate) keepalive_due: bool,

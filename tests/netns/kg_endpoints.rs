@@ -1,0 +1,242 @@
+//! End-to-end: a node with several addresses publishes them as endpoint candidates, and its
+//! peer walks them until one completes a handshake (`kg` in namespaces, file backend).
+
+use crate::common;
+use control::journal::Reason;
+use control::status::CandidatesStatus;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, NodeSpec};
+
+/// The endpoint `on`'s device sends to for `peer_name`, as `wg show endpoints` prints it.
+fn endpoint_of(c: &Cluster, on: &str, peer_name: &str) -> String {
+    let key = c
+        .annotations(peer_name)
+        .get("kilo.squat.ai/key")
+        .cloned()
+        .unwrap_or_default();
+    c.node(on)
+        .wg("endpoints")
+        .lines()
+        .find(|l| !key.is_empty() && l.starts_with(&key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The candidates `on` reports at `/status` for the segment `leader` leads.
+fn candidates_of(c: &Cluster, on: &str, leader: &str) -> Option<CandidatesStatus> {
+    c.node(on)
+        .status()?
+        .peers
+        .into_iter()
+        .find(|p| p.leader == leader)?
+        .candidates
+}
+
+fn pings(c: &Cluster, from: &str, to: &str) -> bool {
+    let target = c.node(to).pod_ip.clone();
+    common::ping_ok(&c.node(from).ns.name, &target, Duration::from_secs(1))
+}
+
+const B_ADDRESSES: [&str; 3] = ["192.168.20.2", "192.168.20.12", "192.168.20.22"];
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn unreachable_candidates_are_left_for_the_one_that_handshakes() {
+    common::require_root("unreachable_candidates_are_left_for_the_one_that_handshakes");
+    if !common::which("iptables") {
+        eprintln!("skipped: needs iptables too");
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    c.add_node(
+        &NodeSpec {
+            name: "a",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    c.add_node(
+        &NodeSpec {
+            name: "b",
+            location: "west",
+            annotations: &[],
+        },
+        2,
+    );
+    // b has two more addresses on its underlay; WireGuard reaches it on the last one only.
+    let b = c.node("b");
+    for extra in &B_ADDRESSES[1..] {
+        b.ns.run(&["ip", "addr", "add", &format!("{extra}/24"), "dev", "eth0"]);
+    }
+    for blocked in &B_ADDRESSES[..2] {
+        b.ns.run(&[
+            "iptables", "-A", "INPUT", "-p", "udp", "--dport", "51820", "-d", blocked, "-j", "DROP",
+        ]);
+    }
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never", "--endpoint-probe-window=3s"]);
+    }
+
+    let published = c.wait_for(Duration::from_secs(15), |c| {
+        c.annotations("b").contains_key("kilotun.io/endpoints")
+    });
+    assert!(published, "{:?}\n{}", c.annotations("b"), c.logs());
+    let expected: Vec<String> = B_ADDRESSES.iter().map(|a| format!("{a}:51820")).collect();
+    assert_eq!(
+        c.annotations("b")["kilotun.io/endpoints"],
+        expected.join(","),
+        "Kilo's endpoint first, then the host's other addresses, lowest first"
+    );
+    assert_eq!(
+        c.annotations("b")["kilo.squat.ai/endpoint"],
+        expected[0],
+        "Kilo's own annotation keeps the detected endpoint"
+    );
+
+    let up = c.wait_for(Duration::from_secs(40), |c| {
+        pings(c, "a", "b") && pings(c, "b", "a")
+    });
+    assert!(up, "{:?}\n{}", candidates_of(&c, "a", "b"), c.logs());
+    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    let seen = candidates_of(&c, "a", "b").expect("a reports b's candidates");
+    assert_eq!(
+        seen.in_use.as_deref(),
+        Some(expected[2].as_str()),
+        "{seen:?}"
+    );
+    assert_eq!(seen.usable, expected, "{seen:?}");
+    let left: Vec<&str> = seen.left.iter().map(|n| n.endpoint.as_str()).collect();
+    assert_eq!(
+        left,
+        [expected[0].as_str(), expected[1].as_str()],
+        "{seen:?}"
+    );
+    // Each candidate was given one probe window (3 s; /status counts whole seconds, and the
+    // device is read every second or two).
+    let (first, second) = (seen.left[0].at_unix, seen.left[1].at_unix);
+    let gap = second.zip(first).map(|(s, f)| s - f);
+    assert!(gap.is_some_and(|g| (2..=6).contains(&g)), "{seen:?}");
+    let moves = c.node("a").events_of(Reason::EndpointCandidateLeft);
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    assert!(moves.iter().all(|e| e.subject == "b"), "{moves:?}");
+    assert!(
+        moves[0].message.contains(&expected[0]) && moves[0].message.contains(&expected[1]),
+        "{}",
+        moves[0].message
+    );
+
+    // The blocked addresses open again: a working candidate is kept, not traded back for the
+    // first one, over several probe windows.
+    for blocked in &B_ADDRESSES[..2] {
+        c.node("b").ns.run(&[
+            "iptables", "-D", "INPUT", "-p", "udp", "--dport", "51820", "-d", blocked, "-j", "DROP",
+        ]);
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(pings(&c, "a", "b"), "{}", c.logs());
+    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    let kept = candidates_of(&c, "a", "b").expect("a reports b's candidates");
+    assert_eq!(
+        kept.in_use.as_deref(),
+        Some(expected[2].as_str()),
+        "{kept:?}"
+    );
+    assert_eq!(kept.state, "working", "{kept:?}");
+    assert_eq!(
+        c.node("a").events_of(Reason::EndpointCandidateLeft).len(),
+        2,
+        "no move after the link works"
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn a_candidate_routed_only_into_the_mesh_is_refused_and_never_tried() {
+    common::require_root("a_candidate_routed_only_into_the_mesh_is_refused_and_never_tried");
+    if !common::which("iptables") {
+        eprintln!("skipped: needs iptables too");
+        return;
+    }
+    let mut c = Cluster::new(&["east", "west"]);
+    c.add_node(
+        &NodeSpec {
+            name: "a",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    // b routes 192.168.20.100/32 for its location, and holds that address itself: from a,
+    // that candidate is reachable only through the tunnel to b.
+    c.add_node(
+        &NodeSpec {
+            name: "b",
+            location: "west",
+            annotations: &[("kilo.squat.ai/allowed-location-ips", "192.168.20.100/32")],
+        },
+        2,
+    );
+    // a has no default route: its underlay reaches b's .2 and .222 only.
+    let a = c.node("a");
+    a.ns.run(&["ip", "route", "del", "default"]);
+    for reached in ["192.168.20.2", "192.168.20.222"] {
+        a.ns.run(&["ip", "route", "add", reached, "via", "192.168.10.254"]);
+    }
+    let b = c.node("b");
+    for extra in ["192.168.20.100/32", "192.168.20.222/24"] {
+        b.ns.run(&["ip", "addr", "add", extra, "dev", "eth0"]);
+    }
+    b.ns.run(&[
+        "iptables",
+        "-A",
+        "INPUT",
+        "-p",
+        "udp",
+        "--dport",
+        "51820",
+        "-d",
+        "192.168.20.2",
+        "-j",
+        "DROP",
+    ]);
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never", "--endpoint-probe-window=3s"]);
+    }
+    let expected = [
+        "192.168.20.2:51820",
+        "192.168.20.100:51820",
+        "192.168.20.222:51820",
+    ];
+    let published = c.wait_for(Duration::from_secs(15), |c| {
+        c.annotations("b")
+            .get("kilotun.io/endpoints")
+            .map(String::as_str)
+            == Some(expected.join(",").as_str())
+    });
+    assert!(published, "{:?}\n{}", c.annotations("b"), c.logs());
+
+    let up = c.wait_for(Duration::from_secs(40), |c| {
+        pings(c, "a", "b") && pings(c, "b", "a")
+    });
+    assert!(up, "{:?}\n{}", candidates_of(&c, "a", "b"), c.logs());
+    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    let seen = candidates_of(&c, "a", "b").expect("a reports b's candidates");
+    assert_eq!(seen.in_use.as_deref(), Some(expected[2]), "{seen:?}");
+    assert_eq!(seen.usable, [expected[0], expected[2]], "{seen:?}");
+    let refused: Vec<&str> = seen.refused.iter().map(|n| n.endpoint.as_str()).collect();
+    assert_eq!(refused, [expected[1]], "{seen:?}");
+    let left: Vec<&str> = seen.left.iter().map(|n| n.endpoint.as_str()).collect();
+    assert_eq!(
+        left,
+        [expected[0]],
+        "the refused candidate is never tried: {seen:?}"
+    );
+    let said = c.node("a").events_of(Reason::EndpointRefused);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].subject, "b");
+    assert!(said[0].message.contains(expected[1]), "{}", said[0].message);
+}
