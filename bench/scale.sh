@@ -21,6 +21,9 @@
 # LAYOUT is how the nodes' addresses are laid out (bench/scale_driver.py says more):
 #   apart     endpoints in 10/8, internal IPs in 172.16/16 (the default)
 #   internal  each endpoint the node's internal IP, one private network 172.16/12
+#   wan       the nodes of internal, with kg's own node on 192.168.61.1/24 reaching 172.16/12
+#             through its default gateway (a site on a routed private WAN): every leader's
+#             endpoint is inside a routed internal IP, which the tunnel guard must keep out
 #   ipv6      IPv6 endpoints, internal IPs and pods
 #   dual      IPv4 endpoints, IPv4 and IPv6 internal IPs and pods
 #   dns       endpoints as DNS names, answered by a dnsmasq in the namespace (needs dnsmasq)
@@ -103,9 +106,9 @@ esac
 	exit 2
 }
 case $layout in
-apart | internal | ipv6 | dual | dns | nat) ;;
+apart | internal | wan | ipv6 | dual | dns | nat) ;;
 *)
-	echo "scale.sh: --layout=$layout: one of apart, internal, ipv6, dual, dns, nat" >&2
+	echo "scale.sh: --layout=$layout: one of apart, internal, wan, ipv6, dual, dns, nat" >&2
 	exit 2
 	;;
 esac
@@ -161,6 +164,7 @@ ip link add "kgs$$" type veth peer name eth0 netns "$ns"
 # kg's node is on the nodes' network, as a node of the cluster would be.
 case $layout in
 internal) in_ns ip addr add 172.16.255.254/12 dev eth0 ;;
+wan) in_ns ip addr add 192.168.61.1/24 dev eth0 ;;
 nat) in_ns ip addr add 10.200.255.254/16 dev eth0 ;;
 ipv6) in_ns ip addr add fd00:172:16::ffff/64 dev eth0 nodad ;;
 dual)
@@ -170,7 +174,11 @@ dual)
 *) in_ns ip addr add 172.16.255.254/16 dev eth0 ;;
 esac
 in_ns ip link set eth0 up
-in_ns ip route add default dev eth0
+if [[ $layout == wan ]]; then
+	in_ns ip route add default via 192.168.61.254 dev eth0
+else
+	in_ns ip route add default dev eth0
+fi
 in_ns ip -6 route add default dev eth0
 
 env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)

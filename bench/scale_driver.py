@@ -61,6 +61,7 @@ LOCAL = "kg-bench"
 # How the nodes' addresses are laid out (bench/scale.sh --layout):
 #   apart     endpoints in 10.0.0.0/8, internal IPs in 172.16.0.0/16, IPv4 pods
 #   internal  each endpoint the node's internal IP, all in one private network 172.16.0.0/12
+#   wan       the same nodes as internal; kg's own node sits on another network (scale.sh)
 #             (on-premises, one VPC)
 #   ipv6      endpoints and internal IPs IPv6, IPv6 pods
 #   dual      IPv4 endpoints, an IPv4 and an IPv6 internal IP, IPv4 and IPv6 pods
@@ -70,7 +71,7 @@ LOCAL = "kg-bench"
 LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
 # The mesh granularity every node announces, as kg's --mesh-granularity (bench/scale.sh).
 GRANULARITY = os.environ.get("SCALE_GRANULARITY", "location")
-LAYOUTS = ("apart", "internal", "ipv6", "dual", "dns", "nat")
+LAYOUTS = ("apart", "internal", "wan", "ipv6", "dual", "dns", "nat")
 # Where the pods live (bench/scale.sh --ipam): "node" (each Node's spec.podCIDR), "calico"
 # (BLOCKS Calico BlockAffinity objects per node, /26 blocks out of 10.64.0.0/10; the Nodes'
 # spec.podCIDR is then no pod's) or "pods" (the pods' own addresses, below).
@@ -165,7 +166,7 @@ def addresses(i):
     v6_pods = [f"fd42:{64 + i // 256:x}:{lo:x}::/64"]
     if LAYOUT == "apart":
         return {"endpoint": f"{public_ip(i)}:51820", "internal-ip": f"172.16.{hi}.{lo}/16"}, v4_pods
-    if LAYOUT == "internal":
+    if LAYOUT in ("internal", "wan"):
         return {"endpoint": f"172.16.{hi}.{lo}:51820", "internal-ip": f"172.16.{hi}.{lo}/12"}, v4_pods
     if LAYOUT == "ipv6":
         return {"endpoint": f"[fd00:1::{i:x}]:51820", "internal-ip": f"fd00:172:16::{i:x}/64"}, v6_pods

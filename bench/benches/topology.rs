@@ -119,6 +119,7 @@ fn desired_state(c: &mut Criterion) {
         forward_rules: false,
         service_cidrs: Vec::new(),
         tunnel: None,
+        tunnel_guard: control::routes::TunnelGuard::default(),
     };
     let links = ResolvedLinks {
         kilo: 3,

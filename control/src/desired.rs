@@ -17,7 +17,8 @@ use ipnet::IpNet;
 use crate::host::{HostNet, Mtu};
 use crate::iptables::{IptablesOptions, RuleSet};
 use crate::routes::{
-    Bypass, Compatibility, Encapsulate, Links, Route, RouteOptions, RoutePlan, Withheld, MAIN_TABLE,
+    Bypass, Compatibility, Encapsulate, Links, Route, RouteOptions, RoutePlan, TunnelGuard,
+    Withheld, MAIN_TABLE,
 };
 use crate::wgconf::Conf;
 use crate::{Key, Topology};
@@ -58,6 +59,8 @@ pub struct HostSettings {
     pub service_cidrs: Vec<IpNet>,
     /// The encapsulation link, if kg uses one.
     pub tunnel: Option<TunnelKind>,
+    /// `--tunnel-guard`: how WireGuard's packets are kept out of the tunnel.
+    pub tunnel_guard: TunnelGuard,
 }
 
 /// The links the plan names by role, as the netlink shell resolved them.
@@ -212,7 +215,13 @@ pub fn plan(
         .filter(|r| !own.contains(&r.link))
         .cloned()
         .collect();
-    let bypasses = t.bypass_endpoints(&mut routes, links.kilo, &underlay);
+    let bypasses = match s.tunnel_guard {
+        TunnelGuard::Mark(mark) => {
+            routes.guard_socket(mark, &underlay);
+            Vec::new()
+        }
+        TunnelGuard::Routes => t.bypass_endpoints(&mut routes, links.kilo, &underlay),
+    };
     let device = if t.leader {
         t.conf(Some(public))
     } else {

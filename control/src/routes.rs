@@ -10,7 +10,10 @@ use crate::ip::host_net;
 use crate::topology::{Member, Topology};
 
 mod cover;
+pub mod guard;
 mod plan;
+
+pub use guard::{GuardMatch, TunnelGuard, UNDERLAY_TABLE};
 
 /// Kilo's policy-routing table.
 pub const KILO_TABLE: u32 = 1107;
@@ -106,7 +109,8 @@ pub struct Route {
     pub onlink: bool,
 }
 
-/// A policy rule Kilo installs; only these four fields are set.
+/// A policy rule kg installs: one of Kilo's (`from`, `to`, `iif` and `lookup` only), or one of
+/// the tunnel guard's (`guard` set; see [`guard`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rule {
     /// `from`.
@@ -115,8 +119,10 @@ pub struct Rule {
     pub dst: Option<IpNet>,
     /// `iif`.
     pub iif: Option<String>,
-    /// `lookup`.
+    /// `lookup` (0 for a guard rule that answers `unreachable`).
     pub table: u32,
+    /// The tunnel guard's match on WireGuard's socket mark, with the rule's priority.
+    pub guard: Option<GuardMatch>,
 }
 
 /// Interface indices the plan refers to.
@@ -470,10 +476,11 @@ pub enum RouteOp {
 
 /// The changes that take the kernel from `observed` to `desired`.
 ///
-/// `observed` holds the kernel's protocol-static routes in the main and Kilo tables and its
-/// Kilo-table rules; `owned` is what was applied before. A route or rule is removed when it is
-/// not desired and is ours: in `owned` (applied before, by this run or, as kg saved it, the
-/// last), in the Kilo table, or on the WireGuard link.
+/// `observed` holds the kernel's protocol-static routes in the main, Kilo and underlay tables,
+/// its Kilo-table rules and the tunnel guard's; `owned` is what was applied before. A route or
+/// rule is removed when it is not desired and is ours: in `owned` (applied before, by this run
+/// or, as kg saved it, the last), in the Kilo or underlay table, on the WireGuard link, or a
+/// guard rule.
 /// A route whose destination is still desired is replaced, never deleted first, so traffic is not
 /// interrupted. Applying the result and diffing again yields nothing.
 pub fn diff(
@@ -486,13 +493,16 @@ pub fn diff(
     let desired_dsts: BTreeSet<(u32, IpNet)> =
         desired.routes.iter().map(|r| (r.table, r.dst)).collect();
     for r in observed.routes.difference(&desired.routes) {
-        let ours = owned.routes.contains(r) || r.table == KILO_TABLE || r.link == kilo_link;
+        let ours = owned.routes.contains(r)
+            || r.table == KILO_TABLE
+            || r.table == UNDERLAY_TABLE
+            || r.link == kilo_link;
         if ours && !desired_dsts.contains(&(r.table, r.dst)) {
             ops.push(RouteOp::DeleteRoute(r.clone()));
         }
     }
     for r in observed.rules.difference(&desired.rules) {
-        if owned.rules.contains(r) || r.table == KILO_TABLE {
+        if owned.rules.contains(r) || r.table == KILO_TABLE || r.guard.is_some() {
             ops.push(RouteOp::DeleteRule(r.clone()));
         }
     }

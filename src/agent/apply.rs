@@ -181,6 +181,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             anyhow::bail!("{why}: it carries no packet until kg starts it again");
         }
         let mut desired = crate::wiring::device_config(&write.conf, &self.key);
+        desired.interface.fwmark = write.fwmark;
         for peer in &mut desired.peers {
             if let Some(psk) = write.psks.get(&control::Key(*peer.public_key.as_bytes())) {
                 peer.preshared_key = Some(psk.clone());

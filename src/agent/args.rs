@@ -177,6 +177,15 @@ pub struct KgArgs {
     /// among the families this host has), ipv4 or ipv6.
     #[arg(long, default_value = "auto")]
     pub underlay_family: String,
+    /// kilotun: how WireGuard's own packets are kept out of the tunnel. mark: WireGuard's
+    /// socket carries --tunnel-guard-mark and policy rules route it by the host's own routes
+    /// only; routes: a host route per endpoint that kg's routes cover (see docs/endpoints.md).
+    #[arg(long, default_value = "mark")]
+    pub tunnel_guard: String,
+    /// kilotun: the mark WireGuard's socket carries with --tunnel-guard=mark (a number, 0x for
+    /// hexadecimal): one bit no other agent on the host uses.
+    #[arg(long, default_value = "0x1000")]
+    pub tunnel_guard_mark: String,
     /// kilotun: where each node's pods live. node: the Nodes' spec.podCIDRs (Kilo's); calico:
     /// Calico's block affinities and the addresses it lends out of other nodes' blocks;
     /// cilium: the CiliumNode pod ranges (cluster-pool and multi-pool IPAM); pods: the
@@ -262,6 +271,8 @@ pub struct Settings {
     pub advertise_endpoints: control::endpoints::EndpointFilter,
     /// `--endpoint-probe-window`, `--accept-endpoints` and `--underlay-family`.
     pub probe_rules: control::endpoints::ProbeRules,
+    /// `--tunnel-guard` and `--tunnel-guard-mark`.
+    pub tunnel_guard: control::routes::TunnelGuard,
 }
 
 impl Settings {
@@ -290,6 +301,7 @@ impl Settings {
             forward_rules: a.iptables_forward_rules,
             advertise_endpoints: self.advertise_endpoints.clone(),
             probe_rules: self.probe_rules.clone(),
+            tunnel_guard: self.tunnel_guard,
         }
     }
 
@@ -420,6 +432,16 @@ impl KgArgs {
             ipv4: true,
             ipv6: true,
         };
+        let mark_text = self.tunnel_guard_mark.trim();
+        let mark = match mark_text.strip_prefix("0x") {
+            Some(hex) => u32::from_str_radix(hex, 16),
+            None => mark_text.parse(),
+        }
+        .map_err(|_| {
+            anyhow::anyhow!("--tunnel-guard-mark: {mark_text:?} is not a 32-bit number")
+        })?;
+        let tunnel_guard = control::routes::TunnelGuard::parse(&self.tunnel_guard, mark)
+            .map_err(anyhow::Error::msg)?;
         let mtu = match self.mtu.as_str() {
             "auto" => Mtu::Auto,
             n => match n.parse::<u32>() {
@@ -458,6 +480,7 @@ impl KgArgs {
             psk_rotation,
             advertise_endpoints,
             probe_rules,
+            tunnel_guard,
             args: self,
         })
     }

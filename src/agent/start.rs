@@ -173,7 +173,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             interface: InterfaceConfig {
                 private_key: Some(key.clone()),
                 listen_port: s.args.port,
-                fwmark: 0,
+                fwmark: s.tunnel_guard.mark(),
             },
             peers: kept,
         };

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use control::node::Granularity;
-use control::routes::MAIN_TABLE;
+use control::routes::{MAIN_TABLE, UNDERLAY_TABLE};
 use ipnet::IpNet;
 
 use super::sim::{Election, Sim, SimNode};
@@ -151,15 +151,28 @@ fn endpoints_stay_outside(name: &str, node: &SimNode) -> Result<(), String> {
     let Some(peers) = device(node) else {
         return Ok(());
     };
-    let routes = node.kernel.routes().routes;
+    let held = node.kernel.routes();
+    let (routes, rules) = (held.routes, held.rules);
+    let mark = node
+        .running
+        .as_ref()
+        .map_or(0, |r| r.twin.engine.config().interface.fwmark);
     for peer in &peers {
         let Some(endpoint) = peer.endpoint else {
             continue;
         };
         let ip = endpoint.ip();
+        // A marked packet follows the tunnel guard's rules when the kernel holds them for its
+        // family: the underlay table alone (no route there: unreachable, never the tunnel).
+        let guarded = rules.iter().any(|r| {
+            r.guard
+                .is_some_and(|g| g.ipv6 == ip.is_ipv6() && g.mark == mark && mark != 0)
+                && r.table == UNDERLAY_TABLE
+        });
+        let table = if guarded { UNDERLAY_TABLE } else { MAIN_TABLE };
         let chosen = routes
             .iter()
-            .filter(|r| r.table == MAIN_TABLE && r.dst.contains(&ip))
+            .filter(|r| r.table == table && r.dst.contains(&ip))
             .max_by_key(|r| r.dst.prefix_len());
         if let Some(r) = chosen.filter(|r| r.link == WIREGUARD_LINK) {
             return Err(format!(
@@ -412,7 +425,13 @@ pub fn converged(
             }
             for gone in left {
                 let device = node.device_peers().unwrap_or_default();
-                if let Some(route) = routes.routes.iter().find(|r| r.dst.contains(gone)) {
+                let mesh_route = |r: &&control::routes::Route| r.table != UNDERLAY_TABLE;
+                if let Some(route) = routes
+                    .routes
+                    .iter()
+                    .filter(mesh_route)
+                    .find(|r| r.dst.contains(gone))
+                {
                     return Err(format!(
                         "{name} still routes {gone}, the pods of a node that left: {route:?}"
                     ));

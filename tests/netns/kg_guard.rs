@@ -158,30 +158,101 @@ fn write_peer(c: &Cluster, name: &str, allowed: &[&str]) {
     .unwrap();
 }
 
-#[test]
-#[ignore = "needs root: network namespaces and TUN devices"]
-fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
-    common::require_root("an_endpoint_inside_a_peers_allowed_ips_still_handshakes");
+/// n1 (east) and n3 (west), with a Peer claiming west's whole underlay subnet, n3's endpoint
+/// among it, before kg starts with `extra`; returned once every pod is reachable.
+fn endpoint_under_a_peer(extra: &[&str]) -> Cluster {
     let mut c = Cluster::with_nodes(&["east", "west"], &[("n1", "east"), ("n3", "west")]);
-    // A Peer claims west's whole underlay subnet, n3's endpoint among it, before kg starts.
     write_peer(&c, "gateway", &["192.168.20.0/24"]);
     for i in 0..2 {
-        c.start_kg(i, &["--encapsulate=never"]);
+        let mut flags = vec!["--encapsulate=never"];
+        flags.extend_from_slice(extra);
+        c.start_kg(i, &flags);
     }
     let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
     assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
-    let endpoint = c.node("n3").ip.clone();
     let table = routes(&c, "n1");
     assert!(
         table.lines().any(|l| l.starts_with("192.168.20.0/24 dev ")),
         "the Peer's CIDR is routed into the tunnel: {table}"
     );
+    // The handshake completes: n1 has a recent one with n3.
+    let handshakes = c.node("n1").wg("latest-handshakes");
+    assert!(
+        handshakes.lines().any(|l| !l.trim_end().ends_with("\t0")),
+        "{handshakes}"
+    );
+    c
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn an_endpoint_inside_a_peers_allowed_ips_keeps_to_the_underlay_by_its_mark() {
+    common::require_root(
+        "an_endpoint_inside_a_peers_allowed_ips_keeps_to_the_underlay_by_its_mark",
+    );
+    let c = endpoint_under_a_peer(&[]);
+    let endpoint = c.node("n3").ip.clone();
+    let n1 = c.node("n1");
+    // No host route per endpoint: the engine's socket carries the mark, and the guard's rules
+    // route marked packets by the host's own routes.
+    let table = routes(&c, "n1");
+    assert!(
+        !table
+            .lines()
+            .any(|l| l.starts_with(&format!("{endpoint} "))),
+        "{table}"
+    );
+    assert!(n1.events_of(Reason::EndpointBypassed).is_empty());
+    assert_eq!(n1.wg("fwmark").trim(), "0x1000");
+    let rules = String::from_utf8_lossy(&n1.ns.output(&["ip", "rule"]).stdout).into_owned();
+    assert!(
+        rules.contains("1100:\tfrom all fwmark 0x1000/0x1000 lookup 1108"),
+        "{rules}"
+    );
+    assert!(
+        rules.contains("1101:\tfrom all fwmark 0x1000/0x1000 unreachable"),
+        "{rules}"
+    );
+    let marked = n1
+        .ns
+        .run(&["ip", "route", "get", &endpoint, "mark", "0x1000"]);
+    assert!(marked.contains("via 192.168.10.254 dev eth0"), "{marked}");
+    let unmarked = n1.ns.run(&["ip", "route", "get", &endpoint]);
+    assert!(
+        unmarked.contains(&format!("dev {} ", n1.iface)),
+        "{unmarked}"
+    );
+    // A route change that pulls the endpoint itself into the tunnel (a /32 onto kilo0) does
+    // not reach WireGuard's packets: the mesh keeps working.
+    n1.ns.run(&[
+        "ip",
+        "route",
+        "add",
+        &format!("{endpoint}/32"),
+        "dev",
+        &n1.iface,
+    ]);
+    std::thread::sleep(Duration::from_secs(2));
+    let still = c.wait_for(Duration::from_secs(10), |c| c.all_pods_reachable().is_ok());
+    assert!(still, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn an_endpoint_inside_a_peers_allowed_ips_gets_a_host_route_with_the_routes_guard() {
+    common::require_root(
+        "an_endpoint_inside_a_peers_allowed_ips_gets_a_host_route_with_the_routes_guard",
+    );
+    let c = endpoint_under_a_peer(&["--tunnel-guard=routes"]);
+    let endpoint = c.node("n3").ip.clone();
+    let table = routes(&c, "n1");
     assert!(
         table
             .lines()
             .any(|l| l.starts_with(&format!("{endpoint} via 192.168.10.254 dev eth0"))),
         "n3's endpoint keeps to the underlay: {table}"
     );
+    assert_eq!(c.node("n1").wg("fwmark").trim(), "off");
     let warned = |c: &Cluster| {
         c.node("n1")
             .events_of(Reason::EndpointBypassed)
@@ -197,12 +268,6 @@ fn an_endpoint_inside_a_peers_allowed_ips_still_handshakes() {
     );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(warned(&c), 1, "said once: {}", c.node("n1").log_text());
-    // The handshake completes: n1 has a recent one with n3.
-    let handshakes = c.node("n1").wg("latest-handshakes");
-    assert!(
-        handshakes.lines().any(|l| !l.trim_end().ends_with("\t0")),
-        "{handshakes}"
-    );
 }
 
 #[test]

@@ -23,6 +23,7 @@ fn settings(tunnel: bool) -> HostSettings {
             ipip: true,
             ipv6_outer: false,
         }),
+        tunnel_guard: TunnelGuard::Routes,
     }
 }
 
@@ -220,6 +221,106 @@ fn endpoint_bypasses_go_through_the_hosts_own_route_not_kgs() {
         assert_eq!(bypass.route.link, 2, "{bypass:?}");
         assert!(want.routes.routes.contains(&bypass.route));
     }
+}
+
+#[test]
+fn the_mark_guard_adds_no_bypass_and_routes_marked_packets_by_the_hosts_routes_alone() {
+    // The same endpoint as above, with --tunnel-guard=mark: no host route per endpoint; the
+    // host's own routes (not kg's, not kilo0's) are copied into the underlay table, and each
+    // family the host routes gets a lookup rule and an unreachable rule for the mark.
+    use crate::routes::guard::GUARD_PRIORITY;
+    use crate::routes::{Rule, MAIN_TABLE, UNDERLAY_TABLE};
+    let (t, mut host) = host_of("b");
+    let route = |dst: &str, gateway: Option<&str>, link| Route {
+        table: MAIN_TABLE,
+        dst: net(dst),
+        gateway: gateway.map(|g| g.parse().unwrap()),
+        link,
+        src: None,
+        onlink: false,
+    };
+    let own = route("192.168.0.0/24", None, 9);
+    host.main_routes = vec![
+        route("0.0.0.0/0", Some("192.168.0.254"), 2),
+        route("192.168.0.0/24", None, 2),
+        route("10.42.7.0/24", None, 3),
+        route("fe80::/64", None, 2),
+        own.clone(),
+    ];
+    let owned = RoutePlan {
+        routes: [own].into_iter().collect(),
+        ..Default::default()
+    };
+    let links = ResolvedLinks {
+        kilo: 3,
+        tunnel: None,
+        tunnel6: None,
+    };
+    let s = HostSettings {
+        tunnel_guard: TunnelGuard::Mark(0x1000),
+        ..settings(false)
+    };
+    let want = plan(&t, &host, &links, &owned, &public(), &s);
+    assert!(want.bypasses.is_empty(), "{:?}", want.bypasses);
+    let underlay: Vec<(IpNet, u32)> = want
+        .routes
+        .routes
+        .iter()
+        .filter(|r| r.table == UNDERLAY_TABLE)
+        .map(|r| (r.dst, r.link))
+        .collect();
+    assert_eq!(
+        underlay,
+        [(net("0.0.0.0/0"), 2), (net("192.168.0.0/24"), 2)],
+        "{:?}",
+        want.routes.routes
+    );
+    // The peer's endpoint 192.168.0.1 stays under kg's route into kilo0 (node a's internal
+    // IP): no host route through eth0 pins it.
+    let pinned: Vec<&Route> = want
+        .routes
+        .routes
+        .iter()
+        .filter(|r| r.table == MAIN_TABLE && r.dst.prefix_len() == 32 && r.link != 3)
+        .collect();
+    assert!(pinned.is_empty(), "{pinned:?}");
+    let mut guard: Vec<&Rule> = want
+        .routes
+        .rules
+        .iter()
+        .filter(|r| r.guard.is_some())
+        .collect();
+    guard.sort_by_key(|r| r.guard.map(|g| g.priority));
+    assert_eq!(
+        guard,
+        [
+            &Rule::guard(GUARD_PRIORITY, 0x1000, false, UNDERLAY_TABLE),
+            &Rule::guard(GUARD_PRIORITY + 1, 0x1000, false, 0),
+        ],
+        "IPv4 only: the host routes no IPv6 but link-local"
+    );
+    assert!(guard[1].is_unreachable());
+    // The routes guard of the same host pins the endpoint instead, and marks nothing.
+    let pinned = plan(&t, &host, &links, &owned, &public(), &settings(false));
+    assert!(!pinned.bypasses.is_empty());
+    assert!(pinned.routes.rules.iter().all(|r| r.guard.is_none()));
+    assert_eq!(TunnelGuard::Routes.mark(), 0);
+}
+
+#[test]
+fn tunnel_guard_flags_parse_and_bad_ones_are_named() {
+    assert_eq!(
+        TunnelGuard::parse("mark", 0x1000),
+        Ok(TunnelGuard::Mark(0x1000))
+    );
+    assert_eq!(
+        TunnelGuard::parse("routes", 0x1000),
+        Ok(TunnelGuard::Routes)
+    );
+    let zero = TunnelGuard::parse("mark", 0).unwrap_err();
+    assert!(zero.contains("--tunnel-guard-mark"), "{zero}");
+    let other = TunnelGuard::parse("rules", 1).unwrap_err();
+    assert!(other.contains("\"rules\""), "{other}");
 }
 
 mod engine_first {

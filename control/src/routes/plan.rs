@@ -225,6 +225,7 @@ impl Planner<'_> {
                         dst: Some(host_net(ip)),
                         iif: None,
                         table: KILO_TABLE,
+                        guard: None,
                     });
                 }
                 if leader {
@@ -233,6 +234,7 @@ impl Planner<'_> {
                         dst: Some(host_net(ip)),
                         iif: Some(self.o.kilo_name.clone()),
                         table: KILO_TABLE,
+                        guard: None,
                     });
                 }
             }
@@ -372,6 +374,7 @@ impl Planner<'_> {
                 dst: Some(host_net(ip)),
                 iif: Some(self.o.kilo_name.clone()),
                 table: KILO_TABLE,
+                guard: None,
             });
         }
     }

@@ -57,4 +57,7 @@ pub struct Config {
     /// How a peer's candidates are picked (`--endpoint-probe-window`, `--accept-endpoints`,
     /// `--underlay-family`; the host's families are set when it is listed).
     pub probe_rules: control::endpoints::ProbeRules,
+    /// How WireGuard's packets are kept out of the tunnel (`--tunnel-guard`): the device's
+    /// mark and the guard's rules, or a host route per covered endpoint.
+    pub tunnel_guard: control::routes::TunnelGuard,
 }

@@ -247,6 +247,7 @@ impl Reconciler {
                     first: !self.host_book.engine_configured,
                     psks: self.pq_device_write(),
                     handshake: self.endpoint_probes.take_moved(),
+                    fwmark: self.config.tunnel_guard.mark(),
                 };
                 let effect = HostEffect::ConfigureDevice(write);
                 (

@@ -81,6 +81,8 @@ pub struct DeviceWrite {
     /// Peers moved to another endpoint candidate: the device starts a handshake with each at
     /// once, so the new candidate is tried without waiting for the device's retry timer.
     pub handshake: Vec<control::Key>,
+    /// The mark the device's socket carries (`--tunnel-guard=mark`; 0: none).
+    pub fwmark: u32,
 }
 
 /// What configuring the device found, for the journal ([`HostAnswer::Device`]).

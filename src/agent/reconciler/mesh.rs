@@ -236,6 +236,7 @@ impl Reconciler {
             forward_rules: a.forward_rules,
             service_cidrs: self.config.service_cidrs.clone(),
             tunnel: self.host_book.tunnel_kind.clone(),
+            tunnel_guard: self.config.tunnel_guard,
         };
         Ok(desired::plan(
             t,

@@ -5,4 +5,5 @@
 pub mod http;
 pub mod metrics;
 pub mod probe;
+pub mod route_lines;
 pub mod status;

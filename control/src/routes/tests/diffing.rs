@@ -65,6 +65,7 @@ fn diff_leaves_foreign_routes_alone_but_removes_stale_kilo_ones() {
         dst: Some("192.168.0.9/32".parse().unwrap()),
         iif: None,
         table: KILO_TABLE,
+        guard: None,
     };
     let observed = RoutePlan {
         routes: [foreign, stale_on_kilo.clone()].into(),
@@ -106,4 +107,34 @@ fn routes_the_last_run_installed_on_a_tunnel_go_and_no_one_elses() {
     // The same route installed by someone else (nothing saved says it is kg's) stays: only
     // the WireGuard link's routes are kg's whoever installed them.
     assert_eq!(diff(&none, &observed, &none, KILO), vec![]);
+}
+
+#[test]
+fn a_stale_guard_is_removed_and_a_host_route_in_main_is_left() {
+    // What a run with another --tunnel-guard-mark left (not in the saved record): its rules
+    // and its underlay copy go; the host's own default route in main stays.
+    let desired = RoutePlan::default();
+    let copy = Route {
+        table: UNDERLAY_TABLE,
+        dst: "0.0.0.0/0".parse().unwrap(),
+        gateway: Some("192.168.0.254".parse().unwrap()),
+        link: 2,
+        src: None,
+        onlink: true,
+    };
+    let hosts = Route {
+        table: MAIN_TABLE,
+        ..copy
+    };
+    let stale_rule = Rule::guard(1100, 0x2000, false, UNDERLAY_TABLE);
+    let observed = RoutePlan {
+        routes: [copy.clone(), hosts].into(),
+        rules: [stale_rule.clone()].into(),
+        ..Default::default()
+    };
+    let ops = diff(&desired, &observed, &RoutePlan::default(), KILO);
+    assert_eq!(
+        ops,
+        vec![RouteOp::DeleteRoute(copy), RouteOp::DeleteRule(stale_rule)]
+    );
 }

@@ -1,11 +1,15 @@
-//! Routes and policy rules: reading the main and Kilo tables and the Kilo-table rules, and
+//! Routes and policy rules: reading the main, Kilo and underlay tables, the Kilo-table rules
+//! and the tunnel guard's rules, and
 //! applying kg's route and rule changes, with the translation between netlink messages and
 //! [`Route`] and [`Rule`].
 
 use std::net::IpAddr;
 
 use anyhow::{Context, Result};
-use control::routes::{Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE};
+use control::routes::guard::GUARD_PRIORITY;
+use control::routes::{
+    GuardMatch, Route, RouteOp, RoutePlan, Rule, KILO_TABLE, MAIN_TABLE, UNDERLAY_TABLE,
+};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::route::{
@@ -55,7 +59,8 @@ impl Netlink {
         Ok(out)
     }
 
-    /// The kernel's protocol-static routes in the main and Kilo tables, and its Kilo-table rules.
+    /// The kernel's protocol-static routes in the main, Kilo and underlay tables, its
+    /// Kilo-table rules and the tunnel guard's.
     pub async fn observe(&self) -> Result<RoutePlan> {
         let mut plan = RoutePlan::default();
         for v6 in [false, true] {
@@ -70,10 +75,11 @@ impl Netlink {
                     continue;
                 }
                 let table = table_of(&route);
-                if table != MAIN_TABLE && table != KILO_TABLE {
+                if ![MAIN_TABLE, KILO_TABLE, UNDERLAY_TABLE].contains(&table) {
                     continue;
                 }
-                if let Some(r) = parse_route(&route, table) {
+                // The underlay table holds the host's default routes too.
+                if let Some(r) = parse_default_or_route_in(&route, table) {
                     plan.routes.insert(r);
                 }
             }
@@ -82,7 +88,7 @@ impl Netlink {
             let mut broken = Vec::new();
             while let Some(rule) = stream.try_next().await.context("listing rules")? {
                 if let Some(r) = parse_rule(&rule) {
-                    if rule.header.action == RuleAction::ToTable {
+                    if r.guard.is_some() || rule.header.action == RuleAction::ToTable {
                         plan.rules.insert(r);
                     } else {
                         broken.push(rule);
@@ -137,6 +143,9 @@ impl Netlink {
     }
 
     async fn add_rule(&self, r: &Rule) -> Result<()> {
+        if let Some(guard) = r.guard {
+            return self.add_guard_rule(r, guard).await;
+        }
         let v6 = r.src.or(r.dst).is_some_and(|n| n.addr().is_ipv6());
         // The action must be "to table": the kernel answers a lookup through a rule without
         // one with EINVAL, i.e. drops the packet.
@@ -167,6 +176,38 @@ impl Netlink {
                 req = req.destination_prefix(dst.addr(), dst.prefix_len());
             }
             req.execute().await?;
+        }
+        Ok(())
+    }
+
+    /// Adds a guard rule: `fwmark M/M`, at its priority, looking its table up or answering
+    /// `unreachable`.
+    async fn add_guard_rule(&self, r: &Rule, guard: GuardMatch) -> Result<()> {
+        let action = if r.is_unreachable() {
+            RuleAction::Unreachable
+        } else {
+            RuleAction::ToTable
+        };
+        let mut req = self
+            .handle
+            .rule()
+            .add()
+            .action(action)
+            .priority(guard.priority)
+            .fw_mark(guard.mark);
+        if r.is_unreachable() {
+            // No table: `ip rule add … unreachable` leaves it unspecified.
+            req.message_mut().header.table = 0;
+        } else {
+            req = req.table_id(r.table);
+        }
+        req.message_mut()
+            .attributes
+            .push(RuleAttribute::FwMask(guard.mark));
+        if guard.ipv6 {
+            req.v6().execute().await?;
+        } else {
+            req.v4().execute().await?;
         }
         Ok(())
     }
@@ -203,11 +244,16 @@ fn table_of(route: &RouteMessage) -> u32 {
         .unwrap_or(u32::from(route.header.table))
 }
 
-/// [`parse_route`] for a main-table route, where a default route has no destination attribute.
+/// [`parse_default_or_route_in`] for a main-table route.
 fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
+    parse_default_or_route_in(route, MAIN_TABLE)
+}
+
+/// [`parse_route`], and a default route too, which has no destination attribute.
+fn parse_default_or_route_in(route: &RouteMessage, table: u32) -> Option<Route> {
     if route.header.destination_prefix_length == 0 {
         let mut r = Route {
-            table: MAIN_TABLE,
+            table,
             dst: match route.header.address_family {
                 AddressFamily::Inet6 => "::/0".parse().ok()?,
                 _ => "0.0.0.0/0".parse().ok()?,
@@ -222,12 +268,13 @@ fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
                 RouteAttribute::Gateway(a) => r.gateway = route_address(a),
                 RouteAttribute::Via(v) => r.gateway = via_address(v),
                 RouteAttribute::Oif(i) => r.link = *i,
+                RouteAttribute::PrefSource(a) => r.src = route_address(a),
                 _ => {}
             }
         }
         return Some(r);
     }
-    parse_route(route, MAIN_TABLE)
+    parse_route(route, table)
 }
 
 /// The address of an `RTA_VIA` attribute.
@@ -269,18 +316,37 @@ fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {
     })
 }
 
+/// One of kg's rules: a table-1107 rule (Kilo's), or a guard rule (a mark under itself as the
+/// mask, at one of the guard's two priorities).
 fn parse_rule(rule: &RuleMessage) -> Option<Rule> {
     let mut table = u32::from(rule.header.table);
     let mut src = None;
     let mut dst = None;
     let mut iif = None;
+    let (mut priority, mut mark, mut mask) = (None, None, None);
     for attr in &rule.attributes {
         match attr {
             RuleAttribute::Table(t) => table = *t,
             RuleAttribute::Source(ip) => src = IpNet::new(*ip, rule.header.src_len).ok(),
             RuleAttribute::Destination(ip) => dst = IpNet::new(*ip, rule.header.dst_len).ok(),
             RuleAttribute::Iifname(n) => iif = Some(n.clone()),
+            RuleAttribute::Priority(p) => priority = Some(*p),
+            RuleAttribute::FwMark(m) => mark = Some(*m),
+            RuleAttribute::FwMask(m) => mask = Some(*m),
             _ => {}
+        }
+    }
+    if let (Some(priority), Some(mark)) = (priority, mark) {
+        let ours = (priority == GUARD_PRIORITY && rule.header.action == RuleAction::ToTable)
+            || (priority == GUARD_PRIORITY + 1 && rule.header.action == RuleAction::Unreachable);
+        if ours && mask == Some(mark) && src.is_none() && dst.is_none() && iif.is_none() {
+            let ipv6 = rule.header.family == AddressFamily::Inet6;
+            let table = if rule.header.action == RuleAction::Unreachable {
+                0
+            } else {
+                table
+            };
+            return Some(Rule::guard(priority, mark, ipv6, table));
         }
     }
     (table == KILO_TABLE).then_some(Rule {
@@ -288,6 +354,7 @@ fn parse_rule(rule: &RuleMessage) -> Option<Rule> {
         dst,
         iif,
         table,
+        guard: None,
     })
 }
 

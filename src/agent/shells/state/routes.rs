@@ -34,6 +34,11 @@ fn render(plan: &RoutePlan) -> String {
         );
     }
     for r in &plan.rules {
+        if let Some(g) = r.guard {
+            let family = if g.ipv6 { 6 } else { 4 };
+            text += &format!("guard {} {:#x} {family} {}\n", g.priority, g.mark, r.table);
+            continue;
+        }
         text += &format!(
             "rule {} {} {} {}\n",
             or_dash(&r.src),
@@ -79,7 +84,22 @@ fn parse(text: &str) -> Result<RoutePlan> {
                         dst: optional::<IpNet>(dst)?,
                         iif: optional::<String>(iif)?,
                         table: table.parse()?,
+                        guard: None,
                     });
+                }
+                ["guard", priority, mark, family, table] => {
+                    let mark = mark.strip_prefix("0x").unwrap_or(mark);
+                    let ipv6 = match *family {
+                        "4" => false,
+                        "6" => true,
+                        other => bail!("{other:?} is not a family (4 or 6)"),
+                    };
+                    plan.rules.insert(Rule::guard(
+                        priority.parse()?,
+                        u32::from_str_radix(mark, 16)?,
+                        ipv6,
+                        table.parse()?,
+                    ));
                 }
                 [] => {}
                 _ => bail!("not a route or rule"),
@@ -134,8 +154,12 @@ mod tests {
             dst: None,
             iif: Some("kilo0".into()),
             table: 1107,
+            guard: None,
         });
+        plan.rules.insert(Rule::guard(1100, 0x1000, true, 1108));
+        plan.rules.insert(Rule::guard(1101, 0x1000, false, 0));
         let text = render(&plan);
+        assert!(text.contains("guard 1100 0x1000 6 1108\n"), "{text}");
         assert_eq!(parse(&text).unwrap(), plan);
         let e = parse("route 254 banana - 7 - 1\n").unwrap_err();
         assert!(format!("{e:#}").starts_with("line 1: "), "{e:#}");
