@@ -2,15 +2,17 @@
 //! (clock skew, duplicate WireGuard IPs, overlapping CIDRs, who leads each location and why),
 //! and what is wrong on one node, from the [`NodeStatus`](crate::status::NodeStatus) its kg reports (handshakes that never
 //! complete and the evidence of why, NAT without keepalive, path MTU, IPIP, missing routes and
-//! rules). Each finding says in plain words what is wrong and what to do.
+//! rules, endpoint candidates left or refused). Each finding says in plain words what is wrong and what to do.
 
 use serde::{Deserialize, Serialize};
 
+mod candidates;
 mod cluster;
 mod evidence;
 mod host;
 mod keys;
 
+pub use candidates::candidate_findings;
 pub use cluster::{cluster_findings, cluster_findings_with_leases};
 pub use host::{node_findings, remote_findings};
 pub use keys::{key_findings, FALLBACK_SHOWN_SECS};

@@ -141,6 +141,7 @@ pub fn node_findings(status: &NodeStatus, nodes: &[Node], now_unix: i64) -> Vec<
         }
     }
     out.extend(super::keys::key_findings(status, now_unix));
+    out.extend(super::candidates::candidate_findings(status));
     let known: Vec<&str> = status.peers.iter().map(|p| p.public_key.as_str()).collect();
     for r in status
         .rejected_handshakes

@@ -5,6 +5,7 @@ use super::*;
 use crate::fixtures::NOW;
 use crate::status::{NodeStatus, PeerKind, PeerStatus};
 
+mod candidates;
 mod cluster;
 mod host;
 mod keys;

@@ -15,8 +15,10 @@ use super::{Route, RoutePlan, Rule};
 /// The table of the host's own routes that marked packets look up.
 pub const UNDERLAY_TABLE: u32 = 1108;
 /// The priority of the lookup rule; the `unreachable` rule comes one after it. The local
-/// table (0) is consulted before both, Kilo's rules (from 32765 down, as the kernel numbers
-/// rules added without a priority) and the main table (32766) after.
+/// table (0) is consulted before both and the main table (32766) after. Kilo's rules, added
+/// without a priority, are numbered by the kernel one below the second rule in the list, so
+/// they may come before the guard's: they match pod sources and traffic from the WireGuard
+/// link, never the socket's own packets.
 pub const GUARD_PRIORITY: u32 = 1100;
 /// The mark kg puts on WireGuard's socket by default. kube-proxy marks with 0x4000 and
 /// 0x8000, Calico within 0xffff0000, Cilium within 0x0f00; this bit is none of those. The
@@ -102,10 +104,12 @@ impl RoutePlan {
     /// none through kg's links) copied into [`UNDERLAY_TABLE`], and for each family that has
     /// one of them, a rule looking that table up and one answering `unreachable` after it.
     /// Link-local destinations are left out: no endpoint is link-local, and every link has
-    /// its own `fe80::/64`.
+    /// its own `fe80::/64`. So is a route without an output link (a multipath route, which
+    /// the listing does not split): a family none of whose routes is copied gets no rules,
+    /// rather than rules that would make every endpoint of it unreachable.
     pub fn guard_socket(&mut self, mark: u32, underlay: &[Route]) {
         let mut families = [false; 2];
-        for r in underlay {
+        for r in underlay.iter().filter(|r| r.link != 0) {
             let link_local = match r.dst {
                 ipnet::IpNet::V6(n) => n.addr().segments()[0] & 0xffc0 == 0xfe80,
                 ipnet::IpNet::V4(n) => n.addr().is_link_local(),

@@ -24,6 +24,12 @@ impl Reconciler {
             t.segments
                 .iter()
                 .filter(|s| !t.in_local_location(s) && !s.endpoint_candidates.is_empty())
+                // A peer found behind NAT is sent to where its handshakes come from, whatever
+                // it publishes: nothing to probe.
+                .filter(|s| {
+                    s.persistent_keepalive == 0
+                        || !t.discovered_endpoints.contains_key(&s.public_key)
+                })
                 .map(|s| TrackedPeer {
                     node: s.members[s.leader].name.clone(),
                     key: s.public_key,

@@ -77,8 +77,9 @@ fn may_change_routing(message: &NetlinkMessage<RouteNetlinkMessage>, own: u32) -
     }
 }
 
-/// True for the notifications that may concern kg: any address or rule change, and changes to
-/// protocol-static routes (an administrator's that kg may have to replace), unless kg asked
+/// True for the notifications that may concern kg: any address or rule change, changes to
+/// protocol-static routes (an administrator's that kg may have to replace) and to default
+/// routes of any protocol, unless kg asked
 /// for it through the socket whose netlink port is `own` (the kernel puts the asking socket's
 /// port in the notification): kg knows what it changed, and listing the host after each of
 /// its own changes would double every change's cost.
@@ -90,8 +91,12 @@ fn relevant(message: &NetlinkMessage<RouteNetlinkMessage>, own: u32) -> bool {
         // Notifications were lost: anything may have changed.
         NetlinkPayload::Overrun(_) => true,
         NetlinkPayload::InnerMessage(inner) => match inner {
+            // A default route of any origin too (DHCP, router advertisements, a routing
+            // daemon): the tunnel guard's table copies the host's routes, and a gateway that
+            // moved must reach it at once.
             RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
                 r.header.protocol == RouteProtocol::Static
+                    || r.header.destination_prefix_length == 0
             }
             RouteNetlinkMessage::NewAddress(_)
             | RouteNetlinkMessage::DelAddress(_)
@@ -182,8 +187,17 @@ mod tests {
         if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) = &mut kernel.payload
         {
             r.header.protocol = RouteProtocol::Kernel;
+            r.header.destination_prefix_length = 24;
         }
         assert!(!relevant(&kernel, 4242), "not a protocol-static route");
+        let mut dhcp = static_route_added(0);
+        if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) = &mut dhcp.payload {
+            r.header.protocol = RouteProtocol::Dhcp;
+        }
+        assert!(
+            relevant(&dhcp, 4242),
+            "a default route of any origin: the guard's table copies it"
+        );
     }
 
     #[test]

@@ -158,3 +158,47 @@ fn a_node_publishes_its_addresses_as_candidates_and_none_without_an_endpoint() {
         "{patch:?}"
     );
 }
+
+#[test]
+fn a_peer_found_behind_nat_is_sent_to_its_discovered_endpoint_and_not_probed() {
+    let mut bench = Bench::settled(&["--endpoint-probe-window=3s"]);
+    bench.annotate(
+        "c",
+        annotation::ENDPOINTS,
+        "198.51.100.3:51820,203.0.113.3:51820",
+    );
+    bench.annotate("c", annotation::PERSISTENT_KEEPALIVE, "10");
+    let key = Key::padded("c");
+    bench.annotate(
+        "b",
+        annotation::DISCOVERED_ENDPOINTS,
+        &format!(r#"{{"{key}":{{"IP":"192.0.2.9","Port":40000,"Zone":""}}}}"#),
+    );
+    let pass = bench.pass(Trigger::Event);
+    assert_eq!(
+        endpoint_for_c(&pass).as_deref(),
+        Some("192.0.2.9:40000"),
+        "{pass:?}"
+    );
+    assert!(
+        bench.core.endpoint_statuses().is_empty(),
+        "{:?}",
+        bench.core.endpoint_statuses()
+    );
+    // A window of traffic with no handshake moves nothing: the discovered endpoint stays.
+    assert_eq!(
+        bench.core.endpoint_readings(&reading(100, None), bench.now),
+        0
+    );
+    bench.advance(Duration::from_secs(4));
+    bench.core.endpoint_readings(&reading(200, None), bench.now);
+    let again = bench.pass(Trigger::Endpoints);
+    if let Some(endpoint) = endpoint_for_c(&again) {
+        assert_eq!(endpoint, "192.0.2.9:40000");
+    }
+    assert!(bench
+        .core
+        .take_events(0)
+        .iter()
+        .all(|e| e.reason != Reason::EndpointCandidateLeft));
+}
