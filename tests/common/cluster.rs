@@ -689,6 +689,31 @@ impl Cluster {
         check(self)
     }
 
+    /// The endpoint `on`'s device sends to for node `peer`, as `wg show endpoints` prints it
+    /// (empty while `peer` has no key or `on` no such peer).
+    #[allow(dead_code)]
+    pub fn peer_endpoint(&self, on: &str, peer: &str) -> String {
+        let key = self
+            .annotations(peer)
+            .get("kilo.squat.ai/key")
+            .cloned()
+            .unwrap_or_default();
+        self.node(on)
+            .wg("endpoints")
+            .lines()
+            .find(|l| !key.is_empty() && l.starts_with(&key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// True when node `from` gets a reply from `to`'s pod address within a second.
+    #[allow(dead_code)]
+    pub fn pod_pings(&self, from: &str, to: &str) -> bool {
+        let target = self.node(to).pod_ip.clone();
+        super::ping_ok(&self.node(from).ns.name, &target, Duration::from_secs(1))
+    }
+
     /// Every node pings every other node's pod address (one reply each).
     pub fn all_pods_reachable(&self) -> Result<(), String> {
         for a in &self.nodes {

@@ -8,26 +8,6 @@ use std::time::Duration;
 
 use common::cluster::{Cluster, Dns, NodeSpec};
 
-fn endpoint_of(c: &Cluster, on: &str, peer_name: &str) -> String {
-    let key = c
-        .annotations(peer_name)
-        .get("kilo.squat.ai/key")
-        .cloned()
-        .unwrap_or_default();
-    c.node(on)
-        .wg("endpoints")
-        .lines()
-        .find(|l| !key.is_empty() && l.starts_with(&key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("")
-        .to_string()
-}
-
-fn pings(c: &Cluster, from: &str, to: &str) -> bool {
-    let target = c.node(to).pod_ip.clone();
-    common::ping_ok(&c.node(from).ns.name, &target, Duration::from_secs(1))
-}
-
 #[test]
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn a_moved_dns_endpoint_is_followed_within_one_resync() {
@@ -60,10 +40,10 @@ fn a_moved_dns_endpoint_is_followed_within_one_resync() {
         c.start_kg(i, &["--encapsulate=never"]);
     }
     let up = c.wait_for(Duration::from_secs(30), |c| {
-        pings(c, "a", "b") && pings(c, "b", "a")
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
     });
     assert!(up, "{}", c.logs());
-    assert_eq!(endpoint_of(&c, "a", "b"), "192.168.20.2:51820");
+    assert_eq!(c.peer_endpoint("a", "b"), "192.168.20.2:51820");
     assert_eq!(
         c.annotations("b")["kilo.squat.ai/endpoint"],
         "node-b.mesh.test:51820",
@@ -78,16 +58,16 @@ fn a_moved_dns_endpoint_is_followed_within_one_resync() {
     b.ns.run(&["ip", "route", "replace", "default", "via", "192.168.20.254"]);
     dns.set("node-b.mesh.test", "192.168.20.12");
     let followed = c.wait_for(Duration::from_secs(6), |c| {
-        endpoint_of(c, "a", "b") == "192.168.20.12:51820"
+        c.peer_endpoint("a", "b") == "192.168.20.12:51820"
     });
     assert!(
         followed,
         "a still sends to {:?}\n{}",
-        endpoint_of(&c, "a", "b"),
+        c.peer_endpoint("a", "b"),
         c.logs()
     );
     let resumed = c.wait_for(Duration::from_secs(20), |c| {
-        pings(c, "a", "b") && pings(c, "b", "a")
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
     });
     assert!(resumed, "{}", c.logs());
 
@@ -99,8 +79,8 @@ fn a_moved_dns_endpoint_is_followed_within_one_resync() {
             .is_empty()
     });
     assert!(failed, "{}", c.node("a").log_text());
-    assert_eq!(endpoint_of(&c, "a", "b"), "192.168.20.12:51820");
-    assert!(pings(&c, "a", "b"), "{}", c.logs());
+    assert_eq!(c.peer_endpoint("a", "b"), "192.168.20.12:51820");
+    assert!(c.pod_pings("a", "b"), "{}", c.logs());
 }
 
 #[test]
@@ -133,7 +113,7 @@ fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
     }
     // b publishes its private 10.99.2.2 (unreachable from a); a learns the NAT's address.
     let up = c.wait_for(Duration::from_secs(30), |c| {
-        pings(c, "a", "b") && pings(c, "b", "a")
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
     });
     assert!(up, "{}", c.logs());
     assert_eq!(
@@ -141,9 +121,9 @@ fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
         "10.99.2.2:51820"
     );
     assert!(
-        endpoint_of(&c, "a", "b").starts_with(&format!("{nat_ip}:")),
+        c.peer_endpoint("a", "b").starts_with(&format!("{nat_ip}:")),
         "{}",
-        endpoint_of(&c, "a", "b")
+        c.peer_endpoint("a", "b")
     );
     let published = c.wait_for(Duration::from_secs(10), |c| {
         c.annotations("a")
@@ -153,27 +133,31 @@ fn a_nated_node_with_keepalive_is_reached_through_its_discovered_endpoint() {
     assert!(published, "{:?}\n{}", c.annotations("a"), c.logs());
     // Several resyncs later the session still holds (no reconfiguration back to 10.99.2.2).
     std::thread::sleep(Duration::from_secs(5));
-    assert!(endpoint_of(&c, "a", "b").starts_with(&format!("{nat_ip}:")));
-    assert!(pings(&c, "a", "b") && pings(&c, "b", "a"), "{}", c.logs());
+    assert!(c.peer_endpoint("a", "b").starts_with(&format!("{nat_ip}:")));
+    assert!(
+        c.pod_pings("a", "b") && c.pod_pings("b", "a"),
+        "{}",
+        c.logs()
+    );
     assert!(c.node("a").events_of(Reason::EndpointSwitched).is_empty());
 
     // b's kg, killed (so b stays in the mesh: nothing is removed), comes back on another port:
     // its handshakes reach a through another NAT mapping, and a follows them and says so,
     // once, naming b and both addresses.
-    let before = endpoint_of(&c, "a", "b");
+    let before = c.peer_endpoint("a", "b");
     c.nodes[1].kill();
     c.start_kg(1, &["--encapsulate=never", "--port=51821"]);
     let moved = c.wait_for(Duration::from_secs(30), |c| {
-        let now = endpoint_of(c, "a", "b");
-        now != before && now.starts_with(&format!("{nat_ip}:")) && pings(c, "a", "b")
+        let now = c.peer_endpoint("a", "b");
+        now != before && now.starts_with(&format!("{nat_ip}:")) && c.pod_pings("a", "b")
     });
     assert!(
         moved,
         "{} (was {before})\n{}",
-        endpoint_of(&c, "a", "b"),
+        c.peer_endpoint("a", "b"),
         c.logs()
     );
-    let after = endpoint_of(&c, "a", "b");
+    let after = c.peer_endpoint("a", "b");
     let said = c.wait_for(Duration::from_secs(10), |c| {
         !c.node("a").events_of(Reason::EndpointSwitched).is_empty()
     });

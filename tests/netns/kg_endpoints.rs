@@ -9,22 +9,6 @@ use std::time::Duration;
 
 use common::cluster::{Cluster, NodeSpec};
 
-/// The endpoint `on`'s device sends to for `peer_name`, as `wg show endpoints` prints it.
-fn endpoint_of(c: &Cluster, on: &str, peer_name: &str) -> String {
-    let key = c
-        .annotations(peer_name)
-        .get("kilo.squat.ai/key")
-        .cloned()
-        .unwrap_or_default();
-    c.node(on)
-        .wg("endpoints")
-        .lines()
-        .find(|l| !key.is_empty() && l.starts_with(&key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("")
-        .to_string()
-}
-
 /// The candidates `on` reports at `/status` for the segment `leader` leads.
 fn candidates_of(c: &Cluster, on: &str, leader: &str) -> Option<CandidatesStatus> {
     c.node(on)
@@ -35,9 +19,22 @@ fn candidates_of(c: &Cluster, on: &str, leader: &str) -> Option<CandidatesStatus
         .candidates
 }
 
-fn pings(c: &Cluster, from: &str, to: &str) -> bool {
-    let target = c.node(to).pod_ip.clone();
-    common::ping_ok(&c.node(from).ns.name, &target, Duration::from_secs(1))
+/// Node a (east, 192.168.10.1) and node b (west, 192.168.20.2, annotated `b_annotations`).
+fn a_and_b(b_annotations: &[(&str, &str)]) -> Cluster {
+    let mut c = Cluster::new(&["east", "west"]);
+    for (name, location, annotations, index) in
+        [("a", "east", &[][..], 1), ("b", "west", b_annotations, 2)]
+    {
+        c.add_node(
+            &NodeSpec {
+                name,
+                location,
+                annotations,
+            },
+            index,
+        );
+    }
+    c
 }
 
 const B_ADDRESSES: [&str; 3] = ["192.168.20.2", "192.168.20.12", "192.168.20.22"];
@@ -50,23 +47,7 @@ fn unreachable_candidates_are_left_for_the_one_that_handshakes() {
         eprintln!("skipped: needs iptables too");
         return;
     }
-    let mut c = Cluster::new(&["east", "west"]);
-    c.add_node(
-        &NodeSpec {
-            name: "a",
-            location: "east",
-            annotations: &[],
-        },
-        1,
-    );
-    c.add_node(
-        &NodeSpec {
-            name: "b",
-            location: "west",
-            annotations: &[],
-        },
-        2,
-    );
+    let mut c = a_and_b(&[]);
     // b has two more addresses on its underlay; WireGuard reaches it on the last one only.
     let b = c.node("b");
     for extra in &B_ADDRESSES[1..] {
@@ -98,10 +79,10 @@ fn unreachable_candidates_are_left_for_the_one_that_handshakes() {
     );
 
     let up = c.wait_for(Duration::from_secs(40), |c| {
-        pings(c, "a", "b") && pings(c, "b", "a")
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
     });
     assert!(up, "{:?}\n{}", candidates_of(&c, "a", "b"), c.logs());
-    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    assert_eq!(c.peer_endpoint("a", "b"), expected[2]);
     let seen = candidates_of(&c, "a", "b").expect("a reports b's candidates");
     assert_eq!(
         seen.in_use.as_deref(),
@@ -137,8 +118,8 @@ fn unreachable_candidates_are_left_for_the_one_that_handshakes() {
         ]);
     }
     std::thread::sleep(Duration::from_secs(10));
-    assert!(pings(&c, "a", "b"), "{}", c.logs());
-    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    assert!(c.pod_pings("a", "b"), "{}", c.logs());
+    assert_eq!(c.peer_endpoint("a", "b"), expected[2]);
     let kept = candidates_of(&c, "a", "b").expect("a reports b's candidates");
     assert_eq!(
         kept.in_use.as_deref(),
@@ -161,25 +142,9 @@ fn a_candidate_routed_only_into_the_mesh_is_refused_and_never_tried() {
         eprintln!("skipped: needs iptables too");
         return;
     }
-    let mut c = Cluster::new(&["east", "west"]);
-    c.add_node(
-        &NodeSpec {
-            name: "a",
-            location: "east",
-            annotations: &[],
-        },
-        1,
-    );
     // b routes 192.168.20.100/32 for its location, and holds that address itself: from a,
     // that candidate is reachable only through the tunnel to b.
-    c.add_node(
-        &NodeSpec {
-            name: "b",
-            location: "west",
-            annotations: &[("kilo.squat.ai/allowed-location-ips", "192.168.20.100/32")],
-        },
-        2,
-    );
+    let mut c = a_and_b(&[("kilo.squat.ai/allowed-location-ips", "192.168.20.100/32")]);
     // a has no default route: its underlay reaches b's .2 and .222 only.
     let a = c.node("a");
     a.ns.run(&["ip", "route", "del", "default"]);
@@ -220,10 +185,10 @@ fn a_candidate_routed_only_into_the_mesh_is_refused_and_never_tried() {
     assert!(published, "{:?}\n{}", c.annotations("b"), c.logs());
 
     let up = c.wait_for(Duration::from_secs(40), |c| {
-        pings(c, "a", "b") && pings(c, "b", "a")
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
     });
     assert!(up, "{:?}\n{}", candidates_of(&c, "a", "b"), c.logs());
-    assert_eq!(endpoint_of(&c, "a", "b"), expected[2]);
+    assert_eq!(c.peer_endpoint("a", "b"), expected[2]);
     let seen = candidates_of(&c, "a", "b").expect("a reports b's candidates");
     assert_eq!(seen.in_use.as_deref(), Some(expected[2]), "{seen:?}");
     assert_eq!(seen.usable, [expected[0], expected[2]], "{seen:?}");

@@ -103,18 +103,15 @@ impl RoutePlan {
     /// Adds the guard for packets marked `mark`: `underlay` (the host's own main-table routes,
     /// none through kg's links) copied into [`UNDERLAY_TABLE`], and for each family that has
     /// one of them, a rule looking that table up and one answering `unreachable` after it.
-    /// Link-local destinations are left out: no endpoint is link-local, and every link has
-    /// its own `fe80::/64`. So is a route without an output link (a multipath route, which
-    /// the listing does not split): a family none of whose routes is copied gets no rules,
-    /// rather than rules that would make every endpoint of it unreachable.
+    /// Link-local (and loopback) destinations are left out: no endpoint is one
+    /// ([`crate::ip::is_unusable`]), and every link has its own `fe80::/64`. So is a route
+    /// without an output link (a multipath route, which the listing does not split): a family
+    /// none of whose routes is copied gets no rules, rather than rules that would make every
+    /// endpoint of it unreachable.
     pub fn guard_socket(&mut self, mark: u32, underlay: &[Route]) {
         let mut families = [false; 2];
         for r in underlay.iter().filter(|r| r.link != 0) {
-            let link_local = match r.dst {
-                ipnet::IpNet::V6(n) => n.addr().segments()[0] & 0xffc0 == 0xfe80,
-                ipnet::IpNet::V4(n) => n.addr().is_link_local(),
-            };
-            if link_local && r.dst.prefix_len() > 0 {
+            if crate::ip::is_unusable(r.dst.addr()) && r.dst.prefix_len() > 0 {
                 continue;
             }
             families[usize::from(r.dst.addr().is_ipv6())] = true;
