@@ -17,6 +17,7 @@ use control::node::Granularity;
 use ipnet::IpNet;
 
 pub mod check;
+pub mod check_endpoints;
 pub mod check_pq;
 pub mod check_shares;
 pub mod events;
@@ -24,12 +25,18 @@ pub mod report;
 pub mod settings;
 pub mod sim;
 
-use events::{Event, PeerChange, BROKEN_ANNOTATIONS, LOCATIONS, MAX_NODES};
+use events::{EndpointChange, Event, PeerChange, BROKEN_ANNOTATIONS, LOCATIONS, MAX_NODES};
 use sim::{Election, Family, Sim};
 
 /// How long after the last fault every surviving node must have converged: a dead node's
 /// check-in window (60 s after its last check-in, which is at most 30 s old), then a resync.
 pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(120);
+
+/// How much longer a tunnel may take to find a working pair of endpoints when an uplink stays
+/// black-holed: a candidate that worked is left once the device has sent for a session's
+/// lifetime and a probe window with no handshake ([`control::endpoints::SESSION_LIFETIME`]),
+/// and each candidate tried after it gets one window (15 s; two candidates per node here).
+pub const ENDPOINT_BOUND: Duration = Duration::from_secs(180 + 4 * 15);
 
 /// What a sequence did, for a test to report.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -132,14 +139,27 @@ pub fn run(input: &[u8]) -> Result<Outcome, Violation> {
     history
         .push("the faults stop: every outage ends, every malformed annotation is removed".into());
     model.heal(&mut sim);
-    sim.advance(CONVERGENCE_BOUND)
+    let black_holed = sim
+        .nodes
+        .values()
+        .any(|n| n.uplinks.black_holed.iter().any(|b| *b));
+    let bound = if black_holed {
+        history.push(format!(
+            "an uplink stays black-holed: {} s more for the candidates",
+            ENDPOINT_BOUND.as_secs()
+        ));
+        CONVERGENCE_BOUND + ENDPOINT_BOUND
+    } else {
+        CONVERGENCE_BOUND
+    };
+    sim.advance(bound)
         .map_err(|e| fail(format!("{e:#}"), &history))?;
     let peers = model.valid_peers();
     check::converged(&sim, &model.left, &peers).map_err(|e| {
         fail(
             format!(
                 "not converged {} s after the last fault: {e}\nthe nodes then:\n{}",
-                CONVERGENCE_BOUND.as_secs(),
+                bound.as_secs(),
                 report::describe(&sim)
             ),
             &history,
@@ -220,7 +240,8 @@ impl Model {
             | Event::Outage { node, .. }
             | Event::Block { node, .. }
             | Event::Refuse { node, .. }
-            | Event::Nat { node, .. } => sim.nth(*node),
+            | Event::Nat { node, .. }
+            | Event::Endpoint { node, .. } => sim.nth(*node),
             _ => None,
         }
     }
@@ -292,6 +313,12 @@ impl Model {
                 sim.set_nat(&name, *on);
                 mark(&mut self.behind_nat, name, *on);
             }
+            (Event::Endpoint { change, .. }, Some(name)) => match *change {
+                EndpointChange::BlackHole { uplink, on } => sim.set_black_holed(&name, uplink, on),
+                EndpointChange::AddressRemoved => sim.readdress(&name, true),
+                EndpointChange::AddressRenewed => sim.readdress(&name, false),
+                EndpointChange::NatMoved => sim.move_nat_mapping(&name),
+            },
             (Event::Cordon { on, .. }, Some(name)) => {
                 let on = *on;
                 sim.edit_node(&name, |node| {
@@ -355,7 +382,19 @@ impl Model {
     }
 
     /// Ends every fault: outages, malformed annotations, blocked ports and refusing kernels.
+    /// Black-holed uplinks and removed addresses stay, as conditions the mesh must route
+    /// around, except that every node keeps one live uplink (`eth0` is let through when
+    /// none is).
     fn heal(&mut self, sim: &mut Sim) {
+        let dead: Vec<String> = sim
+            .nodes
+            .iter()
+            .filter(|(_, n)| !(0..sim::UPLINKS).any(|u| n.uplink_live(u)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in dead {
+            sim.set_black_holed(&name, 0, false);
+        }
         for name in std::mem::take(&mut self.cut_off) {
             sim.set_outage(&name, false);
         }
@@ -396,6 +435,8 @@ fn base64_key(key: &dataplane::PublicKey) -> String {
 
 #[cfg(test)]
 mod check_tests;
+#[cfg(test)]
+mod endpoint_tests;
 #[cfg(test)]
 mod pq_tests;
 #[cfg(test)]

@@ -28,6 +28,11 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         moved
     }
 
+    /// Every peer's endpoint probing, as `/status` shows it.
+    pub fn endpoint_statuses(&self) -> Vec<control::endpoints::ProbeStatus> {
+        self.core.endpoint_statuses()
+    }
+
     /// Puts every peer's endpoint probing on `/status`.
     pub(super) fn publish_candidates(&self) {
         let candidates: BTreeMap<String, CandidatesStatus> = self

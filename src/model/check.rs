@@ -447,6 +447,7 @@ pub fn converged(
             }
         }
     }
+    super::check_endpoints::tunnels_carry(sim)?;
     if sim.post_quantum {
         super::check_pq::keyed(sim)?;
     }

@@ -112,6 +112,13 @@ pub enum Event {
         /// Refusing or not.
         on: bool,
     },
+    /// The node's addresses or the paths to them change.
+    Endpoint {
+        /// Which node.
+        node: usize,
+        /// What changes.
+        change: EndpointChange,
+    },
     /// A Kilo Peer is added (a valid one, or one with a malformed field), or removed.
     Peer {
         /// Which of three Peers.
@@ -119,6 +126,26 @@ pub enum Event {
         /// Added (valid or not) or removed.
         change: PeerChange,
     },
+}
+
+/// What happens to a node's addresses or the paths to them: what its peers' choice among its
+/// endpoint candidates meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointChange {
+    /// Packets to its address on an uplink (0: `eth0`, Kilo's endpoint; 1: `eth1`) are
+    /// dropped (a firewall rule, a broken route), or get through again.
+    BlackHole {
+        /// Which uplink.
+        uplink: usize,
+        /// Black-holed or not.
+        on: bool,
+    },
+    /// Its second uplink's address is removed.
+    AddressRemoved,
+    /// Its second uplink gets a new address.
+    AddressRenewed,
+    /// Its NAT maps it to a new public port (when it is behind NAT).
+    NatMoved,
 }
 
 /// What happens to a Peer.
@@ -174,7 +201,7 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
         let node = |b: &mut Bytes| b.below(MAX_NODES);
         // Waits and restarts weigh most: faults need time to play out, and a dead node
         // tells the converged mesh little.
-        let event = match bytes.below(22) {
+        let event = match bytes.below(23) {
             0..=3 => Event::Wait {
                 secs: 1 + bytes.below(40) as u32,
             },
@@ -218,6 +245,18 @@ pub fn decode(input: &[u8]) -> Vec<Event> {
             18 => Event::Block {
                 node: node(&mut bytes),
                 on: bytes.flag(),
+            },
+            19 => Event::Endpoint {
+                node: node(&mut bytes),
+                change: match bytes.below(4) {
+                    0 => EndpointChange::BlackHole {
+                        uplink: bytes.below(2),
+                        on: bytes.flag(),
+                    },
+                    1 => EndpointChange::AddressRemoved,
+                    2 => EndpointChange::AddressRenewed,
+                    _ => EndpointChange::NatMoved,
+                },
             },
             20 => Event::Refuse {
                 node: node(&mut bytes),
@@ -276,6 +315,18 @@ impl fmt::Display for Event {
             Self::Refuse { node, on } => {
                 write!(f, "node #{node}'s kernel refuses changes: {on}")
             }
+            Self::Endpoint { node, change } => match change {
+                EndpointChange::BlackHole { uplink, on } => {
+                    write!(f, "node #{node}'s uplink {uplink} black-holed: {on}")
+                }
+                EndpointChange::AddressRemoved => {
+                    write!(f, "node #{node}'s second uplink loses its address")
+                }
+                EndpointChange::AddressRenewed => {
+                    write!(f, "node #{node}'s second uplink gets a new address")
+                }
+                EndpointChange::NatMoved => write!(f, "node #{node}'s NAT mapping moves"),
+            },
             Self::Peer { which, change } => write!(f, "Peer p{which}: {change:?}"),
         }
     }

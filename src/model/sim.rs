@@ -26,7 +26,10 @@ use crate::backend::{Backend, Snapshot};
 use super::settings::agent_args;
 pub use super::settings::{Election, Family};
 
+mod paths;
 mod tunnel;
+
+pub use paths::{Uplinks, SECOND_UPLINK, UPLINKS};
 
 /// The agents' `--resync-period`.
 pub const RESYNC: Duration = Duration::from_secs(30);
@@ -59,6 +62,10 @@ pub struct SimNode {
     /// It is behind NAT: nothing reaches it before it sent first, so it never hears another
     /// node behind NAT (they need a relay).
     pub behind_nat: bool,
+    /// Its second uplink's address, the uplinks black-holed, its NAT mapping's last move.
+    pub uplinks: Uplinks,
+    /// Its number in order of joining (its addresses derive from it).
+    index: u8,
 }
 
 impl SimNode {
@@ -138,6 +145,10 @@ pub struct Sim {
     /// Per node and peer, the seconds of handshakes refused under differing preshared keys
     /// since data last flowed: what its engine counts as refused responses.
     refused: BTreeMap<(String, control::Key), u32>,
+    /// Per node and peer, when its device last completed a handshake (Unix milliseconds).
+    handshaked: BTreeMap<(String, control::Key), i64>,
+    /// How many times a second uplink was given a new address.
+    renewals: u8,
 }
 
 impl Drop for Sim {
@@ -178,6 +189,8 @@ impl Sim {
             flowed: start,
             sessions: BTreeMap::new(),
             refused: BTreeMap::new(),
+            handshaked: BTreeMap::new(),
+            renewals: 0,
         })
     }
 
@@ -235,18 +248,26 @@ impl Sim {
             ..NodeSpec::default()
         });
         self.cluster.update(|s| s.put_node(&name, object));
+        let kernel = MemKernel::host_at(control::DEFAULT_INTERFACE, address);
+        let second = paths::second_address(self.family, i, 0);
+        kernel.add_uplink(SECOND_UPLINK, second);
         let node = SimNode {
             location: location.to_string(),
             address,
             pod_cidr,
             key: SecretKey::from_bytes([i; 32]),
-            kernel: MemKernel::host_at(control::DEFAULT_INTERFACE, address),
+            kernel,
             backend: self.cluster.connect(),
             running: None,
             dir,
             frozen: None,
             blocked: false,
             behind_nat: false,
+            uplinks: Uplinks {
+                second: Some(second),
+                ..Uplinks::default()
+            },
+            index: i,
         };
         self.nodes.insert(name.clone(), node);
         self.start(&name, false)?;

@@ -97,9 +97,17 @@ fn encode(events: &[Event]) -> Vec<u8> {
             Event::OutageAll { on } => out.extend([17, u8::from(on)]),
             Event::Block { node, on } => out.extend([18, node as u8, u8::from(on)]),
             Event::Nat { node, on } => out.extend([21, node as u8, u8::from(on)]),
+            Event::Endpoint { node, change } => out.extend(match change {
+                EndpointChange::BlackHole { uplink, on } => {
+                    vec![19, node as u8, 0, uplink as u8, u8::from(on)]
+                }
+                EndpointChange::AddressRemoved => vec![19, node as u8, 1],
+                EndpointChange::AddressRenewed => vec![19, node as u8, 2],
+                EndpointChange::NatMoved => vec![19, node as u8, 3],
+            }),
             Event::Refuse { node, on } => out.extend([20, node as u8, u8::from(on)]),
             Event::Peer { which, change } => out.extend([
-                19,
+                22,
                 which as u8,
                 match change {
                     PeerChange::Valid => 0,

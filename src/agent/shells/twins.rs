@@ -432,6 +432,27 @@ impl MemKernel {
         )
     }
 
+    /// Adds the link `name` (up, MTU 1500) holding `address`, as a host's second uplink.
+    pub fn add_uplink(&self, name: &str, address: IpNet) {
+        let mut s = self.state.lock();
+        s.add_link(name, "", 1500);
+        if let Some(link) = s.links.iter_mut().find(|l| l.name == name) {
+            link.up = true;
+            let index = link.index;
+            s.addresses.push((index, address));
+        }
+    }
+
+    /// Gives the link called `name` the address `address` alone, or none, as DHCP or an
+    /// operator would (a link that does not exist is left alone).
+    pub fn readdress(&self, name: &str, address: Option<IpNet>) {
+        let mut s = self.state.lock();
+        if let Some(index) = s.links.iter().find(|l| l.name == name).map(|l| l.index) {
+            s.addresses.retain(|(i, _)| *i != index);
+            s.addresses.extend(address.map(|a| (index, a)));
+        }
+    }
+
     /// Makes every change of links, addresses and routes fail from now on (`true`), changing
     /// nothing, or work again.
     pub fn refuse_changes(&self, refuse: bool) {

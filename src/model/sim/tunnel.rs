@@ -4,11 +4,14 @@
 //! address on its WireGuard link.
 //!
 //! A tunnel between two running devices that hold each other as peers is *reachable* when
-//! neither WireGuard port is blocked and not both are behind NAT. A handshake then completes
-//! when both ends hold the same preshared key (or none): the session made then is renewed at
-//! every step the keys agree, and outlives a change of key for WireGuard's reject-after time
-//! (180 s), as a real session does. While keys differ and no session is left, the handshakes
-//! fail: each end counts one refused response a second, as the embedded engine would.
+//! neither WireGuard port is blocked and one end can start a handshake the other answers
+//! ([`super::paths`]): the endpoint it holds for the other is the other's address on one of
+//! its uplinks, that uplink's address is live at both ends, and the other is not behind NAT. A
+//! handshake then completes when both ends hold the same preshared key (or none): the session
+//! made then is renewed at every step the keys agree, and outlives a change of key for
+//! WireGuard's reject-after time (180 s), as a real session does. While keys differ and no
+//! session is left, the handshakes fail: each end counts one refused response a second, as the
+//! embedded engine would.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -35,8 +38,16 @@ pub(super) enum TunnelState {
     Up,
 }
 
-/// Each running node's device peers and their preshared keys.
-pub(super) type DeviceKeys = BTreeMap<String, BTreeMap<Key, Option<SecretKey>>>;
+/// What the tunnels need of one device's peer: its preshared key and the endpoint the
+/// device sends to.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PeerSide {
+    pub(super) preshared_key: Option<SecretKey>,
+    pub(super) endpoint: Option<SocketAddr>,
+}
+
+/// Each running node's device peers.
+pub(super) type DeviceKeys = BTreeMap<String, BTreeMap<Key, PeerSide>>;
 
 impl Sim {
     /// Brings every device's traffic up to now: each running device sends on every tunnel it
@@ -60,6 +71,7 @@ impl Sim {
         for name in names {
             let mut handshakes = std::collections::BTreeSet::new();
             let mut counters = BTreeMap::new();
+            let mut last_handshakes = BTreeMap::new();
             for peer in devices[&name].keys() {
                 let state = self.tunnel(&devices, &name, peer, now);
                 self.count_refused(&name, *peer, state, secs_counted);
@@ -68,12 +80,18 @@ impl Sim {
                 if state == TunnelState::Up {
                     counter.0 += 100 * secs;
                     handshakes.insert(*peer);
+                    self.handshaked
+                        .insert((name.clone(), *peer), self.now.unix_ms);
                 }
                 counters.insert(*peer, *counter);
+                if let Some(at) = self.handshaked.get(&(name.clone(), *peer)) {
+                    last_handshakes.insert(*peer, *at);
+                }
             }
             let failed = self.failed_handshakes(&name);
             if let Some(running) = self.nodes.get(&name).and_then(|n| n.running.as_ref()) {
                 running.twin.engine.set_traffic(counters, handshakes);
+                running.twin.engine.set_last_handshakes(last_handshakes);
                 running.twin.engine.set_failed_handshakes(failed);
             }
         }
@@ -88,7 +106,13 @@ impl Sim {
                 let peers = config
                     .peers
                     .into_iter()
-                    .map(|p| (Key(*p.public_key.as_bytes()), p.preshared_key))
+                    .map(|p| {
+                        let side = PeerSide {
+                            preshared_key: p.preshared_key,
+                            endpoint: p.endpoint,
+                        };
+                        (Key(*p.public_key.as_bytes()), side)
+                    })
                     .collect();
                 Some((name.clone(), peers))
             })
@@ -104,8 +128,26 @@ impl Sim {
         peer: &Key,
         now: Instant,
     ) -> TunnelState {
+        let state = self.tunnel_state(devices, name, peer, now);
+        if state.1 {
+            self.sessions.insert(state.2, now);
+        }
+        state.0
+    }
+
+    /// The tunnel from `name`'s device to its peer `peer` at `now`, given every device's
+    /// peers, without renewing anything: the state, whether a handshake completes, and the
+    /// session's pair of keys.
+    fn tunnel_state(
+        &self,
+        devices: &DeviceKeys,
+        name: &str,
+        peer: &Key,
+        now: Instant,
+    ) -> (TunnelState, bool, (Key, Key)) {
+        let unreachable = (TunnelState::Unreachable, false, (*peer, *peer));
         let Some(node) = self.nodes.get(name) else {
-            return TunnelState::Unreachable;
+            return unreachable;
         };
         let own = node.public_key();
         let Some(far_name) = self
@@ -114,36 +156,47 @@ impl Sim {
             .find(|(_, n)| n.public_key() == *peer)
             .map(|(far, _)| far.clone())
         else {
-            return TunnelState::Unreachable;
+            return unreachable;
         };
         let far = &self.nodes[&far_name];
         let (Some(mine), Some(theirs)) = (devices.get(name), devices.get(&far_name)) else {
-            return TunnelState::Unreachable;
+            return unreachable;
         };
-        let (Some(my_key), Some(their_key)) = (mine.get(peer), theirs.get(&own)) else {
-            return TunnelState::Unreachable;
+        let (Some(my_side), Some(their_side)) = (mine.get(peer), theirs.get(&own)) else {
+            return unreachable;
         };
-        if node.blocked || far.blocked || (node.behind_nat && far.behind_nat) {
-            return TunnelState::Unreachable;
+        if node.blocked || far.blocked {
+            return unreachable;
+        }
+        let path = self.starts_handshake(node, far, my_side.endpoint, now)
+            || self.starts_handshake(far, node, their_side.endpoint, now);
+        if !path {
+            return unreachable;
         }
         let pair = if own < *peer {
             (own, *peer)
         } else {
             (*peer, own)
         };
-        if my_key == their_key {
-            self.sessions.insert(pair, now);
-            return TunnelState::Up;
+        if my_side.preshared_key == their_side.preshared_key {
+            return (TunnelState::Up, true, pair);
         }
         let session_left = self
             .sessions
             .get(&pair)
             .is_some_and(|renewed| now.saturating_duration_since(*renewed) < SESSION_LIFETIME);
-        if session_left {
+        let state = if session_left {
             TunnelState::Up
         } else {
             TunnelState::Refused
-        }
+        };
+        (state, false, pair)
+    }
+
+    /// True when the tunnel from `name`'s device to its peer `peer` carries traffic now.
+    pub fn tunnel_up(&self, name: &str, peer: &Key) -> bool {
+        let devices = self.device_keys();
+        self.tunnel_state(&devices, name, peer, self.now.instant).0 == TunnelState::Up
     }
 
     /// Forgets the sessions of `name`'s device (its engine died with its agent).
@@ -152,6 +205,7 @@ impl Sim {
             let key = node.public_key();
             self.sessions.retain(|(a, b), _| *a != key && *b != key);
         }
+        self.handshaked.retain(|(n, _), _| n != name);
     }
 
     /// Counts, for `name`'s peer `peer`, one more second of handshakes refused under

@@ -30,6 +30,9 @@ struct EngineState {
     traffic: std::collections::BTreeMap<control::Key, (u64, u64)>,
     /// The peers with a completed handshake, as a test's network says.
     handshakes: std::collections::BTreeSet<control::Key>,
+    /// When each peer's last handshake completed (Unix milliseconds), as a test's network
+    /// says ([`MemDevice::set_last_handshakes`]); a peer not named reads as none.
+    last_handshakes: std::collections::BTreeMap<control::Key, i64>,
     /// Per peer, the handshakes that failed the way differing preshared keys make them fail,
     /// as a test's network says.
     failed: std::collections::BTreeMap<control::Key, FailedHandshakes>,
@@ -84,6 +87,12 @@ impl MemDevice {
         let mut s = self.state.lock();
         s.traffic = traffic;
         s.handshakes = handshakes;
+    }
+
+    /// Sets when each peer's last handshake completed (Unix milliseconds), as the network
+    /// around this device would make it: what [`Device::peer_readings`] reads.
+    pub fn set_last_handshakes(&self, at: std::collections::BTreeMap<control::Key, i64>) {
+        self.state.lock().last_handshakes = at;
     }
 
     /// Sets, per peer, the handshakes that failed under differing preshared keys, as the
@@ -171,6 +180,27 @@ impl Device for MemDevice {
                     endpoint: p.endpoint,
                     has_handshake: s.handshakes.contains(&public_key),
                 }
+            })
+            .collect())
+    }
+    fn peer_readings(
+        &self,
+    ) -> Result<std::collections::BTreeMap<control::Key, control::peer_status::PeerReading>> {
+        let mut s = self.state.lock();
+        s.calls.reads += 1;
+        Ok(s.config
+            .peers
+            .iter()
+            .map(|p| {
+                let key = control::Key(*p.public_key.as_bytes());
+                let (rx_bytes, tx_bytes) = s.traffic.get(&key).copied().unwrap_or_default();
+                let reading = control::peer_status::PeerReading {
+                    endpoint: p.endpoint,
+                    last_handshake_ms: s.last_handshakes.get(&key).copied(),
+                    rx_bytes,
+                    tx_bytes,
+                };
+                (key, reading)
             })
             .collect())
     }
