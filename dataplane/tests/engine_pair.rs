@@ -832,3 +832,48 @@ fn a_held_initiation_is_answered_from_the_local_address_it_reached() {
     let answers: Vec<_> = out.to_network.iter_endpoints().map(|(to, _)| to).collect();
     assert_eq!(answers, vec![Some(reached)]);
 }
+
+#[test]
+fn data_on_an_older_session_does_not_complete_the_handshake_this_end_answered() {
+    let mut pair = EnginePair::new();
+    let now = Instant::now();
+    pair.send_a_to_b(now, b"hello");
+    let handshakes = |side: &Side| side.engine.peer_stats()[0].handshakes;
+    assert_eq!(handshakes(&pair.a), 1, "A initiated and got the response");
+    // B starts a new handshake; A answers, and the answer is lost on its way back.
+    assert!(pair.b.engine.rekey(&pair.a.key.public_key()));
+    let mut initiation = Outbox::default();
+    pair.b.engine.handle_timers(now, &mut initiation);
+    let initiations: Vec<Vec<u8>> = initiation
+        .to_network
+        .iter()
+        .map(|(_, d)| d.to_vec())
+        .collect();
+    assert_eq!(initiations.len(), 1, "B sends one initiation");
+    let mut answer = Outbox::default();
+    pair.a
+        .engine
+        .handle_datagram(now, pair.b.addr, &initiations[0], &mut answer);
+    let lost: Vec<Vec<u8>> = answer.to_network.iter().map(|(_, d)| d.to_vec()).collect();
+    assert_eq!(lost.len(), 1, "A answers");
+    // Data still comes from B on the old session: it confirms nothing of A's answer.
+    pair.send_b_to_a(now, b"old session");
+    assert_eq!(payload_of(pair.a.delivered.last().unwrap()), b"old session");
+    assert_eq!(
+        handshakes(&pair.a),
+        1,
+        "data on the old session completed the handshake A answered"
+    );
+    // The answer arrives after all: B confirms it on the new session, and A counts it.
+    let mut confirmation = Outbox::default();
+    pair.b
+        .engine
+        .handle_datagram(now, pair.a.addr, &lost[0], &mut confirmation);
+    pair.run(now, confirmation, false);
+    pair.send_b_to_a(now, b"new session");
+    assert_eq!(
+        handshakes(&pair.a),
+        2,
+        "the data on the new session completes it"
+    );
+}

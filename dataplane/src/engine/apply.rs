@@ -141,7 +141,7 @@ impl Engine {
                     // What failed under the old key says nothing about the new one.
                     core.refused_responses = 0;
                     core.unused_answers = 0;
-                    core.answer_unused = false;
+                    core.answer_unused = None;
                 }
                 report.kept.push(config.public_key);
             }

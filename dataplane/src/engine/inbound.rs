@@ -293,8 +293,10 @@ impl Engine {
         // source and count it.
         core.last_received = Some(now);
         core.unanswered_since = None;
-        if std::mem::take(&mut core.answer_unused) {
-            // Data after our answer to an initiation: the responder's handshake completed.
+        if core.answer_unused == Some(note.receiver_idx) {
+            // Data on the session our answer to an initiation made: the responder's
+            // handshake completed. Data on an older session confirms nothing of it.
+            core.answer_unused = None;
             Self::note_handshake(now, shared, core);
         }
         core.refused_responses = 0;
@@ -400,10 +402,20 @@ impl Engine {
         let slot = out.to_tunnel.reserve(datagram.len().max(MIN_OUTPUT));
         let result = tunn.decapsulate(Some(from.peer.ip()), datagram, slot);
         let mut replied = false;
+        // Our index of the session an answer to an initiation makes (the response's sender).
+        let mut answered = None;
         match result {
             TunnResult::WriteToNetwork(reply) => {
                 // A handshake response, or the keepalive confirming our initiation. Both go
                 // back where the message came from.
+                if message_type == HANDSHAKE_INITIATION
+                    && reply.first() == Some(&HANDSHAKE_RESPONSE)
+                {
+                    answered = reply
+                        .get(4..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u32::from_le_bytes);
+                }
                 shared.add_tx(reply.len());
                 out.to_network.push_copy(Some(from), reply);
                 replied = true;
@@ -434,10 +446,10 @@ impl Engine {
             shared.set_endpoint(core, from);
         }
         if message_type == HANDSHAKE_INITIATION {
-            if core.answer_unused {
+            if core.answer_unused.is_some() {
                 core.unused_answers = core.unused_answers.saturating_add(1);
             }
-            core.answer_unused = true;
+            core.answer_unused = answered;
         } else if message_type == HANDSHAKE_RESPONSE {
             // Our initiation was answered under the same preshared key.
             core.refused_responses = 0;

@@ -69,9 +69,10 @@ pub(crate) struct PeerCore {
     /// session for REJECT_AFTER_TIME × 3) and none has completed since: reported once
     /// ([`GaveUp`](super::GaveUp)), not at every tick that finds it so.
     pub(crate) gave_up: bool,
-    /// We answered an initiation from the peer and no data has come from it since (on any
-    /// session).
-    pub(crate) answer_unused: bool,
+    /// We answered an initiation from the peer and no data has come from it since: our
+    /// index of the session that answer made, where data confirms it (data on an older
+    /// session does not).
+    pub(crate) answer_unused: Option<u32>,
     /// Responses to our initiations whose key confirmation failed, since data last came from
     /// the peer or a response verified: what a preshared key that differs between the two
     /// ends makes the initiating end see (loss cannot cause it).
@@ -121,7 +122,7 @@ impl PeerShared {
                 unanswered_since: None,
                 unacknowledged_since: None,
                 gave_up: false,
-                answer_unused: false,
+                answer_unused: None,
                 refused_responses: 0,
                 unused_answers: 0,
             }),
