@@ -877,3 +877,43 @@ fn data_on_an_older_session_does_not_complete_the_handshake_this_end_answered() 
         "the data on the new session completes it"
     );
 }
+
+#[test]
+fn configuring_the_endpoint_a_peer_is_heard_at_keeps_the_local_address_it_reached() {
+    use dataplane::{Endpoint, LocalAddr};
+    let pair = EnginePair::new();
+    let now = Instant::now();
+    let a_key = pair.a.key.public_key();
+    // B first knows A at an address A is not at (a candidate that does not work).
+    let mut elsewhere = pair.b.config_with_peer(&pair.a);
+    elsewhere.peers[0].endpoint = Some(SocketAddr::from(([192, 0, 2, 77], 51820)));
+    pair.b.engine.apply(&elsewhere);
+    // A reaches B at B's second address, 192.0.2.22 (the only one B's firewall lets in).
+    let reached = LocalAddr::new(IpAddr::from([192, 0, 2, 22]));
+    let packet = ip_packet(pair.a.tunnel_ip, pair.b.tunnel_ip, b"hi");
+    let mut out = Outbox::default();
+    pair.a
+        .engine
+        .handle_tunnel_packets(now, [packet.as_slice()], &mut out);
+    let (_, initiation) = out.to_network.iter().next().expect("an initiation");
+    let mut response = Outbox::default();
+    pair.b.engine.handle_datagram(
+        now,
+        Endpoint::new(pair.a.addr, Some(reached)),
+        initiation,
+        &mut response,
+    );
+    assert_eq!(pair.b.engine.local_addr(&a_key), Some(reached));
+    // kg then configures the address A is heard from (as it does with a discovered
+    // endpoint): B keeps sending from the address A reached.
+    pair.b.engine.apply(&pair.b.config_with_peer(&pair.a));
+    assert_eq!(pair.b.engine.config().peers[0].endpoint, Some(pair.a.addr));
+    assert_eq!(
+        pair.b.engine.local_addr(&a_key),
+        Some(reached),
+        "configuring where A already is forgot where A reached B"
+    );
+    // Another endpoint configured: the kernel picks the source again.
+    pair.b.engine.apply(&elsewhere);
+    assert_eq!(pair.b.engine.local_addr(&a_key), None);
+}

@@ -205,3 +205,150 @@ fn a_candidate_routed_only_into_the_mesh_is_refused_and_never_tried() {
     assert_eq!(said[0].subject, "b");
     assert!(said[0].message.contains(expected[1]), "{}", said[0].message);
 }
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn a_dual_stack_pair_prefers_ipv6_with_underlay_family_ipv6() {
+    common::require_root("a_dual_stack_pair_prefers_ipv6_with_underlay_family_ipv6");
+    let mut c = a_and_b(&[]);
+    // The router routes IPv6 too: east is fd60:10::/64 on br0, west fd60:20::/64 on br1.
+    c.router
+        .run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    for (bridge, gateway) in [("br0", "fd60:10::254/64"), ("br1", "fd60:20::254/64")] {
+        c.router
+            .run(&["ip", "-6", "addr", "add", gateway, "dev", bridge, "nodad"]);
+    }
+    for (node, address, gateway) in [
+        ("a", "fd60:10::1/64", "fd60:10::254"),
+        ("b", "fd60:20::2/64", "fd60:20::254"),
+    ] {
+        let ns = &c.node(node).ns;
+        ns.run(&["ip", "-6", "addr", "add", address, "dev", "eth0", "nodad"]);
+        ns.run(&["ip", "-6", "route", "add", "default", "via", gateway]);
+    }
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never", "--underlay-family=ipv6"]);
+    }
+    let (v4, v6) = ("192.168.20.2:51820", "[fd60:20::2]:51820");
+    let published = c.wait_for(Duration::from_secs(15), |c| {
+        c.annotations("b")
+            .get("kilotun.io/endpoints")
+            .is_some_and(|e| *e == format!("{v4},{v6}"))
+    });
+    assert!(published, "{:?}\n{}", c.annotations("b"), c.logs());
+    assert_eq!(c.annotations("b")["kilo.squat.ai/endpoint"], v4);
+
+    let up = c.wait_for(Duration::from_secs(30), |c| {
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
+    });
+    assert!(up, "{:?}\n{}", candidates_of(&c, "a", "b"), c.logs());
+    let seen = candidates_of(&c, "a", "b").expect("a reports b's candidates");
+    assert_eq!(seen.usable, [v6, v4], "IPv6 is tried first: {seen:?}");
+    assert_eq!(seen.in_use.as_deref(), Some(v6), "{seen:?}");
+    assert_eq!(c.peer_endpoint("a", "b"), v6);
+    assert_eq!(c.peer_endpoint("b", "a"), "[fd60:10::1]:51820");
+    assert!(
+        c.node("a")
+            .events_of(Reason::EndpointCandidateLeft)
+            .is_empty(),
+        "the preferred family worked at once"
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn a_nated_pair_behind_a_public_node_meshes_and_recovers_when_a_mapping_moves() {
+    common::require_root(
+        "a_nated_pair_behind_a_public_node_meshes_and_recovers_when_a_mapping_moves",
+    );
+    if !common::which("iptables") {
+        eprintln!("skipped: needs iptables too");
+        return;
+    }
+    // a is public in east; b (west) and c (north) sit behind NATs and reach each other only
+    // through a. WireGuard reaches a on its second address only, so the NATed nodes must
+    // find it among a's candidates (where Talos's KubeSpan was seen to rotate to a wrong
+    // endpoint and stay there).
+    let mut c = Cluster::new(&["east", "west", "north"]);
+    let spec = |name, location| NodeSpec {
+        name,
+        location,
+        annotations: &[("kilo.squat.ai/persistent-keepalive", "2")],
+    };
+    c.add_node(
+        &NodeSpec {
+            name: "a",
+            location: "east",
+            annotations: &[],
+        },
+        1,
+    );
+    let (_, nat_b) = c.add_nated_node(&spec("b", "west"), 2);
+    let (_, nat_c) = c.add_nated_node(&spec("c", "north"), 3);
+    let a = c.node("a");
+    a.ns.run(&["ip", "addr", "add", "192.168.10.11/24", "dev", "eth0"]);
+    a.ns.run(&[
+        "iptables",
+        "-A",
+        "INPUT",
+        "-p",
+        "udp",
+        "--dport",
+        "51820",
+        "-d",
+        "192.168.10.1",
+        "-j",
+        "DROP",
+    ]);
+    let flags = ["--encapsulate=never", "--endpoint-probe-window=3s"];
+    for i in 0..3 {
+        c.start_kg(i, &flags);
+    }
+    let pairs = [
+        ("a", "b"),
+        ("b", "a"),
+        ("a", "c"),
+        ("c", "a"),
+        ("b", "c"),
+        ("c", "b"),
+    ];
+    let meshed = |c: &Cluster| pairs.iter().all(|(x, y)| c.pod_pings(x, y));
+    let up = c.wait_for(Duration::from_secs(60), meshed);
+    assert!(up, "{:?}\n{}", candidates_of(&c, "b", "a"), c.logs());
+    let working = "192.168.10.11:51820";
+    for nated in ["b", "c"] {
+        let seen = candidates_of(&c, nated, "a").expect("the NATed node probes a");
+        assert_eq!(seen.in_use.as_deref(), Some(working), "{nated}: {seen:?}");
+    }
+    for (nated, nat) in [("b", &nat_b), ("c", &nat_c)] {
+        let endpoint = c.peer_endpoint("a", nated);
+        assert!(
+            endpoint.starts_with(&format!("{nat}:")),
+            "{nated}: {endpoint}"
+        );
+    }
+
+    // c's mapping moves: its kg comes back on another port, so its NAT maps it anew. a follows
+    // c's handshakes to the new mapping, c finds a's working address again, and traffic
+    // between the two NATed nodes flows through a again.
+    let before = c.peer_endpoint("a", "c");
+    c.nodes[2].kill();
+    c.start_kg(2, &[&flags[..], &["--port=51821"]].concat());
+    let recovered = c.wait_for(Duration::from_secs(60), |c| {
+        c.peer_endpoint("a", "c") != before && meshed(c)
+    });
+    assert!(
+        recovered,
+        "a sends to c at {} (was {before})\n{}",
+        c.peer_endpoint("a", "c"),
+        c.logs()
+    );
+    let found = c.wait_for(Duration::from_secs(10), |c| {
+        candidates_of(c, "c", "a").is_some_and(|s| s.in_use.as_deref() == Some(working))
+    });
+    assert!(found, "{:?}\n{:?}", c.node("c").status(), c.logs());
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(meshed(&c), "the NATed pair stays meshed\n{}", c.logs());
+    let seen = candidates_of(&c, "b", "a").expect("b probes a");
+    assert_eq!(seen.in_use.as_deref(), Some(working), "b stays: {seen:?}");
+}

@@ -149,6 +149,10 @@ impl Engine {
         if let Some(to) = config
             .endpoint
             .filter(|_| existing.config.endpoint != config.endpoint)
+            // The address the peer is heard from already (kg configuring what the device
+            // learned, as for a peer behind NAT): the local address it reached stays, so what
+            // goes to it keeps leaving from there.
+            .filter(|to| core.endpoint != Some(*to))
         {
             // A configured endpoint comes with no local address: the kernel picks the source
             // until the peer is heard from there.
