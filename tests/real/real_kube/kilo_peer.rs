@@ -679,4 +679,73 @@ fn kilo_keeps_routing_pod_cidrs_beside_kilotun_on_calicos_ipam() {
     }
 }
 
+/// The endpoint node `on`'s WireGuard device sends to for node `peer` (by its key annotation).
+fn device_endpoint(m: &Mixed, on: &str, peer: &str) -> String {
+    let key = m.k.annotations(peer)["kilo.squat.ai/key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    m.k.c
+        .node(on)
+        .wg("endpoints")
+        .lines()
+        .find(|l| !key.is_empty() && l.starts_with(&key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+#[ignore = "needs root and the real parts .ci/run installs"]
+fn kilo_beside_kilotun_keeps_its_single_endpoint_and_ignores_the_candidates() {
+    let test = "kilo_beside_kilotun_keeps_its_single_endpoint_and_ignores_the_candidates";
+    let Some(mut m) = Mixed::new(test, false) else {
+        return;
+    };
+    // West's leader n3 runs kilotun with a second address: it publishes both as candidates.
+    let n3 = m.k.c.node("n3");
+    let second = "192.168.20.33";
+    n3.ns
+        .run(&["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"]);
+    let kilos_endpoint = format!("{}:51820", n3.ip);
+    m.start_agents(
+        &[Agent::Kilo, Agent::Kilotun, Agent::Kilotun, Agent::Kilo],
+        KILOTUN_FLAGS,
+    );
+    m.assert_meshed_or_dump(90);
+    // The list round-trips through the API server as kg wrote it; Kilo's own annotation
+    // stays the one endpoint Kilo's agents read.
+    let annotations = m.k.annotations("n3");
+    assert_eq!(
+        annotations["kilotun.io/endpoints"].as_str(),
+        Some(format!("{kilos_endpoint},{second}:51820").as_str()),
+        "{annotations}"
+    );
+    assert_eq!(
+        annotations["kilo.squat.ai/endpoint"].as_str(),
+        Some(kilos_endpoint.as_str()),
+        "{annotations}"
+    );
+    // Kilo's leader sends to that endpoint, and kilotun's to Kilo's (it publishes no list).
+    assert_eq!(device_endpoint(&m, "n1", "n3"), kilos_endpoint);
+    let n1_endpoint = m.k.annotations("n1")["kilo.squat.ai/endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(m.k.annotations("n1").get("kilotun.io/endpoints").is_none());
+    assert_eq!(device_endpoint(&m, "n3", "n1"), n1_endpoint);
+    let status = m.k.c.node("n3").status().expect("n3's /status");
+    let toward_east = status.peers.iter().find(|p| p.leader == "n1");
+    assert!(
+        toward_east.is_some_and(|p| p.candidates.is_none()),
+        "no candidates for a node that publishes none: {toward_east:?}"
+    );
+    // Kilo's kg logs no error over the annotation it does not know.
+    let kilo_log = m.k.c.node("n1").log_text();
+    assert!(
+        !kilo_log.contains("kilotun.io/endpoints"),
+        "Kilo's kg names the list: {kilo_log}"
+    );
+}
+
 mod keys;

@@ -317,6 +317,19 @@ fn three_nodes_in_two_locations_mesh_as_the_kilo_service_account() {
             a["kilo.squat.ai/location"],
             if n == "n3" { "west" } else { "east" }
         );
+        // The candidates, written by the ServiceAccount and read back as written: one host
+        // address here, Kilo's endpoint, the same as `kilo.squat.ai/endpoint`.
+        let endpoint = format!("{}:51820", k.c.node(n).ip);
+        assert_eq!(
+            a["kilotun.io/endpoints"].as_str(),
+            Some(endpoint.as_str()),
+            "{n}: {a}"
+        );
+        assert_eq!(
+            a["kilo.squat.ai/endpoint"].as_str(),
+            Some(endpoint.as_str()),
+            "{n}: {a}"
+        );
     }
     let in_cluster = k.c.node("n3").log_text();
     assert!(
