@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use control::node::{Granularity, DEFAULT_TOPOLOGY_LABEL};
+use control::status::NodeStatus;
 use control::{translate_node, translate_peer, Node, Peer, Topology, TopologyParams};
 use ipnet::IpNet;
 
@@ -75,6 +76,14 @@ pub struct ShowconfArgs {
     /// Extra CIDRs to add with --as-peer.
     #[arg(long, value_delimiter = ',')]
     pub allowed_ips: Vec<String>,
+    /// With `node`: print each peer's endpoint as the node's kg configured it now (the
+    /// candidate it chose from `kilotun.io/endpoints`, or the address found behind NAT), read
+    /// from its `/status` at its internal IP on `--kg-port`.
+    #[arg(long)]
+    pub live: bool,
+    /// The port kg serves `/status` on, for --live (kg's `--listen`).
+    #[arg(long, default_value_t = 1107)]
+    pub kg_port: u16,
 }
 
 /// The mesh as kgctl sees it: ready nodes and peers, subnet and granularity worked out.
@@ -228,9 +237,46 @@ pub fn graph(v: &View) -> Result<String> {
     Ok(v.topology(None, control::DEFAULT_PORT)?.dot())
 }
 
-/// The output of `kgctl showconf`: (stdout, stderr).
-pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, String)> {
+/// Sets each peer of `conf` to the endpoint the node's kg configured for it, as its `/status`
+/// says (`live`). Returns one line per peer `live` does not name or names without an endpoint:
+/// those keep the endpoint the topology gives them.
+pub fn live_endpoints(conf: &mut control::wgconf::Conf, live: &NodeStatus) -> Vec<String> {
+    let mut notes = Vec::new();
+    for peer in &mut conf.peers {
+        let key = peer.public_key.to_string();
+        let configured = live
+            .peers
+            .iter()
+            .find(|p| p.public_key == key)
+            .and_then(|p| p.configured_endpoint.as_deref());
+        match configured.map(control::ip::Endpoint::parse) {
+            Some(Ok(endpoint)) => peer.endpoint = Some(endpoint),
+            Some(Err(e)) => notes.push(format!(
+                "peer {key}: node {}'s kg reports endpoint {:?}, which is not one ({e}); kept the topology's",
+                live.node,
+                configured.unwrap_or_default()
+            )),
+            None => notes.push(format!(
+                "peer {key}: node {}'s kg configures no endpoint for it; kept the topology's",
+                live.node
+            )),
+        }
+    }
+    notes
+}
+
+/// The output of `kgctl showconf`: (stdout, stderr). `live` is the node's `/status`, for
+/// `--live`.
+pub fn showconf(
+    v: &View,
+    args: &ShowconfArgs,
+    port: u16,
+    live: Option<&NodeStatus>,
+) -> Result<(String, String)> {
     let output = Output::parse(&args.output)?;
+    if args.live && (args.kind != "node" || args.as_peer) {
+        bail!("--live prints the endpoints a node's kg configured: it goes with `showconf node NAME` alone, not with --as-peer or a Peer");
+    }
     if output != Output::WireGuard && !args.as_peer {
         bail!("-o {}: only --as-peer prints a Peer object; without it the output is a WireGuard configuration", args.output);
     }
@@ -267,7 +313,9 @@ pub fn showconf(v: &View, args: &ShowconfArgs, port: u16) -> Result<(String, Str
             }
             let mut conf = t.conf(node.key.as_ref());
             conf.listen_port = Some(port);
-            Ok((conf.to_ini(None), String::new()))
+            let notes = live.map_or_else(Vec::new, |l| live_endpoints(&mut conf, l));
+            let stderr: String = notes.iter().map(|n| format!("{n}\n")).collect();
+            Ok((conf.to_ini(None), stderr))
         }
         "peer" => {
             let peer = v

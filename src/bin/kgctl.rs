@@ -62,7 +62,17 @@ fn main() -> ExitCode {
         )?;
         let (out, err) = match show {
             None => (kgctl::graph(&view)?, String::new()),
-            Some(show) => kgctl::showconf(&view, show, args.port)?,
+            Some(show) => {
+                let live = if show.live {
+                    let status =
+                        kgctl::diagnose::node_status(&args, &snapshot, &show.name, show.kg_port)
+                            .await?;
+                    Some(status)
+                } else {
+                    None
+                };
+                kgctl::showconf(&view, show, args.port, live.as_ref())?
+            }
         };
         anyhow::Ok((out, err, ExitCode::SUCCESS))
     });

@@ -14,6 +14,7 @@ use control::status::NodeStatus;
 use serde::Serialize;
 
 use super::KgctlArgs;
+use crate::backend::Snapshot;
 
 /// How long kgctl waits for kg's `/status` (the probes take a few seconds).
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -162,6 +163,21 @@ fn render(report: Report, json: bool) -> Result<(String, bool)> {
         render_text(&report)
     };
     Ok((out, wrong))
+}
+
+/// The `/status` (without probes) of `node`'s kg, at its internal IP on `port`, from
+/// `snapshot`'s Nodes: what `kgctl showconf --live` reads.
+pub async fn node_status(
+    args: &KgctlArgs,
+    snapshot: &Snapshot,
+    node: &str,
+    port: u16,
+) -> Result<NodeStatus> {
+    let all = super::translated(snapshot, &args.topology_label, args.ipam);
+    let url = kg_url_of(&all, node, port)?;
+    get_json::<NodeStatus>(&url, "/status?probe=false", REMOTE_STATUS_TIMEOUT)
+        .await
+        .with_context(|| format!("asking node {node}'s kg at {url} for its /status"))
 }
 
 /// Where the kg of `node` listens: its internal IP, else its endpoint's address, on `port`.

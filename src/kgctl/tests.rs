@@ -68,6 +68,8 @@ fn showconf_args(kind: &str, name: &str, as_peer: bool) -> ShowconfArgs {
         as_peer,
         output: "wireguard".into(),
         allowed_ips: vec!["10.43.0.0/16".into()],
+        live: false,
+        kg_port: 1107,
     }
 }
 
@@ -104,14 +106,14 @@ fn graph_draws_every_segment_and_peer() {
 #[test]
 fn showconf_node_prints_a_leaders_peers_or_says_it_is_not_a_leader() {
     let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
-    let (out, err) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+    let (out, err) = showconf(&v, &showconf_args("node", "a", false), 51820, None).unwrap();
     assert!(err.is_empty());
     assert!(out.starts_with("[Interface]\nListenPort = 51820\n\n[Peer]\nAllowedIPs = 10.42.3.0/24, 192.168.0.3/32, 10.7.0.2/32\n"), "{out}");
     assert!(out.contains("AllowedIPs = 10.5.0.1/32\n"));
-    let (out, err) = showconf(&v, &showconf_args("node", "b", false), 51820).unwrap();
+    let (out, err) = showconf(&v, &showconf_args("node", "b", false), 51820, None).unwrap();
     assert!(out.is_empty());
     assert_eq!(err, "Node \"b\" is not a leader node\n");
-    let (out, _) = showconf(&v, &showconf_args("node", "b", true), 51820).unwrap();
+    let (out, _) = showconf(&v, &showconf_args("node", "b", true), 51820, None).unwrap();
     assert!(out.contains("AllowedIPs = 10.42.1.0/24, 192.168.0.1/32, 10.42.2.0/24, 192.168.0.2/32, 10.7.0.1/32, 10.43.0.0/16\n"), "{out}");
     assert!(
         out.contains("Endpoint = 192.168.0.1:51820\n"),
@@ -122,13 +124,13 @@ fn showconf_node_prints_a_leaders_peers_or_says_it_is_not_a_leader() {
 #[test]
 fn showconf_peer_lists_every_segment_with_the_peers_keepalive() {
     let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
-    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820).unwrap();
+    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820, None).unwrap();
     assert_eq!(out.matches("[Peer]").count(), 2);
     assert_eq!(out.matches("PersistentKeepalive = 10").count(), 2);
     assert!(!out.contains("[Interface]"));
-    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", true), 51820).unwrap();
+    let (out, _) = showconf(&v, &showconf_args("peer", "laptop", true), 51820, None).unwrap();
     assert!(out.contains("AllowedIPs = 10.5.0.1/32\n"));
-    assert!(showconf(&v, &showconf_args("peer", "ghost", false), 51820).is_err());
+    assert!(showconf(&v, &showconf_args("peer", "ghost", false), 51820, None).is_err());
 }
 
 #[test]
@@ -136,7 +138,7 @@ fn showconf_as_peer_prints_a_peer_object_in_json_or_yaml() {
     let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
     let mut args = showconf_args("node", "b", true);
     args.output = "yaml".into();
-    let (out, _) = showconf(&v, &args, 51820).unwrap();
+    let (out, _) = showconf(&v, &args, 51820, None).unwrap();
     let object: control::PeerObject = serde_saphyr::from_str(&out).unwrap();
     assert_eq!(object.api_version, "kilo.squat.ai/v1alpha1");
     assert_eq!(object.kind, "Peer");
@@ -158,24 +160,24 @@ fn showconf_as_peer_prints_a_peer_object_in_json_or_yaml() {
         Some("192.168.0.1")
     );
     args.output = "json".into();
-    let (json, _) = showconf(&v, &args, 51820).unwrap();
+    let (json, _) = showconf(&v, &args, 51820, None).unwrap();
     let same: control::PeerObject = serde_json::from_str(&json).unwrap();
     assert_eq!(same, object);
 
     // A Peer's own spec, keepalive in seconds (Kilo printed nanoseconds).
     let mut args = showconf_args("peer", "laptop", true);
     args.output = "json".into();
-    let (json, _) = showconf(&v, &args, 51820).unwrap();
+    let (json, _) = showconf(&v, &args, 51820, None).unwrap();
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["spec"]["persistentKeepalive"], 10);
     assert_eq!(value["metadata"]["name"], "laptop");
 
     args.output = "toml".into();
-    let error = showconf(&v, &args, 51820).unwrap_err().to_string();
+    let error = showconf(&v, &args, 51820, None).unwrap_err().to_string();
     assert!(error.contains("\"toml\""), "{error}");
     let mut args = showconf_args("node", "a", false);
     args.output = "json".into();
-    let error = showconf(&v, &args, 51820).unwrap_err().to_string();
+    let error = showconf(&v, &args, 51820, None).unwrap_err().to_string();
     assert!(error.contains("--as-peer"), "{error}");
 }
 
@@ -206,7 +208,7 @@ fn showconf_and_the_graph_take_pod_ranges_from_the_ipam_source() {
     s.replace_ipam(ipam);
     for choice in [IpamChoice::Cilium, IpamChoice::Auto] {
         let v = view_with_ipam(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW, choice).unwrap();
-        let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+        let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820, None).unwrap();
         assert!(
             conf.contains("10.70.3.0/24") && conf.contains("10.71.3.0/27"),
             "{conf}"
@@ -216,7 +218,7 @@ fn showconf_and_the_graph_take_pod_ranges_from_the_ipam_source() {
     }
     // By default, the Nodes' own.
     let v = view(&s, "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
-    let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820).unwrap();
+    let (conf, _) = showconf(&v, &showconf_args("node", "a", false), 51820, None).unwrap();
     assert!(conf.contains("10.42.3.0/24"), "{conf}");
 }
 
@@ -253,7 +255,7 @@ fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
     // The multi-cluster output: location east as a Peer for another cluster.
     let mut args = showconf_args("node", "a", true);
     args.output = "yaml".into();
-    let (east, _) = showconf(&v, &args, 51820).unwrap();
+    let (east, _) = showconf(&v, &args, 51820, None).unwrap();
     for range in [
         "10.70.1.0/26",
         "10.70.2.0/26",
@@ -273,7 +275,7 @@ fn the_peer_and_multi_cluster_output_carry_calicos_dual_stack_blocks() {
     assert!(!east.contains("10.42."), "the Nodes' own ranges:\n{east}");
 
     // An external Peer's configuration reaches every block through the leaders.
-    let (laptop, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820).unwrap();
+    let (laptop, _) = showconf(&v, &showconf_args("peer", "laptop", false), 51820, None).unwrap();
     for ip in 1..=3 {
         assert!(
             laptop.contains(&format!("10.70.{ip}.0/26"))
@@ -319,7 +321,7 @@ fn showconf_as_peer_gives_each_node_its_share() {
     for node in ["e1", "e2", "e3", "e4"] {
         let mut args = showconf_args("node", node, true);
         args.allowed_ips.clear();
-        let (out, _) = showconf(&v, &args, 51820).unwrap();
+        let (out, _) = showconf(&v, &args, 51820, None).unwrap();
         let field = |name: &str| {
             out.lines()
                 .find_map(|l| l.strip_prefix(&format!("{name} = ")))
@@ -380,4 +382,67 @@ fn rotate_key_names_an_unknown_node_a_keyless_one_one_rotating_and_peers_that_wo
     s.put_node("f", keyless);
     let e = err(&s, rotate("f", false));
     assert!(e.contains("has no kilo.squat.ai/key"), "{e}");
+}
+
+/// A `/status` peer as kg writes it: `key`, configured to send to `endpoint`.
+fn live_peer(key: &str, endpoint: Option<&str>) -> control::status::PeerStatus {
+    control::status::PeerStatus {
+        kind: control::status::PeerKind::Segment,
+        name: String::new(),
+        leader: String::new(),
+        public_key: key.to_string(),
+        configured_endpoint: endpoint.map(str::to_string),
+        endpoint: None,
+        persistent_keepalive: 0,
+        last_handshake_unix: None,
+        unanswered_since_unix: None,
+        handshakes: 0,
+        handshake_failures: 0,
+        rx_bytes: 0,
+        tx_bytes: 0,
+        refused_responses: 0,
+        unused_answers: 0,
+        post_quantum: None,
+        candidates: None,
+    }
+}
+
+#[test]
+fn showconf_live_prints_the_endpoints_the_nodes_kg_configured() {
+    let v = view(&snapshot(), "auto", DEFAULT_TOPOLOGY_LABEL, NOW).unwrap();
+    let (plain, _) = showconf(&v, &showconf_args("node", "a", false), 51820, None).unwrap();
+    let key_of = |name: &str| {
+        v.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| n.key)
+            .unwrap()
+            .to_string()
+    };
+    let c = key_of("c");
+    assert!(plain.contains(&format!("PublicKey = {c}")), "{plain}");
+    // a's kg chose c's second candidate; it names no other peer.
+    let live = control::status::NodeStatus {
+        node: "a".into(),
+        peers: vec![live_peer(&c, Some("[fd00::3]:51820"))],
+        ..Default::default()
+    };
+    let mut args = showconf_args("node", "a", false);
+    args.live = true;
+    let (out, err) = showconf(&v, &args, 51820, Some(&live)).unwrap();
+    assert!(out.contains("Endpoint = [fd00::3]:51820\n"), "{out}");
+    assert_eq!(
+        out.replace("Endpoint = [fd00::3]:51820", "Endpoint = 192.168.0.3:51820"),
+        plain,
+        "only the chosen endpoint differs"
+    );
+    assert!(
+        err.contains("configures no endpoint") && err.contains("node a"),
+        "the Peer it does not name: {err}"
+    );
+    // --live goes with a node's own configuration only.
+    let mut as_peer = showconf_args("node", "a", true);
+    as_peer.live = true;
+    let refused = showconf(&v, &as_peer, 51820, Some(&live)).unwrap_err();
+    assert!(refused.to_string().contains("--live"), "{refused}");
 }

@@ -110,6 +110,36 @@ fn unreachable_candidates_are_left_for_the_one_that_handshakes() {
         moves[0].message
     );
 
+    // kgctl shows a's configuration as it is: with b at the candidate a chose, where the
+    // topology alone names Kilo's endpoint.
+    let dir = format!("--cluster-dir={}", c.dir.display());
+    let showconf = |live: bool| {
+        let mut args = vec![
+            common::cluster::kgctl_bin(),
+            "--backend=file",
+            &dir,
+            "showconf",
+            "node",
+            "a",
+        ];
+        if live {
+            args.push("--live");
+        }
+        let out = c.node("a").ns.output(&args);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let from_topology = showconf(false);
+    assert!(
+        from_topology.contains(&format!("Endpoint = {}\n", expected[0])),
+        "{from_topology}"
+    );
+    let live = showconf(true);
+    assert!(
+        live.contains(&format!("Endpoint = {}\n", expected[2])),
+        "{live}"
+    );
+
     // The blocked addresses open again: a working candidate is kept, not traded back for the
     // first one, over several probe windows.
     for blocked in &B_ADDRESSES[..2] {
