@@ -327,3 +327,53 @@ fn overlapping_allowed_location_ips_route_alike_on_every_node() {
         assert_eq!(named, 1, "{node}: {}", c.node(node).log_text());
     }
 }
+
+#[test]
+#[ignore = "needs root: network namespaces and TUN devices"]
+fn a_multipath_default_route_is_copied_with_its_first_next_hop() {
+    common::require_root("a_multipath_default_route_is_copied_with_its_first_next_hop");
+    let mut c = Cluster::with_nodes(&["east", "west"], &[("a", "east"), ("b", "west")]);
+    // a's default route balances over two gateways of east's router.
+    c.router
+        .run(&["ip", "addr", "add", "192.168.10.253/24", "dev", "br0"]);
+    let a = c.node("a");
+    a.ns.run(&[
+        "ip",
+        "route",
+        "replace",
+        "default",
+        "nexthop",
+        "via",
+        "192.168.10.254",
+        "dev",
+        "eth0",
+        "nexthop",
+        "via",
+        "192.168.10.253",
+        "dev",
+        "eth0",
+    ]);
+    for i in 0..2 {
+        c.start_kg(i, &["--encapsulate=never"]);
+    }
+    let meshed = c.wait_for(Duration::from_secs(30), |c| {
+        c.pod_pings("a", "b") && c.pod_pings("b", "a")
+    });
+    assert!(meshed, "{}", c.logs());
+    let a = c.node("a");
+    let copied = a.ns.run(&["ip", "route", "show", "table", "1108"]);
+    assert!(
+        copied
+            .lines()
+            .any(|l| l.starts_with("default via 192.168.10.254 dev eth0")),
+        "the guard's table:\n{copied}"
+    );
+    let rules = a.ns.run(&["ip", "rule"]);
+    assert!(
+        rules.contains("1100:\tfrom all fwmark 0x1000/0x1000 lookup 1108"),
+        "{rules}"
+    );
+    let marked =
+        a.ns.run(&["ip", "route", "get", &c.node("b").ip, "mark", "0x1000"]);
+    assert!(marked.contains("via 192.168.10.254 dev eth0"), "{marked}");
+}

@@ -105,9 +105,9 @@ impl RoutePlan {
     /// one of them, a rule looking that table up and one answering `unreachable` after it.
     /// Link-local (and loopback) destinations are left out: no endpoint is one
     /// ([`crate::ip::is_unusable`]), and every link has its own `fe80::/64`. So is a route
-    /// without an output link (a multipath route, which the listing does not split): a family
-    /// none of whose routes is copied gets no rules, rather than rules that would make every
-    /// endpoint of it unreachable.
+    /// without an output link (the host's listing gives a multipath route its first usable
+    /// next hop; one with none is left out): a family none of whose routes is copied gets no
+    /// rules, rather than rules that would make every endpoint of it unreachable.
     pub fn guard_socket(&mut self, mark: u32, underlay: &[Route]) {
         let mut families = [false; 2];
         for r in underlay.iter().filter(|r| r.link != 0) {

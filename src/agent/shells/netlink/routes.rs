@@ -13,7 +13,8 @@ use control::routes::{
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType, RouteVia,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteNextHopFlags, RouteProtocol,
+    RouteType, RouteVia,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
@@ -244,6 +245,26 @@ fn table_of(route: &RouteMessage) -> u32 {
         .unwrap_or(u32::from(route.header.table))
 }
 
+/// The output link and gateway of a multipath route's first usable next hop (not dead, its
+/// link not down): what stands for the route where a [`Route`] has one path, as in the tunnel
+/// guard's copy of the host's routes (WireGuard's few flows lose only the balancing).
+fn first_next_hop(route: &RouteMessage) -> Option<(u32, Option<IpAddr>)> {
+    let hops = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::MultiPath(hops) => Some(hops),
+        _ => None,
+    })?;
+    let unusable = RouteNextHopFlags::Dead | RouteNextHopFlags::Linkdown;
+    let hop = hops
+        .iter()
+        .find(|h| h.interface_index != 0 && !h.flags.intersects(unusable))?;
+    let gateway = hop.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(a) => route_address(a),
+        RouteAttribute::Via(v) => via_address(v),
+        _ => None,
+    });
+    Some((hop.interface_index, gateway))
+}
+
 /// [`parse_default_or_route_in`] for a main-table route.
 fn parse_default_or_route(route: &RouteMessage) -> Option<Route> {
     parse_default_or_route_in(route, MAIN_TABLE)
@@ -270,6 +291,11 @@ fn parse_default_or_route_in(route: &RouteMessage, table: u32) -> Option<Route> 
                 RouteAttribute::Oif(i) => r.link = *i,
                 RouteAttribute::PrefSource(a) => r.src = route_address(a),
                 _ => {}
+            }
+        }
+        if r.link == 0 {
+            if let Some((link, gateway)) = first_next_hop(route) {
+                (r.link, r.gateway) = (link, gateway);
             }
         }
         return Some(r);
@@ -306,6 +332,11 @@ fn parse_route(route: &RouteMessage, table: u32) -> Option<Route> {
         Some(ip) => IpNet::new(ip, route.header.destination_prefix_length).ok()?,
         None => return None,
     };
+    if link == 0 {
+        if let Some(hop) = first_next_hop(route) {
+            (link, gateway) = hop;
+        }
+    }
     Some(Route {
         table,
         dst: dst.trunc(),
