@@ -28,6 +28,9 @@
 #   dual      IPv4 endpoints, IPv4 and IPv6 internal IPs and pods
 #   dns       endpoints as DNS names, answered by a dnsmasq in the namespace (needs dnsmasq)
 #   nat       private endpoints with keepalives, the public ones discovered by other nodes
+#   candidates  the nodes and kg's node of wan, every node publishing three candidates in
+#             kilotun.io/endpoints, the third in 100.64/10, which kg's host black-holes. No
+#             peer of the bench answers, so kg keeps probing every leader's candidates in turn
 # With --granularity=full every node is kg's peer (use --change=join, which adds one: the
 # others move nodes between locations, which a full mesh does not see).
 # F (0 by default) is the fraction of the nodes that cross Kilo's 60 s last-seen bound every
@@ -106,9 +109,9 @@ esac
 	exit 2
 }
 case $layout in
-apart | internal | wan | ipv6 | dual | dns | nat) ;;
+apart | internal | wan | ipv6 | dual | dns | nat | candidates) ;;
 *)
-	echo "scale.sh: --layout=$layout: one of apart, internal, wan, ipv6, dual, dns, nat" >&2
+	echo "scale.sh: --layout=$layout: one of apart, internal, wan, ipv6, dual, dns, nat, candidates" >&2
 	exit 2
 	;;
 esac
@@ -164,7 +167,7 @@ ip link add "kgs$$" type veth peer name eth0 netns "$ns"
 # kg's node is on the nodes' network, as a node of the cluster would be.
 case $layout in
 internal) in_ns ip addr add 172.16.255.254/12 dev eth0 ;;
-wan) in_ns ip addr add 192.168.61.1/24 dev eth0 ;;
+wan | candidates) in_ns ip addr add 192.168.61.1/24 dev eth0 ;;
 nat) in_ns ip addr add 10.200.255.254/16 dev eth0 ;;
 ipv6) in_ns ip addr add fd00:172:16::ffff/64 dev eth0 nodad ;;
 dual)
@@ -174,8 +177,9 @@ dual)
 *) in_ns ip addr add 172.16.255.254/16 dev eth0 ;;
 esac
 in_ns ip link set eth0 up
-if [[ $layout == wan ]]; then
+if [[ $layout == wan || $layout == candidates ]]; then
 	in_ns ip route add default via 192.168.61.254 dev eth0
+	[[ $layout == candidates ]] && in_ns ip route add blackhole 100.64.0.0/10
 else
 	in_ns ip route add default dev eth0
 fi

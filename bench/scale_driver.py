@@ -68,10 +68,12 @@ LOCAL = "kg-bench"
 #   dns       endpoints as DNS names (node-N.scale.test, which bench/scale.sh's dnsmasq answers)
 #   nat       endpoints private (10.200.0.0/16, unreachable), each node with a keepalive, and
 #             the public address a leader found for it in another node's discovered-endpoints
+#   candidates  the nodes of wan, each publishing three candidates in kilotun.io/endpoints:
+#             its endpoint, a 10.0.0.0/8 one and a 100.64.0.0/10 one (black-holed by scale.sh)
 LAYOUT = os.environ.get("SCALE_LAYOUT", "apart")
 # The mesh granularity every node announces, as kg's --mesh-granularity (bench/scale.sh).
 GRANULARITY = os.environ.get("SCALE_GRANULARITY", "location")
-LAYOUTS = ("apart", "internal", "wan", "ipv6", "dual", "dns", "nat")
+LAYOUTS = ("apart", "internal", "wan", "ipv6", "dual", "dns", "nat", "candidates")
 # Where the pods live (bench/scale.sh --ipam): "node" (each Node's spec.podCIDR), "calico"
 # (BLOCKS Calico BlockAffinity objects per node, /26 blocks out of 10.64.0.0/10; the Nodes'
 # spec.podCIDR is then no pod's) or "pods" (the pods' own addresses, below).
@@ -168,6 +170,10 @@ def addresses(i):
         return {"endpoint": f"{public_ip(i)}:51820", "internal-ip": f"172.16.{hi}.{lo}/16"}, v4_pods
     if LAYOUT in ("internal", "wan"):
         return {"endpoint": f"172.16.{hi}.{lo}:51820", "internal-ip": f"172.16.{hi}.{lo}/12"}, v4_pods
+    if LAYOUT == "candidates":
+        listed = f"172.16.{hi}.{lo}:51820,{public_ip(i)}:51820,100.64.{hi}.{lo}:51820"
+        return {"endpoint": f"172.16.{hi}.{lo}:51820", "internal-ip": f"172.16.{hi}.{lo}/12",
+                "CANDIDATES": listed}, v4_pods
     if LAYOUT == "ipv6":
         return {"endpoint": f"[fd00:1::{i:x}]:51820", "internal-ip": f"fd00:172:16::{i:x}/64"}, v6_pods
     if LAYOUT == "dual":
@@ -190,6 +196,8 @@ def addresses(i):
 
 
 def annotation(short):
+    if short == "CANDIDATES":
+        return "kilotun.io/endpoints"
     return "kilotun.io/second-internal-ip" if short == "SECOND-IP" else f"kilo.squat.ai/{short}"
 
 

@@ -21,5 +21,5 @@ pub use candidates::{
 };
 pub use probe::{
     CandidateLeft, EndpointMove, EndpointProbes, ProbeRules, ProbeState, ProbeStatus, Refusal,
-    TrackedPeer, SESSION_LIFETIME,
+    TrackedPeer, MAX_BACKOFF, SESSION_LIFETIME,
 };

@@ -33,8 +33,14 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
         self.core.endpoint_statuses()
     }
 
-    /// Puts every peer's endpoint probing on `/status`.
-    pub(super) fn publish_candidates(&self) {
+    /// Puts every peer's endpoint probing on `/status`, when it changed since last put there
+    /// (a step's pass rarely changes it; formatting every peer's candidates is not free).
+    pub(super) fn publish_candidates(&mut self) {
+        let revision = self.core.endpoint_statuses_revision();
+        if self.candidates_published == Some(revision) {
+            return;
+        }
+        self.candidates_published = Some(revision);
         let candidates: BTreeMap<String, CandidatesStatus> = self
             .core
             .endpoint_statuses()

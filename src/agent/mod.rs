@@ -139,6 +139,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     hostname_ips: Vec<IpAddr>,
     /// Problems of the host state already said, so each is said once.
     problems: ProblemLog,
+    /// The revision of the endpoint probing last put on `/status`.
+    candidates_published: Option<u64>,
     /// Kilo's metrics and kilotun's own.
     pub metrics: Arc<Metrics>,
     /// What `/graph` draws the last topology from.

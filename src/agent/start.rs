@@ -317,6 +317,7 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             resolver,
             hostname_ips,
             problems: ProblemLog::default(),
+            candidates_published: None,
             metrics,
             graph: Arc::new(parking_lot::Mutex::new(None)),
             status: board,

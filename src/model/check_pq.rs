@@ -1,9 +1,10 @@
 //! The model's check of post-quantum keys (`--post-quantum` on every agent): once converged,
-//! every tunnel whose two running ends hold each other as peers, and which a path can carry,
+//! every tunnel whose two running ends hold each other as peers, and which a path can carry
+//! (not both ends behind NAT, an uplink live at both),
 //! has one post-quantum preshared key at both ends, and it is a key the two agents' exchange
 //! made (both ends' keys are the same).
 
-use super::sim::Sim;
+use super::sim::{Sim, UPLINKS};
 
 /// Every tunnel between two running nodes that a path can carry holds the same preshared key
 /// at both ends, and one.
@@ -24,7 +25,9 @@ pub fn keyed(sim: &Sim) -> Result<(), String> {
             else {
                 continue;
             };
-            if node.behind_nat && far.behind_nat {
+            // No path: both behind NAT, or no uplink live at both ends.
+            let shared_uplink = (0..UPLINKS).any(|u| node.uplink_live(u) && far.uplink_live(u));
+            if (node.behind_nat && far.behind_nat) || !shared_uplink {
                 continue;
             }
             let Some(back) = far_config

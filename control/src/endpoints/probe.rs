@@ -19,6 +19,11 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(180);
 /// How many departures a peer's status keeps (the latest).
 const LEFT_KEPT: usize = 8;
 
+/// How many times a candidate's window doubles for a peer none of whose candidates answered,
+/// one doubling per round through them all: 2^3 windows (2 min at 15 s) at most, so a node
+/// that is gone costs a handshake per candidate every two minutes, not every window.
+pub const MAX_BACKOFF: u32 = 3;
+
 /// How kg picks among candidates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeRules {
@@ -184,6 +189,9 @@ struct PeerProbe {
     /// The bytes sent at the last reading.
     tx_last: Option<u64>,
     worked: bool,
+    /// Rounds through every candidate with no handshake since one last worked (or the list
+    /// changed): each doubles the window, up to [`MAX_BACKOFF`] times.
+    rounds: u32,
     left: Vec<CandidateLeft>,
     /// When the readings are next wanted.
     due: Instant,
@@ -209,13 +217,19 @@ impl PeerProbe {
         }
     }
 
+    /// The window the candidate in use has: the probe window, doubled for each round through
+    /// every candidate that found none answering.
+    fn window(&self, window: Duration) -> Duration {
+        window * (1 << self.rounds.min(MAX_BACKOFF))
+    }
+
     fn start(&mut self, at: usize, now: Now, window: Duration) {
         self.at = at;
         self.since = now.instant;
         self.since_ms = now.unix_ms;
         self.tx_at_start = None;
         self.worked = false;
-        self.due = now.instant + window;
+        self.due = now.instant + self.window(window);
     }
 }
 
@@ -226,6 +240,8 @@ pub struct EndpointProbes {
     peers: BTreeMap<Key, PeerProbe>,
     /// Peers moved to another candidate whose device has not been told to handshake yet.
     moved: Vec<Key>,
+    /// Counts the changes of what [`EndpointProbes::statuses`] shows.
+    revision: u64,
 }
 
 impl EndpointProbes {
@@ -235,7 +251,14 @@ impl EndpointProbes {
             rules,
             peers: BTreeMap::new(),
             moved: Vec::new(),
+            revision: 0,
         }
+    }
+
+    /// A number that changes whenever what [`EndpointProbes::statuses`] shows does: a reader
+    /// that saw it before need not ask again.
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// The rules in force.
@@ -262,11 +285,15 @@ impl EndpointProbes {
     ) -> Vec<Refusal> {
         let mut fresh = Vec::new();
         let mut kept = BTreeMap::new();
+        let mut changed = false;
         for peer in peers {
             let (usable, refused) = self
                 .rules
                 .usable(&peer.node, &peer.candidates, &outside_route);
             let old = self.peers.remove(&peer.key);
+            changed |= old
+                .as_ref()
+                .is_none_or(|o| o.usable != usable || o.refused != refused || o.node != peer.node);
             let said: &[Refusal] = old.as_ref().map_or(&[], |o| &o.refused);
             fresh.extend(refused.iter().filter(|r| !said.contains(r)).cloned());
             let probe = match old {
@@ -281,6 +308,7 @@ impl EndpointProbes {
                     probe.usable = usable;
                     probe.refused = refused;
                     probe.node.clone_from(&peer.node);
+                    probe.rounds = 0;
                     match kept_at {
                         Some(at) => probe.at = at,
                         None => probe.start(0, now, self.rules.window),
@@ -298,6 +326,7 @@ impl EndpointProbes {
                         tx_at_start: None,
                         tx_last: None,
                         worked: false,
+                        rounds: 0,
                         left: Vec::new(),
                         due: now.instant,
                     };
@@ -306,6 +335,13 @@ impl EndpointProbes {
                 }
             };
             kept.insert(peer.key, probe);
+        }
+        // A peer forgotten changes what the statuses show too.
+        if !self.peers.is_empty() {
+            changed = true;
+        }
+        if changed {
+            self.revision += 1;
         }
         self.peers = kept;
         fresh
@@ -345,9 +381,12 @@ impl EndpointProbes {
             let sending = probe.tx_last.is_some_and(|last| reading.tx_bytes > last);
             probe.tx_last = Some(reading.tx_bytes);
             let handshake = reading.last_handshake_ms;
-            if handshake.is_some_and(|at| at >= probe.since_ms) {
+            if !probe.worked && handshake.is_some_and(|at| at >= probe.since_ms) {
                 probe.worked = true;
+                probe.rounds = 0;
+                self.revision += 1;
             }
+            let window_now = probe.window(window);
             let why = if probe.worked {
                 let stale_ms = (SESSION_LIFETIME + window).as_millis() as i64;
                 let age = handshake.map(|at| now.unix_ms - at);
@@ -359,10 +398,10 @@ impl EndpointProbes {
                 })
             } else {
                 let waited = now.instant.saturating_duration_since(probe.since);
-                (waited >= window && reading.tx_bytes > tx_start).then(|| {
+                (waited >= window_now && reading.tx_bytes > tx_start).then(|| {
                     format!(
                         "no handshake within {} s of trying it",
-                        window.as_secs_f64()
+                        window_now.as_secs_f64()
                     )
                 })
             };
@@ -370,6 +409,11 @@ impl EndpointProbes {
                 Some(why) => {
                     let from = probe.usable[probe.at];
                     let next = (probe.at + 1) % probe.usable.len();
+                    if next == 0 && !probe.worked {
+                        // A round through every candidate found none answering: wait longer
+                        // on each in the next (a node that is gone, a peer still booting).
+                        probe.rounds += 1;
+                    }
                     probe.left.push(CandidateLeft {
                         endpoint: from,
                         why: why.clone(),
@@ -380,6 +424,7 @@ impl EndpointProbes {
                     }
                     probe.start(next, now, window);
                     probe.tx_at_start = Some(reading.tx_bytes);
+                    self.revision += 1;
                     if !self.moved.contains(key) {
                         self.moved.push(*key);
                     }
@@ -391,8 +436,8 @@ impl EndpointProbes {
                         why,
                     });
                 }
-                None if !probe.worked && probe.since + window > now.instant => {
-                    probe.due = probe.since + window;
+                None if !probe.worked && probe.since + window_now > now.instant => {
+                    probe.due = probe.since + window_now;
                 }
                 None => probe.due = now.instant + window / 3,
             }

@@ -322,3 +322,82 @@ fn refusals_are_returned_once_and_a_peer_with_one_candidate_is_not_probed() {
     );
     assert_eq!(probes.statuses()[0].in_use, None);
 }
+
+#[test]
+fn a_peer_none_of_whose_candidates_answers_is_tried_less_often_each_round() {
+    let key = Key::padded("b");
+    let mut probes = EndpointProbes::new(rules());
+    let mut now = start();
+    assert!(probes.track(&[three()], |_| true, now).is_empty());
+    let mut tx = 0;
+    let mut read = |_at: Now, answered: Option<i64>| {
+        tx += 148;
+        BTreeMap::from([(key, reading(tx, answered))])
+    };
+    probes.observe(&read(now, None), now);
+    // Round after round, each candidate is given its window, doubled each round (15, 30, 60,
+    // then 120 s), and moved from the moment it passes, not before.
+    let mut waits = Vec::new();
+    for round in 0..7u32 {
+        for _ in 0..3 {
+            let wait = WINDOW * (1 << round.min(MAX_BACKOFF));
+            let just_before = now.after(wait - Duration::from_secs(1));
+            assert!(
+                probes
+                    .observe(&read(just_before, None), just_before)
+                    .is_empty(),
+                "round {round}: moved before {wait:?}"
+            );
+            assert!(probes
+                .next_check()
+                .is_some_and(|due| due <= now.after(wait).instant));
+            now = now.after(wait);
+            let moves = probes.observe(&read(now, None), now);
+            assert_eq!(moves.len(), 1, "round {round}: {moves:?}");
+            waits.push(wait.as_secs());
+        }
+    }
+    assert_eq!(
+        waits,
+        [
+            15, 15, 15, 30, 30, 30, 60, 60, 60, 120, 120, 120, 120, 120, 120, 120, 120, 120, 120,
+            120, 120
+        ]
+    );
+    // A handshake at last: the next failure is judged on the plain window again.
+    let shaken = now.after(Duration::from_secs(2));
+    assert!(probes
+        .observe(&read(shaken, Some(shaken.unix_ms)), shaken)
+        .is_empty());
+    assert_eq!(probes.statuses()[0].state, ProbeState::Working);
+    let quiet = shaken.after(SESSION_LIFETIME + WINDOW + Duration::from_secs(1));
+    let moves = probes.observe(&read(quiet, Some(shaken.unix_ms)), quiet);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    let next = quiet.after(WINDOW);
+    assert_eq!(
+        probes.observe(&read(next, None), next).len(),
+        1,
+        "15 s again"
+    );
+}
+
+#[test]
+fn the_revision_changes_with_what_the_statuses_show_only() {
+    let key = Key::padded("b");
+    let mut probes = EndpointProbes::new(rules());
+    let t0 = start();
+    let first = probes.revision();
+    probes.track(&[three()], |_| true, t0);
+    let tracked = probes.revision();
+    assert_ne!(tracked, first, "a new peer");
+    probes.track(&[three()], |_| true, t0.after(Duration::from_secs(1)));
+    assert_eq!(probes.revision(), tracked, "the same list again");
+    let read = |tx| BTreeMap::from([(key, reading(tx, None))]);
+    probes.observe(&read(100), t0.after(Duration::from_secs(1)));
+    assert_eq!(probes.revision(), tracked, "a reading that moves nothing");
+    probes.observe(&read(400), t0.after(WINDOW + Duration::from_secs(1)));
+    let moved = probes.revision();
+    assert_ne!(moved, tracked, "a move");
+    probes.track(&[], |_| true, t0.after(WINDOW * 2));
+    assert_ne!(probes.revision(), moved, "a peer forgotten");
+}

@@ -47,17 +47,26 @@ impl Reconciler {
                 .set_families(families.ipv4, families.ipv6);
         }
         // A route of the host's own covers it (kg's routes into the WireGuard link do not
-        // count); unknown before the host is listed.
+        // count: at scale they are thousands, the host's own a few); unknown before the host
+        // is listed.
+        let own: Option<Vec<ipnet::IpNet>> = host.map(|h| {
+            h.net
+                .main_routes
+                .iter()
+                .filter(|r| r.link != kilo)
+                .map(|r| r.dst)
+                .collect()
+        });
         let outside_route = |ip: IpAddr| {
-            host.is_none_or(|h| {
-                h.net
-                    .main_routes
-                    .iter()
-                    .any(|r| r.link != kilo && r.dst.contains(&ip))
-            })
+            own.as_ref()
+                .is_none_or(|own| own.iter().any(|d| d.contains(&ip)))
         };
         let refused = self.endpoint_probes.track(&tracked, outside_route, now);
-        let statuses = self.endpoint_probes.statuses();
+        let statuses = if refused.is_empty() {
+            Vec::new()
+        } else {
+            self.endpoint_probes.statuses()
+        };
         for r in refused {
             let none_left = statuses
                 .iter()
@@ -101,6 +110,11 @@ impl Reconciler {
     /// Every peer's endpoint probing, for `/status`.
     pub fn endpoint_statuses(&self) -> Vec<ProbeStatus> {
         self.endpoint_probes.statuses()
+    }
+
+    /// Changes whenever [`Reconciler::endpoint_statuses`] would show something else.
+    pub fn endpoint_statuses_revision(&self) -> u64 {
+        self.endpoint_probes.revision()
     }
 
     /// The candidates this node publishes in `kilotun.io/endpoints` (`local` as this pass
