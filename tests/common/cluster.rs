@@ -62,6 +62,17 @@ impl KgNode {
             .into_owned()
     }
 
+    /// The endpoint this node's device sends to for the peer whose public key is `key`
+    /// (base64), from `wg show endpoints`; empty when there is none.
+    pub fn endpoint_of_key(&self, key: &str) -> String {
+        self.wg("endpoints")
+            .lines()
+            .find(|l| !key.is_empty() && l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("")
+            .to_string()
+    }
+
     /// `wg show <iface> preshared-keys` inside the node, by peer key (`(none)` for a peer
     /// without one).
     #[allow(dead_code)]
@@ -698,13 +709,7 @@ impl Cluster {
             .get("kilo.squat.ai/key")
             .cloned()
             .unwrap_or_default();
-        self.node(on)
-            .wg("endpoints")
-            .lines()
-            .find(|l| !key.is_empty() && l.starts_with(&key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap_or("")
-            .to_string()
+        self.node(on).endpoint_of_key(&key)
     }
 
     /// True when node `from` gets a reply from `to`'s pod address within a second.

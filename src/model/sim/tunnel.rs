@@ -128,24 +128,24 @@ impl Sim {
         peer: &Key,
         now: Instant,
     ) -> TunnelState {
-        let state = self.tunnel_state(devices, name, peer, now);
-        if state.1 {
-            self.sessions.insert(state.2, now);
+        let (state, renewed) = self.tunnel_state(devices, name, peer, now);
+        if let Some(pair) = renewed {
+            self.sessions.insert(pair, now);
         }
-        state.0
+        state
     }
 
     /// The tunnel from `name`'s device to its peer `peer` at `now`, given every device's
-    /// peers, without renewing anything: the state, whether a handshake completes, and the
-    /// session's pair of keys.
+    /// peers, without renewing anything: the state, and the session's pair of keys when a
+    /// handshake completes (the keys agree) and renews it.
     fn tunnel_state(
         &self,
         devices: &DeviceKeys,
         name: &str,
         peer: &Key,
         now: Instant,
-    ) -> (TunnelState, bool, (Key, Key)) {
-        let unreachable = (TunnelState::Unreachable, false, (*peer, *peer));
+    ) -> (TunnelState, Option<(Key, Key)>) {
+        let unreachable = (TunnelState::Unreachable, None);
         let Some(node) = self.nodes.get(name) else {
             return unreachable;
         };
@@ -179,7 +179,7 @@ impl Sim {
             (*peer, own)
         };
         if my_side.preshared_key == their_side.preshared_key {
-            return (TunnelState::Up, true, pair);
+            return (TunnelState::Up, Some(pair));
         }
         let session_left = self
             .sessions
@@ -190,13 +190,14 @@ impl Sim {
         } else {
             TunnelState::Refused
         };
-        (state, false, pair)
+        (state, None)
     }
 
     /// True when the tunnel from `name`'s device to its peer `peer` carries traffic now.
     pub fn tunnel_up(&self, name: &str, peer: &Key) -> bool {
         let devices = self.device_keys();
-        self.tunnel_state(&devices, name, peer, self.now.instant).0 == TunnelState::Up
+        let (state, _) = self.tunnel_state(&devices, name, peer, self.now.instant);
+        state == TunnelState::Up
     }
 
     /// Forgets the sessions of `name`'s device (its engine died with its agent).

@@ -685,14 +685,7 @@ fn device_endpoint(m: &Mixed, on: &str, peer: &str) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    m.k.c
-        .node(on)
-        .wg("endpoints")
-        .lines()
-        .find(|l| !key.is_empty() && l.starts_with(&key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("")
-        .to_string()
+    m.k.c.node(on).endpoint_of_key(&key)
 }
 
 #[test]
