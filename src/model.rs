@@ -18,6 +18,7 @@ use ipnet::IpNet;
 
 pub mod check;
 pub mod check_endpoints;
+pub mod check_published;
 pub mod check_pq;
 pub mod check_shares;
 pub mod events;
@@ -453,3 +454,5 @@ mod rotation_tests;
 mod share_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

@@ -60,9 +60,21 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
                     .iter()
                     .filter(|s| !t.in_local_location(s))
                     .filter_map(|s| {
-                        Some(Tunnel {
-                            name: s.members.get(s.leader)?.name.clone(),
-                            key: s.public_key,
+                        let name = s.members.get(s.leader)?.name.clone();
+                        // A relayed location's traffic goes through the relay's tunnel, the
+                        // only one that can show it answering.
+                        Some(match t.relay_for(s) {
+                            Some(relay) => Tunnel {
+                                name: format!(
+                                    "{name} (through {})",
+                                    relay.members.get(relay.leader)?.name
+                                ),
+                                key: relay.public_key,
+                            },
+                            None => Tunnel {
+                                name,
+                                key: s.public_key,
+                            },
                         })
                     })
                     .collect(),

@@ -160,8 +160,8 @@ pub struct Agent<N = Netlink, F = HostFirewall, W = WireGuard> {
     record: apply::HostRecord,
     /// DNS names due for a lookup, for the driver's resolver ([`Agent::take_due_lookups`]).
     due_lookups: Vec<String>,
-    /// Where the Kubernetes Events go (the Kubernetes backend only).
-    event_poster: Option<crate::backend::kube::events::EventPoster>,
+    /// Where the Kubernetes Events go (the Kubernetes backend and its in-memory twin).
+    event_sink: Option<crate::backend::EventSink>,
 }
 
 /// What wakes the agent ([`Agent::step`]).
@@ -342,10 +342,10 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
     /// Kubernetes Events the reconciler says are due.
     fn publish_events(&mut self, now: Now) {
         let events = self.core.take_events(now.unix_ms);
-        if let Some(poster) = &self.event_poster {
+        if let Some(sink) = &self.event_sink {
             let (writes, dropped) = self.core.api_writes(&events, now.unix_ms);
             for write in writes {
-                poster.post(write);
+                sink.post(write);
             }
             self.metrics.count_api_events("dropped", dropped);
         }
@@ -389,7 +389,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             .journal()
             .record(Reason::TookOver, interface, took_over);
     }
-    let event_poster = agent.event_poster.clone();
+    let event_sink = agent.event_sink.clone();
     let state = http::HttpState {
         metrics: Arc::clone(&agent.metrics),
         wg: Arc::clone(&agent.wg),
@@ -441,8 +441,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     // of this node (a surge rollout's new pod, waiting on the lock) take over.
     drop(engine_lock);
     // The Events the shutdown recorded, sent after the handover so they never delay it.
-    if let Some(poster) = event_poster {
-        poster.flush(EVENT_FLUSH_WAIT).await;
+    if let Some(sink) = event_sink {
+        sink.flush(EVENT_FLUSH_WAIT).await;
     }
     Ok(())
 }

@@ -294,13 +294,13 @@ impl<N: Kernel, F: Firewall, W: Device> Agent<N, F, W> {
             metrics.register_node_relists(relists);
         }
         let metrics = Arc::new(metrics);
-        let event_poster = backend.event_poster(
+        let event_sink = backend.event_sink(
             &s.hostname,
             Arc::clone(&metrics) as Arc<dyn crate::backend::kube::events::EventCounts>,
         );
         Ok(Self {
             core,
-            event_poster,
+            event_sink,
             next_key: next_key.map(|(k, _)| k),
             pq,
             record: Default::default(),

@@ -2,13 +2,22 @@
 //! Peers and Leases that every agent shares, each through a connection of its own that a test
 //! can cut off from the API. Writes behave as the API server's do: a patch of a Node that does
 //! not exist fails, a lease is written only if it is still as the writer expected.
+//!
+//! What the agents publish of the mesh's state (the Nodes' `KiloMeshReady`, the Peers' `status`,
+//! Kubernetes Events) is kept beside the snapshot ([`MemoryCluster::published`]), not in it: no
+//! agent's decisions read another's condition or Events, so those writes wake no reader. Every
+//! write an agent sends is counted by kind and writer ([`MemoryCluster::writes`]), which is how
+//! the model checks the write budget.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use control::api_events::ApiWrite;
+use control::condition::ConditionWrite;
 use control::leader::{Expectation, LeaseState};
+use control::peer_status::{PeerStatus, PeerStatusWrite};
 use control::PeerObject;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -19,6 +28,43 @@ use super::{Listed, Snapshot};
 pub struct MemoryCluster {
     snapshot: Mutex<Snapshot>,
     tx: watch::Sender<Arc<Snapshot>>,
+    published: Mutex<Published>,
+}
+
+/// How many writes of each kind one agent sent (a lease write another writer beat is counted
+/// too: the API server answered it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    /// Patches of the agent's Node's annotations.
+    pub annotations: u64,
+    /// Lease writes.
+    pub leases: u64,
+    /// Writes of the agent's Node's `KiloMeshReady` condition.
+    pub conditions: u64,
+    /// Writes of a Peer's `status`.
+    pub peer_statuses: u64,
+    /// Kubernetes Event writes: new Events and repeats of one.
+    pub events: u64,
+}
+
+impl WriteCounts {
+    /// The writes that publish the mesh's state: conditions, Peer statuses and Events.
+    pub fn mesh_state(&self) -> u64 {
+        self.conditions + self.peer_statuses + self.events
+    }
+}
+
+/// The mesh's state as the agents published it.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    /// Each Node's `KiloMeshReady`, as last written.
+    pub conditions: BTreeMap<String, ConditionWrite>,
+    /// Each Peer's `status`, as last written, with the node that wrote it.
+    pub peer_statuses: BTreeMap<String, (String, PeerStatus)>,
+    /// Every Event write, with the node that sent it, in order.
+    pub events: Vec<(String, ApiWrite)>,
+    /// Every writer's writes so far.
+    pub writes: BTreeMap<String, WriteCounts>,
 }
 
 impl MemoryCluster {
@@ -32,7 +78,23 @@ impl MemoryCluster {
         Arc::new(Self {
             snapshot: Mutex::new(snapshot),
             tx,
+            published: Mutex::new(Published::default()),
         })
+    }
+
+    /// The mesh's state as published so far.
+    pub fn published(&self) -> Published {
+        self.published.lock().clone()
+    }
+
+    /// Every writer's writes so far.
+    pub fn writes(&self) -> BTreeMap<String, WriteCounts> {
+        self.published.lock().writes.clone()
+    }
+
+    fn count(&self, writer: &str, kind: impl FnOnce(&mut WriteCounts) -> &mut u64) {
+        let mut published = self.published.lock();
+        *kind(published.writes.entry(writer.to_string()).or_default()) += 1;
     }
 
     /// Everything the cluster holds now.
@@ -116,6 +178,7 @@ impl MemoryBackend {
         if !found {
             bail!("patching node {name}: nodes \"{name}\" not found");
         }
+        self.cluster.count(name, |c| &mut c.annotations);
         Ok(())
     }
 
@@ -127,6 +190,9 @@ impl MemoryBackend {
         expected: &Expectation,
     ) -> Result<bool> {
         self.reach(&format!("writing lease {name}"))?;
+        if let Some(holder) = &lease.holder {
+            self.cluster.count(holder, |c| &mut c.leases);
+        }
         let mut written = false;
         self.cluster.update(|s| {
             let current = s.leases.get(name).cloned().unwrap_or_default();
@@ -138,6 +204,58 @@ impl MemoryBackend {
             true
         });
         Ok(written)
+    }
+
+    /// Sets Node `name`'s `KiloMeshReady`; fails for a Node that does not exist.
+    pub fn write_node_condition(&self, name: &str, write: &ConditionWrite) -> Result<()> {
+        self.reach(&format!("writing the condition of node {name}"))?;
+        if !self.cluster.snapshot().nodes.contains_key(name) {
+            bail!("writing the condition of node {name}: nodes \"{name}\" not found");
+        }
+        self.cluster.count(name, |c| &mut c.conditions);
+        let mut published = self.cluster.published.lock();
+        published.conditions.insert(name.to_string(), write.clone());
+        Ok(())
+    }
+
+    /// The `KiloMeshReady` Node `name` carries (`None`: none, or no such Node).
+    pub fn node_condition(&self, name: &str) -> Result<Option<ConditionWrite>> {
+        self.reach(&format!("reading node {name}"))?;
+        if !self.cluster.snapshot().nodes.contains_key(name) {
+            return Ok(None);
+        }
+        Ok(self.cluster.published.lock().conditions.get(name).cloned())
+    }
+
+    /// Writes a Peer's `status` as the agent of `node`; fails for a Peer that does not exist.
+    pub fn write_peer_status(&self, node: &str, write: &PeerStatusWrite) -> Result<()> {
+        let peer = &write.peer;
+        self.reach(&format!("writing the status of Peer {peer}"))?;
+        if !self.cluster.snapshot().peers.contains_key(peer) {
+            bail!("writing the status of Peer {peer}: peers \"{peer}\" not found");
+        }
+        self.cluster.count(node, |c| &mut c.peer_statuses);
+        let mut published = self.cluster.published.lock();
+        let status = (node.to_string(), write.status.clone());
+        published.peer_statuses.insert(peer.clone(), status);
+        Ok(())
+    }
+
+    /// Takes a Kubernetes Event write of the agent of `node` (`posted` or `repeated`, as the
+    /// API server's answer would be counted), or fails while cut off.
+    pub fn post_event(&self, node: &str, write: ApiWrite) -> Result<&'static str> {
+        self.reach("writing an Event")?;
+        self.cluster.count(node, |c| &mut c.events);
+        let result = match write {
+            ApiWrite::Create(_) => "posted",
+            ApiWrite::Repeat { .. } => "repeated",
+        };
+        self.cluster
+            .published
+            .lock()
+            .events
+            .push((node.to_string(), write));
+        Ok(result)
     }
 
     /// Creates or replaces a Peer.

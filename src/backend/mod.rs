@@ -11,6 +11,8 @@ use control::PeerObject;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use tokio::sync::watch;
 
+use self::kube::events::EventCounts;
+
 pub mod backoff;
 pub mod file;
 pub mod kube;
@@ -274,6 +276,43 @@ pub enum Backend {
     Memory(Arc<memory::MemoryBackend>),
 }
 
+/// Where an agent's Kubernetes Events go.
+#[derive(Clone)]
+pub enum EventSink {
+    /// The API server's `events.k8s.io/v1`, through a task of its own.
+    Kube(kube::events::EventPoster),
+    /// The in-memory cluster, at once.
+    Memory {
+        /// The agent's connection.
+        backend: Arc<memory::MemoryBackend>,
+        /// The agent's node.
+        node: String,
+        /// Where each write's result is counted.
+        counts: Arc<dyn EventCounts>,
+    },
+}
+
+impl EventSink {
+    /// Sends `write` (the Kubernetes sink queues it; a full queue drops and counts it).
+    pub fn post(&self, write: control::api_events::ApiWrite) {
+        match self {
+            Self::Kube(poster) => poster.post(write),
+            Self::Memory {
+                backend,
+                node,
+                counts,
+            } => counts.count(backend.post_event(node, write).unwrap_or("failed")),
+        }
+    }
+
+    /// Waits until the writes sent so far reached the API server, or `within` passed.
+    pub async fn flush(&self, within: std::time::Duration) {
+        if let Self::Kube(poster) = self {
+            poster.flush(within).await;
+        }
+    }
+}
+
 /// Why kg is stopping, as far as the backend can tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Departure {
@@ -381,10 +420,10 @@ impl Backend {
         }
     }
 
-    /// True when the backend keeps node conditions (the Kubernetes API; the file and memory
-    /// backends have no Node status).
+    /// True when the backend keeps node conditions and Peer statuses (the Kubernetes API and
+    /// its in-memory twin; the file backend has no status).
     pub fn keeps_conditions(&self) -> bool {
-        matches!(self, Self::Kube(_))
+        matches!(self, Self::Kube(_) | Self::Memory(_))
     }
 
     /// Sets the node condition `KiloMeshReady` on Node `name` (a no-op where
@@ -396,7 +435,8 @@ impl Backend {
     ) -> Result<()> {
         match self {
             Self::Kube(k) => k.write_node_condition(name, write).await,
-            Self::File(_) | Self::Memory(_) => Ok(()),
+            Self::Memory(m) => m.write_node_condition(name, write),
+            Self::File(_) => Ok(()),
         }
     }
 
@@ -409,20 +449,22 @@ impl Backend {
     ) -> Result<()> {
         match self {
             Self::Kube(k) => k.write_peer_status(node, write).await,
-            Self::File(_) | Self::Memory(_) => Ok(()),
+            Self::Memory(m) => m.write_peer_status(node, write),
+            Self::File(_) => Ok(()),
         }
     }
 
     /// Where this agent's Kubernetes Events go, as kg of `node`: `None` where the backend keeps
-    /// none (the file and memory backends).
-    pub fn event_poster(
-        &self,
-        node: &str,
-        counts: Arc<dyn self::kube::events::EventCounts>,
-    ) -> Option<self::kube::events::EventPoster> {
+    /// none (the file backend).
+    pub fn event_sink(&self, node: &str, counts: Arc<dyn EventCounts>) -> Option<EventSink> {
         match self {
-            Self::Kube(k) => Some(k.event_poster(node, counts)),
-            Self::File(_) | Self::Memory(_) => None,
+            Self::Kube(k) => Some(EventSink::Kube(k.event_poster(node, counts))),
+            Self::Memory(m) => Some(EventSink::Memory {
+                backend: Arc::clone(m),
+                node: node.to_string(),
+                counts,
+            }),
+            Self::File(_) => None,
         }
     }
 
@@ -434,7 +476,8 @@ impl Backend {
     ) -> Result<Option<control::condition::ConditionWrite>> {
         match self {
             Self::Kube(k) => k.node_condition(name).await,
-            Self::File(_) | Self::Memory(_) => Ok(None),
+            Self::Memory(m) => m.node_condition(name),
+            Self::File(_) => Ok(None),
         }
     }
 

@@ -448,6 +448,7 @@ pub fn converged(
         }
     }
     super::check_endpoints::tunnels_carry(sim)?;
+    super::check_published::conditions_ready(sim)?;
     if sim.post_quantum {
         super::check_pq::keyed(sim)?;
     }
