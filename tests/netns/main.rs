@@ -34,6 +34,7 @@ mod kg_relay;
 mod kg_rotation;
 mod kg_shares;
 mod kg_shares_failover;
+mod kg_vpc_range;
 mod leaks;
 mod lifecycle;
 mod memory;
