@@ -58,6 +58,9 @@ pub enum Command {
     Diagnose(diagnose::DiagnoseArgs),
     /// Ask a node's kg for a new WireGuard key; its peers follow without losing the link.
     RotateKey(rotate::RotateKeyArgs),
+    /// Delete kg's DaemonSet and wait until every kg has cleaned its node up: before its RBAC
+    /// is deleted (the chart's pre-delete hook runs it).
+    Uninstall(uninstall::UninstallArgs),
 }
 
 /// `kgctl showconf`.
@@ -427,6 +430,7 @@ pub fn now_unix() -> i64 {
 pub mod connect;
 pub mod diagnose;
 pub mod rotate;
+pub mod uninstall;
 
 #[cfg(test)]
 mod tests;

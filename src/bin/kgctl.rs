@@ -49,6 +49,10 @@ fn main() -> ExitCode {
                 let out = kgctl::rotate::run(&args, rotate).await?;
                 return Ok((out, String::new(), ExitCode::SUCCESS));
             }
+            Command::Uninstall(uninstall) => {
+                let out = kgctl::uninstall::run(&args, uninstall).await?;
+                return Ok((out, String::new(), ExitCode::SUCCESS));
+            }
             Command::Graph => None,
             Command::Showconf(show) => Some(show),
         };

@@ -446,3 +446,22 @@ fn showconf_live_prints_the_endpoints_the_nodes_kg_configured() {
     let refused = showconf(&v, &as_peer, 51820, Some(&live)).unwrap_err();
     assert!(refused.to_string().contains("--live"), "{refused}");
 }
+
+#[test]
+fn uninstall_finds_the_daemonsets_pods_by_its_match_labels_or_says_why_not() {
+    let labels = std::collections::BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "kilo".to_string()),
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "kilotun".to_string(),
+        ),
+    ]);
+    assert_eq!(
+        uninstall::selector(Some(&labels)).unwrap(),
+        "app.kubernetes.io/name=kilo,app.kubernetes.io/part-of=kilotun"
+    );
+    for none in [None, Some(&std::collections::BTreeMap::new())] {
+        let why = uninstall::selector(none).unwrap_err().to_string();
+        assert!(why.contains("matchLabels"), "{why}");
+    }
+}

@@ -6,7 +6,8 @@
 #      (what works across that skew, what does not and why);
 #   2. helm install (with crds/), upgrade changing a flag (a new pod template: generation + 1,
 #      the flag in kg's args), rollback (the flag gone, generation + 1 again), uninstall (no
-#      object of the release left; the CRD kept, as Helm keeps crds/);
+#      object of the release left; the CRD kept, as Helm keeps crds/; --no-hooks, since no
+#      kubelet runs the pre-delete hook's Job here: tests/real/real_kubelet/chart.rs runs it);
 #   3. from the plain manifests to the chart without a rollout: helm refuses to take over
 #      objects it does not own, takes them over once labelled and annotated (docs/helm.md), and
 #      the DaemonSet keeps its uid and generation (no pod is replaced);
@@ -205,8 +206,10 @@ fi
 history=$("$helm" history kilo --namespace kube-system 2>&1 | awk 'NR > 1 {print $1 ":" $(NF - 3)}' | tr '\n' ' ')
 ok "helm history: $history"
 
-if out=$("$helm" uninstall kilo --namespace kube-system 2>&1); then
-	ok "helm uninstall: $out"
+# No kubelet runs the pre-delete hook's Job here (kgctl uninstall, which waits for the kg pods):
+# its run is tests/real/real_kubelet/chart.rs's.
+if out=$("$helm" uninstall kilo --namespace kube-system --no-hooks 2>&1); then
+	ok "helm uninstall --no-hooks: $out"
 else
 	bad "helm uninstall: $out"
 fi
@@ -263,14 +266,14 @@ if ((gen2 == gen1 + 1)) && [[ $args == *'"--mesh-granularity=full"'* ]]; then
 else
 	bad "helm upgrade of the adopted DaemonSet: generation $gen1 -> $gen2, args $args; helm: $upgraded"
 fi
-"$helm" uninstall kilo --namespace kube-system >/dev/null 2>&1
+"$helm" uninstall kilo --namespace kube-system --no-hooks >/dev/null 2>&1
 left=$(leftovers)
 [[ -z $left ]] && ok "uninstalled: nothing left" || bad "left after uninstalling the adopted release: $(tr '\n' ' ' <<<"$left")"
 
 echo "== 4. surge on 1.20"
 if out=$("$helm" install kilo "$chart" --namespace kube-system --set updateStrategy.surge=true 2>&1); then
 	bad "helm install with updateStrategy.surge=true succeeded on 1.20"
-	"$helm" uninstall kilo --namespace kube-system >/dev/null 2>&1
+	"$helm" uninstall kilo --namespace kube-system --no-hooks >/dev/null 2>&1
 elif [[ $out == *'unknown field "maxSurge"'* ]]; then
 	ok "updateStrategy.surge=true on 1.20 is refused: $(grep -o 'unknown field "maxSurge" in [A-Za-z0-9.]*' <<<"$out" | head -1)"
 else

@@ -265,5 +265,21 @@ else
 	fi
 fi
 
+echo "== 6. helm uninstall's pre-delete hook"
+hook=$("$helm" template kilo "$chart" --namespace kube-system --show-only templates/uninstall-hook.yaml 2>&1)
+kinds=$(grep '^kind: ' <<<"$hook" | cut -d' ' -f2 | paste -sd, -)
+if [[ $kinds == ServiceAccount,Role,RoleBinding,Job ]] && grep -q -- '- --daemonset=kilo$' <<<"$hook" &&
+	grep -q -- '- /usr/local/bin/kgctl$' <<<"$hook" && [[ $(grep -c 'helm.sh/hook: pre-delete' <<<"$hook") == 4 ]]; then
+	ok "the hook: $kinds, pre-delete, kgctl uninstall --daemonset=kilo"
+else
+	bad "the hook renders: $hook"
+fi
+if out=$("$helm" template kilo "$chart" --namespace kube-system --set uninstallHook.enabled=false \
+	--show-only templates/uninstall-hook.yaml 2>&1); then
+	bad "uninstallHook.enabled=false still renders the hook: $out"
+else
+	ok "uninstallHook.enabled=false renders no hook"
+fi
+
 echo "lint.sh: $passed passed, $failed failed, in $((SECONDS - start)) s"
 ((failed == 0)) || exit 1

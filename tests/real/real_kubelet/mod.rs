@@ -14,7 +14,9 @@
 //! once per test run from the binaries under test, or taken from `KILOTUN_IMAGE_ARCHIVE`.
 //! `KILOTUN_KUBELET_KEEP` keeps a cluster's directory (logs) on drop.
 
+mod chart;
 mod device_plugin;
+mod rollout;
 mod surge;
 mod timeline;
 mod webhook;
@@ -26,7 +28,6 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -508,6 +509,21 @@ fn install_with(
     manifest_name: &str,
     before_ready: impl FnOnce(&KubeletCluster),
 ) -> (Vec<String>, Instant) {
+    install_by(k, manifest_name, |k| {
+        k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/crds.yaml")]);
+        k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/rbac.yaml")]);
+        k.apply(&manifest(manifest_name));
+        before_ready(k);
+    })
+}
+
+/// [`install`] by `apply` (which installs kilotun as `what` names it): the nodes given a
+/// location each, then the pods, annotations and mesh waited for and checked.
+fn install_by(
+    k: &KubeletCluster,
+    what: &str,
+    apply: impl FnOnce(&KubeletCluster),
+) -> (Vec<String>, Instant) {
     let started = Instant::now();
     // The nodes share one subnet and no topology label: Kilo's rule would make them one
     // location, joined by IPIP without WireGuard. An operator who wants the WireGuard mesh
@@ -516,14 +532,11 @@ fn install_with(
         let location = format!("kilo.squat.ai/location=loc{}", i + 1);
         k.kubectl_ok(&["annotate", "node", &node.name, &location]);
     }
-    k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/crds.yaml")]);
-    k.kubectl_ok(&["apply", "-f", &format!("{REPO}/manifests/rbac.yaml")]);
-    k.apply(&manifest(manifest_name));
-    before_ready(k);
+    apply(k);
     let pods = k.wait_kilo_ready(Duration::from_secs(180));
     let ready_at = Instant::now();
     eprintln!(
-        "{manifest_name}: kilo pods Ready on {} nodes after {:.1?}",
+        "{what}: kilo pods Ready on {} nodes after {:.1?}",
         pods.len(),
         started.elapsed()
     );
@@ -597,7 +610,7 @@ fn install_with(
         }
     }
     eprintln!(
-        "{manifest_name}: meshed, pods reachable across nodes after {:.1?}",
+        "{what}: meshed, pods reachable across nodes after {:.1?}",
         started.elapsed()
     );
     (ips, ready_at)
@@ -614,6 +627,15 @@ fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
     wait_for("the kilo pods gone", Duration::from_secs(120), || {
         k.kilo_pods().is_empty()
     });
+    assert_cleaned_up(k, pod_ips);
+    eprintln!("uninstall: done after {:.1?}", started.elapsed());
+}
+
+/// What each kg, its DaemonSet gone, leaves on its node once its pod is gone: no `kilo.squat.ai`
+/// annotations of its own, no route through kilo0 to the other nodes' pods (`pod_ips`, in node
+/// order), and kilo0 gone or without carrier.
+fn assert_cleaned_up(k: &KubeletCluster, pod_ips: &[String]) {
+    let started = Instant::now();
     let mut links = Vec::new();
     for (i, node) in k.nodes.iter().enumerate() {
         wait_for(
@@ -661,7 +683,7 @@ fn uninstall(k: &KubeletCluster, pod_ips: &[String], daemonsets: &[&str]) {
         });
     }
     eprintln!(
-        "uninstall: annotations and routes gone after {:.1?}; kilo0 {links:?}",
+        "cleaned up: annotations and routes gone after {:.1?}; kilo0 {links:?}",
         started.elapsed()
     );
 }
@@ -742,112 +764,7 @@ fn kubeadm_daemonset_on_real_kubelets() {
     // (b) A rollout: every kg replaced, one node at a time, pings both ways. The pod template
     // changes as with `kubectl rollout restart` or a new image: here by a nodeSelector that every
     // node matches, which the surge (c) then uses to delete old pods node by node.
-    let p12 = Pinger::start(&n1.netns, &pod_ips[1]);
-    let p21 = Pinger::start(&n2.netns, &pod_ips[0]);
-    let since = Instant::now();
-    assert!(
-        p12.wait_flowing(since, Duration::from_secs(20))
-            && p21.wait_flowing(since, Duration::from_secs(20))
-    );
-    // Each node's old pod (its uid, to see it replaced, and its name, to follow its log), and
-    // its kg process, to tell kg's own exit from the kubelet's report of it.
-    let old_pods = k.kilo_pods();
-    let field = |key: &str| -> BTreeMap<String, String> {
-        old_pods
-            .iter()
-            .map(|(n, p)| {
-                let value = p["metadata"][key].as_str().unwrap_or_default();
-                (n.clone(), value.to_string())
-            })
-            .collect()
-    };
-    let (before, old_names) = (field("uid"), field("name"));
-    let old_pids: BTreeMap<String, i32> = k
-        .nodes
-        .iter()
-        .filter_map(|n| Some((n.name.clone(), k.kg_pid(n)?)))
-        .collect();
-    let logs_dir =
-        std::env::temp_dir().join(format!("kilotun-rollout-logs-{}", std::process::id()));
-    fs::create_dir_all(&logs_dir).unwrap();
-    let old_logs = timeline::FollowedLogs::start(&k, &old_names, &logs_dir);
-    let restarted = Instant::now();
-    let done = AtomicBool::new(false);
-    let (timeline, kg_exits) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| timeline::record(&k, &done));
-        let exits = scope.spawn(|| timeline::watch_exits(&old_pids, &done));
-        surge::select_old_generation(&k);
-        k.rollout_status("kube-system", "daemonset/kilo", "300s");
-        done.store(true, Ordering::Relaxed);
-        (watcher.join().unwrap(), exits.join().unwrap())
-    });
-    old_logs.print_tail(6);
-    let _ = fs::remove_dir_all(&logs_dir);
-    let rolled = restarted.elapsed();
-    let after = k.wait_kilo_ready(Duration::from_secs(60));
-    for (node, uid) in &before {
-        assert_ne!(
-            after[node]["metadata"]["uid"].as_str(),
-            Some(uid.as_str()),
-            "{node}'s kilo pod was not replaced"
-        );
-    }
-    assert!(
-        p12.wait_flowing(restarted, Duration::from_secs(60)),
-        "n1 -> n2 pod did not resume"
-    );
-    assert!(
-        p21.wait_flowing(restarted, Duration::from_secs(60)),
-        "n2 -> n1 pod did not resume"
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    let (g12, g21) = (
-        p12.longest_gap_after(restarted),
-        p21.longest_gap_after(restarted),
-    );
-    let windows = [
-        p12.longest_gap_window_after(restarted),
-        p21.longest_gap_window_after(restarted),
-    ];
-    drop((p12, p21));
-    eprintln!(
-        "rollout ({rolled:.1?}): longest ping gap {} -> pod on {}: {g12:.2?}; {} -> pod on {}: {g21:.2?}",
-        n1.name, n2.name, n2.name, n1.name
-    );
-    let parts = timeline::split_rollout_gaps(&k, &timeline, restarted, windows, &kg_exits);
-    // Most of a rollout's gap is Kubernetes 1.20's: the DaemonSet controller creates the new
-    // pod only once the old one is gone from the API, and the kubelet deletes it from its status
-    // manager's loop (a 10 s period) after the teardown, at times a minute later on a busy
-    // machine; that part is printed, not bounded. kg's own parts are: its exit after SIGTERM
-    // (at most the 10 s it gives the API server to say whether its DaemonSet still exists,
-    // then the engine's stop) and the new kg's start until traffic flows.
-    assert!(
-        !parts.is_empty(),
-        "no gap was matched to a node's replacement"
-    );
-    for p in &parts {
-        assert!(
-            p.exit.is_none_or(|exit| exit < Duration::from_secs(12)),
-            "{}: the old kg took {:?} to exit after its pod's deletion",
-            p.node,
-            p.exit
-        );
-        assert!(
-            p.start_to_traffic < Duration::from_secs(15),
-            "{}: traffic came back {:?} after the new kg's container started",
-            p.node,
-            p.start_to_traffic
-        );
-    }
-    assert_eq!(
-        (old_pids.len(), kg_exits.len()),
-        (k.nodes.len(), k.nodes.len()),
-        "every node's old kg found, then seen exiting: {old_pids:?} {kg_exits:?}"
-    );
-    // After the restart, the annotations are as before and the mesh works.
-    for n in &k.nodes {
-        assert_annotated(&k, &n.name);
-    }
+    rollout::roll_every_kg(&k, &pod_ips, "rollout", surge::select_old_generation);
 
     // (c) A surge rollout (what 1.22 and later do with maxSurge), done by hand: each node's
     // handover costs at most a second.
