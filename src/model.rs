@@ -18,8 +18,8 @@ use ipnet::IpNet;
 
 pub mod check;
 pub mod check_endpoints;
-pub mod check_published;
 pub mod check_pq;
+pub mod check_published;
 pub mod check_shares;
 pub mod events;
 pub mod report;

@@ -11,16 +11,20 @@ pub fn conditions_ready(sim: &Sim) -> Result<(), String> {
     let published = sim.cluster.published();
     for (name, node) in sim.nodes.iter().filter(|(_, n)| n.running.is_some()) {
         if node.leads() {
-            let unreachable = node.device_peers().unwrap_or_default().iter().any(|(key, _)| {
-                sim.nodes
-                    .values()
-                    .find(|n| n.public_key() == *key && n.running.is_some())
-                    .is_some_and(|far| {
-                        let shared =
-                            (0..UPLINKS).any(|u| node.uplink_live(u) && far.uplink_live(u));
-                        !shared || node.behind_nat && far.behind_nat
-                    })
-            });
+            let unreachable = node
+                .device_peers()
+                .unwrap_or_default()
+                .iter()
+                .any(|(key, _)| {
+                    sim.nodes
+                        .values()
+                        .find(|n| n.public_key() == *key && n.running.is_some())
+                        .is_some_and(|far| {
+                            let shared =
+                                (0..UPLINKS).any(|u| node.uplink_live(u) && far.uplink_live(u));
+                            !shared || node.behind_nat && far.behind_nat
+                        })
+                });
             if unreachable {
                 continue;
             }
