@@ -9,7 +9,7 @@
 #
 #   sudo bench/scale.sh [--locations=L] [--change=WHAT] [--changes=K] [--layout=LAYOUT]
 #                       [--flap=F] [--granularity=location|full] [--ipam=node|calico|pods]
-#                       N [KG_BINARY]
+#                       [--writes] N [KG_BINARY]
 #
 # N defaults to 1000 and KG_BINARY to target/release/kg. WHAT is the change measured:
 #   follower  a node that does not lead its location moves to a new location (the default)
@@ -42,6 +42,15 @@
 # SCALE_PODS pods (100) with addresses in its /24, replaces SCALE_POD_CHURN of them a second (10;
 # three watch events each) beside the check-ins, and runs kg with --ipam=pods: the events per
 # second and CPU per event then count the pod events with the check-ins.
+# --writes counts kg's own writes to the API server from the API server's audit log
+# (bench/api_writes.py), by kind: its Node's annotations, the node condition, Events, the Peers'
+# status, leases. It installs kilotun's CRDs and SCALE_PEERS Peers (50), which kg's node serves
+# and, leading the first location (bench-local), reports the status of. After the other windows
+# it prints the writes from kg's start until the churn window (the start), over WRITES_WINDOW
+# seconds of steady state (600: a condition heartbeat, two of the Peers' status; the check-ins
+# run again from a minute before), and over the CHANGE_WINDOW seconds (120) after one location's
+# leader moves (--change=leader's move, made once more). KEEP_AUDIT=FILE keeps
+# the audit log there.
 # KG_ARGS adds flags to kg's command line (for example KG_ARGS=--firewall=iptables).
 #
 # SETTLE (95 s after kg has every peer), CHURN_WINDOW (30 s) and IDLE_WINDOW (30 s, after the
@@ -65,8 +74,10 @@ layout=apart
 flap=0
 granularity=location
 ipam=node
+writes=0
 while [[ ${1:-} == --* ]]; do
 	case $1 in
+	--writes) writes=1 ;;
 	--ipam=node | --ipam=calico | --ipam=pods) ipam=${1#*=} ;;
 	--locations=*) locations=${1#*=} ;;
 	--change=*) what=${1#*=} ;;
@@ -150,6 +161,7 @@ cleanup() {
 	[[ -n $pod_churn_pid ]] && kill "$pod_churn_pid" 2>/dev/null && wait "$pod_churn_pid" 2>/dev/null
 	[[ -n $kg_pid ]] && kill "$kg_pid" 2>/dev/null && wait "$kg_pid" 2>/dev/null
 	[[ -n $dnsmasq_pid ]] && kill "$dnsmasq_pid" 2>/dev/null && wait "$dnsmasq_pid" 2>/dev/null
+	[[ -n ${KEEP_AUDIT:-} && -f $work/audit.log ]] && cp "$work/audit.log" "$KEEP_AUDIT"
 	ip netns exec "$ns" "$root/scripts/kube-down.sh" "$work/kube" >/dev/null 2>&1
 	ip netns del "$ns" 2>/dev/null
 	rm -rf "/etc/netns/$ns"
@@ -185,9 +197,20 @@ else
 fi
 in_ns ip -6 route add default dev eth0
 
+if ((writes)); then
+	python3 "$root/bench/api_writes.py" policy >"$work/audit-policy.yaml"
+	export KUBE_APISERVER_EXTRA_FLAGS="${KUBE_APISERVER_EXTRA_FLAGS:-} --audit-policy-file=$work/audit-policy.yaml --audit-log-path=$work/audit.log --audit-log-format=json"
+fi
 env_file=$(in_ns "$root/scripts/kube-up.sh" "$work/kube" 2>"$work/kube-up.log" | tail -n1)
 # shellcheck disable=SC1090
 . "$env_file"
+if ((writes)); then
+	in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" apply -f "$root/manifests/crds.yaml" >/dev/null
+	in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" wait --for=condition=established --timeout=60s \
+		crd/peers.kilo.squat.ai >/dev/null
+	python3 "$root/bench/api_writes.py" peers "${SCALE_PEERS:-50}" |
+		in_ns "$KUBECTL" --kubeconfig="$KUBECONFIG" apply -f - >/dev/null
+fi
 # `ip netns exec` and `env` exec in place, and with DRIVER_EXEC=exec the function's subshell
 # does too: a background driver's or kg's $! is then its own pid, which `kill` stops.
 driver() {
@@ -229,6 +252,7 @@ if [[ $ipam == pods ]]; then
 	pod_churn_pid=$!
 fi
 
+kg_started=$(date +%s.%N)
 # Warnings, and the stage times of each reconcile that computed a topology. KG_ARGS is split
 # into words on purpose.
 # shellcheck disable=SC2086
@@ -325,3 +349,22 @@ awk -v n="$n" -v hz="$hz" -v t0="$t0" -v t1="$t1" -v p0="$p0" -v p1="$p1" -v s0=
 	printf "%s change to engine: median %s ms, worst %s ms (%s)\n", what, med, worst, lat
 }'
 driver stages "$work/kg.log" "$work/changes"
+
+if ((writes)); then
+	count_writes() { in_ns python3 "$root/bench/api_writes.py" count "$work/audit.log" "$@"; }
+	count_writes "$kg_started" "$s0" "start (kg's start until the churn window)"
+	# Steady state is the nodes checking in: without it they turn stale after 60 s and drop out
+	# of the topology one by one (each a change of the Peers' servers). The check-ins start
+	# again, and a minute passes for the nodes that went stale during the idle window to return.
+	(DRIVER_EXEC=exec driver churn "$n" "$work/patches") &
+	churn_pid=$!
+	sleep 60
+	w0=$(date +%s.%N)
+	sleep "${WRITES_WINDOW:-600}"
+	w1=$(date +%s.%N)
+	count_writes "$w0" "$w1" "steady state"
+	driver change "$n" "$iface" 1 leader >/dev/null
+	sleep "${CHANGE_WINDOW:-120}"
+	w2=$(date +%s.%N)
+	count_writes "$w1" "$w2" "a location's leader moved"
+fi

@@ -9,6 +9,7 @@
 //! handshake time and byte counts), so `N` Peers cost at most `N` writes per heartbeat.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -51,10 +52,10 @@ pub struct PeerReading {
 pub struct PeerStatus {
     /// The node that wrote this status: its readings are that node's.
     pub reporter: String,
-    /// Every leader that serves the Peer, by segment.
-    pub served_by: Vec<Server>,
+    /// Every leader that serves the Peer, by segment (shared by every Peer's status).
+    pub served_by: Arc<Vec<Server>>,
     /// `served_by` as one line (`east=n1, west=n3`), for `kubectl get peers`.
-    pub servers: String,
+    pub servers: Arc<str>,
     /// True when the reporter's engine completed a handshake with the Peer within
     /// [`CONNECTED_WITHIN_MS`].
     pub connected: bool,
@@ -68,20 +69,24 @@ pub struct PeerStatus {
     /// Bytes the reporter sent to it.
     pub tx_bytes: u64,
     /// The Peer's WireGuard configuration, as `kgctl showconf peer NAME` prints it, without any
-    /// key: add `PrivateKey` (and the Peer's own `PresharedKey`, when it has one).
-    pub config: String,
+    /// key: add `PrivateKey` (and the Peer's own `PresharedKey`, when it has one). A section
+    /// per segment: shared with [`PeerShapes`] until the topology changes.
+    pub config: Arc<str>,
 }
 
 impl PeerStatus {
-    /// What makes a write due at once when it changes; the rest waits for the heartbeat.
-    fn salient(&self) -> (&str, &[Server], bool, Option<&str>, &str) {
-        (
-            &self.reporter,
-            &self.served_by,
-            self.connected,
-            self.endpoint.as_deref(),
-            &self.config,
-        )
+    /// True when what makes a write due at once is the same in both (reporter, servers,
+    /// connectedness, endpoint, configuration); the rest waits for the heartbeat. The shared
+    /// parts of statuses made from one topology compare by pointer.
+    fn same_salient(&self, other: &Self) -> bool {
+        fn same<T: PartialEq + ?Sized>(a: &Arc<T>, b: &Arc<T>) -> bool {
+            Arc::ptr_eq(a, b) || a == b
+        }
+        self.reporter == other.reporter
+            && self.connected == other.connected
+            && self.endpoint == other.endpoint
+            && same(&self.served_by, &other.served_by)
+            && same(&self.config, &other.config)
     }
 }
 
@@ -98,50 +103,96 @@ pub fn writes_peer_status(t: &Topology) -> bool {
 /// The status of each Peer of `t` with a key, from the reporter's `readings` (by key) at
 /// `now_ms`.
 pub fn statuses(
-    t: &Topology,
+    t: &Arc<Topology>,
     readings: &BTreeMap<Key, PeerReading>,
     now_ms: i64,
 ) -> BTreeMap<String, PeerStatus> {
-    let served_by: Vec<Server> = t
-        .segments
-        .iter()
-        .filter_map(|s| {
-            Some(Server {
-                location: s.location.clone(),
-                node: s.members.get(s.leader)?.name.clone(),
+    PeerShapes::default().statuses(t, readings, now_ms)
+}
+
+/// What the Peers' statuses take from the topology: the servers and each Peer's configuration.
+/// A configuration holds a section per segment (500 at 5,000 nodes in 500 locations), so they
+/// are made again only when the topology changes, not at every step.
+#[derive(Debug, Default)]
+pub struct PeerShapes {
+    topology: Option<Arc<Topology>>,
+    served_by: Arc<Vec<Server>>,
+    servers: Arc<str>,
+    configs: BTreeMap<String, Arc<str>>,
+}
+
+impl PeerShapes {
+    /// [`statuses`], with what `t` gives them made only if `t` differs from the last topology.
+    pub fn statuses(
+        &mut self,
+        t: &Arc<Topology>,
+        readings: &BTreeMap<Key, PeerReading>,
+        now_ms: i64,
+    ) -> BTreeMap<String, PeerStatus> {
+        let same = self
+            .topology
+            .as_ref()
+            .is_some_and(|last| Arc::ptr_eq(last, t) || **last == **t);
+        if !same {
+            self.shape(t);
+        }
+        self.topology = Some(Arc::clone(t));
+        t.peers
+            .iter()
+            .filter_map(|p| {
+                let key = p.public_key?;
+                let config = Arc::clone(self.configs.get(&p.name)?);
+                let reading = readings.get(&key).copied().unwrap_or_default();
+                let status = PeerStatus {
+                    reporter: t.hostname.clone(),
+                    served_by: Arc::clone(&self.served_by),
+                    servers: Arc::clone(&self.servers),
+                    connected: reading
+                        .last_handshake_ms
+                        .is_some_and(|at| now_ms - at < CONNECTED_WITHIN_MS),
+                    endpoint: reading.endpoint.map(|e| e.to_string()),
+                    last_handshake_time: reading.last_handshake_ms.map(rfc3339),
+                    rx_bytes: reading.rx_bytes,
+                    tx_bytes: reading.tx_bytes,
+                    config,
+                };
+                Some((p.name.clone(), status))
             })
-        })
-        .collect();
-    let servers = served_by
-        .iter()
-        .map(|s| format!("{}={}", s.location, s.node))
-        .collect::<Vec<_>>()
-        .join(", ");
-    t.peers
-        .iter()
-        .filter_map(|p| {
-            let key = p.public_key?;
-            let reading = readings.get(&key).copied().unwrap_or_default();
-            let mut conf = t.peer_conf(&p.name);
-            for peer in &mut conf.peers {
-                peer.preshared_key = None;
-            }
-            let status = PeerStatus {
-                reporter: t.hostname.clone(),
-                served_by: served_by.clone(),
-                servers: servers.clone(),
-                connected: reading
-                    .last_handshake_ms
-                    .is_some_and(|at| now_ms - at < CONNECTED_WITHIN_MS),
-                endpoint: reading.endpoint.map(|e| e.to_string()),
-                last_handshake_time: reading.last_handshake_ms.map(rfc3339),
-                rx_bytes: reading.rx_bytes,
-                tx_bytes: reading.tx_bytes,
-                config: conf.to_ini(None),
-            };
-            Some((p.name.clone(), status))
-        })
-        .collect()
+            .collect()
+    }
+
+    /// Makes the servers and every keyed Peer's configuration of `t`.
+    fn shape(&mut self, t: &Topology) {
+        let served_by: Vec<Server> = t
+            .segments
+            .iter()
+            .filter_map(|s| {
+                Some(Server {
+                    location: s.location.clone(),
+                    node: s.members.get(s.leader)?.name.clone(),
+                })
+            })
+            .collect();
+        self.servers = served_by
+            .iter()
+            .map(|s| format!("{}={}", s.location, s.node))
+            .collect::<Vec<_>>()
+            .join(", ")
+            .into();
+        self.served_by = Arc::new(served_by);
+        self.configs = t
+            .peers
+            .iter()
+            .filter(|p| p.public_key.is_some())
+            .map(|p| {
+                let mut conf = t.peer_conf(&p.name);
+                for peer in &mut conf.peers {
+                    peer.preshared_key = None;
+                }
+                (p.name.clone(), Arc::from(conf.to_ini(None)))
+            })
+            .collect();
+    }
 }
 
 /// Unix milliseconds as RFC 3339 seconds (`2026-12-03T06:40:00Z`).
@@ -201,7 +252,7 @@ impl PeerStatusBook {
                 None => true,
                 Some((last, at)) => {
                     let since = now_ms - at;
-                    let changed = last.salient() != status.salient();
+                    let changed = !last.same_salient(status);
                     changed && since >= MIN_WRITE_INTERVAL_MS || since >= HEARTBEAT_MS
                 }
             })

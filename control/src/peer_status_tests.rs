@@ -5,15 +5,15 @@ use keys::SecretKey;
 
 const NOW: i64 = 1_780_000_000_000;
 
-fn topology(hostname: &str) -> Topology {
+fn topology(hostname: &str) -> Arc<Topology> {
     let mut peers = f1_peers();
     peers[1].preshared_key = Some(SecretKey::from_bytes(Key::padded("psk").0));
-    Topology::new(
+    let t = Topology::new(
         &f1_nodes(),
         &peers,
         &f1_params(hostname, Granularity::Location),
-    )
-    .unwrap()
+    );
+    Arc::new(t.unwrap())
 }
 
 fn reading(handshake_ago_ms: i64) -> PeerReading {
@@ -43,7 +43,7 @@ fn a_status_names_every_server_and_holds_the_peers_configuration_without_keys() 
     let b = &all["b"];
     assert_eq!(b.reporter, "a");
     // d has no private IP: a segment of its own in location 1, with its own leader.
-    assert_eq!(b.servers, "1=a, 2=b, 1=d");
+    assert_eq!(&*b.servers, "1=a, 2=b, 1=d");
     assert!(b.connected);
     assert_eq!(b.endpoint.as_deref(), Some("192.168.0.1:51820"));
     assert_eq!((b.rx_bytes, b.tx_bytes), (100, 200));
@@ -113,4 +113,23 @@ fn writes_are_due_on_a_change_at_most_every_interval_and_on_the_heartbeat() {
     assert!(book.due(&only_a, later).is_empty());
     only_a.insert("b".into(), b);
     assert_eq!(book.due(&only_a, later).len(), 1);
+}
+
+#[test]
+fn the_configurations_are_made_again_only_when_the_topology_changes() {
+    let mut shapes = PeerShapes::default();
+    let readings = BTreeMap::new();
+    let first = shapes.statuses(&topology("a"), &readings, NOW);
+    // An equal topology in a new allocation, as every pass makes: the same configuration.
+    let again = shapes.statuses(&topology("a"), &readings, NOW + 1_000);
+    assert!(Arc::ptr_eq(&first["b"].config, &again["b"].config));
+    assert!(Arc::ptr_eq(&first["b"].served_by, &again["b"].served_by));
+    // Another topology (another reporter): made again.
+    let other = shapes.statuses(&topology("d"), &readings, NOW + 2_000);
+    assert!(!Arc::ptr_eq(&first["b"].served_by, &other["b"].served_by));
+    assert_eq!(other["b"].reporter, "d");
+    assert_eq!(
+        other["b"].config, first["b"].config,
+        "the same Peer's configuration, made anew"
+    );
 }

@@ -82,7 +82,35 @@ pub async fn client_config(kubeconfig: &str, master: &str) -> Result<Config> {
     // watch would never report its failure. kg retries on its own schedule instead (the next
     // check-in for patches, the watcher's backoff for watches).
     config.default_retry = false;
+    config
+        .headers
+        .push((http::header::USER_AGENT, user_agent().parse()?));
     Ok(config)
+}
+
+/// The `User-Agent` of kg's and kgctl's requests, in client-go's form as Kilo's are
+/// (`kg/v0.8.0 (linux/amd64) kilotun`): the program's name first, so an API server's audit log
+/// tells kg's writes from kgctl's and from other clients'.
+pub fn user_agent() -> String {
+    let program = std::env::args_os()
+        .next()
+        .and_then(|arg| {
+            let name = std::path::Path::new(&arg)
+                .file_name()?
+                .to_str()?
+                .to_string();
+            Some(name)
+        })
+        .unwrap_or_else(|| "kilotun".to_string());
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!(
+        "{program}/v{} (linux/{arch}) kilotun",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// How long one write to the API (patch, create, delete) may take before kg gives up on it and

@@ -121,7 +121,12 @@ impl Reconciler {
             self.say_which_agents_route_node_cidrs(&nodes);
         }
         let firewall_due = self.firewall_hold.due(now.instant);
-        let t = Arc::new(t);
+        // An unchanged topology stays the same allocation, so what is derived from it (the
+        // Peers' statuses) knows it unchanged by pointer.
+        let t = match &self.topology {
+            Some(last) if !changed => Arc::clone(last),
+            _ => Arc::new(t),
+        };
         let converge = if full || changed || !self.converged_whole || firewall_due || changes.keys {
             // Forget the topology until it is applied: a failure retries on the next pass.
             self.topology = None;

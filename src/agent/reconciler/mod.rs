@@ -157,6 +157,8 @@ pub struct Reconciler {
     condition_book: control::condition::ConditionBook,
     /// The Peers' status last written, when this node writes it.
     peer_status_book: control::peer_status::PeerStatusBook,
+    /// What the Peers' statuses take from the topology, made again when it changes.
+    peer_shapes: control::peer_status::PeerShapes,
     /// The Kubernetes Events posted and the budget left.
     api_events: control::api_events::ApiEventBook,
     /// What kg applied to the host, the links it resolved and the routes it holds.
@@ -221,6 +223,7 @@ impl Reconciler {
             mesh_watch: Default::default(),
             condition_book: Default::default(),
             peer_status_book: Default::default(),
+            peer_shapes: Default::default(),
             api_events: Default::default(),
             host_book: Default::default(),
             kilo_index: 0,

@@ -29,10 +29,10 @@ impl Reconciler {
             self.peer_status_book.clear();
             return Vec::new();
         }
-        let Some(t) = self.topology() else {
+        let Some(t) = self.topology().cloned() else {
             return Vec::new();
         };
-        let current = peer_status::statuses(t, readings, now_ms);
+        let current = self.peer_shapes.statuses(&t, readings, now_ms);
         self.peer_status_book.due(&current, now_ms)
     }
 
