@@ -2,7 +2,16 @@
 //! device holds to another node carries traffic when the two share an uplink that is live at
 //! both ends, whichever candidates were black-holed, removed or renumbered on the way.
 
-use super::sim::{Sim, UPLINKS};
+use super::sim::{Sim, SimNode, UPLINKS};
+
+/// The uplink a tunnel between `a` and `b` can use: one live at both ends, unless both are
+/// behind NAT (then a relay carries them, and no uplink of their own does).
+pub fn carrying_uplink(a: &SimNode, b: &SimNode) -> Option<usize> {
+    if a.behind_nat && b.behind_nat {
+        return None;
+    }
+    (0..UPLINKS).find(|u| a.uplink_live(*u) && b.uplink_live(*u))
+}
 
 /// Every running leader's tunnel to another running node: up, unless no uplink is live at
 /// both ends (no candidate pair can work) or both are behind NAT (a relay carries them).
@@ -16,13 +25,9 @@ pub fn tunnels_carry(sim: &Sim) -> Result<(), String> {
             else {
                 continue;
             };
-            let shared = (0..UPLINKS).find(|u| node.uplink_live(*u) && far.uplink_live(*u));
-            let Some(uplink) = shared else {
+            let Some(uplink) = carrying_uplink(node, far) else {
                 continue;
             };
-            if node.behind_nat && far.behind_nat {
-                continue;
-            }
             if !sim.tunnel_up(name, &key) {
                 let endpoint = node
                     .running

@@ -4,7 +4,8 @@
 
 use control::condition::ConditionStatus;
 
-use super::sim::{Sim, UPLINKS};
+use super::check_endpoints::carrying_uplink;
+use super::sim::Sim;
 
 /// Checks the conditions the running agents last wrote (see the module documentation).
 pub fn conditions_ready(sim: &Sim) -> Result<(), String> {
@@ -19,11 +20,7 @@ pub fn conditions_ready(sim: &Sim) -> Result<(), String> {
                     sim.nodes
                         .values()
                         .find(|n| n.public_key() == *key && n.running.is_some())
-                        .is_some_and(|far| {
-                            let shared =
-                                (0..UPLINKS).any(|u| node.uplink_live(u) && far.uplink_live(u));
-                            !shared || node.behind_nat && far.behind_nat
-                        })
+                        .is_some_and(|far| carrying_uplink(node, far).is_none())
                 });
             if unreachable {
                 continue;

@@ -328,6 +328,34 @@ pub struct NodeSpec<'a> {
 }
 
 impl Cluster {
+    /// A cluster of `nodes` (name, location, `kilo.squat.ai/allowed-location-ips` or `""` for
+    /// none), each on its location's subnet as host 1, 2, ... in order, kg started on each
+    /// with `--encapsulate=never --resync-period=1s`; returned once every pod reaches every
+    /// other.
+    #[allow(dead_code)]
+    pub fn claiming_location_ips(locations: &[&str], nodes: &[(&str, &str, &str)]) -> Self {
+        let mut c = Self::new(locations);
+        for (i, (name, location, claim)) in nodes.iter().enumerate() {
+            let annotations: &[(&str, &str)] = if claim.is_empty() {
+                &[]
+            } else {
+                &[("kilo.squat.ai/allowed-location-ips", claim)]
+            };
+            let spec = NodeSpec {
+                name,
+                location,
+                annotations,
+            };
+            c.add_node(&spec, i as u8 + 1);
+        }
+        for i in 0..nodes.len() {
+            c.start_kg(i, &["--encapsulate=never", "--resync-period=1s"]);
+        }
+        let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
+        assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+        c
+    }
+
     /// Creates the router and one bridge (subnet `192.168.<10·k>.0/24`) per location.
     pub fn new(locations: &[&str]) -> Self {
         let work = std::env::temp_dir().join(unique("kgcluster"));

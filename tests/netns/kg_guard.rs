@@ -274,30 +274,14 @@ fn an_endpoint_inside_a_peers_allowed_ips_gets_a_host_route_with_the_routes_guar
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn overlapping_allowed_location_ips_route_alike_on_every_node() {
     common::require_root("overlapping_allowed_location_ips_route_alike_on_every_node");
-    let mut c = Cluster::new(&["x", "y", "z"]);
-    let specs = [
-        ("n1", "x", "10.9.0.0/24"),
-        ("n2", "y", "10.9.0.0/16"),
-        ("n3", "z", ""),
-    ];
-    for (i, (name, location, claim)) in specs.iter().enumerate() {
-        let annotations: &[(&str, &str)] = if claim.is_empty() {
-            &[]
-        } else {
-            &[(ALLOWED_LOCATION_IPS, claim)]
-        };
-        let spec = NodeSpec {
-            name,
-            location,
-            annotations,
-        };
-        c.add_node(&spec, i as u8 + 1);
-    }
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never", "--resync-period=1s"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let c = Cluster::claiming_location_ips(
+        &["x", "y", "z"],
+        &[
+            ("n1", "x", "10.9.0.0/24"),
+            ("n2", "y", "10.9.0.0/16"),
+            ("n3", "z", ""),
+        ],
+    );
     // Kilo's rule, the same on every node: location x's /24 gives way to y's /16, which every
     // node but y's routes to y.
     let claim_routes = |node: &str| -> Vec<String> {

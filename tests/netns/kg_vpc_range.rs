@@ -12,9 +12,8 @@ use control::journal::Reason;
 
 use std::time::Duration;
 
-use common::cluster::{Cluster, NodeSpec};
+use common::cluster::Cluster;
 
-const ALLOWED_LOCATION_IPS: &str = "kilo.squat.ai/allowed-location-ips";
 /// Location y's network (`Cluster::new`: the second location's bridge).
 const VPC: &str = "192.168.20.0/24";
 /// An address on y's network that is no node's: a VM of the VPC, say.
@@ -39,31 +38,15 @@ fn routes_of(c: &Cluster, node: &str, cidr: &str) -> Vec<String> {
 #[ignore = "needs root: network namespaces and TUN devices"]
 fn a_location_announcing_its_whole_network_is_routed_there_from_the_others() {
     common::require_root("a_location_announcing_its_whole_network_is_routed_there_from_the_others");
-    let mut c = Cluster::new(&["x", "y"]);
     let claim = format!("{VPC},{INSIDE_A_POD_CIDR}");
-    let specs = [
-        ("a1", "x", VPC),
-        ("b1", "y", VPC),
-        ("b2", "y", claim.as_str()),
-    ];
-    for (i, (name, location, announced)) in specs.iter().enumerate() {
-        let annotations: &[(&str, &str)] = if *location == "y" {
-            &[(ALLOWED_LOCATION_IPS, announced)]
-        } else {
-            &[]
-        };
-        let spec = NodeSpec {
-            name,
-            location,
-            annotations,
-        };
-        c.add_node(&spec, i as u8 + 1);
-    }
-    for i in 0..3 {
-        c.start_kg(i, &["--encapsulate=never", "--resync-period=1s"]);
-    }
-    let meshed = c.wait_for(Duration::from_secs(40), |c| c.all_pods_reachable().is_ok());
-    assert!(meshed, "{:?}\n{}", c.all_pods_reachable(), c.logs());
+    let c = Cluster::claiming_location_ips(
+        &["x", "y"],
+        &[
+            ("a1", "x", ""),
+            ("b1", "y", VPC),
+            ("b2", "y", claim.as_str()),
+        ],
+    );
 
     let leaders = c.leading(&["b1", "b2"]);
     let [leader] = &leaders[..] else {

@@ -149,14 +149,35 @@ values. (What one value alone may hold is the schema's business.)
 {{- end -}}
 {{- end -}}
 
+{{/* The --kubeconfig of kg and of kgctl in the uninstall hook: the variant's kubeconfig, in
+the volume of "kilotun.kubeconfigVolume" mounted at /etc/kubernetes. */}}
+{{- define "kilotun.kubeconfigFlag" -}}
+{{- if eq .Values.variant "k3s" -}}
+--kubeconfig=/etc/kubernetes/k3s.yaml
+{{- else -}}
+--kubeconfig=/etc/kubernetes/kubeconfig
+{{- end -}}
+{{- end -}}
+
+{{/* The volume "kubeconfig" (its source, under "- name: kubeconfig"): k3s's directory, or
+kube-proxy's kubeconfig with the pod's own ServiceAccount token. */}}
+{{- define "kilotun.kubeconfigVolume" -}}
+{{- if eq .Values.variant "k3s" -}}
+hostPath:
+  path: /etc/rancher/k3s
+{{- else -}}
+configMap:
+  name: kube-proxy
+  items:
+    - key: kubeconfig.conf
+      path: kubeconfig
+{{- end }}
+{{- end -}}
+
 {{/* kg's arguments, one "- ARG" line each. */}}
 {{- define "kilotun.kgArgs" -}}
 {{- $v := .Values -}}
-{{- if eq $v.variant "k3s" }}
-- --kubeconfig=/etc/kubernetes/k3s.yaml
-{{- else }}
-- --kubeconfig=/etc/kubernetes/kubeconfig
-{{- end }}
+- {{ include "kilotun.kubeconfigFlag" . }}
 - --hostname=$(NODE_NAME)
 - --key-file=/var/lib/kilo/key
 - --listen=:1107

@@ -451,6 +451,21 @@ fn manifest(name: &str) -> String {
         .replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Never")
 }
 
+/// Pingers from each of the first two nodes to the other's pod (`pod_ips`, in node order),
+/// once both get replies (within 20 s, else a panic naming `what`).
+fn pings_across(k: &KubeletCluster, pod_ips: &[String], what: &str) -> (Pinger, Pinger) {
+    let (n1, n2) = (&k.nodes[0], &k.nodes[1]);
+    let p12 = Pinger::start(&n1.netns, &pod_ips[1]);
+    let p21 = Pinger::start(&n2.netns, &pod_ips[0]);
+    let since = Instant::now();
+    assert!(
+        p12.wait_flowing(since, Duration::from_secs(20))
+            && p21.wait_flowing(since, Duration::from_secs(20)),
+        "no pings across {what}"
+    );
+    (p12, p21)
+}
+
 /// Waits until `f` is true, panicking with `what` after `timeout`.
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

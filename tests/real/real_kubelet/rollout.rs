@@ -8,7 +8,7 @@ use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{assert_annotated, timeline, KubeletCluster, Pinger};
+use super::{assert_annotated, pings_across, timeline, KubeletCluster};
 
 /// Runs `change` (which changes the DaemonSet's pod template), waits for the rollout it starts
 /// and checks it: every pod replaced, pings across resumed, the old kg out within 12 s of its
@@ -21,13 +21,7 @@ pub(super) fn roll_every_kg(
     change: impl FnOnce(&KubeletCluster),
 ) {
     let (n1, n2) = (&k.nodes[0], &k.nodes[1]);
-    let p12 = Pinger::start(&n1.netns, &pod_ips[1]);
-    let p21 = Pinger::start(&n2.netns, &pod_ips[0]);
-    let since = Instant::now();
-    assert!(
-        p12.wait_flowing(since, Duration::from_secs(20))
-            && p21.wait_flowing(since, Duration::from_secs(20))
-    );
+    let (p12, p21) = pings_across(k, pod_ips, &format!("before the {what}"));
     // Each node's old pod (its uid, to see it replaced, and its name, to follow its log), and
     // its kg process, to tell kg's own exit from the kubelet's report of it.
     let old_pods = k.kilo_pods();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{pod_ready, wait_for, walk, KubeletCluster, Pinger};
+use super::{pings_across, pod_ready, wait_for, walk, KubeletCluster};
 
 /// The label of the nodes whose old kg pod still runs (the first DaemonSet's nodeSelector).
 const OLD_GENERATION: &str = "kilotun.test/old-generation";
@@ -163,14 +163,7 @@ pub(crate) fn surge_by_hand(k: &KubeletCluster, pod_ips: &[String]) -> Gaps {
     }
 
     let (n1, n2) = (&k.nodes[0], &k.nodes[1]);
-    let p12 = Pinger::start(&n1.netns, &pod_ips[1]);
-    let p21 = Pinger::start(&n2.netns, &pod_ips[0]);
-    let since = Instant::now();
-    assert!(
-        p12.wait_flowing(since, Duration::from_secs(20))
-            && p21.wait_flowing(since, Duration::from_secs(20)),
-        "no pings across before the surge's handovers"
-    );
+    let (p12, p21) = pings_across(k, pod_ips, "before the surge's handovers");
     let mut gaps = Gaps::new();
     for node in &k.nodes {
         let old_pod = old[&node.name]["metadata"]["name"].as_str().unwrap();
