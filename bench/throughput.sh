@@ -8,7 +8,7 @@
 # Usage (as root): bench/throughput.sh [seconds per TCP run, default 10] [rounds, default 3]
 # TCP_ONLY=1 measures only the four TCP figures (no ping, no UDP): for comparing builds over
 # many rounds, where the per-round ratios below say more than any one round; STREAMS="1" (or
-# "4") with it measures only those TCP runs.
+# "4") with it measures only those TCP runs, DIRECTIONS="fwd" (or "rev") only that direction.
 #
 # Engines: kilotun (built here in release mode, in ${CARGO_TARGET_DIR:-target}); wireguard-go
 # 0.0.20260522 (Debian sid, the newest release), wireguard-go 0.0.20231211 (Debian
@@ -22,15 +22,28 @@
 # Needs: iperf3, wireguard-tools, iproute2, python3.
 #
 # Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R), with
-# the CPU seconds per GB carried (the machine's, and the engines' own);
-# ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice, one datagram per
+# the CPU seconds per GB carried (the machine's, and the engines' own), and each engine's peak
+# RSS after them; ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice, one datagram per
 # message (sendmmsg/recvmmsg) and QUIC-style (UDP_SEGMENT/UDP_GRO): the highest rate sent with
 # loss under 1%, up a fixed ladder of offered rates; once per run, what udp-load sends over the
 # bare veth with no tunnel, the ceiling of those figures.
+#
+# OVERLAY=vxlan measures the overlay case instead: a VXLAN pair (VNI 42, UDP port 4789) between
+# the two namespaces whose underlay is the WireGuard tunnel, as Cilium in tunnel mode and
+# flannel's VXLAN backend send across Kilo's links, and the TCP runs go inside it (MTU 1370: the
+# tunnel's 1420 less VXLAN's 50 bytes). The kernel segments the overlay's TCP before the tunnel
+# device sees it, so each engine reads one ~1,420-byte UDP packet per packet. OVERLAY=geneve
+# does the same over Geneve where the kernel has it (this script says so and stops where not).
+# The overlay runs TCP only (TCP_ONLY is implied).
 set -euo pipefail
 
 secs=${1:-10}
 rounds=${2:-3}
+overlay=${OVERLAY:-}
+case "$overlay" in
+  "" | vxlan | geneve) ;;
+  *) echo "throughput.sh: OVERLAY=$overlay: not an overlay this bench knows (vxlan, geneve)" >&2; exit 1 ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "throughput.sh: run as root (network namespaces)" >&2; exit 1; }
 for tool in iperf3 wg ip python3; do
@@ -140,6 +153,24 @@ tunnel() {
   ip -n "$nsa" addr add 10.80.0.1/24 dev "$ia"; ip -n "$nsa" link set "$ia" up
   ip -n "$nsb" addr add 10.80.0.2/24 dev "$ib"; ip -n "$nsb" link set "$ib" up
   ip netns exec "$nsa" ping -c 1 -W 5 10.80.0.2 >/dev/null
+  [ -n "$overlay" ] && overlay_up "$ia" "$ib"
+  return 0
+}
+
+# overlay_up IFACE_A IFACE_B: the overlay pair over the tunnel (addresses 10.81.0.1 and
+# 10.81.0.2, the iperf3 target); returns once a ping has crossed it.
+overlay_up() {
+  local oa="${tag}oa" ob="${tag}ob"
+  if [ "$overlay" = vxlan ]; then
+    ip -n "$nsa" link add "$oa" type vxlan id 42 dstport 4789 local 10.80.0.1 remote 10.80.0.2 dev "$1"
+    ip -n "$nsb" link add "$ob" type vxlan id 42 dstport 4789 local 10.80.0.2 remote 10.80.0.1 dev "$2"
+  else
+    ip -n "$nsa" link add "$oa" type geneve id 42 remote 10.80.0.2
+    ip -n "$nsb" link add "$ob" type geneve id 42 remote 10.80.0.1
+  fi
+  ip -n "$nsa" link set "$oa" mtu 1370 up; ip -n "$nsb" link set "$ob" mtu 1370 up
+  ip -n "$nsa" addr add 10.81.0.1/24 dev "$oa"; ip -n "$nsb" addr add 10.81.0.2/24 dev "$ob"
+  ip netns exec "$nsa" ping -c 1 -W 5 10.81.0.2 >/dev/null
 }
 
 # Stops both daemons and waits until they are gone, so the next engine can take the same
@@ -176,7 +207,7 @@ engine_ticks() {
 # TCP stack runs in the softirq of the thread writing the TUN device). CPU per GB is steadier
 # than the rate on a shared machine and says where a faster engine could still gain.
 iperf() {
-  local flags=(-c 10.80.0.2 -t "$secs" -P "$1" -J) busy0 engine0 json pids
+  local flags=(-c "$target_address" -t "$secs" -P "$1" -J) busy0 engine0 json pids
   [ "$2" = rev ] && flags+=(-R)
   # The engines' daemons: all that runs in the namespaces before iperf3 starts.
   mapfile -t pids < <(ip netns pids "$nsa"; ip netns pids "$nsb")
@@ -232,6 +263,17 @@ udp_sustained() {
   echo "$best $best_loss $best_offered"
 }
 
+# peak_rss -> MIB: the larger of the two engines' peak resident memory so far (VmHWM), in MiB:
+# after the TCP runs, an engine's memory with one peer at full rate.
+peak_rss() {
+  local pid kib max=0
+  for pid in $(ip netns pids "$nsa"; ip netns pids "$nsb"); do
+    kib=$(awk '/^VmHWM:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+    [ "${kib:-0}" -gt "$max" ] && max=$kib
+  done
+  python3 -c "import sys; print(round(int(sys.argv[1]) / 1024, 1))" "$max"
+}
+
 rtt() {
   ip netns exec "$nsa" ping -q -c 20 -i 0.05 10.80.0.2 | awk -F/ '/rtt/ {print $5}'
 }
@@ -241,6 +283,16 @@ results="$work/results"
 : >"$results"
 setup_underlay
 tcp_only=${TCP_ONLY:-0}
+target_address=10.80.0.2
+if [ -n "$overlay" ]; then
+  # Whether this kernel has the overlay's link type at all (Geneve is often left out).
+  if ! ip -n "$nsa" link add "${tag}probe" type "$overlay" id 1 remote 10.80.0.2 dstport 6081 2>/dev/null; then
+    echo "throughput.sh: OVERLAY=$overlay: this kernel ($(uname -r)) has no $overlay link type" >&2
+    exit 2
+  fi
+  ip -n "$nsa" link del "${tag}probe"
+  tcp_only=1 target_address=10.81.0.2
+fi
 bare_loss=- bare_sent=- bare_gso_loss=- bare_gso_sent=-
 if [ "$tcp_only" = 0 ]; then
   # What udp-load can send over the bare veth, no tunnel: the ceiling of the UDP figures.
@@ -255,10 +307,11 @@ for round in $(seq "$rounds"); do
     echo "throughput.sh: round $round of $rounds, ${label[$engine]}" >&2
     tunnel "$engine"
     for streams in ${STREAMS:-1 4}; do
-      for dir in fwd rev; do
+      for dir in ${DIRECTIONS:-fwd rev}; do
         echo "$engine $round $streams-$dir $(iperf "$streams" "$dir")" >>"$results"
       done
     done
+    echo "$engine $round peak-rss $(peak_rss)" >>"$results"
     if [ "$tcp_only" = 0 ]; then
       echo "$engine $round rtt $(rtt)" >>"$results"
       echo "$engine $round udp $(udp_sustained)" >>"$results"
@@ -270,7 +323,7 @@ done
 
 labels=$(for engine in "${engines[@]}"; do printf '%s=%s\n' "$engine" "${label[$engine]}"; done)
 echo "# $(date -u +%F) $(nproc) cores, $(uname -r), iperf3 TCP $secs s per run, $rounds rounds" \
-  "(engines alternate within each round), medians over the rounds"
+  "${overlay:+inside a $overlay overlay over the tunnel }(engines alternate within each round), medians over the rounds"
 python3 - "$results" "$labels" "$bare_sent" "$bare_loss" "$bare_gso_sent" "$bare_gso_loss" <<'EOF'
 import math, random, statistics, sys
 
@@ -327,6 +380,12 @@ print("each engine's own CPU per GB as a multiple of kilotun's:")
 for engine in engines[1:]:
     cells = [ratio(own_cpu(engine, m), own_cpu("kilotun", m)) for m in tcp]
     print(f"  {label[engine]:<{width}}" + "".join(f"  {c:>13}" for c in cells))
+
+print()
+print("peak resident memory of one engine after the TCP runs (MiB, VmHWM), median over the rounds:")
+for engine in engines:
+    runs = " ".join(v[0] for v in values[(engine, "peak-rss")])
+    print(f"  {label[engine]:<{width}}  {median(engine, 'peak-rss'):.1f}  (rounds: {runs})")
 
 tcp_only = ("kilotun", "rtt") not in values
 if not tcp_only:
