@@ -147,6 +147,8 @@ expect_render "the helm certificate source fills caBundle" '^      caBundle: [A-
 expect_render "transitCIDR becomes --subnet" '^            - --subnet=100.66.0.0/16$' --set transitCIDR=100.66.0.0/16
 expect_render "podCIDR becomes --service-cidr" '^            - --service-cidr=10.244.0.0/16$' --set podCIDR=10.244.0.0/16
 expect_render "ipam other than node adds the kilo-ipam ClusterRole" '^  name: kilo-ipam$' --set ipam=auto
+expect_render "apiServer makes kg's kubeconfig ConfigMap for that server" '^          server: https://127.0.0.1:7445$' --set apiServer=https://127.0.0.1:7445
+expect_render "apiServer's kubeconfig is kg's volume" '^            name: kilo-kubeconfig$' --set apiServer=https://127.0.0.1:7445
 expect_render "the dashboard ConfigMap holds dashboards/kilotun.json" '"uid": "kilotun"' --set dashboard.enabled=true
 
 echo "== 2. the schema refuses bad values, naming them"
@@ -173,6 +175,7 @@ refusals=(
 	"unknown surge setting|at '/updateStrategy/surge': value must be one of 'auto', true, false|--set updateStrategy.surge=maybe"
 	"unknown certificate source|at '/webhook/certificate/source': value must be one of|--set webhook.certificate.source=vault"
 	"post-quantum not a boolean|at '/postQuantum': got string, want boolean|--set-string postQuantum=yes"
+	"apiServer not an https URL|at '/apiServer': '127.0.0.1:7445' does not match pattern|--set apiServer=127.0.0.1:7445"
 	"a misspelt value|at '': additional properties 'meshGranularty' not allowed|--set meshGranularty=full"
 	"an extra arg that is not a flag|at '/extraArgs/0'|--set extraArgs[0]=full"
 )

@@ -1,7 +1,8 @@
 //! The Helm chart (`charts/kilotun`) with the real helm v4.1.4 and kubectl v1.35.2
 //! (`scripts/helm-tools.sh`): lint, schema and render checks (`tests/helm/lint.sh`, no cluster),
 //! and install, upgrade, rollback and uninstall against a real kube-apiserver 1.20.2
-//! (`tests/helm/install.sh`). Each script prints what it checked; exit 77 means a tool is
+//! (`tests/helm/install.sh`), and the takeover from Cozystack's chart (`tests/helm/cozystack.sh`,
+//! which needs Cozystack's source; `.ci/run` leaves it out where that is missing). Each script prints what it checked; exit 77 means a tool is
 //! missing, which fails here (the test is run only where `.ci/run` installed the tools).
 
 use std::process::Command;
@@ -39,4 +40,11 @@ fn the_chart_installs_upgrades_rolls_back_and_uninstalls_on_a_real_api_server() 
         "the_chart_installs_upgrades_rolls_back_and_uninstalls_on_a_real_api_server",
     );
     run_script("install.sh");
+}
+
+#[test]
+#[ignore = "needs root, the real parts .ci/run installs and Cozystack's source"]
+fn the_chart_takes_over_from_cozystacks_chart_on_a_real_api_server() {
+    crate::common::require_root("the_chart_takes_over_from_cozystacks_chart_on_a_real_api_server");
+    run_script("cozystack.sh");
 }

@@ -149,20 +149,27 @@ values. (What one value alone may hold is the schema's business.)
 {{- end -}}
 {{- end -}}
 
-{{/* The --kubeconfig of kg and of kgctl in the uninstall hook: the variant's kubeconfig, in
-the volume of "kilotun.kubeconfigVolume" mounted at /etc/kubernetes. */}}
+{{/* The --kubeconfig of kg and of kgctl in the uninstall hook: the variant's kubeconfig (or
+apiServer's), in the volume of "kilotun.kubeconfigVolume" mounted at /etc/kubernetes. */}}
 {{- define "kilotun.kubeconfigFlag" -}}
-{{- if eq .Values.variant "k3s" -}}
+{{- if and (eq .Values.variant "k3s") (not .Values.apiServer) -}}
 --kubeconfig=/etc/kubernetes/k3s.yaml
 {{- else -}}
 --kubeconfig=/etc/kubernetes/kubeconfig
 {{- end -}}
 {{- end -}}
 
-{{/* The volume "kubeconfig" (its source, under "- name: kubeconfig"): k3s's directory, or
-kube-proxy's kubeconfig with the pod's own ServiceAccount token. */}}
+{{/* The volume "kubeconfig" (its source, under "- name: kubeconfig"): the chart's own
+kubeconfig for apiServer, k3s's directory, or kube-proxy's kubeconfig with the pod's own
+ServiceAccount token. */}}
 {{- define "kilotun.kubeconfigVolume" -}}
-{{- if eq .Values.variant "k3s" -}}
+{{- if .Values.apiServer -}}
+configMap:
+  name: {{ include "kilotun.name" . }}-kubeconfig
+  items:
+    - key: kubeconfig
+      path: kubeconfig
+{{- else if eq .Values.variant "k3s" -}}
 hostPath:
   path: /etc/rancher/k3s
 {{- else -}}

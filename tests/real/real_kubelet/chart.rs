@@ -2,7 +2,8 @@
 //! v4.1.4 of `scripts/helm-tools.sh`: `helm install` meshes the nodes as the plain manifest does
 //! (pods Ready, annotations, pods reached across through kilo0); `helm upgrade` changing a flag
 //! rolls every kg pod, one node at a time as Kubernetes 1.20 does (the chart's `surge: auto`),
-//! with kg's parts of each node's gap bounded as in the manifest's rollout; `helm uninstall`
+//! with kg's parts of each node's gap bounded as in the manifest's rollout; `helm rollback` to
+//! the first revision rolls them back the same way and takes the flag away; `helm uninstall`
 //! leaves nothing of kg on the nodes or in the API (no pod, annotation, route, ServiceAccount,
 //! ClusterRole or binding), the CRDs kept as Helm keeps `crds/`.
 
@@ -69,8 +70,8 @@ fn exists(k: &KubeletCluster, kind: &str, name: &str) -> bool {
 
 #[test]
 #[ignore = "needs root and the real parts .ci/run installs"]
-fn the_chart_installs_upgrades_and_uninstalls_under_real_kubelets() {
-    let test = "the_chart_installs_upgrades_and_uninstalls_under_real_kubelets";
+fn the_chart_installs_upgrades_rolls_back_and_uninstalls_under_real_kubelets() {
+    let test = "the_chart_installs_upgrades_rolls_back_and_uninstalls_under_real_kubelets";
     super::require_the_cluster_tools(test);
     let helm = helm(test);
     let Some(k) = KubeletCluster::up(test, 2, "kubeadm", "") else {
@@ -123,6 +124,28 @@ fn the_chart_installs_upgrades_and_uninstalls_under_real_kubelets() {
     assert!(
         args.iter().any(|a| a == "--log-level=debug"),
         "the upgrade's flag in kg's arguments: {args:?}"
+    );
+
+    rollout::roll_every_kg(&k, &pod_ips, "helm rollback to revision 1", |k| {
+        helm_ok(
+            k,
+            &helm,
+            &["rollback", RELEASE, "1", "--namespace", "kube-system"],
+        );
+    });
+    let args = kg_args(&k);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--log-level")),
+        "the rollback took back the upgrade's flag: {args:?}"
+    );
+    let history = helm_ok(
+        &k,
+        &helm,
+        &["history", RELEASE, "--namespace", "kube-system"],
+    );
+    assert!(
+        history.lines().any(|l| l.contains("Rollback to 1")),
+        "helm history records the rollback: {history}"
     );
 
     helm_ok(
