@@ -23,10 +23,10 @@
 #
 # Per engine and round: iperf3 TCP with 1 and 4 streams, forward (a -> b) and reverse (-R), with
 # the CPU seconds per GB carried (the machine's, and the engines' own), and each engine's peak
-# RSS after them; ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice, one datagram per
-# message (sendmmsg/recvmmsg) and QUIC-style (UDP_SEGMENT/UDP_GRO): the highest rate sent with
-# loss under 1%, up a fixed ladder of offered rates; once per run, what udp-load sends over the
-# bare veth with no tunnel, the ceiling of those figures.
+# RSS after them; ping RTT through the idle tunnel (average of 20); and UDP from udp-load twice,
+# one datagram per message (sendmmsg/recvmmsg) and QUIC-style (UDP_SEGMENT/UDP_GRO): the
+# highest rate sent with loss under 1%, up a fixed ladder of offered rates; once per run, what
+# udp-load sends over the bare veth with no tunnel, the ceiling of those figures.
 #
 # OVERLAY=vxlan measures the overlay case instead: a VXLAN pair (VNI 42, UDP port 4789) between
 # the two namespaces whose underlay is the WireGuard tunnel, as Cilium in tunnel mode and
@@ -44,6 +44,12 @@ case "$overlay" in
   "" | vxlan | geneve) ;;
   *) echo "throughput.sh: OVERLAY=$overlay: not an overlay this bench knows (vxlan, geneve)" >&2; exit 1 ;;
 esac
+for dir in ${DIRECTIONS:-fwd rev}; do
+  case "$dir" in
+    fwd | rev) ;;
+    *) echo "throughput.sh: DIRECTIONS=$DIRECTIONS: $dir is not fwd or rev" >&2; exit 1 ;;
+  esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "throughput.sh: run as root (network namespaces)" >&2; exit 1; }
 for tool in iperf3 wg ip python3; do
@@ -184,6 +190,9 @@ teardown_tunnel() {
     sleep 0.05
   done
   rm -f "/var/run/wireguard/${tag}wa.sock" "/var/run/wireguard/${tag}wb.sock"
+  # A VXLAN link goes with its tunnel device; a Geneve link (bound to no device) stays.
+  ip -n "$nsa" link del "${tag}oa" 2>/dev/null || true
+  ip -n "$nsb" link del "${tag}ob" 2>/dev/null || true
   sleep 0.5
 }
 

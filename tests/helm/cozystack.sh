@@ -44,6 +44,7 @@ kubectl="$bin/kubectl"
 dir=$(mktemp -d /tmp/kilotun-helm-cozystack.XXXXXX)
 cleanup() {
 	bash scripts/kube-down.sh "$dir" >/dev/null 2>&1 || true
+	rm -f "$dir.up.log"
 	if ((failed)) || [[ -n ${KEEP:-} ]]; then
 		echo "cozystack.sh: kept $dir (logs/kube-apiserver.log)"
 	else
@@ -70,6 +71,7 @@ if ! KUBE_BIN_DIR=$kube_bin KUBE_APISERVER_EXTRA_FLAGS=--allow-privileged=true \
 	bash scripts/kube-up.sh "$dir" >"$dir.up.log" 2>&1; then
 	cat "$dir.up.log" >&2
 	echo "cozystack.sh: FAIL: scripts/kube-up.sh failed" >&2
+	failed=1
 	exit 1
 fi
 rm -f "$dir.up.log"
@@ -81,7 +83,11 @@ ds_field() { k -n cozy-kilo get daemonset kilo -o "jsonpath=$1"; }
 
 echo "== 1. Cozystack's chart (its commit $commit), as Cozystack installs it"
 k create namespace cozy-kilo >/dev/null
-if out=$("$helm" install kilo "$cozy" --namespace cozy-kilo 2>&1); then
+# Cozystack's platform installs the release with values.yaml and values-cilium.yaml
+# (packages/core/platform/sources/networking.yaml, the cilium-kilo variant).
+cozy_values=(-f "$cozy/values.yaml")
+[[ -f $cozy/values-cilium.yaml ]] && cozy_values+=(-f "$cozy/values-cilium.yaml")
+if out=$("$helm" install kilo "$cozy" --namespace cozy-kilo "${cozy_values[@]}" 2>&1); then
 	ok "helm install of Cozystack's chart: $(grep -E '^STATUS:' <<<"$out"), image $(ds_field '{.spec.template.spec.containers[0].image}' | cut -d@ -f1)"
 else
 	bad "helm install of Cozystack's chart: $out"
@@ -106,11 +112,13 @@ gen0=$(ds_field '{.metadata.generation}')
 
 echo "== 2. helm upgrade of the same release to charts/kilotun"
 k annotate crd peers.kilo.squat.ai helm.sh/resource-policy=keep --overwrite >/dev/null
-# Cozystack's values and fixed flags as kilotun's values (docs/helm.md has the table).
+# Cozystack's values (values.yaml and values-cilium.yaml) and fixed flags as kilotun's values
+# (docs/helm.md has the table).
 takeover=(
 	--set apiServer=https://127.0.0.1:7445
 	--set transitCIDR=100.66.0.0/16
 	--set meshGranularity=location
+	--set compatibility=cilium
 	--set cleanUpInterface=false
 	--set mtu=auto
 	--set cni.enabled=false
@@ -140,15 +148,17 @@ else
 fi
 missing=""
 for flag in --kubeconfig=/etc/kubernetes/kubeconfig --subnet=100.66.0.0/16 --mesh-granularity=location \
-	--cni=false --encapsulate=crosssubnet --local=false '--internal-cidr=$(NODE_IP)/32'; do
+	--compatibility=cilium --cni=false --encapsulate=crosssubnet --local=false '--internal-cidr=$(NODE_IP)/32'; do
 	[[ $args == *"\"$flag\""* ]] || missing+=" $flag"
 done
 [[ -z $missing ]] && ok "kg's flags carry Cozystack's settings" || bad "kg's args lack:$missing ($args)"
-server=$(k -n cozy-kilo get configmap kilo-kubeconfig -o 'jsonpath={.data.kubeconfig}' | awk '$1 == "server:" { print $2 }')
-if [[ $server == https://127.0.0.1:7445 ]] && ! k -n cozy-kilo get configmap kubeconfig-in-cluster -o name >/dev/null 2>&1; then
-	ok "kg's kubeconfig: the chart's kilo-kubeconfig for $server; Cozystack's kubeconfig-in-cluster removed"
+server=$(k -n cozy-kilo get configmap kilo-kubeconfig -o 'jsonpath={.data.kubeconfig}' | awk '$1 == "server:" { gsub(/"/, "", $2); print $2 }')
+volume=$(ds_field '{.spec.template.spec.volumes[?(@.name=="kubeconfig")].configMap.name}')
+if [[ $server == https://127.0.0.1:7445 && $volume == kilo-kubeconfig ]] &&
+	! k -n cozy-kilo get configmap kubeconfig-in-cluster -o name >/dev/null 2>&1; then
+	ok "kg's kubeconfig: the chart's kilo-kubeconfig (its volume) for $server; Cozystack's kubeconfig-in-cluster removed"
 else
-	bad "kubeconfig: server '${server}', $(k -n cozy-kilo get configmaps -o name | tr '\n' ' ')"
+	bad "kubeconfig: server '${server}', volume '${volume}', $(k -n cozy-kilo get configmaps -o name | tr '\n' ' ')"
 fi
 
 echo "== 3. back to Cozystack's chart, forward again, uninstall"
@@ -164,7 +174,7 @@ fi
 # An upgrade to Cozystack's chart takes the CRD back (it still carries the release's marks),
 # applied client-side: server-side, helm 4 leaves a half-removed probe of kilotun's behind
 # (port 0) and conflicts with the API server over the CRD's status.
-if out=$("$helm" upgrade kilo "$cozy" --namespace cozy-kilo --server-side=false 2>&1) &&
+if out=$("$helm" upgrade kilo "$cozy" --namespace cozy-kilo "${cozy_values[@]}" --server-side=false 2>&1) &&
 	[[ $(ds_field '{.spec.template.spec.containers[0].image}') == ghcr.io/cozystack/* ]] &&
 	[[ $(k get peer laptop -o 'jsonpath={.metadata.uid}') == "$peer_uid" ]]; then
 	ok "helm upgrade back to Cozystack's chart: its image again, the Peer kept"
@@ -172,11 +182,12 @@ else
 	bad "helm upgrade back to Cozystack's chart: $out; image $(ds_field '{.spec.template.spec.containers[0].image}')"
 fi
 k annotate crd peers.kilo.squat.ai helm.sh/resource-policy=keep --overwrite >/dev/null
-if "$helm" upgrade kilo "$chart" --namespace cozy-kilo "${takeover[@]}" >/dev/null 2>&1 &&
-	[[ $(ds_field '{.spec.template.spec.containers[0].image}') == kilotun:* ]]; then
-	ok "and forward to kilotun's chart again"
+if out=$("$helm" upgrade kilo "$chart" --namespace cozy-kilo "${takeover[@]}" 2>&1) &&
+	[[ $(ds_field '{.spec.template.spec.containers[0].image}') == kilotun:* ]] &&
+	[[ $(k get peer laptop -o 'jsonpath={.metadata.uid}') == "$peer_uid" ]]; then
+	ok "and forward to kilotun's chart again (the CRD marked again first), the Peer kept"
 else
-	bad "helm upgrade to kilotun's chart a second time failed"
+	bad "helm upgrade to kilotun's chart a second time: $out"
 fi
 "$helm" uninstall kilo --namespace cozy-kilo --no-hooks >/dev/null 2>&1
 if [[ $(k get peer laptop -o 'jsonpath={.metadata.uid}') == "$peer_uid" ]] &&

@@ -84,6 +84,7 @@ matrix=(
 	"ipam auto|--set ipam=auto"
 	"MTU, port, encapsulation, clean-up, log level, extra args|--set mtu=1380 --set port=51821 --set encapsulate=crosssubnet --set cleanUpInterface=true --set logLevel=debug --set internalCIDRs[0]=192.168.0.0/16 --set extraArgs[0]=--topology-label=zone"
 	"placement, resources, priority|--set nodeSelector.kubernetes\.io/os=linux --set priorityClassName=high --set resources.limits.memory=256Mi --set tolerations=null"
+	"Cozystack's settings (docs/helm.md's takeover)|--namespace cozy-kilo --set apiServer=https://127.0.0.1:7445 --set transitCIDR=100.66.0.0/16 --set meshGranularity=location --set compatibility=cilium --set cni.enabled=false --set encapsulate=crosssubnet --set local=false --set podAnnotations.team=net"
 	"another namespace and name|--namespace kilo-system --set name=kilotun --set commonLabels.team=net"
 	"everything at once|--set variant=k3s --set webhook.enabled=true --set webhook.certificate.source=helm --set devicePlugin.enabled=true --set requestTun=true --set podMonitor.enabled=true --set dashboard.enabled=true --set postQuantum=true --set wireguard=auto --set ipam=auto"
 )
@@ -147,8 +148,10 @@ expect_render "the helm certificate source fills caBundle" '^      caBundle: [A-
 expect_render "transitCIDR becomes --subnet" '^            - --subnet=100.66.0.0/16$' --set transitCIDR=100.66.0.0/16
 expect_render "podCIDR becomes --service-cidr" '^            - --service-cidr=10.244.0.0/16$' --set podCIDR=10.244.0.0/16
 expect_render "ipam other than node adds the kilo-ipam ClusterRole" '^  name: kilo-ipam$' --set ipam=auto
-expect_render "apiServer makes kg's kubeconfig ConfigMap for that server" '^          server: https://127.0.0.1:7445$' --set apiServer=https://127.0.0.1:7445
+expect_render "apiServer makes kg's kubeconfig ConfigMap for that server" '^          server: "https://127.0.0.1:7445"$' --set apiServer=https://127.0.0.1:7445
 expect_render "apiServer's kubeconfig is kg's volume" '^            name: kilo-kubeconfig$' --set apiServer=https://127.0.0.1:7445
+expect_render "apiServer on k3s: kg reads the chart's kubeconfig, not k3s's" '^            - --kubeconfig=/etc/kubernetes/kubeconfig$' --set variant=k3s --set apiServer=https://127.0.0.1:7445
+expect_render "another apiServer rolls kg's pods (a checksum in the pod template)" '^        checksum/kubeconfig: "[0-9a-f]{64}"$' --set apiServer=https://127.0.0.1:7445
 expect_render "the dashboard ConfigMap holds dashboards/kilotun.json" '"uid": "kilotun"' --set dashboard.enabled=true
 
 echo "== 2. the schema refuses bad values, naming them"

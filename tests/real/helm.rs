@@ -2,8 +2,9 @@
 //! (`scripts/helm-tools.sh`): lint, schema and render checks (`tests/helm/lint.sh`, no cluster),
 //! and install, upgrade, rollback and uninstall against a real kube-apiserver 1.20.2
 //! (`tests/helm/install.sh`), and the takeover from Cozystack's chart (`tests/helm/cozystack.sh`,
-//! which needs Cozystack's source; `.ci/run` leaves it out where that is missing). Each script prints what it checked; exit 77 means a tool is
-//! missing, which fails here (the test is run only where `.ci/run` installed the tools).
+//! which needs Cozystack's source; `.ci/run` leaves it out where that is missing). Each script
+//! prints what it checked; exit 77 means a tool or source is missing, which fails here (the test
+//! is run only where `.ci/run` installed the tools).
 
 use std::process::Command;
 
@@ -22,7 +23,9 @@ fn run_script(script: &str) {
     eprintln!("{stdout}{stderr}");
     match out.status.code() {
         Some(0) => {}
-        Some(77) => panic!("tests/helm/{script} could not run: a tool is missing\n{stderr}"),
+        Some(77) => {
+            panic!("tests/helm/{script} could not run: a tool or source is missing\n{stderr}")
+        }
         other => panic!("tests/helm/{script} failed ({other:?})\n{stdout}\n{stderr}"),
     }
 }
