@@ -20,38 +20,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 chart="$repo/charts/kilotun"
 cd "$repo"
 start=$SECONDS
-cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
-kube_bin="$cache_root/k8s-v1.20.2/bin"
 src=${KILOTUN_COZYSTACK_SRC:-/work/.mirror/cozystack+cozystack/repo}
-
-skip() {
-	echo "cozystack.sh: SKIP: $*" >&2
-	exit 77
-}
-[[ $(id -u) == 0 ]] || skip "not root (scripts/kube-up.sh takes its port slot under /run/lock)"
+name=cozystack.sh
+. "$repo/tests/helm/api-server.sh"
 [[ -e $src ]] || skip "Cozystack's source is not on this machine (KILOTUN_COZYSTACK_SRC=$src)"
-[[ -x $kube_bin/kube-apiserver && -x $kube_bin/etcd ]] ||
-	skip "no cached kube-apiserver v1.20.2 in $kube_bin (bash scripts/kube-apiserver.sh builds it)"
-if ! bin=$(bash scripts/helm-tools.sh 2>/tmp/kilotun-helm-tools.log | tail -n 1) || [[ ! -x $bin/helm ]]; then
-	tail -5 /tmp/kilotun-helm-tools.log >&2
-	skip "no helm (scripts/helm-tools.sh failed; see above)"
-fi
-helm="$bin/helm"
-kubectl="$bin/kubectl"
-
-. "$repo/tests/helm/checks.sh"
-
-dir=$(mktemp -d /tmp/kilotun-helm-cozystack.XXXXXX)
-cleanup() {
-	bash scripts/kube-down.sh "$dir" >/dev/null 2>&1 || true
-	rm -f "$dir.up.log"
-	if ((failed)) || [[ -n ${KEEP:-} ]]; then
-		echo "cozystack.sh: kept $dir (logs/kube-apiserver.log)"
-	else
-		rm -rf "$dir"
-	fi
-}
-trap cleanup EXIT
+work_dir cozystack
 
 # Cozystack's chart, from a checkout or from a bare clone's HEAD.
 mkdir -p "$dir/cozystack"
@@ -64,21 +37,9 @@ cozy="$dir/cozystack/kilo"
 [[ -f $cozy/Chart.yaml ]] || skip "no Cozystack chart at $cozy"
 commit=$(git --git-dir="$src" rev-parse --short HEAD 2>/dev/null || git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')
 
-echo "cozystack.sh: starting etcd and kube-apiserver v1.20.2 in $dir"
 # Cozystack's DaemonSet runs privileged, which the API server allows only when told so (as
 # every real cluster's is).
-if ! KUBE_BIN_DIR=$kube_bin KUBE_APISERVER_EXTRA_FLAGS=--allow-privileged=true \
-	bash scripts/kube-up.sh "$dir" >"$dir.up.log" 2>&1; then
-	cat "$dir.up.log" >&2
-	echo "cozystack.sh: FAIL: scripts/kube-up.sh failed" >&2
-	failed=1
-	exit 1
-fi
-rm -f "$dir.up.log"
-# shellcheck disable=SC1091
-. "$dir/env"
-export KUBECONFIG
-k() { "$kubectl" "$@" 2>&1 | grep -v 'exceeds the supported minor version skew'; }
+start_api_server --allow-privileged=true
 ds_field() { k -n cozy-kilo get daemonset kilo -o "jsonpath=$1"; }
 
 echo "== 1. Cozystack's chart (its commit $commit), as Cozystack installs it"

@@ -22,46 +22,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 chart="$repo/charts/kilotun"
 cd "$repo"
 start=$SECONDS
-cache_root=${KILOTUN_CACHE:-/var/cache/kilotun}
-kube_bin="$cache_root/k8s-v1.20.2/bin"
-
-skip() {
-	echo "install.sh: SKIP: $*" >&2
-	exit 77
-}
-[[ $(id -u) == 0 ]] || skip "not root (scripts/kube-up.sh takes its port slot under /run/lock)"
-[[ -x $kube_bin/kube-apiserver && -x $kube_bin/etcd ]] ||
-	skip "no cached kube-apiserver v1.20.2 in $kube_bin (bash scripts/kube-apiserver.sh builds it)"
-if ! bin=$(bash scripts/helm-tools.sh 2>/tmp/kilotun-helm-tools.log | tail -n 1) || [[ ! -x $bin/helm ]]; then
-	tail -5 /tmp/kilotun-helm-tools.log >&2
-	skip "no helm (scripts/helm-tools.sh failed; see above)"
-fi
-helm="$bin/helm"
-kubectl="$bin/kubectl"
-
-. "$repo/tests/helm/checks.sh"
-
-dir=$(mktemp -d /tmp/kilotun-helm-install.XXXXXX)
-cleanup() {
-	bash scripts/kube-down.sh "$dir" >/dev/null 2>&1 || true
-	if ((failed)) || [[ -n ${KEEP:-} ]]; then
-		echo "install.sh: kept $dir (logs/kube-apiserver.log)"
-	else
-		rm -rf "$dir"
-	fi
-}
-trap cleanup EXIT
-echo "install.sh: starting etcd and kube-apiserver v1.20.2 in $dir"
-if ! KUBE_BIN_DIR=$kube_bin bash scripts/kube-up.sh "$dir" >"$dir.up.log" 2>&1; then
-	cat "$dir.up.log" >&2
-	echo "install.sh: FAIL: scripts/kube-up.sh failed" >&2
-	exit 1
-fi
-rm -f "$dir.up.log"
-# shellcheck disable=SC1091
-. "$dir/env"
-export KUBECONFIG
-k() { "$kubectl" "$@" 2>&1 | grep -v 'exceeds the supported minor version skew'; }
+name=install.sh
+. "$repo/tests/helm/api-server.sh"
+work_dir install
+start_api_server
 server=$("$kubectl" version -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(v1\.20[^"]*\)".*/\1/p' | tail -1)
 echo "install.sh: $("$helm" version --short), kubectl $("$kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p' | head -1), server ${server:-?}"
 [[ $server == v1.20.2 ]] || bad "the server says ${server:-nothing}, not v1.20.2"

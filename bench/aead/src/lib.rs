@@ -24,73 +24,53 @@ pub trait PacketAead {
     fn open(&mut self, counter: u64, sealed: &mut [u8]) -> bool;
 }
 
-/// ring 0.17's ChaCha20-Poly1305.
-pub struct Ring(ring::aead::LessSafeKey);
+/// A [`PacketAead`] over a `LessSafeKey` of ring or of aws-lc-rs, whose `aead` modules have the
+/// same interface (aws-lc-rs keeps ring's).
+macro_rules! less_safe_key_aead {
+    ($(#[$doc:meta])* $name:ident, $($aead:ident)::+) => {
+        $(#[$doc])*
+        pub struct $name($($aead)::+::LessSafeKey);
 
-impl Ring {
-    /// A key for `key`.
-    pub fn new(key: &[u8; 32]) -> Self {
-        use ring::aead::{CHACHA20_POLY1305, LessSafeKey, UnboundKey};
-        Self(LessSafeKey::new(
-            UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte key"),
-        ))
-    }
+        impl $name {
+            /// A key for `key`.
+            pub fn new(key: &[u8; 32]) -> Self {
+                use $($aead)::+::{CHACHA20_POLY1305, LessSafeKey, UnboundKey};
+                Self(LessSafeKey::new(
+                    UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte key"),
+                ))
+            }
+        }
+
+        impl PacketAead for $name {
+            fn seal(&mut self, counter: u64, data: &mut [u8]) -> [u8; TAG_LEN] {
+                use $($aead)::+::{Aad, Nonce};
+                let nonce = Nonce::assume_unique_for_key(nonce(counter));
+                let tag = self
+                    .0
+                    .seal_in_place_separate_tag(nonce, Aad::empty(), data)
+                    .expect("fits");
+                tag.as_ref().try_into().expect("16 bytes")
+            }
+
+            fn open(&mut self, counter: u64, sealed: &mut [u8]) -> bool {
+                use $($aead)::+::{Aad, Nonce};
+                let nonce = Nonce::assume_unique_for_key(nonce(counter));
+                self.0.open_in_place(nonce, Aad::empty(), sealed).is_ok()
+            }
+        }
+    };
 }
 
-impl PacketAead for Ring {
-    fn seal(&mut self, counter: u64, data: &mut [u8]) -> [u8; TAG_LEN] {
-        use ring::aead::{Aad, Nonce};
-        let tag = self
-            .0
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(nonce(counter)),
-                Aad::empty(),
-                data,
-            )
-            .expect("fits");
-        tag.as_ref().try_into().expect("16 bytes")
-    }
-
-    fn open(&mut self, counter: u64, sealed: &mut [u8]) -> bool {
-        use ring::aead::{Aad, Nonce};
-        let nonce = Nonce::assume_unique_for_key(nonce(counter));
-        self.0.open_in_place(nonce, Aad::empty(), sealed).is_ok()
-    }
-}
-
-/// aws-lc-rs 1's ChaCha20-Poly1305 (AWS-LC, as gotatun uses it).
-pub struct AwsLc(aws_lc_rs::aead::LessSafeKey);
-
-impl AwsLc {
-    /// A key for `key`.
-    pub fn new(key: &[u8; 32]) -> Self {
-        use aws_lc_rs::aead::{CHACHA20_POLY1305, LessSafeKey, UnboundKey};
-        Self(LessSafeKey::new(
-            UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte key"),
-        ))
-    }
-}
-
-impl PacketAead for AwsLc {
-    fn seal(&mut self, counter: u64, data: &mut [u8]) -> [u8; TAG_LEN] {
-        use aws_lc_rs::aead::{Aad, Nonce};
-        let tag = self
-            .0
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(nonce(counter)),
-                Aad::empty(),
-                data,
-            )
-            .expect("fits");
-        tag.as_ref().try_into().expect("16 bytes")
-    }
-
-    fn open(&mut self, counter: u64, sealed: &mut [u8]) -> bool {
-        use aws_lc_rs::aead::{Aad, Nonce};
-        let nonce = Nonce::assume_unique_for_key(nonce(counter));
-        self.0.open_in_place(nonce, Aad::empty(), sealed).is_ok()
-    }
-}
+less_safe_key_aead!(
+    /// ring 0.17's ChaCha20-Poly1305.
+    Ring,
+    ring::aead
+);
+less_safe_key_aead!(
+    /// aws-lc-rs 1's ChaCha20-Poly1305 (AWS-LC, as gotatun uses it).
+    AwsLc,
+    aws_lc_rs::aead
+);
 
 /// OpenSSL's EVP interface: one context per direction keyed once, then per packet a new nonce,
 /// one update and the final call (and the tag set or read), as `openssl speed -aead` runs it.
